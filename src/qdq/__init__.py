@@ -1,0 +1,54 @@
+"""qdq: INT8 quantization for PyTorch, exported as Q/DQ ONNX and deployed on TensorRT, ONNX Runtime, OpenVINO.
+
+Importing ``qdq`` does no work: names below resolve lazily on first access.
+
+Entry points:
+    quantize_model(model, QuantConfig(...))   replace modules by quantized ones, in place
+    QuantDescriptor, TensorQuantizer          how one tensor is quantized / the module that does it
+    tensor_quant, fake_tensor_quant           the numerics (module ``qdq.tensor_quant``)
+    nn (as quant_nn), quant_modules, calib    the seed toolkit's module paths
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "QuantDescriptor": "qdq.descriptor",
+    "ScaledQuantDescriptor": "qdq.descriptor",
+    "TensorQuantizer": "qdq.quantizer",
+    "QuantConfig": "qdq.replace",
+    "quantize_model": "qdq.replace",
+    "register_quant_module": "qdq.replace",
+    "unregister_quant_module": "qdq.replace",
+    "fake_tensor_quant": "qdq.tensor_quant",
+    "tensor_quant_fn": "qdq.tensor_quant",
+    "quant_step": "qdq.tensor_quant",
+    "QdqError": "qdq.errors",
+    "QdqConfigError": "qdq.errors",
+    "QdqTypeError": "qdq.errors",
+    "QdqCalibrationError": "qdq.errors",
+    "QdqExportError": "qdq.errors",
+    "QdqBackendUnavailable": "qdq.errors",
+}
+_SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "descriptor", "quantizer", "replace", "runtime",
+               "export", "placement", "workflow", "utils", "optim", "errors", "registry"}  # fmt: skip
+
+__all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"qdq.{name}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qdq' has no attribute {name!r}")
+    attr = "tensor_quant" if name == "tensor_quant_fn" else name
+    return getattr(importlib.import_module(module), attr)
+
+
+def __dir__() -> list[str]:
+    return __all__

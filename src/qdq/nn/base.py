@@ -1,0 +1,146 @@
+"""Mixins shared by every quantized module: quantizer slots, per-class defaults, ``from_float``.
+
+A quantized module subclasses the torch module it replaces (``QuantConv2d(QuantMixin, nn.Conv2d)``), so
+``isinstance(m, nn.Conv2d)`` holds, every torch constructor argument is accepted, and ``state_dict`` keys
+are the float module's plus the quantizers' ``_amax`` buffers.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from torch import nn
+
+from qdq.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
+from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.quantizer import TensorQuantizer
+
+__all__ = ["InputQuantized", "QuantInputMixin", "QuantMixin", "float_class_of", "pop_quant_desc_in_kwargs"]
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def _check_desc(desc: Any, what: str) -> QuantDescriptor:
+    if not isinstance(desc, QuantDescriptor):
+        raise QdqTypeError(f"{what} must be a QuantDescriptor, got {type(desc).__name__}.")
+    if not desc.fake_quant:
+        raise QdqConfigError(f"Only fake quantization is supported in quantized modules ({what} has fake_quant=False).")
+    return desc
+
+
+class QuantInputMixin:
+    """Adds one input quantizer, ``_input_quantizer``, configured by a per-class default descriptor."""
+
+    default_quant_desc_input: ClassVar[QuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
+
+    @classmethod
+    def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
+        """Set the default input descriptor of this class only (subclasses and siblings are unaffected)."""
+        cls.default_quant_desc_input = copy.deepcopy(_check_desc(value, "quant_desc_input"))
+
+    def init_quantizer(self, quant_desc_input: QuantDescriptor | None = None) -> None:
+        desc = self.default_quant_desc_input if quant_desc_input is None else quant_desc_input
+        self._input_quantizer = TensorQuantizer(_check_desc(desc, "quant_desc_input"))
+
+    @property
+    def input_quantizer(self) -> TensorQuantizer:
+        return self._input_quantizer
+
+    @classmethod
+    def from_float(cls: type[M], module: nn.Module, quant_desc_input: QuantDescriptor | None = None, **_: Any) -> M:
+        """A quantized copy of ``module`` that shares its parameters, buffers and hooks."""
+        new = _adopt(cls, module)
+        new.init_quantizer(quant_desc_input)
+        return new
+
+
+class InputQuantized(QuantInputMixin):
+    """Base of modules that quantize their input and then run the float module (pooling, norms)."""
+
+    def __init__(self, *args: Any, quant_desc_input: QuantDescriptor | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.init_quantizer(quant_desc_input)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return super().forward(self._input_quantizer(input))
+
+
+class QuantMixin(QuantInputMixin):
+    """Adds an input quantizer and a weight quantizer, ``_weight_quantizer``."""
+
+    default_quant_desc_weight: ClassVar[QuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
+
+    @classmethod
+    def set_default_quant_desc_weight(cls, value: QuantDescriptor) -> None:
+        """Set the default weight descriptor of this class only."""
+        cls.default_quant_desc_weight = copy.deepcopy(_check_desc(value, "quant_desc_weight"))
+
+    def init_quantizer(
+        self, quant_desc_input: QuantDescriptor | None = None, quant_desc_weight: QuantDescriptor | None = None
+    ) -> None:
+        super().init_quantizer(quant_desc_input)
+        desc = self.default_quant_desc_weight if quant_desc_weight is None else quant_desc_weight
+        self._weight_quantizer = TensorQuantizer(_check_desc(desc, "quant_desc_weight"))
+
+    @property
+    def weight_quantizer(self) -> TensorQuantizer:
+        return self._weight_quantizer
+
+    @classmethod
+    def from_float(
+        cls: type[M],
+        module: nn.Module,
+        quant_desc_input: QuantDescriptor | None = None,
+        quant_desc_weight: QuantDescriptor | None = None,
+    ) -> M:
+        new = _adopt(cls, module)
+        new.init_quantizer(quant_desc_input, quant_desc_weight)
+        return new
+
+
+def _adopt(cls: type[M], module: nn.Module) -> M:
+    """Instance of ``cls`` carrying ``module``'s state without re-running ``__init__`` (no re-init of weights).
+
+    Parameters and buffers are the same objects (an optimizer built on the float model keeps working);
+    the containers are copied so adding quantizers does not alter ``module``.
+    """
+    if not isinstance(module, nn.Module):
+        raise QdqTypeError(f"from_float needs an nn.Module, got {type(module).__name__}.")
+    float_cls = float_class_of(cls)
+    if not isinstance(module, float_cls):
+        raise QdqTypeError(
+            f"{cls.__name__}.from_float converts a {float_cls.__name__}, got a {type(module).__name__}."
+        )
+    new = cls.__new__(cls)
+    new.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():
+        if isinstance(value, dict | set):
+            new.__dict__[name] = value.copy()
+    return new
+
+
+def float_class_of(quant_cls: type) -> type:
+    """The float module class a quantized class replaces: its first non-quant ``nn.Module`` base."""
+    for base in quant_cls.__mro__[1:]:
+        if issubclass(base, nn.Module) and not issubclass(base, QuantInputMixin):
+            return base
+    raise QdqTypeError(f"{quant_cls.__name__} does not subclass a torch module.")
+
+
+def pop_quant_desc_in_kwargs(
+    quant_cls: type, input_only: bool = False, **kwargs: Any
+) -> QuantDescriptor | tuple[QuantDescriptor, QuantDescriptor]:
+    """Seed helper: pop ``quant_desc_input`` (and ``quant_desc_weight``) from kwargs, with class defaults.
+
+    Raises:
+        QdqTypeError: for any other keyword.
+    """
+    desc_input = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)
+    desc_weight = None if input_only else kwargs.pop("quant_desc_weight", quant_cls.default_quant_desc_weight)
+    if kwargs:
+        raise QdqTypeError(f"Unused keys: {sorted(kwargs)}; only quant_desc_input/quant_desc_weight are accepted.")
+    if input_only:
+        return desc_input
+    return desc_input, desc_weight

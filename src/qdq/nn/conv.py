@@ -1,0 +1,101 @@
+"""Quantized convolutions: input quantized per tensor, weight per output channel (axis 0).
+
+ConvTranspose weights are laid out ``(in_channels, out_channels / groups, *kernel)``; their per-channel
+axis is 0 as well, the per-*input*-channel scale TensorRT's deconvolution kernels need (TensorRT#1694).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from qdq import descriptor as d
+from qdq.descriptor import QuantDescriptor
+from qdq.nn.base import QuantMixin
+
+__all__ = [
+    "QuantConv1d",
+    "QuantConv2d",
+    "QuantConv3d",
+    "QuantConvTranspose1d",
+    "QuantConvTranspose2d",
+    "QuantConvTranspose3d",
+]
+
+
+class _QuantConvNd(QuantMixin):
+    def __init__(
+        self,
+        *args: Any,
+        quant_desc_input: QuantDescriptor | None = None,
+        quant_desc_weight: QuantDescriptor | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        quant_input = self._input_quantizer(input)
+        quant_weight = self._weight_quantizer(self.weight)
+        return self._conv_forward(quant_input, quant_weight, self.bias)
+
+
+class QuantConv1d(_QuantConvNd, nn.Conv1d):
+    """``nn.Conv1d`` with quantized input and weight."""
+
+    default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
+
+
+class QuantConv2d(_QuantConvNd, nn.Conv2d):
+    """``nn.Conv2d`` with quantized input and weight."""
+
+    default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
+
+
+class QuantConv3d(_QuantConvNd, nn.Conv3d):
+    """``nn.Conv3d`` with quantized input and weight."""
+
+    default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
+
+
+class _QuantConvTransposeNd(_QuantConvNd):
+    _functional: ClassVar[Any]
+    _spatial_dims: ClassVar[int]
+
+    def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        if self.padding_mode != "zeros":
+            raise ValueError(f"Only 'zeros' padding mode is supported for {type(self).__name__}")
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, self._spatial_dims, self.dilation
+        )
+        quant_input = self._input_quantizer(input)
+        quant_weight = self._weight_quantizer(self.weight)
+        return type(self)._functional(
+            quant_input, quant_weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation
+        )
+
+
+class QuantConvTranspose1d(_QuantConvTransposeNd, nn.ConvTranspose1d):
+    """``nn.ConvTranspose1d`` with quantized input and weight (weight per input channel, axis 0)."""
+
+    default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL
+    _functional = staticmethod(nn.functional.conv_transpose1d)
+    _spatial_dims = 1
+
+
+class QuantConvTranspose2d(_QuantConvTransposeNd, nn.ConvTranspose2d):
+    """``nn.ConvTranspose2d`` with quantized input and weight (weight per input channel, axis 0)."""
+
+    default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
+    _functional = staticmethod(nn.functional.conv_transpose2d)
+    _spatial_dims = 2
+
+
+class QuantConvTranspose3d(_QuantConvTransposeNd, nn.ConvTranspose3d):
+    """``nn.ConvTranspose3d`` with quantized input and weight (weight per input channel, axis 0)."""
+
+    default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL
+    _functional = staticmethod(nn.functional.conv_transpose3d)
+    _spatial_dims = 3

@@ -1,0 +1,55 @@
+"""Quantized pooling: the input is quantized, then pooled by the torch module."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from qdq.nn.base import InputQuantized as _QuantInputOnly
+
+__all__ = [
+    "QuantAdaptiveAvgPool1d",
+    "QuantAdaptiveAvgPool2d",
+    "QuantAdaptiveAvgPool3d",
+    "QuantAvgPool1d",
+    "QuantAvgPool2d",
+    "QuantAvgPool3d",
+    "QuantMaxPool1d",
+    "QuantMaxPool2d",
+    "QuantMaxPool3d",
+]
+
+
+class QuantMaxPool1d(_QuantInputOnly, nn.MaxPool1d):
+    """``nn.MaxPool1d`` on a quantized input."""
+
+
+class QuantMaxPool2d(_QuantInputOnly, nn.MaxPool2d):
+    """``nn.MaxPool2d`` on a quantized input."""
+
+
+class QuantMaxPool3d(_QuantInputOnly, nn.MaxPool3d):
+    """``nn.MaxPool3d`` on a quantized input."""
+
+
+class QuantAvgPool1d(_QuantInputOnly, nn.AvgPool1d):
+    """``nn.AvgPool1d`` on a quantized input."""
+
+
+class QuantAvgPool2d(_QuantInputOnly, nn.AvgPool2d):
+    """``nn.AvgPool2d`` on a quantized input."""
+
+
+class QuantAvgPool3d(_QuantInputOnly, nn.AvgPool3d):
+    """``nn.AvgPool3d`` on a quantized input."""
+
+
+class QuantAdaptiveAvgPool1d(_QuantInputOnly, nn.AdaptiveAvgPool1d):
+    """``nn.AdaptiveAvgPool1d`` on a quantized input."""
+
+
+class QuantAdaptiveAvgPool2d(_QuantInputOnly, nn.AdaptiveAvgPool2d):
+    """``nn.AdaptiveAvgPool2d`` on a quantized input."""
+
+
+class QuantAdaptiveAvgPool3d(_QuantInputOnly, nn.AdaptiveAvgPool3d):
+    """``nn.AdaptiveAvgPool3d`` on a quantized input."""

@@ -1,0 +1,134 @@
+"""The seed's opt-in monkey patch: ``quant_modules.initialize()`` / ``deactivate()``.
+
+While active, ``torch.nn.Conv2d`` (and the other classes of the seed's default map) *are* the quantized
+classes, so models built in that window come out quantized. Unlike the seed:
+
+* ``initialize`` is idempotent (a second call re-patches from the true originals, never from a patched
+  class) and ``deactivate`` restores exactly what was there;
+* ``initialize`` returns a context manager: ``with quant_modules.initialize(): model = resnet50()``;
+* nothing happens on import.
+
+For a model that already exists prefer :func:`qdq.quantize_model`, which needs no patching.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from qdq import nn as qnn
+from qdq.errors import QdqConfigError, QdqTypeError
+
+__all__ = ["QuantPatch", "deactivate", "enable_onnx_export", "initialize", "is_active"]
+
+# (namespace, attribute name, quantized class): the seed's default map.
+_DEFAULT_QUANT_MAP: list[tuple[types.ModuleType, str, type]] = [
+    (torch.nn, "Conv1d", qnn.QuantConv1d),
+    (torch.nn, "Conv2d", qnn.QuantConv2d),
+    (torch.nn, "Conv3d", qnn.QuantConv3d),
+    (torch.nn, "ConvTranspose1d", qnn.QuantConvTranspose1d),
+    (torch.nn, "ConvTranspose2d", qnn.QuantConvTranspose2d),
+    (torch.nn, "ConvTranspose3d", qnn.QuantConvTranspose3d),
+    (torch.nn, "Linear", qnn.QuantLinear),
+    (torch.nn, "AvgPool1d", qnn.QuantAvgPool1d),
+    (torch.nn, "AvgPool2d", qnn.QuantAvgPool2d),
+    (torch.nn, "AvgPool3d", qnn.QuantAvgPool3d),
+    (torch.nn, "AdaptiveAvgPool1d", qnn.QuantAdaptiveAvgPool1d),
+    (torch.nn, "AdaptiveAvgPool2d", qnn.QuantAdaptiveAvgPool2d),
+    (torch.nn, "AdaptiveAvgPool3d", qnn.QuantAdaptiveAvgPool3d),
+]
+for _name in ("LSTM", "LSTMCell"):
+    if hasattr(qnn, f"Quant{_name}"):
+        _DEFAULT_QUANT_MAP.append((torch.nn, _name, getattr(qnn, f"Quant{_name}")))
+
+
+class QuantPatch:
+    """The active patch: a record of original attributes, and a context manager that undoes it."""
+
+    def __init__(self) -> None:
+        self._originals: dict[tuple[types.ModuleType, str], Any] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self._originals)
+
+    def apply(self, entries: Iterable[tuple[types.ModuleType, str, type]]) -> None:
+        for namespace, name, quant_cls in entries:
+            key = (namespace, name)
+            if key not in self._originals:
+                self._originals[key] = getattr(namespace, name)
+            setattr(namespace, name, quant_cls)
+
+    def restore(self) -> None:
+        for (namespace, name), original in self._originals.items():
+            setattr(namespace, name, original)
+        self._originals.clear()
+
+    def __enter__(self) -> QuantPatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        deactivate()
+
+
+_PATCH = QuantPatch()
+
+
+def _entries(
+    float_module_list: Sequence[str] | None, custom_quant_modules: Iterable[tuple[Any, str, type]] | None
+) -> list[tuple[types.ModuleType, str, type]]:
+    skip = set(float_module_list or ())
+    known = {name for _, name, _ in _DEFAULT_QUANT_MAP}
+    unknown = skip - known
+    if unknown:
+        raise QdqConfigError(f"float_module_list names {sorted(unknown)} that are not patched; known: {sorted(known)}.")
+    entries = [e for e in _DEFAULT_QUANT_MAP if e[1] not in skip]
+    for entry in custom_quant_modules or ():
+        if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[1], str)):
+            raise QdqTypeError(
+                "custom_quant_modules entries are (namespace, 'ClassName', QuantClass) tuples, "
+                f"got {entry!r}."
+            )
+        if not hasattr(entry[0], entry[1]):
+            raise QdqConfigError(f"{entry[0]!r} has no attribute {entry[1]!r} to replace.")
+        entries.append(entry)
+    return entries
+
+
+def initialize(
+    float_module_list: Sequence[str] | None = None,
+    custom_quant_modules: Iterable[tuple[Any, str, type]] | None = None,
+) -> QuantPatch:
+    """Replace ``torch.nn`` module classes by their quantized versions until :func:`deactivate`.
+
+    Args:
+        float_module_list: class names to leave float, e.g. ``["Linear"]``.
+        custom_quant_modules: extra ``(namespace, "ClassName", QuantClass)`` replacements.
+
+    Returns:
+        The patch, usable as a context manager that deactivates on exit.
+    """
+    entries = _entries(float_module_list, custom_quant_modules)
+    _PATCH.restore()
+    _PATCH.apply(entries)
+    return _PATCH
+
+
+def deactivate() -> None:
+    """Restore every attribute :func:`initialize` replaced. Safe to call when nothing is patched."""
+    _PATCH.restore()
+
+
+def is_active() -> bool:
+    """True while a patch from :func:`initialize` is in place."""
+    return _PATCH.active
+
+
+def enable_onnx_export():
+    """Seed compatibility: a no-op context manager. Use :func:`qdq.export_onnx`, which checks readiness."""
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -1,0 +1,376 @@
+"""``TensorQuantizer``: the module that quantizes one tensor in a model's forward.
+
+A quantizer holds a descriptor's settings, its range (``amax``, a buffer), a calibrator, and mode flags.
+It does no placement, export or calibration scheduling: those live in ``qdq.placement``, ``qdq.export``
+and ``qdq.calib``.
+
+Forward, in order:
+
+1. multiply by ``pre_quant_scale`` when set (even when disabled: the scale belongs to the model's math,
+   e.g. SmoothQuant weights were divided by it);
+2. return the input unchanged when disabled;
+3. feed the calibrator when calibrating;
+4. clip to the learned range when ``learn_amax``;
+5. fake-quantize (or quantize to integers when ``fake_quant=False``) when quantizing.
+
+Without a stored range (no calibration, no ``amax``) the range is **dynamic**: the max of ``|x|`` over the
+non-kept axes of each batch. Export needs a stored range.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qdq import tensor_quant as tq
+from qdq.descriptor import QuantDescriptor
+from qdq.errors import QdqCalibrationError, QdqConfigError
+
+__all__ = ["TensorQuantizer"]
+
+_log = logging.getLogger(__name__)
+_BUFFERS = ("_amax", "_pre_quant_scale")
+
+
+class TensorQuantizer(nn.Module):
+    """Quantize a tensor as ``quant_desc`` says.
+
+    Args:
+        quant_desc: a :class:`~qdq.descriptor.QuantDescriptor` (default: 8-bit, per tensor, full range).
+        disabled: start disabled (identity).
+        if_quant: quantize in forward.
+        if_clip: clip to the learned range in forward (only with ``learn_amax``).
+        if_calib: feed the calibrator in forward.
+
+    ``amax`` is a float32 buffer, always registered so ``state_dict`` keys never change; an empty buffer
+    means "no stored range" (dynamic).
+    """
+
+    def __init__(
+        self,
+        quant_desc: QuantDescriptor | None = None,
+        disabled: bool = False,
+        if_quant: bool = True,
+        if_clip: bool = False,
+        if_calib: bool = False,
+    ) -> None:
+        super().__init__()
+        desc = QuantDescriptor() if quant_desc is None else quant_desc
+        if not isinstance(desc, QuantDescriptor):
+            raise QdqConfigError(f"quant_desc must be a QuantDescriptor, got {type(desc).__name__}.")
+        self._num_bits = desc.num_bits
+        self._fake_quant = desc.fake_quant
+        self._axis = desc.axis
+        self._scale_amax = desc.scale_amax
+        self._learn_amax = desc.learn_amax
+        self._unsigned = desc.unsigned
+        self._narrow_range = desc.narrow_range
+        self._calib_method = desc.calib_method
+        self._disabled = disabled
+        self._if_quant = if_quant
+        self._if_calib = if_calib
+        self._if_clip = False
+        self._scale: torch.Tensor | float | None = 1.0 if desc.fake_quant else None
+        self._calibrator: Any = None
+        self.register_buffer("_amax", torch.empty(0))
+        self.register_buffer("_pre_quant_scale", torch.empty(0))
+        if desc.amax is not None:
+            self.amax = desc.amax
+        if desc.learn_amax:
+            from qdq.nn.clip import Clip
+
+            init = float(np.max(desc.amax)) if desc.amax is not None else 1.0
+            self.clip = Clip(-init, init, learn_min=True, learn_max=True)
+            self.enable_clip()
+        if if_clip:
+            self.enable_clip()
+
+    # ---------------------------------------------------------------------------------------- modes
+    def enable(self) -> None:
+        self._disabled = False
+
+    def disable(self) -> None:
+        self._disabled = True
+
+    def enable_quant(self) -> None:
+        self._if_quant = True
+
+    def disable_quant(self) -> None:
+        self._if_quant = False
+
+    def enable_calib(self) -> None:
+        _ = self.calibrator  # builds it, raising early on an unknown calib_method
+        self._if_calib = True
+
+    def disable_calib(self) -> None:
+        self._if_calib = False
+
+    def enable_clip(self) -> None:
+        if not self._learn_amax:
+            raise QdqConfigError("enable_clip needs a quantizer built with learn_amax=True.")
+        self.clip.clip_value_min.requires_grad = True
+        self.clip.clip_value_max.requires_grad = True
+        self._if_clip = True
+
+    def disable_clip(self) -> None:
+        if self._learn_amax:
+            self.clip.clip_value_min.requires_grad = False
+            self.clip.clip_value_max.requires_grad = False
+        self._if_clip = False
+
+    @property
+    def is_enabled(self) -> bool:
+        return not self._disabled
+
+    # ------------------------------------------------------------------------------ calibration
+    @property
+    def calibrator(self) -> Any:
+        """The calibrator named by the descriptor's ``calib_method`` (built on first use)."""
+        if self._calibrator is None:
+            from qdq.calib import make_calibrator
+
+            self._calibrator = make_calibrator(
+                self._calib_method, num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned
+            )
+        return self._calibrator
+
+    @calibrator.setter
+    def calibrator(self, value: Any) -> None:
+        self._calibrator = value
+
+    def load_calib_amax(self, *args: Any, strict: bool = True, **kwargs: Any) -> None:
+        """Set ``amax`` from the calibrator; same call for every calibrator.
+
+        Extra arguments go to ``calibrator.compute_amax`` (e.g. ``method="percentile", percentile=99.99``
+        for a histogram calibrator); none are required.
+
+        Raises:
+            QdqCalibrationError: when the calibrator saw no data (with ``strict=False``: warn and stay dynamic).
+        """
+        amax = self.calibrator.compute_amax(*args, **kwargs)
+        if amax is None:
+            msg = (
+                "Calibrator returned no range: this quantizer saw no data while calibrating. Likely causes: "
+                "its module is not used in forward, or calibration ran on a different (wrapped/copied) model."
+            )
+            if strict:
+                raise QdqCalibrationError(msg)
+            _log.warning(msg)
+            return
+        self.amax = amax
+
+    def init_learn_amax(self) -> None:
+        """Copy the stored amax into the learnable clip range ``[-amax, amax]``."""
+        if not self._learn_amax:
+            raise QdqConfigError("init_learn_amax needs a quantizer built with learn_amax=True.")
+        if self._amax.numel() == 0:
+            raise QdqCalibrationError("init_learn_amax needs a stored amax; calibrate first.")
+        value = float(self._amax.max())
+        if self._amax.numel() > 1:
+            _log.warning("Per-channel amax cannot initialise a scalar learned range; using its max %g.", value)
+        with torch.no_grad():
+            self.clip.clip_value_min.fill_(-value)
+            self.clip.clip_value_max.fill_(value)
+
+    # -------------------------------------------------------------------------------- properties
+    @property
+    def amax(self) -> torch.Tensor | None:
+        """The stored range (float32 tensor), or None when the range is dynamic."""
+        return None if self._amax.numel() == 0 else self._amax
+
+    @amax.setter
+    def amax(self, value: Any) -> None:
+        if value is None:
+            self._amax = torch.empty(0, device=self._amax.device)
+            return
+        self._amax = _checked_range("amax", value, self._amax.device)
+
+    @property
+    def pre_quant_scale(self) -> torch.Tensor | None:
+        """Per-channel multiplier applied to the input before quantization, or None."""
+        return None if self._pre_quant_scale.numel() == 0 else self._pre_quant_scale
+
+    @pre_quant_scale.setter
+    def pre_quant_scale(self, value: Any) -> None:
+        if value is None:
+            self._pre_quant_scale = torch.empty(0, device=self._pre_quant_scale.device)
+            return
+        self._pre_quant_scale = _checked_range("pre_quant_scale", value, self._pre_quant_scale.device)
+
+    num_bits = property(lambda self: self._num_bits)
+    unsigned = property(lambda self: self._unsigned)
+    narrow_range = property(lambda self: self._narrow_range)
+    axis = property(lambda self: self._axis, doc="Axes kept by per-channel quantization, or None.")
+    fake_quant = property(lambda self: self._fake_quant)
+    learn_amax = property(lambda self: self._learn_amax)
+    scale_amax = property(lambda self: self._scale_amax)
+    calib_method = property(lambda self: self._calib_method)
+
+    @num_bits.setter
+    def num_bits(self, value: int) -> None:
+        tq.max_bound(value)  # validates
+        self._num_bits = value
+
+    @unsigned.setter
+    def unsigned(self, value: bool) -> None:
+        self._unsigned = bool(value)
+
+    @narrow_range.setter
+    def narrow_range(self, value: bool) -> None:
+        self._narrow_range = bool(value)
+
+    @property
+    def maxbound(self) -> int:
+        """Largest integer on the grid (127 for int8)."""
+        return tq.max_bound(self._num_bits, self._unsigned)
+
+    @property
+    def step_size(self) -> torch.Tensor:
+        """Quantization step ``amax / maxbound`` (ONNX's scale). Needs a stored amax."""
+        if self._amax.numel() == 0:
+            raise QdqCalibrationError("step_size needs a stored amax; this quantizer's range is dynamic.")
+        return self._effective_static_amax() / self.maxbound
+
+    @property
+    def scale(self) -> torch.Tensor | float | None:
+        """The seed's multiplier ``maxbound / amax`` from the last real (fake_quant=False) quantization."""
+        return self._scale
+
+    # ----------------------------------------------------------------------------------- forward
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = inputs
+        if self._pre_quant_scale.numel():
+            x = x * self._pre_quant_scale.to(x.dtype)
+        if self._disabled:
+            return x
+        if self._if_calib:
+            self.calibrator.collect(x)
+        out = x
+        if self._if_clip:
+            out = self.clip(x)
+        if self._if_quant:
+            out = self._quant_forward(x)
+        return out
+
+    def _quant_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._learn_amax:
+            x = self.clip(x)
+            amax = torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach()
+        else:
+            amax = self._get_amax(x)
+        if self._unsigned:
+            tq._check_unsigned_input(x)
+        if self._fake_quant:
+            return tq.fake_quant_unchecked(x, amax, self._num_bits, self._unsigned, self._narrow_range)
+        q, self._scale = tq.tensor_quant_unchecked(x, amax, self._num_bits, self._unsigned, self._narrow_range)
+        return q
+
+    def _get_amax(self, x: torch.Tensor) -> torch.Tensor:
+        """Stored amax shaped to broadcast against ``x``, else the dynamic range of ``x``."""
+        if self._amax.numel():
+            amax = self._broadcastable(self._amax, x.dim())
+        else:  # dynamic range: this batch's max
+            amax = _dynamic_amax(x.detach(), self._axis)
+        if self._scale_amax is not None:
+            amax = amax * self._scale_amax
+        return amax.float()
+
+    def _effective_static_amax(self) -> torch.Tensor:
+        amax = self._amax
+        return amax * self._scale_amax if self._scale_amax is not None else amax
+
+    def _broadcastable(self, amax: torch.Tensor, rank: int) -> torch.Tensor:
+        """Reshape a 1-D per-channel amax of size C to size C on the kept axis, 1 elsewhere."""
+        if amax.dim() == 1 and amax.numel() > 1 and self._axis is not None and len(self._axis) == 1:
+            shape = [1] * rank
+            shape[self._axis[0] % rank] = amax.numel()
+            return amax.view(shape)
+        return amax
+
+    # ------------------------------------------------------------------------------- state_dict
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # noqa: E501
+        # Stored ranges may have another shape than ours (e.g. empty before calibration): adopt theirs,
+        # on our device, so a checkpoint saved on GPU loads on a CPU-only host.
+        for name in _BUFFERS:
+            key = prefix + name
+            if key in state_dict:
+                value = state_dict[key]
+                target = getattr(self, name)
+                setattr(self, name, _checked_range(name.lstrip("_"), value, target.device, allow_empty=True))
+        before = set(missing_keys)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        for name in _BUFFERS:  # checkpoints of the seed toolkit omit ranges that were never set
+            key = prefix + name
+            if key in missing_keys and key not in before and getattr(self, name).numel() == 0:
+                missing_keys.remove(key)
+
+    # ----------------------------------------------------------------------------------- printing
+    def extra_repr(self) -> str:
+        if self._disabled:
+            return "disabled"
+        parts = [f"{self._num_bits}bit", "fake" if self._fake_quant else "real"]
+        parts.append("per-tensor" if self._axis is None else f"axis={_axis_str(self._axis)}")
+        parts += [flag for flag in ("unsigned", "narrow_range") if getattr(self, f"_{flag}")]
+        parts.append(f"amax={_amax_str(self.amax)}")
+        if self._scale_amax is not None:
+            parts.append(f"scale_amax={self._scale_amax}")
+        if self.pre_quant_scale is not None:
+            parts.append(f"pre_quant_scale={_amax_str(self.pre_quant_scale)}")
+        if self._learn_amax:
+            parts.append("learned")
+        parts.append(f"calib={self._calib_method}")
+        modes = [m for m, on in (("quant", self._if_quant), ("calib", self._if_calib), ("clip", self._if_clip)) if on]
+        parts.append("+".join(modes) if modes else "idle")
+        return " ".join(parts)
+
+
+def _dynamic_amax(x: torch.Tensor, axis: tuple[int, ...] | None) -> torch.Tensor:
+    """max |x| over every axis not in ``axis`` (kept dims of size 1), without materialising |x|."""
+    if axis is None:
+        lo, hi = torch.aminmax(x)
+        return torch.maximum(-lo, hi)
+    keep = {a % x.dim() for a in axis}
+    reduce = [d for d in range(x.dim()) if d not in keep]
+    if not reduce:
+        return x.abs()
+    if keep == {0} and x.is_contiguous():
+        lo, hi = torch.aminmax(x.reshape(x.shape[0], -1), dim=1)
+        return torch.maximum(-lo, hi).view([-1] + [1] * (x.dim() - 1))
+    return torch.maximum(-x.amin(dim=reduce, keepdim=True), x.amax(dim=reduce, keepdim=True))
+
+
+def _checked_range(what: str, value: Any, device: torch.device, allow_empty: bool = False) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().to(device=device, dtype=torch.float32).clone()
+    else:
+        try:
+            tensor = torch.tensor(np.asarray(value, dtype=np.float32), device=device)
+        except (TypeError, ValueError) as err:
+            raise QdqConfigError(f"{what} must be a number, a list or an array, got {value!r}.") from err
+    if tensor.numel() == 0:
+        if allow_empty:
+            return tensor
+        raise QdqConfigError(f"{what} is empty; set a number or a per-channel tensor, or None for dynamic.")
+    if torch.isnan(tensor).any() or torch.isinf(tensor).any():
+        raise QdqConfigError(f"{what} contains NaN or Inf: {tensor.flatten()[:8].tolist()}...")
+    if (tensor < 0).any():
+        raise QdqConfigError(f"{what} must be non-negative, got a minimum of {tensor.min().item():g}.")
+    return tensor
+
+
+def _axis_str(axis: tuple[int, ...]) -> str:
+    return str(axis[0]) if len(axis) == 1 else str(axis)
+
+
+def _amax_str(amax: torch.Tensor | None) -> str:
+    if amax is None:
+        return "dynamic"
+    if amax.numel() == 1:
+        return f"{amax.item():.4f}"
+    return f"[{amax.min().item():.4f}, {amax.max().item():.4f}]({amax.numel()})"

@@ -1,0 +1,223 @@
+"""Module replacement: turn an already-built float model into a quantized one, in place.
+
+``quantize_model(model, QuantConfig(...))`` walks the model and replaces every module whose exact type is
+registered (``nn.Conv2d`` → ``QuantConv2d``, ...) by its quantized version, sharing the parameters, so an
+optimizer or a loaded checkpoint keeps working. A user adds their own module with
+``register_quant_module(MyBlock, QuantMyBlock)``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from qdq import nn as qnn
+from qdq.descriptor import QuantDescriptor
+from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.nn.base import QuantInputMixin, QuantMixin, float_class_of
+from qdq.registry import Registry
+
+__all__ = [
+    "QUANT_MODULES",
+    "QuantConfig",
+    "quant_module_for",
+    "quantize_model",
+    "register_quant_module",
+    "unregister_quant_module",
+]
+
+#: float module type -> quantized module class.
+QUANT_MODULES: Registry[type, type] = Registry("quantized module for")
+
+_DEFAULT_PAIRS = [
+    (nn.Conv1d, qnn.QuantConv1d),
+    (nn.Conv2d, qnn.QuantConv2d),
+    (nn.Conv3d, qnn.QuantConv3d),
+    (nn.ConvTranspose1d, qnn.QuantConvTranspose1d),
+    (nn.ConvTranspose2d, qnn.QuantConvTranspose2d),
+    (nn.ConvTranspose3d, qnn.QuantConvTranspose3d),
+    (nn.Linear, qnn.QuantLinear),
+    (nn.MaxPool1d, qnn.QuantMaxPool1d),
+    (nn.MaxPool2d, qnn.QuantMaxPool2d),
+    (nn.MaxPool3d, qnn.QuantMaxPool3d),
+    (nn.AvgPool1d, qnn.QuantAvgPool1d),
+    (nn.AvgPool2d, qnn.QuantAvgPool2d),
+    (nn.AvgPool3d, qnn.QuantAvgPool3d),
+    (nn.AdaptiveAvgPool1d, qnn.QuantAdaptiveAvgPool1d),
+    (nn.AdaptiveAvgPool2d, qnn.QuantAdaptiveAvgPool2d),
+    (nn.AdaptiveAvgPool3d, qnn.QuantAdaptiveAvgPool3d),
+    (nn.InstanceNorm1d, qnn.QuantInstanceNorm1d),
+    (nn.InstanceNorm2d, qnn.QuantInstanceNorm2d),
+    (nn.InstanceNorm3d, qnn.QuantInstanceNorm3d),
+]
+for _float, _quant in _DEFAULT_PAIRS:
+    QUANT_MODULES.register(_float, _quant)
+for _name in ("LSTM", "LSTMCell"):
+    if hasattr(qnn, f"Quant{_name}"):
+        QUANT_MODULES.register(getattr(nn, _name), getattr(qnn, f"Quant{_name}"))
+
+# MaxPool does not need quantizing for TensorRT (it commutes with Q/DQ), and the seed leaves it and
+# InstanceNorm float; quantize_model follows the seed unless a config asks for them.
+_SEED_DEFAULT_EXCLUDED: tuple[type, ...] = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+)
+
+
+def register_quant_module(float_cls: type, quant_cls: type | None = None, *, override: bool = False):
+    """Register ``quant_cls`` as the quantized version of ``float_cls``; usable as a decorator.
+
+    ``quant_cls`` must subclass :class:`qdq.nn.QuantInputMixin` (or ``QuantMixin``) and ``float_cls``,
+    implement ``forward`` with its quantizers, and build them in ``init_quantizer`` (see ``qdq/nn/conv.py``).
+    """
+
+    def _register(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, QuantInputMixin)):
+            raise QdqTypeError(f"{cls!r} must subclass qdq.nn.QuantInputMixin or QuantMixin.")
+        if float_class_of(cls) is not float_cls and not issubclass(cls, float_cls):
+            raise QdqTypeError(f"{cls.__name__} must subclass {float_cls.__name__} to replace it.")
+        return QUANT_MODULES.register(float_cls, cls, override=override)
+
+    return _register if quant_cls is None else _register(quant_cls)
+
+
+def unregister_quant_module(float_cls: type) -> type:
+    """Remove a registration; returns the quantized class that was registered."""
+    return QUANT_MODULES.unregister(float_cls)
+
+
+def quant_module_for(float_cls: type) -> type | None:
+    """The registered quantized class for exactly ``float_cls``, or None."""
+    return QUANT_MODULES.find(float_cls)
+
+
+Pattern = str
+
+
+def _compile(pattern: Pattern) -> Callable[[str], bool]:
+    if not isinstance(pattern, str):
+        raise QdqTypeError(f"module-name patterns are strings (glob, or 're:<regex>'), got {pattern!r}.")
+    if pattern.startswith("re:"):
+        try:
+            regex = re.compile(pattern[3:])
+        except re.error as err:
+            raise QdqConfigError(f"invalid regular expression {pattern[3:]!r}: {err}.") from err
+        return lambda name: regex.search(name) is not None
+    return lambda name: fnmatch.fnmatchcase(name, pattern)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """What ``quantize_model`` quantizes, and how.
+
+    Attributes:
+        quant_desc_input: descriptor of every input quantizer; None uses each class's default
+            (8-bit per tensor).
+        quant_desc_weight: descriptor of every weight quantizer; None uses each class's default
+            (8-bit per output channel).
+        include: module-name patterns (``fnmatch`` globs such as ``"layer1.*"``, or ``"re:<regex>"``);
+            empty means every module.
+        exclude: module-name patterns left in float (wins over ``include``).
+        include_types: float module types to quantize; empty means every registered type except
+            MaxPool and InstanceNorm (the seed's default set).
+        exclude_types: float module types left in float.
+    """
+
+    quant_desc_input: QuantDescriptor | None = None
+    quant_desc_weight: QuantDescriptor | None = None
+    include: tuple[Pattern, ...] = ()
+    exclude: tuple[Pattern, ...] = ()
+    include_types: tuple[type, ...] = ()
+    exclude_types: tuple[type, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("include", "exclude", "include_types", "exclude_types"):
+            value = getattr(self, name)
+            if isinstance(value, str | type):
+                object.__setattr__(self, name, (value,))
+            elif not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        for desc_name in ("quant_desc_input", "quant_desc_weight"):
+            desc = getattr(self, desc_name)
+            if desc is not None and not isinstance(desc, QuantDescriptor):
+                raise QdqTypeError(f"{desc_name} must be a QuantDescriptor or None, got {type(desc).__name__}.")
+        for pattern in self.include + self.exclude:
+            _compile(pattern)
+
+    def selects(self, name: str, module: nn.Module) -> bool:
+        """True when ``module`` (called ``name`` in the model) should be quantized."""
+        kind = type(module)
+        if self.include_types:
+            if kind not in self.include_types:
+                return False
+        elif kind in _SEED_DEFAULT_EXCLUDED:
+            return False
+        if kind in self.exclude_types:
+            return False
+        if self.include and not any(_compile(p)(name) for p in self.include):
+            return False
+        return not any(_compile(p)(name) for p in self.exclude)
+
+
+def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Module:
+    """Replace the registered modules of ``model`` by their quantized versions, in place.
+
+    Args:
+        model: a float model, already built (weights loaded or not).
+        config: what to quantize; default: every conv, transposed conv, linear, avg-pool and LSTM
+            with the classes' default descriptors.
+
+    Returns:
+        ``model`` itself (or the quantized module when ``model`` is itself a single registered module).
+
+    Raises:
+        QdqConfigError: when the config's patterns or types select nothing in the model.
+    """
+    config = QuantConfig() if config is None else config
+    if not isinstance(model, nn.Module):
+        raise QdqTypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}.")
+    if _convertible(model, "", config):
+        return _convert(model, config)
+    replaced = _replace_children(model, "", config)
+    if not replaced and (config.include or config.include_types):
+        raise QdqConfigError(
+            f"quantize_model: include={config.include} include_types={[t.__name__ for t in config.include_types]} "
+            "matched no quantizable module. Check the names with [n for n, _ in model.named_modules()]."
+        )
+    return model
+
+
+def _convertible(module: nn.Module, name: str, config: QuantConfig) -> bool:
+    return not isinstance(module, QuantInputMixin) and type(module) in QUANT_MODULES and config.selects(name, module)
+
+
+def _convert(module: nn.Module, config: QuantConfig) -> nn.Module:
+    quant_cls = QUANT_MODULES.get(type(module))
+    if issubclass(quant_cls, QuantMixin):
+        return quant_cls.from_float(module, config.quant_desc_input, config.quant_desc_weight)
+    return quant_cls.from_float(module, config.quant_desc_input)
+
+
+def _replace_children(parent: nn.Module, prefix: str, config: QuantConfig) -> list[str]:
+    replaced: list[str] = []
+    for child_name, child in list(parent.named_children()):
+        name = f"{prefix}.{child_name}" if prefix else child_name
+        if _convertible(child, name, config):
+            setattr(parent, child_name, _convert(child, config))
+            replaced.append(name)
+        elif not isinstance(child, QuantInputMixin):
+            replaced += _replace_children(child, name, config)
+    return replaced
+
+
+def quantized_module_names(model: nn.Module) -> Iterable[str]:
+    """Names of the quantized modules in ``model``."""
+    return [name for name, m in model.named_modules() if isinstance(m, QuantInputMixin)]

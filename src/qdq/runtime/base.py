@@ -1,0 +1,282 @@
+"""The one interface every inference backend implements, its result type, and the registry of backends.
+
+A backend is a :class:`Runtime` subclass registered under a name ("onnxruntime", "openvino",
+"tensorrt"). The registry stores the *location* of each class ("module:Class") rather than the class,
+and the backend modules import their heavy package (``onnxruntime``...) only inside ``load``. So
+``import qdq.runtime`` stays cheap, and a backend that is not installed fails only when it is used,
+with :class:`~qdq.errors.QdqBackendUnavailable` naming the pip command that installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar
+
+import numpy as np
+
+from qdq.errors import QdqBackendUnavailable, QdqConfigError, QdqTypeError, did_you_mean
+from qdq.runtime.model_info import ModelInfo, TensorSpec
+
+__all__ = [
+    "BenchmarkResult",
+    "Inputs",
+    "Runtime",
+    "get_runtime_class",
+    "import_backend",
+    "load_runtime",
+    "register_runtime",
+    "runtime_names",
+    "check_common_options",
+]
+
+Inputs = Mapping[str, np.ndarray] | np.ndarray
+"""A feed: a mapping from input name to array, or one array for a single-input model."""
+
+
+class Runtime(ABC):
+    """A compiled ONNX model on one backend, ready to run.
+
+    Create one with :func:`load_runtime` (or ``SomeRuntime.load``), call :meth:`run`, and
+    :meth:`close` it (or use it as a context manager) before loading the next one when timing: idle
+    sessions of some backends keep worker threads spinning (see :mod:`qdq.runtime.benchmark`).
+
+    Common ``load`` options, accepted by every backend:
+        threads: intra-op worker threads (``None``: the backend's default).
+        batch: the batch size the model will run at. Backends that specialise shapes (OpenVINO,
+            TensorRT) compile for it; ONNX Runtime ignores it.
+    """
+
+    name: ClassVar[str] = ""
+    """The registry name of the backend, e.g. ``"onnxruntime"``."""
+
+    def __init__(self, info: ModelInfo, *, threads: int | None = None, batch: int | None = None) -> None:
+        self.info = info
+        self.threads = threads
+        self.batch = batch
+        self._closed = False
+
+    @classmethod
+    @abstractmethod
+    def load(
+        cls, onnx_path: str | Path, *, threads: int | None = None, batch: int | None = None, **options: Any
+    ) -> Runtime:
+        """Compile ``onnx_path`` for this backend and return a runtime ready to :meth:`run`."""
+
+    @property
+    @abstractmethod
+    def precision(self) -> str:
+        """What the model computes in, as run by this backend: ``"int8"``, ``"fp32"``, ``"int8+bf16"``..."""
+
+    @property
+    def path(self) -> Path:
+        """The ONNX file this runtime was loaded from."""
+        return self.info.path
+
+    @property
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        """Name, shape and dtype of each graph input, in graph order."""
+        return self.info.inputs
+
+    @property
+    def input_names(self) -> list[str]:
+        """Names of the graph inputs, in graph order."""
+        return [spec.name for spec in self.info.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the graph outputs, in the order :meth:`run` returns them."""
+        return list(self.info.outputs)
+
+    def run(self, inputs: Inputs) -> list[np.ndarray]:
+        """Run one inference and return the outputs (host arrays) in graph order."""
+        return self._run(self._feed(inputs))
+
+    def bind(self, inputs: Inputs) -> Callable[[], object]:
+        """Return a zero-argument callable that runs one inference on ``inputs``.
+
+        Benchmarks time this callable. Backends with device memory override it to copy the inputs
+        to the device once, so that the timed call measures inference, not host transfers.
+        """
+        feed = self._feed(inputs)
+        return lambda: self._run(feed)
+
+    def close(self) -> None:
+        """Release the session or compiled model. Further :meth:`run` calls raise."""
+        if not self._closed:
+            self._release()
+            self._closed = True
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"threads={self.threads}, batch={self.batch}"
+        return f"{type(self).__name__}({str(self.path)!r}, {state})"
+
+    @abstractmethod
+    def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one inference on a validated feed."""
+
+    @abstractmethod
+    def _release(self) -> None:
+        """Drop the backend objects (session, compiled model, engine)."""
+
+    def _feed(self, inputs: Inputs) -> dict[str, np.ndarray]:
+        """Check a feed against the graph inputs and return it as a name -> contiguous array dict."""
+        if self._closed:
+            raise QdqConfigError(f"{self!r} is closed; load the model again")
+        names = self.input_names
+        if isinstance(inputs, np.ndarray):
+            if len(names) != 1:
+                raise QdqTypeError(
+                    f"the model has {len(names)} inputs {names}; pass a dict of arrays, not one array"
+                )
+            inputs = {names[0]: inputs}
+        if not isinstance(inputs, Mapping):
+            raise QdqTypeError(f"inputs must be a numpy array or a dict of arrays, got {type(inputs).__name__}")
+        missing = [n for n in names if n not in inputs]
+        unknown = [n for n in inputs if n not in names]
+        if missing or unknown:
+            raise QdqConfigError(f"inputs do not match the model: missing {missing}, unknown {unknown}; "
+                                 f"the model's inputs are {names}")
+        return {n: np.ascontiguousarray(inputs[n]) for n in names}
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """Latency statistics of one model on one backend, all times in milliseconds per inference.
+
+    Build it with :meth:`from_times`; ``p90_ms`` is the 90th percentile (linear interpolation).
+    """
+
+    label: str
+    backend: str
+    precision: str
+    batch: int
+    threads: int | None
+    warmup: int
+    iterations: int
+    min_ms: float
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    times_ms: tuple[float, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_times(
+        cls,
+        times_ms: list[float] | tuple[float, ...],
+        *,
+        label: str,
+        backend: str,
+        precision: str,
+        batch: int,
+        threads: int | None,
+        warmup: int,
+    ) -> BenchmarkResult:
+        """Summarise per-inference wall times (ms) into min / median / p90 / mean."""
+        if not times_ms:
+            raise QdqConfigError("no timings to summarise: iterations must be >= 1")
+        times = np.asarray(times_ms, dtype=np.float64)
+        return cls(
+            label=label,
+            backend=backend,
+            precision=precision,
+            batch=batch,
+            threads=threads,
+            warmup=warmup,
+            iterations=len(times),
+            min_ms=float(times.min()),
+            median_ms=float(np.median(times)),
+            p90_ms=float(np.percentile(times, 90)),
+            mean_ms=float(times.mean()),
+            times_ms=tuple(float(t) for t in times),
+        )
+
+    def speedup_over(self, baseline: BenchmarkResult, stat: str = "median") -> float:
+        """How many times faster this result is than ``baseline`` (> 1: faster), by ``stat`` ("min"...)."""
+        return getattr(baseline, f"{stat}_ms") / getattr(self, f"{stat}_ms")
+
+
+# --- registry ------------------------------------------------------------------------------------------
+
+_RUNTIMES: dict[str, str | type[Runtime]] = {
+    "onnxruntime": "qdq.runtime.ort:OrtRuntime",
+    "openvino": "qdq.runtime.openvino:OpenVinoRuntime",
+    "tensorrt": "qdq.runtime.tensorrt:TensorRtRuntime",
+}
+_ALIASES = {"ort": "onnxruntime", "ov": "openvino", "trt": "tensorrt"}
+
+
+def register_runtime(name: str, target: str | type[Runtime], *, override: bool = False) -> None:
+    """Register a backend under ``name``: a :class:`Runtime` subclass or its location "module:Class".
+
+    Raises:
+        QdqConfigError: ``name`` is taken and ``override`` is False.
+    """
+    if name in _RUNTIMES and not override:
+        raise QdqConfigError(f"a runtime named {name!r} is already registered; pass override=True")
+    _RUNTIMES[name] = target
+
+
+def runtime_names() -> list[str]:
+    """Names of the registered backends (installed or not)."""
+    return sorted(_RUNTIMES)
+
+
+def get_runtime_class(name: str) -> type[Runtime]:
+    """Return the :class:`Runtime` subclass registered as ``name`` (aliases: ort, ov, trt).
+
+    Raises:
+        QdqConfigError: no backend has that name; the message lists the known ones.
+    """
+    key = _ALIASES.get(name, name)
+    if key not in _RUNTIMES:
+        raise QdqConfigError(
+            f"unknown runtime {name!r}; known runtimes: {', '.join(runtime_names())}."
+            + did_you_mean(name, [*_RUNTIMES, *_ALIASES])
+        )
+    target = _RUNTIMES[key]
+    if isinstance(target, str):
+        module_name, _, class_name = target.partition(":")
+        target = getattr(importlib.import_module(module_name), class_name)
+    return target
+
+
+def load_runtime(onnx_path: str | Path, runtime: str = "onnxruntime", **options: Any) -> Runtime:
+    """Load ``onnx_path`` on the backend named ``runtime`` and return it ready to run.
+
+    ``options`` go to that backend's ``load`` (``threads``, ``batch``, and backend-specific ones such
+    as ``optimization_level`` for ONNX Runtime or ``precision`` for OpenVINO).
+
+    Raises:
+        QdqConfigError: unknown runtime name, missing file, or a file that is not ONNX.
+        QdqBackendUnavailable: the backend's package (or its device) is not available.
+    """
+    return get_runtime_class(runtime).load(onnx_path, **options)
+
+
+def check_common_options(threads: int | None, batch: int | None) -> None:
+    """Validate the ``threads`` and ``batch`` load options shared by every backend."""
+    for name, value in (("threads", threads), ("batch", batch)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise QdqConfigError(f"{name} must be a positive integer or None, got {value!r}")
+
+
+def import_backend(module: str, install: str) -> ModuleType:
+    """Import a backend's package, or raise :class:`QdqBackendUnavailable` saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise QdqBackendUnavailable(
+            f"the {module!r} package is needed for this runtime but cannot be imported ({err}); "
+            f"install it with: {install}"
+        ) from err

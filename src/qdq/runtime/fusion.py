@@ -1,0 +1,338 @@
+"""What ONNX Runtime's CPU provider made of a Q/DQ graph, read from its optimized graph.
+
+ORT replaces a group ``DequantizeLinear -> op -> QuantizeLinear`` by an int8 kernel (QLinearConv,
+QGemm, QLinearAdd...) when every data input of the op is dequantized and its output is quantized. A
+Conv without a QuantizeLinear on its output stays a float Conv between Q/DQ conversions. This module
+compares the source graph with the optimized one saved by ORT (``optimized_model_filepath``) and
+says, per weighted op, whether it runs as an int8 kernel, and per leftover Q/DQ node, why it stayed.
+
+:func:`analyse_fusion` works on two ``onnx.ModelProto``; :func:`qdq.runtime.ort.fusion_report` makes
+the optimized graph with an ONNX Runtime session and calls it. Only the top-level graph is read
+(subgraphs of If/Loop are not).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from qdq.runtime._markdown import markdown_table
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["FLOAT_KERNELS", "INT8_KERNELS", "FusionReport", "UnfusedQdq", "analyse_fusion"]
+
+INT8_KERNELS = frozenset(
+    {
+        "QLinearConv",
+        "ConvInteger",
+        "QGemm",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+        "MatMulInteger16",
+        "QAttention",
+    }
+)
+"""Kernels of ORT's CPU provider that compute a Conv/Gemm/MatMul on integer data."""
+
+FLOAT_KERNELS = frozenset(
+    {
+        "Conv",
+        "FusedConv",
+        "NhwcFusedConv",
+        "ConvTranspose",
+        "ConvTransposeWithDynamicPads",
+        "Gemm",
+        "FusedGemm",
+        "MatMul",
+        "FusedMatMul",
+        "TransposeMatMul",
+    }
+)
+"""Float kernels a weighted op can end up in (``com.microsoft.nchwc:Conv`` counts as ``Conv``)."""
+
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+"""Ops of the source graph counted as weighted (the ones quantization is meant to speed up)."""
+
+_Q, _DQ = "QuantizeLinear", "DequantizeLinear"
+
+# Float ops ORT's CPU provider can turn into an int8 kernel, and which inputs must then be dequantized.
+# ``None`` means every input.
+_INT8_FORMS: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    "Conv": ("QLinearConv", (0, 1)),
+    "FusedConv": ("QLinearConv", (0, 1)),
+    "Gemm": ("QGemm", (0, 1)),
+    "FusedGemm": ("QGemm", (0, 1)),
+    "MatMul": ("QLinearMatMul", (0, 1)),
+    "FusedMatMul": ("QLinearMatMul", (0, 1)),
+    "Add": ("QLinearAdd", (0, 1)),
+    "Mul": ("QLinearMul", (0, 1)),
+    "Concat": ("QLinearConcat", None),
+    "Sigmoid": ("QLinearSigmoid", (0,)),
+    "LeakyRelu": ("QLinearLeakyRelu", (0,)),
+    "Softmax": ("QLinearSoftmax", (0,)),
+    "GlobalAveragePool": ("QLinearGlobalAveragePool", (0,)),
+    "AveragePool": ("QLinearAveragePool", (0,)),
+    "Where": ("QLinearWhere", (1, 2)),
+}
+
+# Ops that only move data; walking the graph looks through them (ORT adds Transposes around NHWC
+# int8 kernels, and Reorder nodes around NCHWc float convs).
+_PASS_THROUGH = frozenset(
+    {"Transpose", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "ReorderInput", "ReorderOutput"}
+)
+
+# Ops ORT runs on int8 data directly when the DQ before and the Q after share one scale.
+_INT8_DATA_MOVERS = frozenset({"MaxPool", "Resize", "Slice", "Gather", "Split", "Pad", "DepthToSpace"})
+
+
+@dataclass(frozen=True)
+class UnfusedQdq:
+    """A QuantizeLinear or DequantizeLinear left in the optimized graph, and why.
+
+    ``boundary`` is True for the conversions expected at the model's edges: a Q on a graph input,
+    a DQ producing a graph output.
+    """
+
+    name: str
+    op_type: str
+    tensor: str
+    reason: str
+    boundary: bool = False
+
+
+@dataclass(frozen=True)
+class FusionReport:
+    """Op types of ORT's optimized graph against the source graph, and the Q/DQ left unfused.
+
+    Op counts are keyed ``"domain:op_type"`` with ``ai.onnx`` for the default domain.
+    """
+
+    model: str
+    optimization_level: str
+    source_ops: dict[str, int]
+    optimized_ops: dict[str, int]
+    unfused: tuple[UnfusedQdq, ...]
+
+    def count(self, op_type: str) -> int:
+        """Number of ``op_type`` nodes in the optimized graph, over all domains."""
+        return sum(n for key, n in self.optimized_ops.items() if key.rpartition(":")[2] == op_type)
+
+    @property
+    def source_weighted(self) -> dict[str, int]:
+        """Weighted ops of the source graph (Conv, ConvTranspose, Gemm, MatMul) by type."""
+        return {op: self.source_ops[op] for op in WEIGHTED_OPS if self.source_ops.get(op)}
+
+    @property
+    def int8_kernels(self) -> dict[str, int]:
+        """Integer compute kernels of the optimized graph (QLinearConv, QGemm...) by ``domain:op``."""
+        return {k: n for k, n in self.optimized_ops.items() if k.rpartition(":")[2] in INT8_KERNELS}
+
+    @property
+    def float_kernels(self) -> dict[str, int]:
+        """Float Conv/Gemm/MatMul kernels of the optimized graph by ``domain:op``."""
+        return {k: n for k, n in self.optimized_ops.items() if k.rpartition(":")[2] in FLOAT_KERNELS}
+
+    @property
+    def n_int8(self) -> int:
+        """How many weighted ops run as int8 kernels."""
+        return sum(self.int8_kernels.values())
+
+    @property
+    def n_float(self) -> int:
+        """How many weighted ops run as float kernels."""
+        return sum(self.float_kernels.values())
+
+    @property
+    def problems(self) -> tuple[UnfusedQdq, ...]:
+        """Leftover Q/DQ that cost time: those not at the model's boundary."""
+        return tuple(u for u in self.unfused if not u.boundary)
+
+    def reasons(self) -> dict[str, int]:
+        """How many leftover Q/DQ nodes each reason explains."""
+        return dict(Counter(u.reason for u in self.unfused))
+
+    def to_markdown(self) -> str:
+        """The report as Markdown: a summary line, a kernel table and a table of unfused Q/DQ."""
+        source = ", ".join(f"{n} {op}" for op, n in self.source_weighted.items()) or "no weighted ops"
+        lines = [
+            f"ONNX Runtime fusion report: {self.model} (optimization level {self.optimization_level})",
+            "",
+            f"source graph: {source}; {self.source_ops.get(_Q, 0)} QuantizeLinear, "
+            f"{self.source_ops.get(_DQ, 0)} DequantizeLinear",
+            f"optimized graph: {self.n_int8} weighted ops in int8 kernels, {self.n_float} in float kernels; "
+            f"{self.count(_Q)} QuantizeLinear and {self.count(_DQ)} DequantizeLinear left "
+            f"({len(self.problems)} away from the model's boundary)",
+            "",
+            markdown_table(["kernel", "count", "precision"], self._kernel_rows()),
+        ]
+        if self.unfused:
+            lines += ["", markdown_table(["op", "reason", "count", "nodes"], self._unfused_rows())]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+    def _kernel_rows(self) -> list[list[object]]:
+        rows: list[list[object]] = [[k, n, "int8"] for k, n in sorted(self.int8_kernels.items())]
+        rows += [[k, n, "float"] for k, n in sorted(self.float_kernels.items())]
+        return rows or [["(none)", 0, None]]
+
+    def _unfused_rows(self) -> list[list[object]]:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for u in self.unfused:
+            groups.setdefault((u.op_type, u.reason), []).append(u.name or u.tensor)
+        rows: list[list[object]] = []
+        for (op, reason), names in groups.items():
+            shown = ", ".join(names[:3]) + (f", … (+{len(names) - 3})" if len(names) > 3 else "")
+            rows.append([op, reason, len(names), shown])
+        return rows
+
+
+def analyse_fusion(
+    source: onnx.ModelProto, optimized: onnx.ModelProto, *, model: str = "", optimization_level: str = ""
+) -> FusionReport:
+    """Compare ORT's ``optimized`` graph of a model with its ``source`` graph."""
+    graph = _GraphIndex(optimized.graph)
+    unfused = tuple(graph.explain(node) for node in optimized.graph.node if node.op_type in (_Q, _DQ))
+    return FusionReport(
+        model=model,
+        optimization_level=optimization_level,
+        source_ops=dict(Counter(node.op_type for node in source.graph.node)),
+        optimized_ops=dict(Counter(_key(node) for node in optimized.graph.node)),
+        unfused=unfused,
+    )
+
+
+def _key(node: onnx.NodeProto) -> str:
+    return f"{node.domain or 'ai.onnx'}:{node.op_type}"
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
+
+
+class _GraphIndex:
+    """Producer/consumer maps of one graph, and the rules that explain a leftover Q/DQ node."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.output:
+                self.producer[name] = node
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        self.graph_inputs = {vi.name for vi in graph.input}
+        self.graph_outputs = {vi.name for vi in graph.output}
+        self.initializers = {init.name: init for init in graph.initializer}
+
+    # -- walking ------------------------------------------------------------------------------------
+
+    def next_ops(self, tensor: str) -> list[onnx.NodeProto | None]:
+        """Ops reading ``tensor``, looking through pass-through ops; ``None`` stands for a graph output."""
+        found: list[onnx.NodeProto | None] = []
+        pending, seen = [tensor], set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in self.graph_outputs:
+                found.append(None)
+            for node in self.consumers.get(name, []):
+                if node.op_type in _PASS_THROUGH:
+                    pending.extend(node.output)
+                else:
+                    found.append(node)
+        return found
+
+    def prev_op(self, tensor: str) -> onnx.NodeProto | None:
+        """The op producing ``tensor``, looking through pass-through ops (None: input or constant)."""
+        node = self.producer.get(tensor)
+        while node is not None and node.op_type in _PASS_THROUGH and node.input:
+            node = self.producer.get(node.input[0])
+        return node
+
+    def zero_point_type(self, node: onnx.NodeProto) -> str | None:
+        """Element type name of a Q/DQ node's zero point ("uint8", "int8"...), if it is a constant."""
+        from onnx.helper import tensor_dtype_to_np_dtype
+
+        if len(node.input) < 3 or not node.input[2]:
+            return "uint8" if node.op_type == _Q else None
+        init = self.initializers.get(node.input[2])
+        if init is None:
+            return None
+        return tensor_dtype_to_np_dtype(init.data_type).name
+
+    # -- explaining ---------------------------------------------------------------------------------
+
+    def explain(self, node: onnx.NodeProto) -> UnfusedQdq:
+        """Say why the Q or DQ ``node`` was not folded into an int8 kernel."""
+        if node.op_type == _DQ:
+            reason, boundary = self._explain_dq(node)
+            tensor = node.input[0]
+        else:
+            reason, boundary = self._explain_q(node)
+            tensor = node.output[0]
+        return UnfusedQdq(node.name, node.op_type, tensor, reason, boundary)
+
+    def _explain_dq(self, node: onnx.NodeProto) -> tuple[str, bool]:
+        readers = self.next_ops(node.output[0])
+        ops = [r for r in readers if r is not None]
+        if not ops:
+            return "dequantizes a graph output (expected at the model's boundary)", True
+        reasons = _unique(self.why_float(op) for op in ops)
+        return "; ".join(reasons), False
+
+    def _explain_q(self, node: onnx.NodeProto) -> tuple[str, bool]:
+        source = self.prev_op(node.input[0])
+        if source is None:
+            if node.input[0] in self.initializers:
+                return "quantizes a float constant (weights stored in float)", False
+            return "quantizes a graph input (expected at the model's boundary)", True
+        if source.op_type == _DQ:
+            return "requantizes: a DQ→Q pair with no op between (scale or type change)", False
+        return f"quantizes the output of {self.why_float(source)}", False
+
+    def why_float(self, op: onnx.NodeProto) -> str:
+        """Explain why ``op`` (a reader of a DQ, or the source of a Q) runs in float."""
+        label = _label(op)
+        if op.op_type in ("Relu", "Clip"):
+            return (f"float {label}: ORT folds it into the int8 op before it only when the next Q's zero "
+                    "point is the type's minimum (asymmetric activations)")
+        if op.op_type in _INT8_DATA_MOVERS:
+            return f"float {label}: no Q with the same scale and zero point around it, so it cannot run on int8"
+        form = _INT8_FORMS.get(op.op_type)
+        if form is None:
+            return f"float {label}: ONNX Runtime's CPU provider has no int8 kernel for it"
+        return self._why_not_fused(op, label, form)
+
+    def _why_not_fused(self, op: onnx.NodeProto, label: str, form: tuple[str, tuple[int, ...] | None]) -> str:
+        kernel, indices = form
+        data = [op.input[i] for i in (indices or range(len(op.input))) if i < len(op.input) and op.input[i]]
+        not_dq = [name for name in data if not self._is_dequantized(name)]
+        if not_dq:
+            return f"float {label}: input {', '.join(not_dq)} is not dequantized from int8"
+        quantizers = [n for n in self.next_ops(op.output[0]) if n is not None and n.op_type == _Q]
+        if not quantizers:
+            return f"float {label}: no QuantizeLinear on its output"
+        in_type = self.zero_point_type(self.prev_op(data[0]))  # type: ignore[arg-type]
+        out_type = self.zero_point_type(quantizers[0])
+        if in_type and out_type and in_type != out_type:
+            return (f"float {label}: its input is {in_type} but its output Q is {out_type}; "
+                    f"{kernel} needs one type (use uint8 activations)")
+        return f"float {label}: DQ→{op.op_type}→Q was not fused into {kernel} (unsupported attributes or types)"
+
+    def _is_dequantized(self, tensor: str) -> bool:
+        source = self.prev_op(tensor)
+        return source is not None and source.op_type == _DQ
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))

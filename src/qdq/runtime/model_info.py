@@ -1,0 +1,176 @@
+"""What the runtime layer reads from an ONNX file before any backend sees it.
+
+:func:`read_model_info` checks that a path is a readable ONNX model (a missing file or a file that is
+not ONNX raises :class:`~qdq.errors.QdqConfigError`, so the CLI can report it in one line), and returns
+the graph's inputs, outputs and whether it is quantized. :func:`random_inputs` makes a feed for those
+inputs at a chosen batch size, for benchmarks and smoke tests.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from qdq.errors import QdqConfigError
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["ModelInfo", "TensorSpec", "load_onnx", "random_inputs", "read_model_info"]
+
+Dim = int | str | None
+"""One dimension of an input: a fixed size, a named dynamic size (``"batch"``), or unknown (``None``)."""
+
+# Ops whose presence means the graph computes (part of) its work on integer data.
+_QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "ConvInteger",
+        "MatMulInteger",
+        "QGemm",
+    }
+)
+
+_FLOAT_LABELS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape and NumPy dtype of one graph input."""
+
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: np.dtype
+
+    def concrete_shape(self, batch: int) -> tuple[int, ...]:
+        """Return the shape with a dynamic leading (batch) dimension set to ``batch``.
+
+        Raises:
+            QdqConfigError: the leading dimension is fixed to another size, or another dimension is
+                dynamic (the caller must then give the inputs explicitly).
+        """
+        shape: list[int] = []
+        for axis, dim in enumerate(self.shape):
+            if isinstance(dim, int):
+                if axis == 0 and dim != batch:
+                    raise QdqConfigError(
+                        f"input {self.name!r} has a fixed batch size of {dim}; cannot make a batch of "
+                        f"{batch}. Export the model with a dynamic batch axis, or use batch {dim}."
+                    )
+                shape.append(dim)
+            elif axis == 0:
+                shape.append(batch)
+            else:
+                raise QdqConfigError(
+                    f"input {self.name!r} has a dynamic dimension {dim!r} at axis {axis} "
+                    f"(shape {self.shape}); pass the inputs explicitly."
+                )
+        return tuple(shape)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about an ONNX file that every backend needs: inputs, outputs and op types."""
+
+    path: Path
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[str, ...]
+    op_counts: Mapping[str, int]
+
+    @property
+    def quantized(self) -> bool:
+        """True if the graph holds Q/DQ nodes or integer kernels."""
+        return any(op in _QUANTIZED_OPS for op in self.op_counts)
+
+    @property
+    def precision(self) -> str:
+        """``"int8"`` for a quantized graph, else the float type of the first float input (``"fp32"``...)."""
+        if self.quantized:
+            return "int8"
+        for spec in self.inputs:
+            if _is_float(spec.dtype):
+                return _FLOAT_LABELS.get(spec.dtype.name, spec.dtype.name)
+        return "fp32"
+
+
+def read_model_info(path: str | Path) -> ModelInfo:
+    """Load the graph of an ONNX file (without external weights) and describe it.
+
+    Raises:
+        QdqConfigError: the file does not exist, or is not an ONNX model.
+    """
+    model = load_onnx(path)
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = tuple(_spec(vi) for vi in model.graph.input if vi.name not in initializers)
+    outputs = tuple(vi.name for vi in model.graph.output)
+    op_counts = Counter(node.op_type for node in model.graph.node)
+    return ModelInfo(Path(path), inputs, outputs, dict(op_counts))
+
+
+def load_onnx(path: str | Path, *, external_data: bool = False) -> onnx.ModelProto:
+    """Load an ONNX file, turning "no such file" and "not ONNX" into :class:`QdqConfigError`."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    file = Path(path)
+    if not file.exists():
+        raise QdqConfigError(f"{file}: no such file")
+    if not file.is_file():
+        raise QdqConfigError(f"{file}: not a file")
+    try:
+        model = onnx.load(str(file), load_external_data=external_data)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as err:
+        raise QdqConfigError(f"{file}: not an ONNX model ({_first_line(err)})") from None
+    if model.ir_version <= 0 or not model.graph.node:
+        raise QdqConfigError(f"{file}: not an ONNX model (no graph found)")
+    return model
+
+
+def random_inputs(specs: Sequence[TensorSpec], batch: int = 1, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Make one random array per input: standard normal for floats, small integers otherwise.
+
+    A dynamic leading dimension takes the size ``batch``; see :meth:`TensorSpec.concrete_shape`.
+    """
+    if batch < 1:
+        raise QdqConfigError(f"batch must be >= 1, got {batch}")
+    rng = np.random.default_rng(seed)
+    feed: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = spec.concrete_shape(batch)
+        if _is_float(spec.dtype):
+            feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        elif spec.dtype.kind == "b":
+            feed[spec.name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            feed[spec.name] = rng.integers(0, 10, size=shape).astype(spec.dtype)
+    return feed
+
+
+def _spec(value_info: onnx.ValueInfoProto) -> TensorSpec:
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    tensor_type = value_info.type.tensor_type
+    dims: list[Dim] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        else:
+            dims.append(dim.dim_param or None)
+    return TensorSpec(value_info.name, tuple(dims), np.dtype(tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
