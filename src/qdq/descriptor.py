@@ -61,6 +61,7 @@ def _normalize_amax(amax: Any) -> np.ndarray | None:
         return None
     try:
         arr = np.array(amax, dtype=np.float32)
+        arr.setflags(write=False)  # descriptors are immutable, their amax too
     except (TypeError, ValueError) as err:
         raise QdqTypeError(f"amax must be a number, a list or an array of numbers, got {amax!r}.") from err
     if np.isnan(arr).any() or (arr < 0).any():
@@ -157,6 +158,10 @@ class QuantDescriptor:
     unsigned = property(lambda self: self._unsigned)
     narrow_range = property(lambda self: self._narrow_range)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Immutable with __slots__: copy, deepcopy and pickle go through the lossless dict form.
+        return (_from_full_dict, (self.dict(full=True),))
+
     def replace(self, **changes: Any) -> QuantDescriptor:
         """A copy with some fields changed: ``desc.replace(num_bits=4)``."""
         return QuantDescriptor(**{**self.dict(full=True), **changes})
@@ -221,6 +226,10 @@ class QuantDescriptor:
         import yaml
 
         return cls.from_dict(yaml.safe_load(yaml_str))
+
+
+def _from_full_dict(data: dict[str, Any]) -> QuantDescriptor:
+    return QuantDescriptor(**data)
 
 
 #: The seed's class name; qdq has one descriptor class.

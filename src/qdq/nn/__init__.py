@@ -28,6 +28,7 @@ from qdq.nn.pooling import (
     QuantMaxPool2d,
     QuantMaxPool3d,
 )
+from qdq.nn.rnn import QuantLSTM, QuantLSTMCell
 from qdq.quantizer import TensorQuantizer
 
 # The seed's aliases without the "Quant" prefix.
@@ -42,16 +43,18 @@ AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d = (
     QuantAdaptiveAvgPool3d,
 )
 InstanceNorm1d, InstanceNorm2d, InstanceNorm3d = QuantInstanceNorm1d, QuantInstanceNorm2d, QuantInstanceNorm3d
+LSTM, LSTMCell = QuantLSTM, QuantLSTMCell
 
 __all__ = [
-    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "LSTM", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
     "Clip", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-    "InputQuantized", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "Linear",
+    "InputQuantized", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LSTMCell", "Linear",
     "MaxPool1d", "MaxPool2d", "MaxPool3d",
     "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d", "QuantAdaptiveAvgPool3d", "QuantAdd",
     "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d", "QuantConcat",
     "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d", "QuantConvTranspose2d",
     "QuantConvTranspose3d", "QuantInputMixin", "QuantInstanceNorm1d", "QuantInstanceNorm2d",
-    "QuantInstanceNorm3d", "QuantLinear", "QuantMatMul", "QuantMaxPool1d", "QuantMaxPool2d",
+    "QuantInstanceNorm3d", "QuantLSTM", "QuantLSTMCell", "QuantLinear", "QuantMatMul",
+    "QuantMaxPool1d", "QuantMaxPool2d",
     "QuantMaxPool3d", "QuantMixin", "TensorQuantizer", "pop_quant_desc_in_kwargs",
 ]  # fmt: skip

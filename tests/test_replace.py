@@ -1,0 +1,152 @@
+"""quantize_model: selection by name/type, registry, torchvision models, state_dict round trip."""
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import qdq
+from qdq import nn as quant_nn
+from qdq.descriptor import QuantDescriptor
+from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.replace import QuantConfig, quantize_model, register_quant_module, unregister_quant_module
+
+
+def _small_net():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
+
+
+def _types(model):
+    return {name: type(m).__name__ for name, m in model.named_modules() if name}
+
+
+def test_default_converts_conv_linear_avgpool_in_place_and_shares_weights():
+    model = _small_net()
+    weight = model[0].weight
+    out = quantize_model(model)
+    assert out is model
+    kinds = _types(model)
+    assert kinds["0"] == "QuantConv2d" and kinds["2.0"] == "QuantConv2d" and kinds["5"] == "QuantLinear"
+    assert kinds["3"] == "QuantAdaptiveAvgPool2d" and kinds["2.1"] == "BatchNorm2d"
+    assert model[0].weight is weight
+
+
+def test_exclude_by_glob_and_regex_and_types():
+    model = quantize_model(_small_net(), QuantConfig(exclude=("2.*",)))
+    assert _types(model)["2.0"] == "Conv2d"
+    model = quantize_model(_small_net(), QuantConfig(exclude=("re:^[05]$",)))
+    kinds = _types(model)
+    assert kinds["0"] == "Conv2d" and kinds["5"] == "Linear" and kinds["2.0"] == "QuantConv2d"
+    model = quantize_model(_small_net(), QuantConfig(exclude_types=(nn.Linear,)))
+    assert _types(model)["5"] == "Linear"
+
+
+def test_include_by_type_and_name():
+    model = quantize_model(_small_net(), QuantConfig(include_types=(nn.Linear,)))
+    kinds = _types(model)
+    assert kinds["5"] == "QuantLinear" and kinds["0"] == "Conv2d"
+    model = quantize_model(_small_net(), QuantConfig(include=("0",)))
+    kinds = _types(model)
+    assert kinds["0"] == "QuantConv2d" and kinds["2.0"] == "Conv2d"
+
+
+def test_include_matching_nothing_is_an_error():
+    with pytest.raises(QdqConfigError, match="matched no quantizable module"):
+        quantize_model(_small_net(), QuantConfig(include=("nope.*",)))
+
+
+def test_descriptors_from_config():
+    w4 = QuantDescriptor(num_bits=4, axis=0)
+    model = quantize_model(_small_net(), QuantConfig(quant_desc_weight=w4))
+    assert model[0].weight_quantizer.num_bits == 4 and model[0].input_quantizer.num_bits == 8
+
+
+def test_config_errors():
+    with pytest.raises(QdqConfigError, match="regular expression"):
+        QuantConfig(exclude=("re:(",))
+    with pytest.raises(QdqTypeError, match="QuantDescriptor"):
+        QuantConfig(quant_desc_input=8)
+    with pytest.raises(QdqTypeError, match="nn.Module"):
+        quantize_model("model")
+
+
+def test_idempotent():
+    model = quantize_model(_small_net())
+    first = model[0]
+    quantize_model(model)
+    assert model[0] is first
+
+
+def test_root_module_is_converted():
+    conv = nn.Conv2d(2, 2, 1)
+    assert isinstance(quantize_model(conv), quant_nn.QuantConv2d)
+
+
+class Scale(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class QuantScale(quant_nn.QuantMixin, Scale):
+    def __init__(self, channels, quant_desc_input=None, quant_desc_weight=None):
+        super().__init__(channels)
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
+
+    def forward(self, x):
+        return self._input_quantizer(x) * self._weight_quantizer(self.weight)
+
+
+def test_user_registered_module():
+    register_quant_module(Scale, QuantScale)
+    try:
+        model = nn.Sequential(Scale(4))
+        quantize_model(model)
+        assert isinstance(model[0], QuantScale)
+        x = torch.randn(3, 4)
+        expected = qdq.fake_tensor_quant(x, x.abs().max()) * qdq.fake_tensor_quant(
+            model[0].weight, model[0].weight.abs().max()
+        )
+        assert torch.equal(model(x), expected)
+        with pytest.raises(QdqConfigError, match="already registered"):
+            register_quant_module(Scale, type("QuantScale2", (QuantScale,), {}))
+    finally:
+        unregister_quant_module(Scale)
+
+
+def test_register_rejects_non_quant_class():
+    with pytest.raises(QdqTypeError, match="QuantInputMixin"):
+        register_quant_module(Scale, Scale)
+
+
+@pytest.mark.parametrize("builder", [torchvision.models.resnet18, torchvision.models.mobilenet_v2])
+def test_torchvision_models_convert_train_and_round_trip(builder):
+    model = builder(num_classes=10)
+    quantize_model(model)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert convs and all(isinstance(m, quant_nn.QuantConv2d) for m in convs)
+    x = torch.randn(2, 3, 32, 32)
+    out = model(x)
+    out.sum().backward()
+    assert all(m.weight.grad is not None for m in convs)
+    for m in model.modules():  # calibrate-like: store ranges so they appear in the state_dict
+        if isinstance(m, quant_nn.TensorQuantizer):
+            m.amax = 1.0
+    state = model.state_dict()
+    fresh = quantize_model(builder(num_classes=10))
+    fresh.load_state_dict(state)
+    model.eval(), fresh.eval()
+    assert torch.equal(model(x), fresh(x))
+    float_model = builder(num_classes=10)
+    missing = float_model.load_state_dict(state, strict=False)
+    assert not missing.missing_keys and all("quantizer" in k for k in missing.unexpected_keys)
