@@ -1,10 +1,10 @@
-"""A tiny Markdown table writer shared by the runtime reports and the ``qdq bench`` command."""
+"""Text helpers shared by the runtime reports and the ``qdq bench`` command."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["markdown_table"]
+__all__ = ["first_line", "markdown_table"]
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -31,3 +31,9 @@ def _cell(value: object) -> str:
 
 def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
     return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (backend errors are often many lines long)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

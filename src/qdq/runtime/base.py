@@ -19,19 +19,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from qdq.errors import QdqBackendUnavailable, QdqConfigError, QdqTypeError, did_you_mean
+from qdq.errors import QdqBackendUnavailable, QdqConfigError, QdqTypeError
+from qdq.registry import Registry
 from qdq.runtime.model_info import ModelInfo, TensorSpec
 
 __all__ = [
     "BenchmarkResult",
     "Inputs",
     "Runtime",
+    "check_common_options",
     "get_runtime_class",
     "import_backend",
     "load_runtime",
     "register_runtime",
     "runtime_names",
-    "check_common_options",
 ]
 
 Inputs = Mapping[str, np.ndarray] | np.ndarray
@@ -103,7 +104,12 @@ class Runtime(ABC):
         to the device once, so that the timed call measures inference, not host transfers.
         """
         feed = self._feed(inputs)
-        return lambda: self._run(feed)
+
+        def call() -> list[np.ndarray]:
+            self._ensure_open()
+            return self._run(feed)
+
+        return call
 
     def close(self) -> None:
         """Release the session or compiled model. Further :meth:`run` calls raise."""
@@ -129,24 +135,26 @@ class Runtime(ABC):
     def _release(self) -> None:
         """Drop the backend objects (session, compiled model, engine)."""
 
-    def _feed(self, inputs: Inputs) -> dict[str, np.ndarray]:
-        """Check a feed against the graph inputs and return it as a name -> contiguous array dict."""
+    def _ensure_open(self) -> None:
         if self._closed:
             raise QdqConfigError(f"{self!r} is closed; load the model again")
+
+    def _feed(self, inputs: Inputs) -> dict[str, np.ndarray]:
+        """Check a feed against the graph inputs and return it as a name -> contiguous array dict."""
+        self._ensure_open()
         names = self.input_names
         if isinstance(inputs, np.ndarray):
             if len(names) != 1:
-                raise QdqTypeError(
-                    f"the model has {len(names)} inputs {names}; pass a dict of arrays, not one array"
-                )
+                raise QdqTypeError(f"the model has {len(names)} inputs {names}; pass a dict of arrays, not one array")
             inputs = {names[0]: inputs}
         if not isinstance(inputs, Mapping):
             raise QdqTypeError(f"inputs must be a numpy array or a dict of arrays, got {type(inputs).__name__}")
         missing = [n for n in names if n not in inputs]
         unknown = [n for n in inputs if n not in names]
         if missing or unknown:
-            raise QdqConfigError(f"inputs do not match the model: missing {missing}, unknown {unknown}; "
-                                 f"the model's inputs are {names}")
+            raise QdqConfigError(
+                f"inputs do not match the model: missing {missing}, unknown {unknown}; the model's inputs are {names}"
+            )
         return {n: np.ascontiguousarray(inputs[n]) for n in names}
 
 
@@ -208,11 +216,10 @@ class BenchmarkResult:
 
 # --- registry ------------------------------------------------------------------------------------------
 
-_RUNTIMES: dict[str, str | type[Runtime]] = {
-    "onnxruntime": "qdq.runtime.ort:OrtRuntime",
-    "openvino": "qdq.runtime.openvino:OpenVinoRuntime",
-    "tensorrt": "qdq.runtime.tensorrt:TensorRtRuntime",
-}
+_RUNTIMES: Registry[str, str | type[Runtime]] = Registry("runtime")
+_RUNTIMES.register("onnxruntime", "qdq.runtime.ort:OrtRuntime")
+_RUNTIMES.register("openvino", "qdq.runtime.openvino:OpenVinoRuntime")
+_RUNTIMES.register("tensorrt", "qdq.runtime.tensorrt:TensorRtRuntime")
 _ALIASES = {"ort": "onnxruntime", "ov": "openvino", "trt": "tensorrt"}
 
 
@@ -222,9 +229,7 @@ def register_runtime(name: str, target: str | type[Runtime], *, override: bool =
     Raises:
         QdqConfigError: ``name`` is taken and ``override`` is False.
     """
-    if name in _RUNTIMES and not override:
-        raise QdqConfigError(f"a runtime named {name!r} is already registered; pass override=True")
-    _RUNTIMES[name] = target
+    _RUNTIMES.register(name, target, override=override)
 
 
 def runtime_names() -> list[str]:
@@ -238,13 +243,7 @@ def get_runtime_class(name: str) -> type[Runtime]:
     Raises:
         QdqConfigError: no backend has that name; the message lists the known ones.
     """
-    key = _ALIASES.get(name, name)
-    if key not in _RUNTIMES:
-        raise QdqConfigError(
-            f"unknown runtime {name!r}; known runtimes: {', '.join(runtime_names())}."
-            + did_you_mean(name, [*_RUNTIMES, *_ALIASES])
-        )
-    target = _RUNTIMES[key]
+    target = _RUNTIMES.get(_ALIASES.get(name, name))
     if isinstance(target, str):
         module_name, _, class_name = target.partition(":")
         target = getattr(importlib.import_module(module_name), class_name)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from qdq.errors import QdqConfigError
-from qdq.runtime._markdown import markdown_table
+from qdq.runtime._text import markdown_table
 from qdq.runtime.base import BenchmarkResult, Inputs, Runtime, load_runtime
 from qdq.runtime.model_info import random_inputs
 
@@ -106,7 +106,7 @@ def results_table(results: Sequence[BenchmarkResult], baseline: BenchmarkResult 
     rows = []
     for r in results:
         row: list[object] = [r.label, r.backend, r.precision, r.batch, r.threads or "default"]
-        row += [f"{v:.2f}" for v in (r.min_ms, r.median_ms, r.p90_ms, r.mean_ms)]
+        row += [f"{v:.4g}" for v in (r.min_ms, r.median_ms, r.p90_ms, r.mean_ms)]
         if baseline is not None:
             row += [f"{r.speedup_over(baseline, s):.2f}×" for s in ("median", "min")]
         rows.append(row)

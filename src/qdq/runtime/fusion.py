@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qdq.runtime._markdown import markdown_table
+from qdq.runtime._text import markdown_table
 
 if TYPE_CHECKING:
     import onnx
@@ -214,7 +214,15 @@ def _key(node: onnx.NodeProto) -> str:
 
 
 def _label(node: onnx.NodeProto) -> str:
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
+    return f"{node.op_type} (NCHWc)" if node.domain == "com.microsoft.nchwc" else node.op_type
+
+
+def _fused_activation(node: onnx.NodeProto) -> str | None:
+    """The activation ORT folded into a FusedConv/FusedGemm after Q/DQ fusion had run, if any."""
+    for attr in node.attribute:
+        if attr.name == "activation" and attr.s:
+            return attr.s.decode()
+    return None
 
 
 class _GraphIndex:
@@ -304,8 +312,10 @@ class _GraphIndex:
         """Explain why ``op`` (a reader of a DQ, or the source of a Q) runs in float."""
         label = _label(op)
         if op.op_type in ("Relu", "Clip"):
-            return (f"float {label}: ORT folds it into the int8 op before it only when the next Q's zero "
-                    "point is the type's minimum (asymmetric activations)")
+            return (
+                f"float {label}: ORT folds it into the int8 op before it only when the next Q's zero "
+                "point is the type's minimum (asymmetric activations)"
+            )
         if op.op_type in _INT8_DATA_MOVERS:
             return f"float {label}: no Q with the same scale and zero point around it, so it cannot run on int8"
         form = _INT8_FORMS.get(op.op_type)
@@ -322,11 +332,20 @@ class _GraphIndex:
         quantizers = [n for n in self.next_ops(op.output[0]) if n is not None and n.op_type == _Q]
         if not quantizers:
             return f"float {label}: no QuantizeLinear on its output"
+        activation = _fused_activation(op)
+        if activation is not None:
+            return (
+                f"float {label}: a {activation} sat between the {op.op_type.removeprefix('Fused')} and its "
+                "QuantizeLinear; ORT drops it only when the Q's zero point is the type's minimum "
+                "(asymmetric activations)"
+            )
         in_type = self.zero_point_type(self.prev_op(data[0]))  # type: ignore[arg-type]
         out_type = self.zero_point_type(quantizers[0])
         if in_type and out_type and in_type != out_type:
-            return (f"float {label}: its input is {in_type} but its output Q is {out_type}; "
-                    f"{kernel} needs one type (use uint8 activations)")
+            return (
+                f"float {label}: its input is {in_type} but its output Q is {out_type}; "
+                f"{kernel} needs one type (use uint8 activations)"
+            )
         return f"float {label}: DQ→{op.op_type}→Q was not fused into {kernel} (unsupported attributes or types)"
 
     def _is_dequantized(self, tensor: str) -> bool:

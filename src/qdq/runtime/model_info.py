@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdq.errors import QdqConfigError
+from qdq.runtime._text import first_line
 
 if TYPE_CHECKING:
     import onnx
@@ -128,7 +129,7 @@ def load_onnx(path: str | Path, *, external_data: bool = False) -> onnx.ModelPro
     try:
         model = onnx.load(str(file), load_external_data=external_data)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as err:
-        raise QdqConfigError(f"{file}: not an ONNX model ({_first_line(err)})") from None
+        raise QdqConfigError(f"{file}: not an ONNX model ({first_line(err)})") from None
     if model.ir_version <= 0 or not model.graph.node:
         raise QdqConfigError(f"{file}: not an ONNX model (no graph found)")
     return model
@@ -169,8 +170,3 @@ def _spec(value_info: onnx.ValueInfoProto) -> TensorSpec:
 
 def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,184 @@
+"""The ``qdq`` command line.
+
+Each subcommand is one ``add_<name>_parser(subparsers)`` function that declares its arguments and
+sets ``handler`` to a ``run_<name>(args) -> int`` function; :data:`SUBCOMMANDS` lists the adders. To
+add a subcommand, write those two functions and append the adder. Handlers only parse and call the
+Python API.
+
+Exit codes: 0 success; 2 a user mistake (bad argument, missing or non-ONNX file, unknown runtime, a
+backend that is not installed), reported as one line on stderr, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from qdq.errors import QdqConfigError, QdqError
+
+__all__ = ["EXIT_USER_ERROR", "SUBCOMMANDS", "add_bench_parser", "build_parser", "main", "run_bench"]
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``qdq`` command with ``argv`` (default: ``sys.argv[1:]``) and return its exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed by _Parser.error
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USER_ERROR
+    try:
+        return args.handler(args)
+    except QdqError as err:
+        message = " ".join(str(err).split())  # one line, whatever the backend's message looks like
+        print(f"qdq {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per entry of :data:`SUBCOMMANDS`."""
+    parser = _Parser(prog="qdq", description="INT8 quantization toolkit for PyTorch: Q/DQ ONNX and runtimes.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add_parser in SUBCOMMANDS:
+        add_parser(subparsers)
+    return parser
+
+
+# --- argument types ------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+# --- qdq bench -----------------------------------------------------------------------------------------
+
+
+def add_bench_parser(subparsers: Any) -> None:
+    """Declare ``qdq bench MODEL.onnx [--fp32 REF.onnx] [--runtime R] [--threads N] [--batch B] ...``."""
+    p = subparsers.add_parser(
+        "bench",
+        help="time an ONNX model on ONNX Runtime, OpenVINO or TensorRT",
+        description="Time MODEL (and an FP32 reference) with random inputs, one model loaded at a time, "
+        "and print a latency table, the speed-up over the reference, and the backend's report of what "
+        "ran in int8 (ONNX Runtime: fusion report; OpenVINO: per-layer runtime precision).",
+    )
+    p.add_argument("model", metavar="MODEL.onnx", type=Path, help="the model to time (e.g. an INT8 Q/DQ graph)")
+    p.add_argument("--fp32", metavar="REF.onnx", type=Path, help="FP32 reference model: adds speed-up columns")
+    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default), openvino or tensorrt")
+    p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: the runtime's)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="batch size of the random inputs (default 1)")
+    p.add_argument("--iters", type=_positive_int, default=50, help="timed runs per model (default 50)")
+    p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed runs first (default 10)")
+    p.add_argument(
+        "--precision",
+        help="OpenVINO only: inference precision of MODEL, f32 (default), bf16 or f16. The reference always "
+        "runs at f32, plus a bf16 row when the CPU supports bf16.",
+    )
+    p.set_defaults(handler=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Handler of ``qdq bench``: time the models, print the table and the backend's report."""
+    from qdq.runtime import benchmark_model, get_runtime_class, read_model_info, results_table
+
+    runtime = get_runtime_class(args.runtime).name
+    if args.precision is not None:
+        if runtime != "openvino":
+            raise QdqConfigError("--precision applies to --runtime openvino only")
+        from qdq.runtime.openvino import precision_hint
+
+        precision_hint(args.precision)  # an unknown value fails before any timing
+    for path in (args.model, args.fp32):
+        if path is not None:
+            read_model_info(path)  # a missing or non-ONNX file fails here, before any timing
+    timing = {"batch": args.batch, "threads": args.threads, "iters": args.iters, "warmup": args.warmup}
+    results = [  # one model loaded at a time: see qdq.runtime.benchmark
+        benchmark_model(path, runtime, label=label, **timing, **options)
+        for label, path, options in _bench_cases(args, runtime)
+    ]
+    baseline = results[0] if args.fp32 is not None else None
+    print(_bench_title(args, runtime, baseline is not None))
+    print()
+    print(results_table(results, baseline))
+    report = _backend_report(args, runtime)
+    if report is not None:
+        print()
+        print(report)
+    return 0
+
+
+def _bench_cases(args: argparse.Namespace, runtime: str) -> list[tuple[str, Path, dict[str, Any]]]:
+    """(label, path, load options) of each row, the FP32 reference first."""
+    cases: list[tuple[str, Path, dict[str, Any]]] = []
+    if runtime != "openvino":
+        if args.fp32 is not None:
+            cases.append((args.fp32.name, args.fp32, {}))
+        return [*cases, (args.model.name, args.model, {})]
+    from qdq.runtime.openvino import supported_precisions
+
+    if args.fp32 is not None:
+        cases.append((args.fp32.name, args.fp32, {"precision": "f32"}))
+        if "bf16" in supported_precisions():
+            cases.append((args.fp32.name, args.fp32, {"precision": "bf16"}))
+    return [*cases, (args.model.name, args.model, {"precision": args.precision or "f32"})]
+
+
+def _bench_title(args: argparse.Namespace, runtime: str, with_baseline: bool) -> str:
+    threads = args.threads or "default"
+    title = (
+        f"qdq bench: {runtime}, batch {args.batch}, threads {threads}, {args.iters} timed runs after "
+        f"{args.warmup} warm-up, one model loaded at a time; times in ms per inference"
+    )
+    if with_baseline:
+        title += f"\nspeed-up = time of {args.fp32.name} (first row) / time of the row; > 1 is faster"
+    return title
+
+
+def _backend_report(args: argparse.Namespace, runtime: str) -> object | None:
+    """The fusion report (ONNX Runtime) or runtime-precision report (OpenVINO) of MODEL."""
+    if runtime == "onnxruntime":
+        from qdq.runtime.ort import fusion_report
+
+        return fusion_report(args.model, threads=args.threads)
+    if runtime == "openvino":
+        from qdq.runtime.openvino import precision_report
+
+        return precision_report(args.model, precision=args.precision or "f32", threads=args.threads, batch=args.batch)
+    return None
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [add_bench_parser]
+"""Functions that each add one subcommand to the ``qdq`` parser."""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""OpenVINO CPU backend: compile an ONNX model (Q/DQ or float), run it, report per-layer precision.
+
+OpenVINO runs a TensorRT-style Q/DQ graph (signed int8 Q/DQ on the inputs and weights of convs only)
+with its convolutions in u8, without the rewrite ONNX Runtime needs. Two settings matter when it is
+timed:
+
+* ``INFERENCE_PRECISION_HINT``. On CPUs with bf16 support OpenVINO computes a float model in bf16
+  unless told otherwise, so an "FP32" baseline is silently bf16. This backend defaults to ``"f32"``
+  (a true FP32 baseline); ask for ``precision="bf16"`` to get the bf16 row, or ``None`` for the
+  device's default.
+* ``INFERENCE_NUM_THREADS`` (``threads``) and ``PERFORMANCE_HINT=LATENCY`` (one stream).
+
+``openvino`` is imported only when a model is compiled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdq.errors import QdqConfigError, did_you_mean
+from qdq.runtime._text import first_line
+from qdq.runtime.base import Runtime, check_common_options, import_backend
+from qdq.runtime.model_info import ModelInfo, read_model_info
+from qdq.runtime.ov_precision import LayerPrecision, PrecisionReport
+
+if TYPE_CHECKING:
+    import openvino
+
+__all__ = ["PRECISION_HINTS", "OpenVinoRuntime", "precision_hint", "precision_report", "supported_precisions"]
+
+PRECISION_HINTS = {"f32": "f32", "fp32": "f32", "bf16": "bf16", "f16": "f16", "fp16": "f16"}
+"""Accepted ``precision`` values and the ``INFERENCE_PRECISION_HINT`` each sets."""
+
+_LABELS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
+
+def _ov() -> Any:
+    return import_backend("openvino", "pip install openvino")
+
+
+def precision_hint(precision: str) -> str:
+    """The ``INFERENCE_PRECISION_HINT`` value for a ``precision`` option ("fp32" -> "f32"...).
+
+    Raises:
+        QdqConfigError: an unknown precision; the message lists the accepted ones.
+    """
+    if precision not in PRECISION_HINTS:
+        raise QdqConfigError(
+            f"unknown OpenVINO precision {precision!r}; choose one of {', '.join(PRECISION_HINTS)} or None."
+            + did_you_mean(precision, PRECISION_HINTS)
+        )
+    return PRECISION_HINTS[precision]
+
+
+def supported_precisions(device: str = "CPU") -> list[str]:
+    """Inference precisions ``device`` can compute in, e.g. ``["f32", "bf16"]`` on AVX512-BF16 CPUs."""
+    capabilities = _ov().Core().get_property(device, "OPTIMIZATION_CAPABILITIES")
+    found = {"FP32": "f32", "BF16": "bf16", "FP16": "f16"}
+    return [hint for cap, hint in found.items() if cap in capabilities]
+
+
+class OpenVinoRuntime(Runtime):
+    """A model compiled by OpenVINO, with one inference request."""
+
+    name = "openvino"
+
+    def __init__(
+        self, info: ModelInfo, compiled: openvino.CompiledModel, *, threads: int | None, batch: int | None
+    ) -> None:
+        super().__init__(info, threads=threads, batch=batch)
+        self.compiled: openvino.CompiledModel | None = compiled
+        self._request = compiled.create_infer_request()
+        self.inference_precision: str = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+
+    @classmethod
+    def load(
+        cls,
+        onnx_path: str | Path,
+        *,
+        threads: int | None = None,
+        batch: int | None = None,
+        precision: str | None = "f32",
+        device: str = "CPU",
+    ) -> OpenVinoRuntime:
+        """Read and compile ``onnx_path``.
+
+        Args:
+            onnx_path: the ONNX file.
+            threads: ``INFERENCE_NUM_THREADS`` (None: OpenVINO's default).
+            batch: if given, a dynamic leading dimension is fixed to it before compiling (faster);
+                the model then only accepts that batch size.
+            precision: ``INFERENCE_PRECISION_HINT``: "f32" (default, true FP32), "bf16", "f16", or
+                None for the device's default (bf16 on CPUs that support it).
+            device: OpenVINO device name.
+        """
+        check_common_options(threads, batch)
+        config = _compile_config(threads, precision)
+        info = read_model_info(onnx_path)
+        core = _ov().Core()
+        model = core.read_model(str(info.path))
+        if batch is not None:
+            _fix_batch(model, batch)
+        try:
+            compiled = core.compile_model(model, device, config)
+        except RuntimeError as err:
+            raise QdqConfigError(f"OpenVINO cannot compile {info.path.name}: {_last_line(err)}") from None
+        return cls(info, compiled, threads=threads, batch=batch)
+
+    @property
+    def precision(self) -> str:
+        """``"int8"`` for a Q/DQ graph (``"int8+bf16"`` if its float layers run in bf16), else the hint."""
+        label = _LABELS.get(self.inference_precision, self.inference_precision)
+        if not self.info.quantized:
+            return label
+        return "int8" if label == "fp32" else f"int8+{label}"
+
+    def precision_report(self) -> PrecisionReport:
+        """Per-layer runtime precision of the compiled model (see :mod:`qdq.runtime.ov_precision`)."""
+        self._ensure_open()
+        assert self.compiled is not None
+        layers = tuple(_layer(op) for op in self.compiled.get_runtime_model().get_ordered_ops())
+        return PrecisionReport(self.path.name, self.inference_precision, layers)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        assert self.compiled is not None  # callers check _ensure_open() first
+        try:
+            result = self._request.infer(feed)
+        except RuntimeError as err:
+            raise QdqConfigError(f"OpenVINO cannot run {self.path.name}: {_last_line(err)}") from None
+        return [np.array(result[port]) for port in self.compiled.outputs]
+
+    def _release(self) -> None:
+        self._request = None
+        self.compiled = None
+
+
+def precision_report(
+    onnx_path: str | Path, *, precision: str | None = "f32", threads: int | None = None, batch: int | None = None
+) -> PrecisionReport:
+    """Compile ``onnx_path`` with OpenVINO and return the runtime precision of each layer."""
+    with OpenVinoRuntime.load(onnx_path, precision=precision, threads=threads, batch=batch) as runtime:
+        return runtime.precision_report()
+
+
+def _compile_config(threads: int | None, precision: str | None) -> dict[str, Any]:
+    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+    if threads is not None:
+        config["INFERENCE_NUM_THREADS"] = threads
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision_hint(precision)
+    return config
+
+
+def _fix_batch(model: openvino.Model, batch: int) -> None:
+    """Set a dynamic leading dimension of every input to ``batch`` (static shapes compile faster)."""
+    ov = _ov()
+    shapes = {}
+    for port in model.inputs:
+        shape = port.get_partial_shape()
+        if shape.rank.is_static and shape.rank.get_length() > 0 and shape[0].is_dynamic:
+            shape[0] = ov.Dimension(batch)
+            shapes[port.get_any_name()] = shape
+    if shapes:
+        model.reshape(shapes)
+
+
+def _layer(op: openvino.Node) -> LayerPrecision:
+    info = op.get_rt_info()
+
+    def read(key: str) -> str:
+        return str(info[key].astype(str)) if key in info else "?"
+
+    return LayerPrecision(op.get_friendly_name(), read("layerType"), read("runtimePrecision"))
+
+
+def _last_line(err: BaseException) -> str:
+    # OpenVINO prefixes the message with "Exception from src/...:NN:" lines; the cause comes last.
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else first_line(err)

@@ -1,0 +1,162 @@
+"""ONNX Runtime CPU backend: sessions, inference, and the fusion report of a Q/DQ graph.
+
+Sessions use ``intra_op_num_threads=threads``, one inter-op thread and sequential execution, so the
+thread count is the only parallelism knob and benchmarks are comparable. ``onnxruntime`` is imported
+only when a session is built.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdq.errors import QdqConfigError, did_you_mean
+from qdq.runtime._text import first_line
+from qdq.runtime.base import Runtime, check_common_options, import_backend
+from qdq.runtime.fusion import FusionReport, analyse_fusion
+from qdq.runtime.model_info import ModelInfo, load_onnx, read_model_info
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+__all__ = ["OPTIMIZATION_LEVELS", "OrtRuntime", "fusion_report", "session_options"]
+
+OPTIMIZATION_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "layout": "ORT_ENABLE_LAYOUT",
+    "all": "ORT_ENABLE_ALL",
+}
+"""``optimization_level`` names and the ``GraphOptimizationLevel`` each selects ("layout": ORT ≥ 1.22)."""
+
+_PROVIDERS = ["CPUExecutionProvider"]
+_ERROR_LEVEL = 3  # ORT log severity: errors only (hides the NCHWc "hardware specific" save warning)
+
+
+def _ort() -> Any:
+    return import_backend("onnxruntime", "pip install onnxruntime")
+
+
+def session_options(
+    *, threads: int | None = None, optimization_level: str = "all", optimized_model_path: str | None = None
+) -> onnxruntime.SessionOptions:
+    """Build ``SessionOptions``: ``threads`` intra-op threads (None: ORT's default), 1 inter-op thread,
+    sequential execution, and the graph optimization level named by ``optimization_level``."""
+    ort = _ort()
+    if optimization_level not in OPTIMIZATION_LEVELS:
+        raise QdqConfigError(
+            f"unknown optimization_level {optimization_level!r}; choose one of "
+            f"{', '.join(OPTIMIZATION_LEVELS)}." + did_you_mean(optimization_level, OPTIMIZATION_LEVELS)
+        )
+    level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[optimization_level], None)
+    if level is None:
+        raise QdqConfigError(
+            f"optimization_level {optimization_level!r} needs a newer onnxruntime than {ort.__version__}"
+        )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = level
+    options.log_severity_level = _ERROR_LEVEL
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = optimized_model_path
+    return options
+
+
+class OrtRuntime(Runtime):
+    """A model in an ONNX Runtime ``InferenceSession`` on the CPU execution provider."""
+
+    name = "onnxruntime"
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        session: onnxruntime.InferenceSession,
+        *,
+        threads: int | None,
+        batch: int | None,
+        optimization_level: str,
+    ) -> None:
+        super().__init__(info, threads=threads, batch=batch)
+        self.session: onnxruntime.InferenceSession | None = session
+        self.optimization_level = optimization_level
+
+    @classmethod
+    def load(
+        cls,
+        onnx_path: str | Path,
+        *,
+        threads: int | None = None,
+        batch: int | None = None,
+        optimization_level: str = "all",
+    ) -> OrtRuntime:
+        """Create a CPU session for ``onnx_path``.
+
+        Args:
+            onnx_path: the ONNX file.
+            threads: intra-op threads (None: ORT's default, one per physical core).
+            batch: recorded only; ORT sessions accept any batch the graph allows.
+            optimization_level: "disable", "basic", "extended", "layout" or "all" (default).
+        """
+        check_common_options(threads, batch)
+        info = read_model_info(onnx_path)
+        options = session_options(threads=threads, optimization_level=optimization_level)
+        session = _create_session(info.path, options)
+        return cls(info, session, threads=threads, batch=batch, optimization_level=optimization_level)
+
+    @property
+    def precision(self) -> str:
+        """``"int8"`` for a Q/DQ graph, else the float type of the graph (``"fp32"``...)."""
+        return self.info.precision
+
+    def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        assert self.session is not None  # callers check _ensure_open() first
+        try:
+            return list(self.session.run(None, feed))
+        except _ort_errors() as err:
+            message = " ".join(str(err).split())
+            raise QdqConfigError(f"onnxruntime cannot run {self.path.name}: {message}") from None
+
+    def _release(self) -> None:
+        # Dropping the last reference destroys the session and its thread pool.
+        self.session = None
+
+
+def fusion_report(
+    onnx_path: str | Path, *, threads: int | None = None, optimization_level: str = "all"
+) -> FusionReport:
+    """Build a session for ``onnx_path``, save ORT's optimized graph, and report what it fused.
+
+    The optimized graph is written to a temporary directory (``optimized_model_filepath``) and
+    deleted afterwards. See :mod:`qdq.runtime.fusion` for how the report is read.
+    """
+    check_common_options(threads, None)
+    source = load_onnx(onnx_path)
+    with tempfile.TemporaryDirectory(prefix="qdq-ort-") as tmp:
+        optimized_path = str(Path(tmp) / "optimized.onnx")
+        options = session_options(
+            threads=threads, optimization_level=optimization_level, optimized_model_path=optimized_path
+        )
+        session = _create_session(Path(onnx_path), options)
+        del session
+        optimized = load_onnx(optimized_path, external_data=False)
+    return analyse_fusion(source, optimized, model=Path(onnx_path).name, optimization_level=optimization_level)
+
+
+def _create_session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
+    ort = _ort()
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=_PROVIDERS)
+    except _ort_errors() as err:
+        raise QdqConfigError(f"onnxruntime cannot load {path}: {first_line(err)}") from None
+
+
+def _ort_errors() -> tuple[type[Exception], ...]:
+    errors = _ort().capi.onnxruntime_pybind11_state
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoSuchFile", "NotImplemented")
+    return tuple(getattr(errors, n) for n in names if hasattr(errors, n))

@@ -1,0 +1,62 @@
+"""benchmark / benchmark_model / results_table (no timing is asserted, only the bookkeeping)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qdq.errors import QdqConfigError
+from qdq.runtime import OrtRuntime, benchmark, benchmark_model, load_runtime, results_table
+
+
+def test_benchmark_statistics_are_ordered(fp32_onnx: Path) -> None:
+    with load_runtime(fp32_onnx, threads=1) as runtime:
+        result = benchmark(runtime, batch=2, iters=7, warmup=2)
+    assert result.iterations == 7 and len(result.times_ms) == 7 and result.warmup == 2
+    assert all(t > 0 for t in result.times_ms)
+    assert result.min_ms == min(result.times_ms)
+    assert result.min_ms <= result.median_ms <= result.p90_ms <= max(result.times_ms)
+    assert result.min_ms <= result.mean_ms <= max(result.times_ms)
+    assert (result.batch, result.threads) == (2, 1)
+    assert (result.backend, result.precision, result.label) == ("onnxruntime", "fp32", fp32_onnx.name)
+
+
+def test_benchmark_with_given_inputs_records_their_batch(fp32_onnx: Path) -> None:
+    with load_runtime(fp32_onnx) as runtime:
+        result = benchmark(runtime, np.zeros((3, 3, 32, 32), np.float32), iters=2, warmup=0, label="zeros")
+    assert (result.batch, result.threads, result.label) == (3, None, "zeros")
+
+
+def test_benchmark_model_closes_its_session(fp32_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    closed = []
+    release = OrtRuntime._release
+    monkeypatch.setattr(OrtRuntime, "_release", lambda self: (closed.append(self.path), release(self)))
+    result = benchmark_model(fp32_onnx, "onnxruntime", batch=4, threads=1, iters=3, warmup=1)
+    assert closed == [fp32_onnx]
+    assert (result.batch, result.iterations) == (4, 3)
+
+
+def test_benchmark_model_on_openvino(u8_onnx: Path) -> None:
+    result = benchmark_model(u8_onnx, "openvino", batch=2, threads=1, iters=3, warmup=1)
+    assert (result.backend, result.precision, result.batch, result.threads) == ("openvino", "int8", 2, 1)
+    assert result.min_ms <= result.median_ms <= result.p90_ms
+
+
+@pytest.mark.parametrize(("iters", "warmup", "message"), [(0, 1, "iters must be >= 1"), (1, -1, "warmup")])
+def test_benchmark_counts_are_validated(fp32_onnx: Path, iters: int, warmup: int, message: str) -> None:
+    with pytest.raises(QdqConfigError, match=message):
+        benchmark_model(fp32_onnx, iters=iters, warmup=warmup)
+
+
+def test_results_table(fp32_onnx: Path, u8_onnx: Path) -> None:
+    reference = benchmark_model(fp32_onnx, threads=1, iters=3, warmup=0)
+    quantized = benchmark_model(u8_onnx, threads=1, iters=3, warmup=0)
+    lines = results_table([reference, quantized], baseline=reference).splitlines()
+    assert len(lines) == 4  # header, rule, two rows
+    assert "speed-up (median)" in lines[0] and "p90 ms" in lines[0]
+    assert lines[2].startswith("| tiny_fp32.onnx") and "1.00×" in lines[2]
+    expected = reference.median_ms / quantized.median_ms
+    assert f"{expected:.2f}×" in lines[3] and "int8" in lines[3]
+    assert "speed-up" not in results_table([reference])
