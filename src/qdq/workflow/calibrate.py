@@ -1,0 +1,245 @@
+"""Calibration of a whole model: run data through it, turn statistics into ranges, load them.
+
+Two steps, usable separately:
+
+* :func:`collect_stats` puts every enabled quantizer in calibration mode (quantization off), runs the
+  data once with a progress bar, and restores the modes. With ``calibrator="histogram"`` the statistics
+  serve every method afterwards (max, entropy, mse, percentiles) without re-running the data.
+* :func:`compute_amax` computes and loads amax for one method from the collected statistics.
+
+:func:`calibrate` does both. Weight quantizers need no data: their range comes from the weights
+themselves (``weight_method``, per channel by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.quantizer import TensorQuantizer
+
+__all__ = ["calibrate", "collect_stats", "compute_amax", "default_forward", "named_quantizers"]
+
+_log = logging.getLogger(__name__)
+
+ForwardFn = Callable[[nn.Module, Any], Any]
+_HISTOGRAM_METHODS = ("entropy", "mse", "percentile")
+_METHODS = ("max", *_HISTOGRAM_METHODS)
+
+
+def named_quantizers(model: nn.Module, weights: bool | None = None) -> list[tuple[str, TensorQuantizer]]:
+    """Enabled quantizers of ``model`` with their names; ``weights`` True/False keeps only weight/activation ones."""
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, TensorQuantizer) or not module.is_enabled:
+            continue
+        if weights is None or _is_weight_quantizer(name) == weights:
+            found.append((name, module))
+    return found
+
+
+def _is_weight_quantizer(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    return "weight_quantizer" in last or "weight_quantizers." in name
+
+
+def default_forward(model: nn.Module, batch: Any) -> Any:
+    """Feed a batch to the model: a tensor as is, the first element of a (inputs, labels) pair."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if isinstance(batch, tuple | list):
+        batch = batch[0]
+    if isinstance(batch, dict):
+        return model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+    if not isinstance(batch, torch.Tensor):
+        raise QdqConfigError(
+            f"calibration batches must be tensors or (inputs, labels) pairs, got {type(batch).__name__}; "
+            "pass forward_fn=lambda model, batch: model(...) for other layouts."
+        )
+    return model(batch.to(device))
+
+
+def _batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]:
+    if num_batches is not None and num_batches < 1:
+        raise QdqConfigError(f"num_batches must be at least 1, got {num_batches}.")
+    if hasattr(data, "__len__") and len(data) == 0:  # type: ignore[arg-type]
+        raise QdqCalibrationError("the calibration data is empty: it yields no batch.")
+    iterator = iter(data)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        raise QdqCalibrationError("the calibration data is empty: it yields no batch.") from None
+    stream = itertools.chain([first], iterator)
+    return itertools.islice(stream, num_batches) if num_batches is not None else stream
+
+
+def _progress(iterable: Iterable[Any], total: int | None, enabled: bool, desc: str) -> Iterable[Any]:
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, leave=False)
+
+
+class _NamedCollector:
+    """Wraps a calibrator so that data errors name the quantizer they happened in."""
+
+    def __init__(self, calibrator: Any, name: str) -> None:
+        self.calibrator, self.name = calibrator, name
+
+    def collect(self, x: torch.Tensor) -> None:
+        try:
+            self.calibrator.collect(x)
+        except QdqCalibrationError as err:
+            raise QdqCalibrationError(f"while calibrating {self.name}: {err}") from err
+
+
+def _make_calibrator(quantizer: TensorQuantizer, kind: str, **options: Any) -> Any:
+    from qdq.calib import make_calibrator
+
+    return make_calibrator(
+        kind, num_bits=quantizer.num_bits, axis=quantizer.axis, unsigned=quantizer.unsigned, **options
+    )
+
+
+@contextlib.contextmanager
+def _calibration_mode(model: nn.Module, quantizers: list[tuple[str, TensorQuantizer]]) -> Iterator[None]:
+    """Quantization off everywhere (the statistics are those of the float model, as in the seed);
+    the given activation quantizers collect; eval mode (BatchNorm uses its running statistics)."""
+    everything = named_quantizers(model)
+    saved = [(q, q._if_quant, q._if_calib, q._calibrator) for _, q in everything]
+    was_training = model.training
+    try:
+        for _, quantizer in everything:
+            quantizer.disable_quant()
+        for name, quantizer in quantizers:
+            quantizer.disable_quant()
+            quantizer._if_calib = True
+            quantizer._calibrator = _NamedCollector(quantizer._calibrator, name)
+        model.eval()
+        yield
+    finally:
+        for quantizer, if_quant, if_calib, calibrator in saved:
+            quantizer._if_quant, quantizer._if_calib, quantizer._calibrator = if_quant, if_calib, calibrator
+        model.train(was_training)
+
+
+def collect_stats(
+    model: nn.Module,
+    data: Iterable[Any],
+    *,
+    num_batches: int | None = None,
+    calibrator: str = "histogram",
+    forward_fn: ForwardFn | None = None,
+    progress: bool = True,
+    **calibrator_options: Any,
+) -> nn.Module:
+    """Run ``data`` through ``model`` and collect range statistics in every enabled activation quantizer.
+
+    Args:
+        model: a model with quantizers (after :func:`qdq.quantize_model`).
+        data: an iterable of batches (a DataLoader, a list of tensors...); each batch goes through
+            ``forward_fn(model, batch)`` (default: :func:`default_forward`).
+        num_batches: stop after this many batches (default: all).
+        calibrator: ``"histogram"`` (serves every method) or ``"max"`` (cheaper; max only), or a
+            registered calibrator name. Previous statistics are discarded.
+        progress: show a progress bar.
+        calibrator_options: passed to the calibrator (e.g. ``num_bins=2048``, ``skip_zeros=True``).
+
+    Raises:
+        QdqCalibrationError: empty data, or NaN/Inf in a quantizer's input (named).
+    """
+    batches = _batches(data, num_batches)
+    quantizers = named_quantizers(model, weights=False)
+    if not quantizers:
+        raise QdqConfigError("the model has no enabled activation quantizer; call qdq.quantize_model first.")
+    for _, quantizer in quantizers:
+        quantizer.calibrator = _make_calibrator(quantizer, calibrator, **calibrator_options)
+    forward = forward_fn or default_forward
+    total = num_batches if num_batches is not None else (len(data) if hasattr(data, "__len__") else None)  # type: ignore[arg-type]
+    with _calibration_mode(model, quantizers), torch.no_grad():
+        for batch in _progress(batches, total, progress, "calibrating"):
+            forward(model, batch)
+    return model
+
+
+def compute_amax(
+    model: nn.Module,
+    method: str = "max",
+    *,
+    weight_method: str | None = "max",
+    strict: bool = True,
+    **method_options: Any,
+) -> nn.Module:
+    """Load amax computed with ``method`` into every activation quantizer that collected statistics.
+
+    Args:
+        method: ``"max"``, ``"entropy"``, ``"mse"`` or ``"percentile"`` (``percentile=99.99`` by default).
+        weight_method: how weight quantizers get their range: ``"max"`` (per channel, the default),
+            ``"percentile"``, ``"mse"``, or None to leave them as they are.
+        strict: a quantizer that saw no data is an error (else a warning, and it stays dynamic).
+        method_options: passed to ``compute_amax`` of the calibrators (``percentile``, ``start_bin``...).
+
+    Statistics are first synchronised across processes when ``torch.distributed`` is initialised, so every
+    rank loads the same amax.
+    """
+    if method not in _METHODS:
+        raise QdqConfigError(f"unknown calibration method {method!r}; choose one of {list(_METHODS)}.")
+    for name, quantizer in named_quantizers(model, weights=False):
+        calibrator = quantizer._calibrator
+        if calibrator is None:
+            continue
+        if hasattr(calibrator, "sync"):
+            calibrator.sync()
+        try:
+            quantizer.load_calib_amax(method=method, strict=True, **method_options)
+        except QdqCalibrationError as err:
+            message = f"{name}: {err}"
+            if strict:
+                raise QdqCalibrationError(message) from err
+            _log.warning(message)
+    if weight_method is not None:
+        calibrate_weights(model, method=weight_method)
+    return model
+
+
+def calibrate_weights(model: nn.Module, method: str = "max", **options: Any) -> nn.Module:
+    """Set every weight quantizer's amax from its module's weight (per channel when its axis says so)."""
+    from qdq.calib import calibrate_weights as _calibrate_weights
+
+    _calibrate_weights(model, method=method, **options)
+    return model
+
+
+def calibrate(
+    model: nn.Module,
+    data: Iterable[Any],
+    method: str = "max",
+    *,
+    num_batches: int | None = None,
+    percentile: float = 99.99,
+    weight_method: str | None = "max",
+    forward_fn: ForwardFn | None = None,
+    progress: bool = True,
+    strict: bool = True,
+) -> nn.Module:
+    """Calibrate ``model`` on ``data``: collect statistics, compute amax with ``method``, load it.
+
+    Example:
+        >>> qdq.quantize_model(model)
+        >>> qdq.calibrate(model, calib_loader, method="entropy", num_batches=8)
+    """
+    if method not in _METHODS:
+        raise QdqConfigError(f"unknown calibration method {method!r}; choose one of {list(_METHODS)}.")
+    kind = "max" if method == "max" else "histogram"
+    collect_stats(model, data, num_batches=num_batches, calibrator=kind, forward_fn=forward_fn, progress=progress)
+    options = {"percentile": percentile} if method == "percentile" else {}
+    return compute_amax(model, method, weight_method=weight_method, strict=strict, **options)

@@ -1,0 +1,132 @@
+"""Model calibration: ranges equal an independent max, one pass serves all methods, clear errors."""
+
+import pytest
+import torch
+from torch import nn
+
+import qdq
+from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.quantizer import TensorQuantizer
+from qdq.workflow.calibrate import calibrate, collect_stats, compute_amax, named_quantizers
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 8 * 8, 5)
+        self.unused = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def _model():
+    model = qdq.quantize_model(Net(), qdq.QuantConfig(exclude=("unused",)))
+    model.bn.running_mean.uniform_(-0.2, 0.2)
+    return model
+
+
+def _data(n=4):
+    return [torch.randn(6, 3, 8, 8) * (i + 1) for i in range(n)]
+
+
+def test_max_calibration_equals_independent_max_and_restores_modes():
+    model = _model().train()
+    data = _data()
+    calibrate(model, data, method="max", progress=False)
+    assert model.conv.input_quantizer.amax.item() == max(b.abs().max().item() for b in data)
+    model.eval()
+    with torch.no_grad():  # the fc input is the float model's activation (quantization off while collecting)
+        fc_inputs = [torch.relu(model.bn(nn.functional.conv2d(b, model.conv.weight, model.conv.bias, padding=1)))
+                     for b in data]  # fmt: skip
+    assert model.fc.input_quantizer.amax.item() == pytest.approx(max(t.abs().max().item() for t in fc_inputs))
+    weight_amax = model.conv.weight.detach().abs().amax(dim=(1, 2, 3), keepdim=True)
+    assert torch.equal(model.conv.weight_quantizer.amax, weight_amax)
+    for _, quantizer in named_quantizers(model):
+        assert quantizer._if_quant and not quantizer._if_calib
+    model.train()
+    calibrate(model, data, progress=False)
+    assert model.training  # restored
+
+
+def test_num_batches_runs_exactly_that_many():
+    model = _model()
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    data = _data(5)
+    calibrate(model, data, num_batches=2, progress=False)
+    assert len(calls) == 2  # the seed ran num_batches + 1
+    assert model.conv.input_quantizer.amax.item() == max(b.abs().max().item() for b in data[:2])
+
+
+def test_one_histogram_pass_serves_every_method():
+    model = _model()
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    data = _data(3)
+    collect_stats(model, data, progress=False)
+    amaxes = {}
+    for method, options in [("max", {}), ("entropy", {}), ("mse", {})] + [
+        ("percentile", {"percentile": p}) for p in (99.9, 99.99, 99.999, 99.9999)
+    ]:
+        compute_amax(model, method, **options)
+        amaxes[(method, options.get("percentile"))] = model.conv.input_quantizer.amax.item()
+    assert len(calls) == 3
+    assert amaxes[("max", None)] == max(b.abs().max().item() for b in data)
+    assert amaxes[("percentile", 99.9)] <= amaxes[("percentile", 99.99)] <= amaxes[("max", None)]
+    assert len(set(amaxes.values())) > 3
+
+
+def test_batches_as_pairs_and_forward_fn():
+    model = _model()
+    pairs = [(b, torch.zeros(6)) for b in _data(2)]
+    calibrate(model, pairs, progress=False)
+    assert model.conv.input_quantizer.amax is not None
+    seen = []
+    calibrate(model, [{"x": b} for b in _data(2)], forward_fn=lambda m, batch: seen.append(m(batch["x"])),
+              progress=False)  # fmt: skip
+    assert len(seen) == 2
+
+
+def test_unused_quantizer_error_names_module():
+    model = qdq.quantize_model(Net())
+    with pytest.raises(QdqCalibrationError, match=r"unused\._input_quantizer.*not used in forward"):
+        calibrate(model, _data(1), progress=False)
+    calibrate(model, _data(1), progress=False, strict=False)  # warns and leaves it dynamic
+    assert model.unused.input_quantizer.amax is None and model.conv.input_quantizer.amax is not None
+
+
+def test_nan_in_data_names_quantizer():
+    model = _model()
+    bad = torch.randn(2, 3, 8, 8)
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(QdqCalibrationError, match=r"conv\._input_quantizer.*NaN"):
+        calibrate(model, [bad], progress=False)
+    assert model.conv.input_quantizer._if_quant  # modes restored after the error
+
+
+def test_empty_loader_raises_before_any_work():
+    model = _model()
+    with pytest.raises(QdqCalibrationError, match="empty"):
+        calibrate(model, [], progress=False)
+    with pytest.raises(QdqCalibrationError, match="empty"):
+        calibrate(model, iter([]), progress=False)
+    assert all(q._calibrator is None for _, q in named_quantizers(model))
+
+
+def test_bad_arguments():
+    model = _model()
+    with pytest.raises(QdqConfigError, match="unknown calibration method"):
+        calibrate(model, _data(1), method="kl")
+    with pytest.raises(QdqConfigError, match="num_batches"):
+        calibrate(model, _data(1), num_batches=0)
+    with pytest.raises(QdqConfigError, match="no enabled activation quantizer"):
+        calibrate(Net(), _data(1))
+
+
+def test_calibrated_quantizers_are_static():
+    model = _model()
+    calibrate(model, _data(2), method="entropy", progress=False)
+    assert all(q.amax is not None for _, q in named_quantizers(model) if isinstance(q, TensorQuantizer))
