@@ -1,0 +1,142 @@
+"""PTQ method selection, QAT schedule/checkpoints/resume, and sensitivity."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import qdq
+from qdq.errors import QdqConfigError
+from qdq.workflow.calibrate import calibrate
+from qdq.workflow.ptq import disabled_quantizers, ptq
+from qdq.workflow.qat import qat
+from qdq.workflow.sensitivity import keep_float, layer_quantizers, sensitivity
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+
+
+def _loader(shuffle=True):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(48, 1, 4, 4, generator=g)
+    y = (x.sum(dim=(1, 2, 3)) > 0).long() + (x[:, 0, 0, 0] > 1).long()
+    return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=shuffle)
+
+
+def _accuracy(model, loader=None):
+    loader = loader or _loader(shuffle=False)
+    model.eval()
+    with torch.no_grad():
+        hits = sum((model(x).argmax(1) == y).sum().item() for x, y in loader)
+    return 100.0 * hits / len(loader.dataset)
+
+
+def test_ptq_evaluates_every_method_and_keeps_the_best():
+    model = qdq.quantize_model(_net())
+    scores = iter([90.0, 70.0, 80.0, 95.0, 60.0, 61.0, 62.0, 63.0])  # float, then 7 methods in order
+    result = ptq(model, _loader(), lambda m: next(scores), progress=False)
+    assert [r.label for r in result.results] == [
+        "max", "entropy", "mse", "percentile 99.9", "percentile 99.99", "percentile 99.999", "percentile 99.9999"
+    ]  # fmt: skip
+    assert result.float_score == 90.0 and result.best.label == "mse"
+    amax = model[0].input_quantizer.amax
+    assert torch.equal(amax, result.best.amax["0._input_quantizer"])
+    assert "mse (best)" in result.table()
+
+
+def test_ptq_real_scores_float_first():
+    model = qdq.quantize_model(_net())
+    result = ptq(model, _loader(), _accuracy, methods=("max", "percentile"), percentiles=(99.0,), progress=False)
+    with disabled_quantizers(model):
+        assert _accuracy(model) == result.float_score
+    assert {r.label for r in result.results} == {"max", "percentile 99.0"}
+    with pytest.raises(QdqConfigError, match="unknown calibration method"):
+        ptq(model, _loader(), _accuracy, methods=("kl",), progress=False)
+
+
+def _calibrated():
+    model = qdq.quantize_model(_net())
+    calibrate(model, _loader(), progress=False)
+    return model
+
+
+def test_qat_schedule_starts_at_one_percent_and_ends_at_one_percent_of_that():
+    model = _calibrated()
+    lrs = []
+    result = qat(model, _loader(), None, epochs=2, lr=1.0, progress=False)
+    lrs = [e["lr"] for e in result.epochs]
+    assert math.isclose(lrs[-1], 1.0 * 0.01 * 0.01, rel_tol=1e-9)
+    assert lrs[0] < 0.01 and lrs[0] > lrs[-1]
+
+
+def test_qat_keeps_ranges_frozen_and_trains_weights():
+    model = _calibrated()
+    amax = model[0].input_quantizer.amax.clone()
+    weight = model[0].weight.detach().clone()
+    qat(model, _loader(), _accuracy, epochs=1, lr=5.0, progress=False)
+    assert torch.equal(model[0].input_quantizer.amax, amax)
+    assert not torch.equal(model[0].weight, weight)
+
+
+def test_resume_after_interrupt_equals_uninterrupted(tmp_path):
+    torch.manual_seed(5)
+    reference = _calibrated()
+    torch.manual_seed(7)
+    qat(reference, _loader(), None, epochs=3, lr=1.0, progress=False)
+
+    torch.manual_seed(5)
+    model = _calibrated()
+    calls = {"n": 0}
+
+    def interrupting_eval(m):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # killed during epoch 3, before its checkpoint
+        return 0.0
+
+    torch.manual_seed(7)
+    with pytest.raises(KeyboardInterrupt):
+        qat(model, _loader(), interrupting_eval, epochs=3, lr=1.0, progress=False, checkpoint_dir=tmp_path)
+    assert (tmp_path / "qat_checkpoint.pt").exists()
+    torch.manual_seed(5)
+    resumed = _calibrated()
+    result = qat(resumed, _loader(), None, epochs=3, lr=1.0, progress=False, checkpoint_dir=tmp_path, resume=True)
+    assert result.resumed_from_epoch == 2 and len(result.epochs) == 3
+    for key, value in reference.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+def test_qat_errors(tmp_path):
+    model = _calibrated()
+    with pytest.raises(QdqConfigError, match="epochs"):
+        qat(model, _loader(), None, epochs=0, lr=1.0)
+    with pytest.raises(QdqConfigError, match="checkpoint_dir"):
+        qat(model, _loader(), None, epochs=1, lr=1.0, resume=True)
+    with pytest.raises(QdqConfigError, match="empty"):
+        qat(model, [], None, epochs=1, lr=1.0, progress=False)
+
+
+def test_sensitivity_and_keep_float():
+    model = _calibrated()
+    layers = layer_quantizers(model)
+    assert set(layers) == {"0", "3"}
+    calls = []
+
+    def score(m):
+        enabled = tuple(not q._disabled for name in ("0", "3") for q in layers[name])
+        calls.append(enabled)
+        return float(sum(enabled))
+
+    result = sensitivity(model, score)
+    assert calls[0] == (False,) * 4 and calls[1] == (True,) * 4
+    assert [(s.name, s.only_this_quantized, s.all_but_this_quantized) for s in result.layers] == [
+        ("0", 2.0, 2.0), ("3", 2.0, 2.0)
+    ]  # fmt: skip
+    keep_float(model, ["3"])
+    assert all(q._disabled for q in layers["3"]) and not any(q._disabled for q in layers["0"])
+    with pytest.raises(QdqConfigError, match="not quantized layers"):
+        keep_float(model, ["nope"])
