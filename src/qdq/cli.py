@@ -176,7 +176,124 @@ def _backend_report(args: argparse.Namespace, runtime: str) -> object | None:
     return None
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [add_bench_parser]
+# --- qdq quantize / demo / verify ------------------------------------------------------------------------
+
+_QUANTIZE_FLAGS = {  # flag -> PipelineConfig key; absent flags keep the config file's (or default) value
+    "model": "model", "weights": "weights", "data": "data", "calib": "calib", "calib_batches": "calib_batches",
+    "qat_epochs": "qat_epochs", "train_lr": "train_lr", "target": "target", "runtime": "runtimes",
+    "weight_bits": "weight_bits", "threads": "threads", "out": "out", "batch_size": "batch_size",
+    "image_size": "image_size", "sensitivity": "sensitivity",
+}  # fmt: skip
+
+
+def add_quantize_parser(subparsers: Any) -> None:
+    """Declare ``qdq quantize --model M [--weights W] --data D [--calib C] [--qat-epochs N] ... --out DIR``."""
+    p = subparsers.add_parser(
+        "quantize",
+        help="quantize a model end to end: PTQ, optional QAT, Q/DQ ONNX, INT8 engines, report",
+        description="Quantize MODEL on DATA: calibrate with every method from one pass (or one --calib), "
+        "optionally fine-tune (QAT), export the Q/DQ ONNX for --target, run it on each --runtime "
+        "(accuracy, fidelity to PyTorch, latency) and write report.md/html, PNGs and summary.json to --out.",
+    )
+    p.add_argument("--config", type=Path, help="YAML file with the same options (flags given here win)")
+    p.add_argument("--model", help="torchvision:NAME | path/to/file.py:factory | digits_resnet | digits_mobilenet")
+    p.add_argument("--weights", help="local state_dict file for the model")
+    p.add_argument("--data", help="digits | imagefolder:DIR")
+    p.add_argument("--calib", help="all (default), max, entropy, mse or percentile")
+    p.add_argument("--calib-batches", type=_positive_int, help="calibration batches (default 8)")
+    p.add_argument("--batch-size", type=_positive_int, help="batch size for calibration/QAT/eval (default 64)")
+    p.add_argument("--image-size", type=_positive_int, help="input height/width (default: the data's)")
+    p.add_argument("--qat-epochs", type=_non_negative_int, help="QAT epochs after PTQ (default 0)")
+    p.add_argument("--train-lr", type=float, help="LR the float model was trained with; QAT starts at 1%% of it")
+    p.add_argument("--target", help="onnxruntime (default) or tensorrt")
+    p.add_argument("--runtime", action="append", help="runtime for the INT8 engine (repeatable)")
+    p.add_argument("--weight-bits", type=_positive_int, help="weight bits (8 default; 4 for W4A8)")
+    p.add_argument("--threads", type=_positive_int, help="runtime threads (default 2)")
+    p.add_argument("--sensitivity", action="store_true", default=None, help="per-layer sensitivity analysis")
+    p.add_argument("--out", help="output folder (default qdq-out)")
+    p.set_defaults(handler=run_quantize)
+
+
+def pipeline_config(args: argparse.Namespace) -> Any:
+    """The PipelineConfig from ``--config`` (if any) overridden by the flags that were given."""
+    from qdq.workflow.pipeline import PipelineConfig
+
+    base = PipelineConfig.from_yaml_file(args.config).to_dict() if args.config else {}
+    for flag, key in _QUANTIZE_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            base[key] = value
+    return PipelineConfig.from_dict(base)
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    """Handler of ``qdq quantize``."""
+    from qdq.workflow.pipeline import run_pipeline
+
+    cfg = pipeline_config(args)
+    summary = run_pipeline(cfg)
+    print(_accuracy_lines(summary))
+    print(f"\nwrote {cfg.out}/ (model.onnx, quantized_state_dict.pt, report.md, report.html, summary.json)")
+    return 0
+
+
+def _accuracy_lines(summary: dict[str, Any]) -> str:
+    rows = ["| stage | top-1 % |", "|---|---|"]
+    rows += [f"| {name} | {value:.2f} |" for name, value in summary["accuracy"].items() if value is not None]
+    return "\n".join(rows)
+
+
+def add_demo_parser(subparsers: Any) -> None:
+    """Declare ``qdq demo [--quick] [--out DIR]``."""
+    p = subparsers.add_parser(
+        "demo",
+        help="offline end-to-end demo on bundled digits: train, PTQ, QAT, W8A8/W4A8, export, CPU engines",
+        description="Train two small CNNs on scikit-learn's digits, quantize them (every calibrator, QAT, "
+        "W8A8 and W4A8), export Q/DQ ONNX, run them on ONNX Runtime and OpenVINO, print one table and "
+        "write the reports. Fully offline; a few minutes on 2 CPU cores (--quick: seconds).",
+    )
+    p.add_argument("--quick", action="store_true", help="the same pipeline on a seconds-long budget")
+    p.add_argument("--out", type=Path, default=Path("qdq-demo"), help="output folder (default qdq-demo)")
+    p.set_defaults(handler=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Handler of ``qdq demo``."""
+    from qdq.workflow.demo import run_demo as demo
+
+    summary = demo(args.out, quick=args.quick)
+    print(summary["table"])
+    print(f"\n{summary['seconds']} s; reports in {args.out}/")
+    return 0
+
+
+def add_verify_parser(subparsers: Any) -> None:
+    """Declare ``qdq verify OUT_DIR [--runtime R] [--data D]``."""
+    p = subparsers.add_parser(
+        "verify",
+        help="compare an exported INT8 engine with the PyTorch fake-quant model it came from",
+        description="Load the quantized model of a `qdq quantize` output folder (summary.json, "
+        "quantized_state_dict.pt, model.onnx) and report top-1 agreement, max error in quantization steps "
+        "and SQNR between PyTorch and the runtime on the test data.",
+    )
+    p.add_argument("out", type=Path, help="output folder of `qdq quantize`")
+    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default), openvino or tensorrt")
+    p.add_argument("--batches", type=_positive_int, help="number of test batches (default: all)")
+    p.set_defaults(handler=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Handler of ``qdq verify``."""
+    from qdq.workflow.pipeline import load_quantized_job
+    from qdq.workflow.verify import verify
+
+    model, loader, onnx_path = load_quantized_job(args.out)
+    result = verify(model, onnx_path, loader, args.runtime, num_batches=args.batches)
+    print(result)
+    return 0 if result.ok() else 1
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [add_bench_parser, add_quantize_parser, add_demo_parser, add_verify_parser]
 """Functions that each add one subcommand to the ``qdq`` parser."""
 
 

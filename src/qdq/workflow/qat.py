@@ -8,6 +8,11 @@ that schedule; pass ``lr_scale=1.0`` to use ``lr`` as is.
 A checkpoint (model, optimizer, scheduler, epoch, RNG states) is written atomically after each epoch;
 ``resume=True`` restarts after the last complete epoch and reproduces the uninterrupted run exactly on the
 same machine (the data order comes from the restored RNG state).
+
+Under ``torch.distributed`` with a DistributedDataParallel model (see :mod:`qdq.workflow.distributed`):
+the quantizer state is broadcast from rank 0 before training and checked to be identical on every rank
+after each epoch; the reported loss is the mean over ranks; only rank 0 writes the checkpoint (with every
+rank's RNG state) while the others wait at a barrier, so ``resume=True`` restarts all ranks alike.
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ from torch import nn
 
 from qdq.errors import QdqConfigError
 from qdq.quantizer import TensorQuantizer
+from qdq.workflow.distributed import (
+    all_reduce_sum,
+    assert_in_sync,
+    assert_same_across_ranks,
+    broadcast_quantizer_state,
+    collective,
+    main_process_only,
+    rank,
+    unwrap,
+    world_size,
+)
 
 __all__ = ["QATResult", "qat", "save_atomic"]
 
@@ -145,26 +161,37 @@ def qat(
     device = next(model.parameters()).device
     use_amp = (device.type == "cuda") if amp is None else amp
     optimizer = torch.optim.SGD(
-        _trainable_parameters(model, learn_ranges), lr=lr * lr_scale, momentum=momentum, weight_decay=weight_decay
+        _ddp_trainable_parameters(model, learn_ranges), lr=lr * lr_scale, momentum=momentum, weight_decay=weight_decay
     )
     steps_per_epoch = len(train_data) if hasattr(train_data, "__len__") else 1  # type: ignore[arg-type]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(epochs * steps_per_epoch, final_lr_fraction))
     scaler = torch.amp.GradScaler(device.type) if use_amp and device.type == "cuda" else None
     result, start = QATResult(), 0
     checkpoint = Path(checkpoint_dir) / _CHECKPOINT if checkpoint_dir is not None else None
-    if resume and checkpoint is not None and checkpoint.exists():
+    if resume and checkpoint is not None and _found_checkpoint(checkpoint):
         start = _restore(checkpoint, model, optimizer, scheduler, result)
+    broadcast_quantizer_state(model)
     for epoch in range(start, epochs):
+        _set_sampler_epoch(train_data, epoch)
         loss = _train_epoch(model, train_data, loss_fn or nn.CrossEntropyLoss(), optimizer, scheduler, scaler,
                             device, progress, f"QAT epoch {epoch + 1}/{epochs}")  # fmt: skip
+        loss = all_reduce_sum([loss])[0] / world_size()
         record = {"epoch": epoch + 1, "loss": loss, "lr": optimizer.param_groups[0]["lr"]}
         if eval_fn is not None:
             record["score"] = float(eval_fn(model))
         result.epochs.append(record)
+        assert_in_sync(model)
         if checkpoint is not None:
             _save(checkpoint, model, optimizer, scheduler, epoch + 1, result)
     result.final_score = result.epochs[-1].get("score") if result.epochs else None
     return result
+
+
+def _set_sampler_epoch(data: Iterable[Any], epoch: int) -> None:
+    """Samplers with ``set_epoch`` (DistributedSampler, qdq's SeededSampler) replay epoch ``epoch``'s order."""
+    sampler = getattr(data, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
 
 
 def _train_epoch(model, data, loss_fn, optimizer, scheduler, scaler, device, progress, desc) -> float:
@@ -184,26 +211,71 @@ def _train_epoch(model, data, loss_fn, optimizer, scheduler, scaler, device, pro
     return total / count
 
 
+def _ddp_trainable_parameters(model: nn.Module, learn_ranges: bool) -> list[nn.Parameter]:
+    """:func:`_trainable_parameters`, keeping ``requires_grad`` as DistributedDataParallel registered it.
+
+    DDP all-reduces the gradients of the parameters that required grad when it wrapped the model and waits
+    for each of them: a range that is not learned keeps computing its (unused) gradient, and a range that
+    is learned but was not registered would silently diverge between ranks, so it is an error.
+    """
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
+        return _trainable_parameters(model, learn_ranges)
+    registered = {id(p) for p in model.parameters() if p.requires_grad}
+    params = _trainable_parameters(model, learn_ranges)
+    late = [n for n, p in model.module.named_parameters() if p.requires_grad and id(p) not in registered]
+    if late:
+        raise QdqConfigError(
+            f"learn_ranges=True trains {late[:5]}, but they did not require grad when DistributedDataParallel "
+            "wrapped the model, so their gradients would not be averaged across ranks. Call enable_clip() on "
+            "those quantizers before wrapping the model in DistributedDataParallel."
+        )
+    for param in model.parameters():
+        if id(param) in registered:
+            param.requires_grad_(True)
+    return params
+
+
+def _found_checkpoint(path: Path) -> bool:
+    """Whether ``path`` exists, the same answer on every rank (else resuming would desynchronise them)."""
+    found = path.exists()
+    assert_same_across_ranks(found, f"whether {path} exists (checkpoint_dir must be on storage every rank sees)")
+    return found
+
+
 def _save(path: Path, model, optimizer, scheduler, epoch: int, result: QATResult) -> None:
-    save_atomic(
-        {
-            "epoch": epoch,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": _rng_state(),
-            "history": result.epochs,
-        },
-        path,
-    )
+    rng = _rng_states()  # a collective under torch.distributed: every rank takes part
+    with main_process_only() as main:
+        if main:
+            state = {
+                "epoch": epoch,
+                "model": unwrap(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": rng[0],
+                "history": result.epochs,
+            }
+            if len(rng) > 1:
+                state["rng_per_rank"] = rng
+            save_atomic(state, path)
+
+
+def _rng_states() -> list[dict[str, Any]]:
+    """Every rank's RNG state, in rank order (only this process's when not distributed)."""
+    if world_size() == 1:
+        return [_rng_state()]
+    states: list[Any] = [None] * world_size()
+    with collective("gathering the RNG states for the checkpoint"):
+        torch.distributed.all_gather_object(states, _rng_state())
+    return states
 
 
 def _restore(path: Path, model, optimizer, scheduler, result: QATResult) -> int:
     state = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
+    unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    _set_rng_state(state["rng"])
+    per_rank = state.get("rng_per_rank")
+    _set_rng_state(per_rank[rank()] if per_rank and len(per_rank) == world_size() else state["rng"])
     result.epochs = list(state["history"])
     result.resumed_from_epoch = int(state["epoch"])
     return result.resumed_from_epoch
