@@ -24,6 +24,7 @@ from torch import nn
 
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
+from qdq.workflow.distributed import assert_same_across_ranks, collective, rank, unwrap, world_size
 
 __all__ = ["calibrate", "collect_stats", "compute_amax", "default_forward", "named_quantizers"]
 
@@ -154,10 +155,15 @@ def collect_stats(
         progress: show a progress bar.
         calibrator_options: passed to the calibrator (e.g. ``num_bins=2048``, ``skip_zeros=True``).
 
+    Under ``torch.distributed`` each rank collects on its own ``data`` (``num_batches`` is per rank; a
+    rank may have no batch) through the module inside a DistributedDataParallel wrapper, so ranks need
+    not have the same number of batches; :func:`compute_amax` then combines the statistics.
+
     Raises:
         QdqCalibrationError: empty data, or NaN/Inf in a quantizer's input (named).
     """
-    batches = _batches(data, num_batches)
+    wrapper, model = model, unwrap(model)
+    batches = _local_batches(data, num_batches)
     quantizers = named_quantizers(model, weights=False)
     if not quantizers:
         raise QdqConfigError("the model has no enabled activation quantizer; call qdq.quantize_model first.")
@@ -168,7 +174,18 @@ def collect_stats(
     with _calibration_mode(model, quantizers), torch.no_grad():
         for batch in _progress(batches, total, progress, "calibrating"):
             forward(model, batch)
-    return model
+    return wrapper
+
+
+def _local_batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]:
+    """:func:`_batches`, except that one rank of several may have no data (the others' statistics reach it)."""
+    try:
+        return _batches(data, num_batches)
+    except QdqCalibrationError:
+        if world_size() < 2:
+            raise
+        _log.warning("rank %d has no calibration batch; it will receive the other ranks' statistics.", rank())
+        return iter(())
 
 
 def compute_amax(
@@ -189,16 +206,18 @@ def compute_amax(
         method_options: passed to ``compute_amax`` of the calibrators (``percentile``, ``start_bin``...).
 
     Statistics are first synchronised across processes when ``torch.distributed`` is initialised, so every
-    rank loads the same amax.
+    rank loads the same amax (a collective: every rank must call it; a quantizer that saw no data on any
+    rank raises on every rank).
     """
     if method not in _METHODS:
         raise QdqConfigError(f"unknown calibration method {method!r}; choose one of {list(_METHODS)}.")
-    for name, quantizer in named_quantizers(model, weights=False):
+    quantizers = [(n, q) for n, q in named_quantizers(unwrap(model), weights=False) if q._calibrator is not None]
+    assert_same_across_ranks([n for n, _ in quantizers], "the quantizers to calibrate")
+    for name, quantizer in quantizers:
         calibrator = quantizer._calibrator
-        if calibrator is None:
-            continue
         if hasattr(calibrator, "sync"):
-            calibrator.sync()
+            with collective(f"synchronising the calibration statistics of {name}"):
+                calibrator.sync()
         try:
             quantizer.load_calib_amax(method=method, strict=True, **method_options)
         except QdqCalibrationError as err:

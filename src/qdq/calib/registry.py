@@ -1,0 +1,138 @@
+"""Calibrators by name, so configs can name them with plain strings.
+
+Built-in names: ``"max"`` (:class:`MaxCalibrator`), ``"histogram"`` (:class:`HistogramCalibrator`)
+and ``"entropy"``, ``"mse"``, ``"percentile"`` (a :class:`HistogramCalibrator` whose default method is
+that name).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+
+from .base import Calibrator
+from .histogram import HistogramCalibrator
+from .max import MaxCalibrator
+
+__all__ = ["calibrator_names", "make_calibrator", "register_calibrator", "unregister_calibrator"]
+
+CalibratorFactory = Callable[..., Calibrator]
+F = TypeVar("F", bound=CalibratorFactory)
+
+
+def _histogram_with(method: str) -> CalibratorFactory:
+    def make(
+        num_bits: int = 8,
+        axis: Any = None,
+        unsigned: bool = False,
+        num_bins: int = 2048,
+        skip_zeros: bool = False,
+        *,
+        percentile: float = 99.99,
+        start_bin: int = 128,
+        stride: int = 1,
+    ) -> HistogramCalibrator:
+        return HistogramCalibrator(
+            num_bits,
+            axis,
+            unsigned,
+            num_bins,
+            skip_zeros,
+            method,
+            percentile=percentile,
+            start_bin=start_bin,
+            stride=stride,
+        )
+
+    make.__doc__ = f"A HistogramCalibrator whose default method is {method!r}."
+    return make
+
+
+_BUILTINS: dict[str, CalibratorFactory] = {
+    "max": MaxCalibrator,
+    "histogram": HistogramCalibrator,
+    **{m: _histogram_with(m) for m in ("entropy", "mse", "percentile")},
+}
+_registry: dict[str, CalibratorFactory] = dict(_BUILTINS)
+
+
+def register_calibrator(name: str, factory: F | None = None, *, override: bool = False) -> F | Callable[[F], F]:
+    """Register ``factory`` (a Calibrator subclass or a function returning one) under ``name``.
+
+    Usable directly, ``register_calibrator("mine", MyCalibrator)``, or as a class decorator,
+    ``@register_calibrator("mine")``.
+
+    Raises:
+        QdqConfigError: ``name`` is empty or already registered (pass ``override=True`` to replace it).
+        QdqTypeError: ``factory`` is not callable.
+    """
+    if not isinstance(name, str) or not name:
+        raise QdqConfigError(f"a calibrator name must be a non-empty str, got {name!r}.")
+
+    def add(f: F) -> F:
+        if not callable(f):
+            raise QdqTypeError(f"register_calibrator({name!r}) needs a class or function, got {type(f).__name__}.")
+        if name in _registry and not override:
+            raise QdqConfigError(
+                f"a calibrator named {name!r} is already registered; pass override=True to replace it."
+            )
+        _registry[name] = f
+        return f
+
+    return add if factory is None else add(factory)
+
+
+def unregister_calibrator(name: str) -> None:
+    """Remove ``name``; a built-in name gets its built-in calibrator back.
+
+    Raises:
+        QdqConfigError: ``name`` is not registered.
+    """
+    _check_known(name)
+    if name in _BUILTINS:
+        _registry[name] = _BUILTINS[name]
+    else:
+        del _registry[name]
+
+
+def calibrator_names() -> tuple[str, ...]:
+    """Registered names, sorted."""
+    return tuple(sorted(_registry))
+
+
+def make_calibrator(name: str, /, **kwargs: Any) -> Calibrator:
+    """Build the calibrator registered as ``name`` with keyword arguments ``kwargs``.
+
+    Example:
+        >>> cal = make_calibrator("percentile", axis=0, percentile=99.9)
+        >>> type(cal).__name__, cal.method
+        ('HistogramCalibrator', 'percentile')
+
+    Raises:
+        QdqConfigError: unknown name (the message lists the registered ones).
+        QdqTypeError: an argument the calibrator does not take.
+    """
+    factory = _check_known(name)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # some builtins have no signature: let the call check
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as err:
+            params = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
+            hint = did_you_mean(next(iter(set(kwargs) - set(params)), ""), params)
+            raise QdqTypeError(f"make_calibrator({name!r}): {err}; it takes {params}.{hint}") from err
+    return factory(**kwargs)
+
+
+def _check_known(name: str) -> CalibratorFactory:
+    if name not in _registry:
+        raise QdqConfigError(
+            f"unknown calibrator {name!r}; registered: {list(calibrator_names())}.{did_you_mean(str(name), _registry)}"
+        )
+    return _registry[name]

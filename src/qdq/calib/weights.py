@@ -1,0 +1,100 @@
+"""Weight calibration: set every weight quantizer's amax from the weight itself (no data needed)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from qdq.errors import QdqCalibrationError, QdqConfigError, QdqError, QdqTypeError, did_you_mean
+
+from .base import Calibrator
+from .histogram import HistogramCalibrator
+from .max import MaxCalibrator
+
+__all__ = ["calibrate_weights"]
+
+_METHODS = ("percentile", "max", "mse")
+
+
+def calibrate_weights(
+    model: nn.Module,
+    method: str = "percentile",
+    perchannel: bool = True,
+    percentile: float = 99.99,
+    num_bins: int = 2048,
+) -> dict[str, torch.Tensor]:
+    """Set ``weight_quantizer.amax`` of every module that has ``weight`` and ``weight_quantizer``.
+
+    The amax is computed from the module's weight with the quantizer's own ``axis``, ``num_bits`` and
+    ``unsigned`` (so a ConvTranspose quantizer keeping axis 1 is calibrated on axis 1): the amax has
+    the keepdims shape of that axis, or is 0-d for a per-tensor quantizer or ``perchannel=False``.
+
+    Args:
+        model: the model; its modules are duck-typed (``weight`` tensor, ``weight_quantizer`` with
+            ``axis`` (tuple or None), ``num_bits``, ``unsigned`` and a settable ``amax``).
+        method: ``"percentile"``, ``"max"`` or ``"mse"`` (entropy is an activation method).
+        perchannel: use the quantizer's axis; ``False`` computes one amax per weight tensor.
+        percentile: percentile for ``method="percentile"``, in [0, 100].
+        num_bins: histogram bins for ``"percentile"`` and ``"mse"``.
+
+    Returns:
+        The amax set, by module name (float32, on the weight's device).
+
+    Raises:
+        QdqTypeError: ``model`` is not an ``nn.Module``.
+        QdqConfigError: unknown method, or a quantizer/option the calibrators reject (the message
+            names the module).
+        QdqCalibrationError: an empty weight (named).
+    """
+    _check_arguments(model, method)
+    done: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        quantizer = getattr(module, "weight_quantizer", None)
+        if quantizer is None or not isinstance(weight, torch.Tensor):
+            continue
+        try:
+            amax = _weight_amax(weight, quantizer, method, perchannel, percentile, num_bins)
+        except QdqError as err:
+            raise type(err)(f"calibrate_weights: module {name!r}: {err}") from err
+        quantizer.amax = amax
+        done[name] = amax
+    if not done:
+        warnings.warn(
+            "calibrate_weights found no module with both `weight` and `weight_quantizer`; "
+            "nothing was calibrated. Quantize the model first.",
+            stacklevel=2,
+        )
+    return done
+
+
+def _check_arguments(model: object, method: str) -> None:
+    if not isinstance(model, nn.Module):
+        raise QdqTypeError(f"calibrate_weights expects an nn.Module, got {type(model).__name__}.")
+    if method not in _METHODS:
+        raise QdqConfigError(
+            f"calibrate_weights: unknown method {method!r}; choose one of {list(_METHODS)}."
+            f"{did_you_mean(str(method), _METHODS)}"
+        )
+
+
+def _weight_amax(
+    weight: torch.Tensor, quantizer: object, method: str, perchannel: bool, percentile: float, num_bins: int
+) -> torch.Tensor:
+    axis = getattr(quantizer, "axis", None) if perchannel else None
+    num_bits = getattr(quantizer, "num_bits", 8)
+    unsigned = getattr(quantizer, "unsigned", False)
+    calibrator: Calibrator
+    if method == "max":
+        calibrator = MaxCalibrator(num_bits, axis, unsigned)
+    else:
+        calibrator = HistogramCalibrator(
+            num_bits, axis, unsigned, num_bins=num_bins, method=method, percentile=percentile
+        )
+    calibrator.collect(weight)
+    amax = calibrator.compute_amax()
+    if amax is None:
+        raise QdqCalibrationError(f"the weight is empty (shape {tuple(weight.shape)}); there is no range to set.")
+    return amax.to(weight.device)

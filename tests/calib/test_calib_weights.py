@@ -1,0 +1,132 @@
+"""calibrate_weights with duck-typed quantizers: the quantizer's own axis, every method, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from qdq.calib import HistogramCalibrator, calibrate_weights
+from qdq.errors import QdqCalibrationError, QdqConfigError, QdqTypeError
+
+
+class FakeQuantizer:
+    """The attributes calibrate_weights relies on; records what amax was set to."""
+
+    def __init__(self, axis, num_bits=8, unsigned=False):
+        self.axis, self.num_bits, self.unsigned = axis, num_bits, unsigned
+        self.amax = None
+
+
+def quantized(module, axis, **kwargs):
+    module.weight_quantizer = FakeQuantizer(axis, **kwargs)
+    return module
+
+
+def make_model():
+    return nn.Sequential(
+        quantized(nn.Conv2d(3, 8, 3), (0,)),
+        quantized(nn.ConvTranspose2d(8, 4, 3), (1,)),  # keeps axis 1: must not be forced to 0
+        nn.Conv2d(4, 4, 1),  # no quantizer: untouched
+        nn.Flatten(),
+        quantized(nn.Linear(16, 5), (0,)),
+        quantized(nn.Linear(5, 3), None),  # a per-tensor weight quantizer
+    )
+
+
+def numpy_max(weight, axis):
+    w = np.abs(weight.detach().numpy())
+    if axis is None:
+        return w.max()
+    reduce_dims = tuple(d for d in range(w.ndim) if d not in axis)
+    return w.max(axis=reduce_dims, keepdims=True)
+
+
+def test_max_uses_each_quantizers_axis():
+    model = make_model()
+    done = calibrate_weights(model, method="max")
+    assert sorted(done) == ["0", "1", "4", "5"]
+    for name in done:
+        module = model.get_submodule(name)
+        amax = module.weight_quantizer.amax
+        np.testing.assert_array_equal(amax.numpy(), numpy_max(module.weight, module.weight_quantizer.axis))
+        assert amax is done[name] and amax.dtype == torch.float32
+    assert model[1].weight_quantizer.amax.shape == (1, 4, 1, 1)
+    assert model[5].weight_quantizer.amax.shape == ()
+    assert not hasattr(model[2], "weight_quantizer")
+
+
+@pytest.mark.parametrize("method", ["percentile", "mse"])
+def test_histogram_methods_equal_a_calibrator_on_each_channel(method):
+    model = make_model()
+    calibrate_weights(model, method=method, percentile=99.0, num_bins=512)
+    conv_t = model[1]
+    amax = conv_t.weight_quantizer.amax
+    for c in range(conv_t.weight.shape[1]):  # the seed's cross-check, per kept channel
+        ref = HistogramCalibrator(num_bins=512, method=method, percentile=99.0)
+        ref.collect(conv_t.weight[:, c])
+        assert float(amax[0, c, 0, 0]) == float(ref.compute_amax())
+
+
+def test_percentile_100_is_within_one_bin_of_the_max():
+    model = make_model()
+    calibrate_weights(model, method="percentile", percentile=100.0)
+    weight = model[0].weight.detach().abs().amax(dim=(1, 2, 3), keepdim=True)
+    amax = model[0].weight_quantizer.amax
+    width = 2.0 ** torch.ceil(torch.log2(weight + 1e-30)) / 2048  # power-of-two range above each max
+    assert bool((amax <= weight).all()) and bool((amax > weight - width).all())
+
+
+def test_perchannel_false_gives_one_amax_per_tensor():
+    model = make_model()
+    calibrate_weights(model, method="max", perchannel=False)
+    for name in ("0", "1", "4", "5"):
+        q = model.get_submodule(name).weight_quantizer
+        assert q.amax.shape == () and float(q.amax) == float(numpy_max(model.get_submodule(name).weight, None))
+
+
+def test_quantizer_bits_and_sign_are_used():
+    layer = quantized(nn.Linear(4, 4), (0,), num_bits=4, unsigned=True)
+    with torch.no_grad():
+        layer.weight.copy_(torch.linspace(-2, 1, 16).reshape(4, 4))
+    calibrate_weights(layer, method="max")
+    # unsigned: negatives do not count; rows of linspace(-2, 1, 16) end at -1.4, -0.6, 0.2, 1.0
+    np.testing.assert_allclose(layer.weight_quantizer.amax.flatten().numpy(), [0.0, 0.0, 0.2, 1.0], rtol=1e-6)
+
+
+def test_unknown_method_raises():
+    with pytest.raises(QdqConfigError, match="Did you mean 'percentile'"):
+        calibrate_weights(make_model(), method="percentil")
+    with pytest.raises(QdqConfigError, match="unknown method 'entropy'"):
+        calibrate_weights(make_model(), method="entropy")
+
+
+def test_bad_quantizer_names_the_module():
+    model = make_model()
+    model[4].weight_quantizer.num_bits = 1
+    with pytest.raises(QdqConfigError, match="module '4': num_bits"):
+        calibrate_weights(model, method="max")
+
+
+def test_bad_option_names_the_module():
+    with pytest.raises(QdqConfigError, match="module '0': percentile"):
+        calibrate_weights(make_model(), percentile=101)
+
+
+def test_not_a_module_raises():
+    with pytest.raises(QdqTypeError, match=r"nn\.Module"):
+        calibrate_weights({"weight": torch.ones(2)})
+
+
+def test_model_without_quantizers_warns():
+    with pytest.warns(UserWarning, match="nothing was calibrated"):
+        assert calibrate_weights(nn.Linear(2, 2)) == {}
+
+
+def test_empty_weight_names_the_module():
+    empty = nn.Module()
+    empty.weight = nn.Parameter(torch.empty(0, 3))
+    model = nn.Sequential(quantized(empty, (0,)))
+    with pytest.raises(QdqCalibrationError, match="module '0': the weight is empty"):
+        calibrate_weights(model, method="max")
