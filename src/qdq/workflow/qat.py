@@ -220,18 +220,18 @@ def _ddp_trainable_parameters(model: nn.Module, learn_ranges: bool) -> list[nn.P
     """
     if not isinstance(model, nn.parallel.DistributedDataParallel):
         return _trainable_parameters(model, learn_ranges)
-    registered = {id(p) for p in model.parameters() if p.requires_grad}
+    before = [(p, p.requires_grad) for p in model.parameters()]
     params = _trainable_parameters(model, learn_ranges)
+    registered = {id(p) for p, requires_grad in before if requires_grad}
     late = [n for n, p in model.module.named_parameters() if p.requires_grad and id(p) not in registered]
+    for param, requires_grad in before:  # DDP waits for a gradient of every parameter it registered
+        param.requires_grad_(requires_grad)
     if late:
         raise QdqConfigError(
             f"learn_ranges=True trains {late[:5]}, but they did not require grad when DistributedDataParallel "
             "wrapped the model, so their gradients would not be averaged across ranks. Call enable_clip() on "
             "those quantizers before wrapping the model in DistributedDataParallel."
         )
-    for param in model.parameters():
-        if id(param) in registered:
-            param.requires_grad_(True)
     return params
 
 
