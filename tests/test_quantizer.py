@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from reference import fake_quant_np, quant_np
 
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
 from qdq.tensor_quant import fake_tensor_quant, tensor_quant
+from reference import fake_quant_np, quant_np
 
 
 def test_default_is_dynamic_per_tensor_fake_quant():

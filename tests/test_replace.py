@@ -73,7 +73,7 @@ def test_config_errors():
         QuantConfig(exclude=("re:(",))
     with pytest.raises(QdqTypeError, match="QuantDescriptor"):
         QuantConfig(quant_desc_input=8)
-    with pytest.raises(QdqTypeError, match="nn.Module"):
+    with pytest.raises(QdqTypeError, match=r"nn\.Module"):
         quantize_model("model")
 
 

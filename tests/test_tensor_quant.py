@@ -5,11 +5,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import fake_quant_np, quant_np
 
 from qdq import tensor_quant as tq
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.tensor_quant import fake_tensor_quant, quant_bounds, quant_step, tensor_quant
+from reference import fake_quant_np, quant_np
 
 
 def _seed_input():
@@ -46,7 +46,7 @@ def test_matches_numpy_oracle_exactly(num_bits, unsigned, narrow):
         x = x.abs()
     amax = torch.tensor(2.5)  # clips part of the input
     q, _ = tensor_quant(x, amax, num_bits, unsigned, narrow)
-    q_ref, step = quant_np(x.numpy(), 2.5, num_bits, unsigned, narrow)
+    q_ref, _ = quant_np(x.numpy(), 2.5, num_bits, unsigned, narrow)
     np.testing.assert_array_equal(q.numpy(), q_ref)
     out = fake_tensor_quant(x, amax, num_bits, unsigned, narrow)
     np.testing.assert_array_equal(out.numpy(), fake_quant_np(x.numpy(), 2.5, num_bits, unsigned, narrow))

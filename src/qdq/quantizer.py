@@ -20,6 +20,7 @@ non-kept axes of each batch. Export needs a stored range.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,9 @@ class TensorQuantizer(nn.Module):
     ``amax`` is a float32 buffer, always registered so ``state_dict`` keys never change; an empty buffer
     means "no stored range" (dynamic).
     """
+
+    #: Set per instance by ``qdq.export.export_mode`` while exporting: emits ONNX Q/DQ instead of fake-quant.
+    _export_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(
         self,
@@ -257,6 +261,8 @@ class TensorQuantizer(nn.Module):
         return out
 
     def _quant_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._export_fn is not None:
+            return self._export_fn(x)
         if self._learn_amax:
             x = self.clip(x)
             amax = torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach()

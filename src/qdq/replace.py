@@ -129,6 +129,10 @@ class QuantConfig:
         include_types: float module types to quantize; empty means every registered type except
             MaxPool and InstanceNorm (the seed's default set).
         exclude_types: float module types left in float.
+        target: ``"tensorrt"`` or ``"onnxruntime"`` also places Q/DQ for that runtime after the module
+            swap (residual adds, concats, and for ONNX Runtime conv outputs; see :mod:`qdq.placement`).
+            The placed model may be a new ``torch.fx.GraphModule``: use the model ``quantize_model``
+            returns. None (default) swaps modules only, in place.
     """
 
     quant_desc_input: QuantDescriptor | None = None
@@ -137,6 +141,7 @@ class QuantConfig:
     exclude: tuple[Pattern, ...] = ()
     include_types: tuple[type, ...] = ()
     exclude_types: tuple[type, ...] = field(default=())
+    target: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("include", "exclude", "include_types", "exclude_types"):
@@ -151,6 +156,8 @@ class QuantConfig:
                 raise QdqTypeError(f"{desc_name} must be a QuantDescriptor or None, got {type(desc).__name__}.")
         for pattern in self.include + self.exclude:
             _compile(pattern)
+        if self.target not in (None, "tensorrt", "onnxruntime"):
+            raise QdqConfigError(f"target must be None, 'tensorrt' or 'onnxruntime', got {self.target!r}.")
 
     def selects(self, name: str, module: nn.Module) -> bool:
         """True when ``module`` (called ``name`` in the model) should be quantized."""
@@ -176,7 +183,8 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
             with the classes' default descriptors.
 
     Returns:
-        ``model`` itself (or the quantized module when ``model`` is itself a single registered module).
+        ``model`` itself (or the quantized module when ``model`` is itself a single registered module, or
+        the placed model when ``config.target`` is set).
 
     Raises:
         QdqConfigError: when the config's patterns or types select nothing in the model.
@@ -188,10 +196,15 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
         return _convert(model, config)
     replaced = _replace_children(model, "", config)
     if not replaced and (config.include or config.include_types):
+        types = [t.__name__ for t in config.include_types]
         raise QdqConfigError(
-            f"quantize_model: include={config.include} include_types={[t.__name__ for t in config.include_types]} "
-            "matched no quantizable module. Check the names with [n for n, _ in model.named_modules()]."
+            f"quantize_model: include={config.include} include_types={types} matched no quantizable module. "
+            "Check the names with [n for n, _ in model.named_modules()]."
         )
+    if config.target is not None:
+        from qdq.placement import apply_placement
+
+        model = apply_placement(model, target=config.target, quant_desc=config.quant_desc_input)
     return model
 
 

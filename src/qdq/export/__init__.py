@@ -1,0 +1,48 @@
+"""ONNX export of quantized models, and TensorRT calibration caches.
+
+* :func:`export_onnx` writes a Q/DQ ONNX graph for TensorRT (``target="tensorrt"``) or ONNX Runtime
+  (``target="onnxruntime"``), with torch's dynamo exporter or the TorchScript one.
+* :func:`export_mode` is the context manager behind it (quantizers emit Q/DQ while exporting).
+* :func:`write_calibration_cache` / :func:`read_calibration_cache`: TensorRT's text calibration cache.
+* :func:`strip_qdq`: the float graph of a Q/DQ graph, same tensor names (TensorRT implicit mode).
+* :func:`qdq_sites` lists the quantizers of an exported graph.
+
+Importing this package does not import ``onnx``; the functions do, when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "export_onnx": "qdq.export.onnx_export",
+    "onnx_opset": "qdq.export.onnx_export",
+    "TARGETS": "qdq.export.onnx_export",
+    "export_mode": "qdq.export.mode",
+    "quantizer_specs": "qdq.export.mode",
+    "QdqSpec": "qdq.export.mode",
+    "qdq_sites": "qdq.export.graph",
+    "QdqSite": "qdq.export.graph",
+    "write_calibration_cache": "qdq.export.calib_cache",
+    "read_calibration_cache": "qdq.export.calib_cache",
+    "calibration_scales": "qdq.export.calib_cache",
+    "strip_qdq": "qdq.export.calib_cache",
+    "rewrite_for_onnxruntime": "qdq.export.ort_target",
+    "unfusable_convs": "qdq.export.ort_target",
+    "dynamo_translation_table": "qdq.export._ops",
+    "register_torchscript_symbolic": "qdq.export._ops",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qdq.export' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,288 @@
+"""``export_onnx``: a quantized PyTorch model to one self-contained Q/DQ ONNX file.
+
+Conventions of the written file:
+
+* one graph input ``input`` (``input_0``, ``input_1``... for several) and one output ``output``
+  (``output_0``...), with a symbolic batch dimension ``batch`` when ``dynamic_batch``;
+* one ``QuantizeLinear -> DequantizeLinear`` pair per quantizer call, exactly where the PyTorch model
+  quantizes, tagged with the quantizer's module name (node metadata ``qdq.quantizer``);
+* model metadata ``qdq.target`` and ``qdq.version``; weights inside the file (no external data);
+* ``onnx.checker`` clean (full check, with shape inference).
+
+The dynamo exporter (torch's default) cannot write opsets below 18: asking for less gives a file at opset
+18 (torch tries to convert down and keeps 18 when that fails). qdq warns when the file's opset is not the
+one requested; :func:`onnx_opset` reads it back.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
+from qdq.export import _ops, graph
+from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
+from qdq.quantizer import TensorQuantizer
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["TARGETS", "export_onnx", "onnx_opset"]
+
+#: Export targets: which runtime the Q/DQ graph is written for.
+TARGETS = ("tensorrt", "onnxruntime")
+_MIN_OPSET = 10  # QuantizeLinear / DequantizeLinear
+_MIN_OPSET_PER_CHANNEL = 13  # their ``axis`` attribute
+
+
+def export_onnx(
+    model: nn.Module,
+    example_input: torch.Tensor | Sequence[torch.Tensor],
+    path: str | Path,
+    target: str = "tensorrt",
+    opset: int | None = None,
+    dynamic_batch: bool = True,
+    dynamo: bool = True,
+) -> Path:
+    """Export a quantized model as a Q/DQ ONNX graph for ``target``.
+
+    Args:
+        model: a model quantized by qdq, with every used quantizer calibrated (a stored ``amax``).
+            It is exported in eval mode and put back in its previous mode afterwards.
+        example_input: one input tensor (or a sequence for several inputs), batch first.
+        path: the ``.onnx`` file to write (replaced atomically; parent folders are created).
+        target: ``"tensorrt"``: signed int8, zero point 0, Q/DQ exactly at the model's quantizers (what
+            TensorRT's explicit quantization wants). ``"onnxruntime"``: the same values rewritten for ONNX
+            Runtime's CPU int8 kernels (see :mod:`qdq.export.ort_target`); quantize the model with
+            ``qdq.placement.apply_placement(model, target="onnxruntime")`` for every Conv to run in int8.
+        opset: ONNX opset; None uses the exporter's default (18 for dynamo). Per-channel quantizers need
+            13 or more.
+        dynamic_batch: make dimension 0 of inputs and outputs symbolic (``batch``).
+        dynamo: use torch's ``torch.export``-based exporter (default); False uses the TorchScript exporter.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        QdqExportError: a used quantizer has no ``amax`` (uncalibrated), is not 8-bit, the opset is too
+            old for Q/DQ or for per-channel scales, or the exporter failed.
+    """
+    if target not in TARGETS:
+        raise QdqConfigError(f"target must be one of {TARGETS}, got {target!r}.")
+    if not isinstance(model, nn.Module):
+        raise QdqTypeError(f"export_onnx needs an nn.Module, got {type(model).__name__}.")
+    args = _as_args(example_input)
+    path = Path(path)
+    was_training = model.training
+    model.eval()
+    try:
+        specs = quantizer_specs(model, *args)
+        _check_opset(specs, opset)
+        with export_mode(model, *args, specs=specs):
+            proto = _run_exporter(model, args, opset, dynamic_batch, dynamo)
+    finally:
+        model.train(was_training)
+    return _finish(proto, specs, path, target, opset)
+
+
+def _finish(
+    proto: onnx.ModelProto,
+    specs: dict[TensorQuantizer, QdqSpec],
+    path: Path,
+    target: str,
+    opset: int | None,
+) -> Path:
+    import onnx
+
+    n_in, n_out = len(proto.graph.input), len(proto.graph.output)
+    graph.rename_io(proto, _io_names("input", n_in), _io_names("output", n_out))
+    graph.tidy(proto)
+    _annotate(proto, specs)
+    if target == "onnxruntime":
+        from qdq.export.ort_target import rewrite_for_onnxruntime
+
+        rewrite_for_onnxruntime(proto)
+    _set_metadata(proto, target)
+    _warn_opset(proto, opset)
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
+        hint = ""
+        if "bfloat16" in str(err):
+            hint = " bfloat16 Conv/Gemm/MatMul need ONNX opset >= 22: export with dynamo=True, opset=22."
+        raise QdqExportError(f"The exported graph fails onnx.checker: {err}.{hint}") from err
+    graph.atomic_save(proto, path)
+    return path
+
+
+def onnx_opset(model: onnx.ModelProto | str | Path) -> int:
+    """The default-domain opset of an ONNX model (or file)."""
+    import onnx
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _as_args(example_input: Any) -> tuple[torch.Tensor, ...]:
+    args = (example_input,) if isinstance(example_input, torch.Tensor) else tuple(example_input)
+    if not args or not all(isinstance(a, torch.Tensor) for a in args):
+        raise QdqTypeError("example_input must be a tensor or a non-empty sequence of tensors.")
+    return args
+
+
+def _io_names(stem: str, count: int) -> list[str]:
+    return [stem] if count == 1 else [f"{stem}_{i}" for i in range(count)]
+
+
+def _check_opset(specs: dict[TensorQuantizer, QdqSpec], opset: int | None) -> None:
+    if opset is None:
+        return
+    if opset < _MIN_OPSET:
+        raise QdqExportError(f"opset {opset} has no QuantizeLinear/DequantizeLinear; use opset >= 13.")
+    per_channel = [s.name for s in specs.values() if s.per_channel]
+    if per_channel and opset < _MIN_OPSET_PER_CHANNEL:
+        raise QdqExportError(
+            f"Per-channel quantization needs ONNX opset >= {_MIN_OPSET_PER_CHANNEL} (the 'axis' attribute of "
+            f"QuantizeLinear), but opset={opset} was requested and {len(per_channel)} quantizer(s) are "
+            f"per-channel, e.g. {per_channel[0]}. Export with opset >= 13, or use per-tensor weights."
+        )
+
+
+def _batched(args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """torch.export specializes a dimension of size 1: export with batch 2 (the graph does not change)."""
+    return tuple(torch.cat([a, a]) if a.dim() and a.shape[0] == 1 else a for a in args)
+
+
+def _output_count(model: nn.Module, args: tuple[torch.Tensor, ...]) -> int:
+    with torch.no_grad():
+        out = model(*args)
+    return len(out) if isinstance(out, list | tuple) else 1
+
+
+def _run_exporter(
+    model: nn.Module, args: tuple[torch.Tensor, ...], opset: int | None, dynamic_batch: bool, dynamo: bool
+) -> onnx.ModelProto:
+    names = (_io_names("input", len(args)), _io_names("output", _output_count(model, args)))
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            if dynamo:
+                return _export_dynamo(model, args, opset, dynamic_batch, names)
+            return _export_torchscript(model, args, opset, dynamic_batch, names)
+    except QdqExportError:
+        raise
+    except Exception as err:
+        kind = "dynamo" if dynamo else "TorchScript"
+        raise QdqExportError(
+            f"torch.onnx.export ({kind} exporter) failed: {type(err).__name__}: {err}. "
+            f"Try the other exporter (dynamo={not dynamo})."
+        ) from err
+
+
+def _export_dynamo(
+    model: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    opset: int | None,
+    dynamic_batch: bool,
+    names: tuple[list[str], list[str]],
+) -> onnx.ModelProto:
+    kwargs: dict[str, Any] = {}
+    if dynamic_batch:
+        batch = torch.export.Dim("batch")
+        args = _batched(args)
+        kwargs["dynamic_shapes"] = tuple({0: batch} for _ in args)
+    program = torch.onnx.export(
+        model,
+        args,
+        dynamo=True,
+        external_data=False,
+        opset_version=opset,
+        input_names=names[0],
+        output_names=names[1],
+        custom_translation_table=_ops.dynamo_translation_table(),
+        optimize=True,
+        verbose=False,
+        **kwargs,
+    )
+    return program.model_proto
+
+
+def _export_torchscript(
+    model: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    opset: int | None,
+    dynamic_batch: bool,
+    names: tuple[list[str], list[str]],
+) -> onnx.ModelProto:
+    import onnx
+
+    _ops.register_torchscript_symbolic()
+    buffer = io.BytesIO()
+    kwargs: dict[str, Any] = {"opset_version": opset} if opset is not None else {}
+    if dynamic_batch:
+        kwargs["dynamic_axes"] = {name: {0: "batch"} for name in names[0] + names[1]}
+    torch.onnx.export(
+        model,
+        args,
+        buffer,
+        dynamo=False,
+        input_names=names[0],
+        output_names=names[1],
+        do_constant_folding=True,
+        custom_opsets={_ops.TAG_DOMAIN: 1},
+        training=torch.onnx.TrainingMode.EVAL,
+        **kwargs,
+    )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _annotate(proto: onnx.ModelProto, specs: dict[TensorQuantizer, QdqSpec]) -> None:
+    """Tag Q/DQ nodes with quantizer names; account for quantizers an exporter merged (CSE)."""
+    graph.annotate_quantizers(proto)
+    found = {site.quantizer for site in graph.qdq_sites(proto)}
+    by_name = {s.name: s for s in specs.values()}
+    merged: dict[str, list[str]] = {}
+    for spec in specs.values():
+        if spec.name in found:
+            continue
+        partner = next((by_name[f] for f in found if f in by_name and _merged(spec, by_name[f])), None)
+        if partner is None:
+            raise QdqExportError(
+                f"{spec.name} produced no Q/DQ pair in the exported graph: the exporter dropped it. "
+                "Check that its output is used."
+            )
+        merged.setdefault(partner.name, []).append(spec.name)
+    graph.record_merged(proto, merged)
+    for spec in specs.values():
+        spec.traced.clear()
+
+
+def _merged(spec: QdqSpec, other: QdqSpec) -> bool:
+    shared_input = any(a is b for a in spec.traced for b in other.traced)
+    return shared_input and spec.same_qdq(other)
+
+
+def _set_metadata(proto: onnx.ModelProto, target: str) -> None:
+    from qdq import __version__
+
+    props = {p.key: p for p in proto.metadata_props}
+    for key, value in (("qdq.target", target), ("qdq.version", __version__)):
+        prop = props.get(key) or proto.metadata_props.add()
+        prop.key, prop.value = key, value
+
+
+def _warn_opset(proto: onnx.ModelProto, requested: int | None) -> None:
+    actual = onnx_opset(proto)
+    if requested is not None and actual != requested:
+        warnings.warn(
+            f"Requested ONNX opset {requested}, the file has opset {actual} (the dynamo exporter does not "
+            "write opsets below 18; use dynamo=False for an older opset).",
+            stacklevel=3,
+        )

@@ -1,0 +1,583 @@
+"""Q/DQ placement: where a quantized model needs quantizers beyond its Conv/Linear inputs and weights.
+
+``quantize_model`` quantizes the inputs and weights of weighted modules. A runtime needs a few more
+quantizers, at places torch writes as *functions* in ``forward`` (``out += identity``, ``torch.cat``), which
+module replacement cannot reach. :func:`apply_placement` traces the model with ``torch.fx``, applies the
+placement rules of a target to the graph, and returns the rewritten model (a ``torch.fx.GraphModule``
+with the same parameters, buffers and ``state_dict`` keys, plus the added quantizers)::
+
+    model = quantize_model(torchvision.models.resnet18())
+    model = apply_placement(model, target="tensorrt")   # then calibrate, fine-tune, export
+
+Rules for ``target="tensorrt"`` (TensorRT's explicit-quantization recommendations):
+
+* ``residual_add``: an ``a + b`` (``+=``, ``torch.add``) one of whose inputs comes from a weighted op
+  (Conv/ConvTranspose/Linear/MatMul, possibly through BatchNorm, an activation, Dropout or stochastic
+  depth, each used once) becomes a :class:`~qdq.nn.QuantAdd` that quantizes the *other* input only. TensorRT
+  then fuses the weighted op and the add, with int8 in and out. The first such input (in argument order)
+  stays float, as in the seed TF toolkit's ``ResidualConnectionQDQCase``. Adds with no weighted input are
+  left alone (a Q/DQ TensorRT cannot fuse only costs time).
+* ``concat``: ``torch.cat`` becomes a :class:`~qdq.nn.QuantConcat`: one scale shared by every input. Skipped
+  when every consumer of the concatenation already quantizes it (their own quantizer gives the shared scale).
+* Outputs of weighted ops, BatchNorm and ReLU are not quantized: the runtime fuses them.
+
+Rules added for ``target="onnxruntime"`` (its CPU int8 kernels need quantized *outputs*; see
+``qdq.export.ort_target``):
+
+* ``residual_add`` quantizes both inputs of those adds (``QLinearAdd``);
+* ``conv_output``: the output of every Conv/ConvTranspose, after its BatchNorm and ReLU/ReLU6 if any, is
+  quantized (``DQ -> Conv -> Q`` is what becomes ``QLinearConv``), unless every consumer already quantizes it;
+* ``unsigned_activations``: a quantizer whose input is non-negative by construction (after ReLU, ReLU6,
+  Sigmoid, or pooling/reshaping of such) becomes unsigned: uint8 over the same range ``[0, amax]``, step
+  ``amax / 255``. ONNX Runtime drops a ReLU/Clip before such a Q and fuses the Conv. The PyTorch model carries
+  these quantizers, so what is trained and calibrated is what ORT computes.
+
+Extending: :func:`register_placement_rule` adds a rule (the counterpart of the TF toolkit's
+``CustomQDQInsertionCase``): a function ``rule(ctx: PlacementContext) -> None`` that edits
+``ctx.graph_module.graph`` with the context's helpers. :func:`function_inputs_rule` builds the common case
+"quantize inputs of every call to these functions" (e.g. the squeeze-excitation ``mul`` of EfficientNet).
+
+Fallback: when ``torch.fx`` cannot trace the whole model (data-dependent control flow), each child module
+is placed on its own, recursively, with a warning; adds in the untraceable ``forward`` itself stay float
+(use :class:`~qdq.nn.QuantAdd` there by hand).
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from qdq.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
+from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.nn.base import QuantInputMixin
+from qdq.nn.elementwise import QuantAdd, QuantConcat, QuantMatMul
+from qdq.quantizer import TensorQuantizer
+from qdq.registry import Registry
+
+__all__ = [
+    "PLACEMENT_RULES",
+    "TARGETS",
+    "PlacementContext",
+    "apply_placement",
+    "function_inputs_rule",
+    "placement_rules",
+    "register_placement_rule",
+    "unregister_placement_rule",
+]
+
+#: Runtimes a model can be placed for.
+TARGETS = ("tensorrt", "onnxruntime")
+
+_QDQ_LEAVES = (QuantInputMixin, TensorQuantizer, QuantAdd, QuantConcat, QuantMatMul)
+_WEIGHTED_MODULES = (nn.modules.conv._ConvNd, nn.Linear, QuantMatMul)
+_CONV_MODULES = (nn.modules.conv._ConvNd,)
+_WEIGHTED_FUNCTIONS = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+                       F.linear, torch.matmul, operator.matmul}  # fmt: skip
+_NORM_MODULES = (nn.modules.batchnorm._BatchNorm,)
+_FUSABLE_ACTIVATIONS = (nn.ReLU, nn.ReLU6)
+_ACTIVATION_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.GELU, nn.LeakyReLU, nn.Hardswish, nn.Sigmoid,
+                       nn.Tanh, nn.ELU, nn.Mish)  # fmt: skip
+_PASS_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identity)
+_ACTIVATION_FUNCTIONS = {F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, torch.sigmoid, F.leaky_relu}
+_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
+_ADD_METHODS = {"add", "add_"}
+_LEAF_CLASS_NAMES = {"StochasticDepth"}  # its forward bakes ``self.training`` into a traced call
+_PASS_FUNCTION_NAMES = {"stochastic_depth", "dropout"}
+
+# Non-negative by construction, and ops that keep a non-negative input non-negative.
+_NONNEG_MODULES = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softmax)
+_NONNEG_FUNCTIONS = {F.relu, torch.relu, F.relu6, torch.sigmoid, F.sigmoid, F.hardsigmoid, F.softmax, torch.softmax}
+_NONNEG_METHODS = {"relu", "relu_", "sigmoid", "sigmoid_", "softmax"}
+_KEEP_SIGN_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+                      nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool1d,
+                      nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, nn.Flatten, nn.Upsample, *_PASS_MODULES)  # fmt: skip
+_KEEP_SIGN_FUNCTIONS = {torch.flatten, torch.reshape, F.adaptive_avg_pool2d, F.adaptive_avg_pool1d,
+                        F.adaptive_avg_pool3d, F.avg_pool2d, F.max_pool2d, F.interpolate, torch.squeeze,
+                        torch.unsqueeze, torch.permute, torch.transpose}  # fmt: skip
+_KEEP_SIGN_METHODS = {"view", "reshape", "flatten", "contiguous", "permute", "transpose", "squeeze", "unsqueeze",
+                      "mean", "max"}  # fmt: skip
+_NON_TENSOR_METHODS = {"size", "dim", "numel", "item", "tolist", "__len__", "nelement"}
+
+
+# ------------------------------------------------------------------------------------------ context
+@dataclass
+class PlacementContext:
+    """What a placement rule works on.
+
+    Attributes:
+        graph_module: the traced model; rules edit ``graph_module.graph`` (recompiled after all rules).
+        target: ``"tensorrt"`` or ``"onnxruntime"``.
+        quant_desc: descriptor of the quantizers rules add (per tensor).
+        changes: one line per edit, for :attr:`summary`.
+    """
+
+    graph_module: fx.GraphModule
+    target: str
+    quant_desc: QuantDescriptor
+    changes: list[str] = field(default_factory=list)
+
+    # --- reading the graph
+    def module(self, node: fx.Node) -> nn.Module | None:
+        """The submodule a ``call_module`` node calls, else None."""
+        if node.op != "call_module":
+            return None
+        return self.graph_module.get_submodule(str(node.target))
+
+    def is_weighted(self, node: fx.Node) -> bool:
+        """Conv / ConvTranspose / Linear / MatMul (as a module or a function)."""
+        module = self.module(node)
+        if module is not None:
+            return isinstance(module, _WEIGHTED_MODULES)
+        return node.op == "call_function" and node.target in _WEIGHTED_FUNCTIONS
+
+    def is_conv(self, node: fx.Node) -> bool:
+        return isinstance(self.module(node), _CONV_MODULES)
+
+    def is_tensor(self, node: Any) -> bool:
+        """Best-effort: does ``node`` produce a tensor (not a size, a shape entry or a Python number)?"""
+        if not isinstance(node, fx.Node):
+            return False
+        if node.op == "get_attr":
+            return isinstance(_fetch_attr(self.graph_module, str(node.target)), torch.Tensor)
+        if node.op == "call_method":
+            return node.target not in _NON_TENSOR_METHODS
+        if node.op == "call_function":
+            if node.target in (getattr, len):
+                return False
+            if node.target is operator.getitem:
+                return self.is_tensor(node.args[0])
+            if getattr(node.target, "__module__", None) in ("_operator", "operator"):
+                return any(self.is_tensor(a) for a in node.args)
+        return True
+
+    def follows_weighted(self, node: fx.Node) -> bool:
+        """``node`` is a weighted op's output, possibly through BN, activation, dropout, and is read by one node.
+
+        Each tensor on the way (``node`` included) must have a single reader, or the runtime cannot fuse.
+        """
+        if len(node.users) != 1:
+            return False
+        for _ in range(8):
+            if self.is_weighted(node):
+                return True
+            if not self._is_passthrough(node):
+                return False
+            parent = node.args[0] if node.args else None
+            if not isinstance(parent, fx.Node) or len(parent.users) != 1:
+                return False
+            node = parent
+        return False
+
+    def _is_passthrough(self, node: fx.Node) -> bool:
+        module = self.module(node)
+        if module is not None:
+            return isinstance(module, (*_NORM_MODULES, *_ACTIVATION_MODULES, *_PASS_MODULES)) or (
+                type(module).__name__ in _LEAF_CLASS_NAMES
+            )
+        if node.op == "call_function":
+            return node.target in _ACTIVATION_FUNCTIONS or getattr(node.target, "__name__", "") in _PASS_FUNCTION_NAMES
+        return node.op == "call_method" and node.target in ("relu", "relu_")
+
+    def input_quantizers(self, node: fx.Node) -> list[tuple[Any, TensorQuantizer]]:
+        """``(input node, quantizer)`` pairs of the enabled input quantizers of a qdq module node."""
+        module = self.module(node)
+        pairs: list[tuple[Any, TensorQuantizer]] = []
+        if isinstance(module, QuantInputMixin) and node.args:
+            pairs.append((node.args[0], module._input_quantizer))
+        elif isinstance(module, QuantAdd | QuantMatMul):
+            pairs += list(zip(node.args[:2], module.input_quantizers))
+        elif isinstance(module, QuantConcat) and node.args:
+            pairs += [(arg, module.input_quantizer) for arg in node.args[0]]
+        elif isinstance(module, TensorQuantizer) and node.args:
+            pairs.append((node.args[0], module))
+        return [(arg, q) for arg, q in pairs if q.is_enabled and q._if_quant]
+
+    def quantized_by(self, user: fx.Node, node: fx.Node) -> bool:
+        """Does ``user`` quantize ``node`` as it reads it?"""
+        return any(arg is node for arg, _ in self.input_quantizers(user))
+
+    # --- editing the graph
+    def add_module(self, near: fx.Node, stem: str, module: nn.Module) -> str:
+        """Register ``module`` in the submodule that owns ``near`` (from its module stack); return its name."""
+        stack = [path for path in (near.meta.get("nn_module_stack") or {}) if path != near.target]
+        owner = stack[-1] if stack else ""
+        base = f"{owner}.{stem}" if owner else stem
+        name, i = base, 1
+        while _fetch_attr(self.graph_module, name) is not None:
+            name, i = f"{base}_{i}", i + 1
+        self.graph_module.add_submodule(name, module)
+        return name
+
+    def new_quantizer(self) -> TensorQuantizer:
+        return TensorQuantizer(self.quant_desc)
+
+    def replace_with_module(self, node: fx.Node, stem: str, module: nn.Module, args: tuple) -> fx.Node:
+        """Replace ``node`` by a call of ``module`` on ``args``; return the new node."""
+        name = self.add_module(node, stem, module)
+        with self.graph_module.graph.inserting_after(node):
+            new = self.graph_module.graph.call_module(name, args=args)
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        self.graph_module.graph.erase_node(node)
+        return new
+
+    def quantize_output(self, node: fx.Node, stem: str = "output_quantizer") -> fx.Node:
+        """Insert a new quantizer after ``node``, read by every former user of ``node``."""
+        name = self.add_module(node, stem, self.new_quantizer())
+        with self.graph_module.graph.inserting_after(node):
+            new = self.graph_module.graph.call_module(name, args=(node,))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+        self.changes.append(f"{name}: quantize the output of {node.name}")
+        return new
+
+    def quantize_input(self, node: fx.Node, index: int, stem: str = "input_quantizer") -> fx.Node:
+        """Insert a new quantizer on argument ``index`` of ``node`` only."""
+        arg = node.args[index]
+        if not isinstance(arg, fx.Node):
+            raise QdqConfigError(f"argument {index} of {node.name} is not a graph value; cannot quantize it.")
+        name = self.add_module(node, f"{stem}_{index}" if index else stem, self.new_quantizer())
+        with self.graph_module.graph.inserting_before(node):
+            new = self.graph_module.graph.call_module(name, args=(arg,))
+        node.update_arg(index, new)
+        self.changes.append(f"{name}: quantize input {index} of {node.name}")
+        return new
+
+    @property
+    def summary(self) -> str:
+        return "\n".join(self.changes) if self.changes else "no change"
+
+
+def _fetch_attr(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+# ------------------------------------------------------------------------------------------ rules
+Rule = Callable[[PlacementContext], None]
+
+
+@dataclass(frozen=True)
+class RuleEntry:
+    """A registered rule and the targets it applies to."""
+
+    rule: Rule
+    targets: tuple[str, ...]
+
+
+#: name -> rule; applied in registration order.
+PLACEMENT_RULES: Registry[str, RuleEntry] = Registry("placement rule")
+
+
+def register_placement_rule(
+    name: str, rule: Rule | None = None, *, targets: Sequence[str] = TARGETS, override: bool = False
+) -> Any:
+    """Register a placement rule for some targets; usable as a decorator.
+
+    Example:
+        >>> @register_placement_rule("my_mul", targets=("tensorrt",))  # doctest: +SKIP
+        ... def quantize_mul(ctx):
+        ...     for node in list(ctx.graph_module.graph.nodes):
+        ...         if node.target is operator.mul:
+        ...             ctx.quantize_input(node, 0)
+    """
+    bad = [t for t in targets if t not in TARGETS]
+    if bad:
+        raise QdqConfigError(f"Unknown target(s) {bad}; targets are {TARGETS}.")
+
+    def _register(fn: Rule) -> Rule:
+        if not callable(fn):
+            raise QdqTypeError(f"a placement rule must be callable, got {fn!r}.")
+        PLACEMENT_RULES.register(name, RuleEntry(fn, tuple(targets)), override=override)
+        return fn
+
+    return _register if rule is None else _register(rule)
+
+
+def unregister_placement_rule(name: str) -> Rule:
+    """Remove a rule; returns it."""
+    return PLACEMENT_RULES.unregister(name).rule
+
+
+def placement_rules(target: str) -> list[str]:
+    """Names of the rules applied for ``target``, in order."""
+    _check_target(target)
+    return [name for name, entry in PLACEMENT_RULES.items() if target in entry.targets]
+
+
+def _add_operands(ctx: PlacementContext, node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """The two tensor operands of an addition node, or None when it is not a tensor + tensor add."""
+    is_add = (node.op == "call_function" and node.target in _ADD_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _ADD_METHODS
+    )
+    if not is_add or len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = node.args
+    if not (ctx.is_tensor(a) and ctx.is_tensor(b)) or a.op == "get_attr" or b.op == "get_attr":
+        return None
+    return a, b
+
+
+@register_placement_rule("residual_add")
+def residual_add_rule(ctx: PlacementContext) -> None:
+    """Adds that follow a weighted op become QuantAdd (TensorRT: skip input only; ORT: both inputs)."""
+    for node in list(ctx.graph_module.graph.nodes):
+        operands = _add_operands(ctx, node)
+        if operands is None:
+            continue
+        from_weighted = [ctx.follows_weighted(x) for x in operands]
+        if not any(from_weighted):
+            continue
+        if ctx.target == "tensorrt":
+            fused = from_weighted.index(True)
+            quantize = tuple(i != fused for i in range(2))
+        else:
+            quantize = (True, True)
+        module = QuantAdd(ctx.quant_desc, quantize=quantize)
+        new = ctx.replace_with_module(node, "residual_add", module, operands)
+        ctx.changes.append(f"{new.target}: QuantAdd(quantize={quantize})")
+
+
+@register_placement_rule("concat")
+def concat_rule(ctx: PlacementContext) -> None:
+    """``torch.cat`` becomes QuantConcat (one scale for all inputs) unless every consumer quantizes it."""
+    for node in list(ctx.graph_module.graph.nodes):
+        if not (node.op == "call_function" and node.target in (torch.cat, torch.concat)):
+            continue
+        tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if not isinstance(tensors, list | tuple) or not isinstance(dim, int):
+            continue
+        if node.users and all(ctx.quantized_by(user, node) for user in node.users):
+            continue
+        new = ctx.replace_with_module(node, "concat", QuantConcat(dim, ctx.quant_desc), (list(tensors),))
+        ctx.changes.append(f"{new.target}: QuantConcat(dim={dim})")
+
+
+def _conv_chain_end(ctx: PlacementContext, node: fx.Node) -> fx.Node:
+    """Follow a conv's output through its BatchNorm and one ReLU/ReLU6 (each used once)."""
+    for kinds in (_NORM_MODULES, _FUSABLE_ACTIVATIONS):
+        if len(node.users) != 1:
+            return node
+        user = next(iter(node.users))
+        functional = kinds is _FUSABLE_ACTIVATIONS and user.op == "call_function"
+        if isinstance(ctx.module(user), kinds) or (functional and user.target in (F.relu, torch.relu, F.relu6)):
+            node = user
+    return node
+
+
+@register_placement_rule("conv_output", targets=("onnxruntime",))
+def conv_output_rule(ctx: PlacementContext) -> None:
+    """Quantize each conv's output (after BN/ReLU) unless all its consumers already quantize it."""
+    for node in list(ctx.graph_module.graph.nodes):
+        if not ctx.is_conv(node):
+            continue
+        end = _conv_chain_end(ctx, node)
+        if end.users and all(ctx.quantized_by(user, end) for user in end.users):
+            continue
+        ctx.quantize_output(end)
+
+
+def is_nonnegative(ctx: PlacementContext, node: Any, depth: int = 0) -> bool:
+    """Is ``node`` non-negative by construction (ReLU, Sigmoid... possibly pooled or reshaped)?"""
+    if not isinstance(node, fx.Node) or depth > 32:
+        return False
+    module = ctx.module(node)
+    if module is not None:
+        if isinstance(module, _NONNEG_MODULES) or (isinstance(module, nn.Hardtanh) and module.min_val >= 0):
+            return True
+        if isinstance(module, TensorQuantizer):
+            return module.unsigned or is_nonnegative(ctx, node.args[0], depth + 1)
+        if isinstance(module, QuantConcat):
+            return all(is_nonnegative(ctx, a, depth + 1) for a in node.args[0])
+        if isinstance(module, QuantAdd):
+            return all(is_nonnegative(ctx, a, depth + 1) for a in node.args[:2])
+        keeps = isinstance(module, _KEEP_SIGN_MODULES) or type(module).__name__ in _LEAF_CLASS_NAMES
+        return keeps and is_nonnegative(ctx, node.args[0], depth + 1)
+    if node.op == "call_function":
+        if node.target in _NONNEG_FUNCTIONS:
+            return True
+        if node.target in _KEEP_SIGN_FUNCTIONS or getattr(node.target, "__name__", "") in _PASS_FUNCTION_NAMES:
+            return is_nonnegative(ctx, node.args[0], depth + 1)
+        if node.target in (operator.add, operator.mul, torch.cat):
+            args = node.args[0] if node.target is torch.cat else node.args
+            return all(is_nonnegative(ctx, a, depth + 1) for a in args if isinstance(a, fx.Node))
+        return False
+    if node.op == "call_method":
+        if node.target in _NONNEG_METHODS:
+            return True
+        return node.target in _KEEP_SIGN_METHODS and is_nonnegative(ctx, node.args[0], depth + 1)
+    return False
+
+
+@register_placement_rule("unsigned_activations", targets=("onnxruntime",))
+def unsigned_activations_rule(ctx: PlacementContext) -> None:
+    """Quantizers of non-negative tensors become unsigned (uint8, zero point 0, step amax / 255).
+
+    A quantizer read at several places (QuantConcat's shared quantizer) becomes unsigned only when every
+    tensor it quantizes is non-negative.
+    """
+    inputs: dict[TensorQuantizer, list[Any]] = {}
+    for node in ctx.graph_module.graph.nodes:
+        for arg, quantizer in ctx.input_quantizers(node):
+            inputs.setdefault(quantizer, []).append(arg)
+    for quantizer, args in inputs.items():
+        if quantizer.unsigned or quantizer.axis is not None:
+            continue
+        if all(is_nonnegative(ctx, arg) for arg in args):
+            quantizer.unsigned = True
+            quantizer.narrow_range = False
+            ctx.changes.append(f"unsigned quantizer on {', '.join(a.name for a in args)} (>= 0)")
+
+
+def function_inputs_rule(functions: Iterable[Any], indices: Sequence[int] | None = None) -> Rule:
+    """A rule quantizing the tensor inputs ``indices`` (default: all) of every call to ``functions``.
+
+    ``functions`` may hold callables (``operator.mul``, ``torch.matmul``) or method names (``"mul"``). The
+    seed TF toolkit's EfficientNet case, for example, quantizes both inputs of the squeeze-excitation
+    multiply: ``register_placement_rule("se_mul", function_inputs_rule([operator.mul]))``.
+    """
+    wanted = list(functions)
+
+    def rule(ctx: PlacementContext) -> None:
+        for node in list(ctx.graph_module.graph.nodes):
+            if node.op not in ("call_function", "call_method") or node.target not in wanted:
+                continue
+            for index in indices if indices is not None else range(len(node.args)):
+                if index < len(node.args) and ctx.is_tensor(node.args[index]):
+                    ctx.quantize_input(node, index)
+
+    return rule
+
+
+# --------------------------------------------------------------------------------------- tracing
+class _Tracer(fx.Tracer):
+    """Keeps torch.nn modules, qdq's quantized modules and the given classes as leaves."""
+
+    def __init__(self, leaf_modules: tuple[type, ...] = ()) -> None:
+        super().__init__()
+        self._extra_leaves = leaf_modules
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, _QDQ_LEAVES + self._extra_leaves) or type(m).__name__ in _LEAF_CLASS_NAMES:
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def _trace(module: nn.Module, leaf_modules: tuple[type, ...]) -> fx.GraphModule:
+    tracer = _Tracer(leaf_modules)
+    graph = tracer.trace(module)
+    gm = fx.GraphModule(tracer.root, graph, class_name=type(module).__name__)
+    gm.train(module.training)
+    return gm
+
+
+def _default_desc(model: nn.Module) -> QuantDescriptor:
+    """Per-tensor descriptor matching the model's first input quantizer (bits, calibrator)."""
+    for module in model.modules():
+        if isinstance(module, QuantInputMixin):
+            q = module._input_quantizer
+            return QuantDescriptor(num_bits=q.num_bits, calib_method=q.calib_method, narrow_range=q.narrow_range)
+    return QUANT_DESC_8BIT_PER_TENSOR
+
+
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise QdqConfigError(f"target must be one of {TARGETS}, got {target!r}.")
+
+
+def _place(
+    module: nn.Module, path: str, target: str, desc: QuantDescriptor, rules: list[str], leaves: tuple[type, ...]
+) -> tuple[nn.Module, list[str]]:
+    try:
+        gm = _trace(module, leaves)
+    except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
+        return _place_children(module, path, target, desc, rules, leaves, err)
+    ctx = PlacementContext(gm, target, desc)
+    for name in rules:
+        PLACEMENT_RULES.get(name).rule(ctx)
+    if not ctx.changes:
+        return module, []
+    gm.graph.lint()
+    gm.recompile()
+    prefix = f"{path}: " if path else ""
+    return gm, [prefix + line for line in ctx.changes]
+
+
+def _place_children(
+    module: nn.Module,
+    path: str,
+    target: str,
+    desc: QuantDescriptor,
+    rules: list[str],
+    leaves: tuple[type, ...],
+    err: Exception,
+) -> tuple[nn.Module, list[str]]:
+    warnings.warn(
+        f"torch.fx cannot trace {path or type(module).__name__} ({type(err).__name__}: {err}); placing "
+        "quantizers inside its children instead. Additions written in its own forward stay float: use "
+        "qdq.nn.QuantAdd / QuantConcat there, or register it as a leaf (leaf_modules=...).",
+        stacklevel=4,
+    )
+    changes: list[str] = []
+    for name, child in list(module.named_children()):
+        if isinstance(child, _QDQ_LEAVES + leaves):
+            continue
+        child_path = f"{path}.{name}" if path else name
+        new, lines = _place(child, child_path, target, desc, rules, leaves)
+        if new is not child:
+            setattr(module, name, new)
+        changes += lines
+    return module, changes
+
+
+def apply_placement(
+    model: nn.Module,
+    target: str = "tensorrt",
+    *,
+    quant_desc: QuantDescriptor | None = None,
+    rules: Sequence[str] | None = None,
+    leaf_modules: Sequence[type] = (),
+    verbose: bool = False,
+) -> nn.Module:
+    """Add the quantizers ``target`` needs beyond Conv/Linear inputs and weights (see the module doc).
+
+    Call it after :func:`qdq.quantize_model` and before calibration (the added quantizers are ordinary
+    :class:`~qdq.quantizer.TensorQuantizer` modules, calibrated like the others).
+
+    Args:
+        model: a model quantized with ``quantize_model`` (float modules are fine too).
+        target: ``"tensorrt"`` or ``"onnxruntime"``; the model computes what that target's export runs.
+        quant_desc: descriptor of the added quantizers; default 8-bit per tensor with the calibrator of the
+            model's first input quantizer.
+        rules: names of the rules to apply (default: every registered rule for ``target``, in order).
+        leaf_modules: module classes not to trace into (kept as calls).
+        verbose: print one line per change.
+
+    Returns:
+        A ``torch.fx.GraphModule`` computing the placed model (same parameters, same ``state_dict`` keys
+        plus the added quantizers), or ``model`` itself when no rule changed anything. When the model
+        cannot be traced, ``model`` with its traceable children replaced.
+    """
+    _check_target(target)
+    if not isinstance(model, nn.Module):
+        raise QdqTypeError(f"apply_placement needs an nn.Module, got {type(model).__name__}.")
+    names = placement_rules(target) if rules is None else list(rules)
+    for name in names:
+        PLACEMENT_RULES.get(name)  # unknown names raise with a suggestion
+    desc = _default_desc(model) if quant_desc is None else quant_desc
+    placed, changes = _place(model, "", target, desc, names, tuple(leaf_modules))
+    if verbose:
+        print("\n".join(changes) if changes else "apply_placement: no change")
+    return placed

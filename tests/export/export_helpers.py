@@ -1,0 +1,119 @@
+"""Shared helpers of the export tests: calibration by hand, ORT sessions, comparisons in steps."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from qdq.quantizer import TensorQuantizer, _dynamic_amax
+
+
+def calibrate_max(model: nn.Module, *inputs: torch.Tensor) -> None:
+    """Set every enabled quantizer's amax to the max |x| it sees on ``inputs`` (the max calibrator's result)."""
+    seen: dict[TensorQuantizer, torch.Tensor] = {}
+
+    def hook(module: TensorQuantizer, args: tuple) -> None:
+        x = args[0].detach().float()
+        if module.pre_quant_scale is not None:
+            x = x * module.pre_quant_scale
+        amax = _dynamic_amax(x, module.axis)
+        seen[module] = amax if module not in seen else torch.maximum(seen[module], amax)
+
+    quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
+    handles = [q.register_forward_pre_hook(hook) for q in quantizers]
+    with torch.no_grad():
+        model.eval()
+        for x in inputs:
+            model(x)
+    for h in handles:
+        h.remove()
+    for q, amax in seen.items():
+        if not q.learn_amax:
+            q.amax = amax
+
+
+def ort_session(path: Path | str, optimize: bool = True, optimized_path: Path | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    level = ort.GraphOptimizationLevel
+    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_ort(path: Path | str, x: torch.Tensor, optimize: bool = True) -> np.ndarray:
+    return ort_session(path, optimize).run(None, {"input": x.numpy()})[0]
+
+
+def steps_apart(reference: np.ndarray, other: np.ndarray) -> float:
+    """Max difference in units of an int8 step of the reference output (max |ref| / 127)."""
+    reference = reference.astype(np.float64)
+    unit = float(np.abs(reference).max()) / 127
+    return float(np.abs(reference - other.astype(np.float64)).max() / unit)
+
+
+def inexact_quantizers(torch_out: dict[str, np.ndarray], onnx_out: dict[str, np.ndarray]) -> dict[str, float]:
+    """Quantizers whose ONNX value differs from PyTorch's (ONNX cast to PyTorch's dtype), with the max error."""
+    bad = {}
+    for name, ref in torch_out.items():
+        got = onnx_out[name].astype(ref.dtype)
+        if not np.array_equal(ref, got):
+            bad[name] = float(np.abs(ref.astype(np.float64) - got).max())
+    return bad
+
+
+def op_counts(path: Path | str) -> Counter:
+    import onnx
+
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def quantizer_outputs(model: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray]:
+    """PyTorch output of every enabled quantizer on ``x``, by module name (first call of each)."""
+    outputs: dict[str, np.ndarray] = {}
+    names = {m: n for n, m in model.named_modules() if isinstance(m, TensorQuantizer)}
+
+    def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        outputs.setdefault(names[module], out.detach().numpy())
+
+    handles = [m.register_forward_hook(hook) for m in names if m.is_enabled]
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    return outputs
+
+
+def onnx_quantizer_outputs(path: Path | str, x: torch.Tensor, optimize: bool = False) -> dict[str, np.ndarray]:
+    """ONNX Runtime value of every Q/DQ pair's output, by quantizer name (every merged name listed)."""
+    import onnx
+    import onnxruntime as ort
+
+    from qdq.export import qdq_sites
+
+    model = onnx.load(str(path))
+    sites = qdq_sites(model)
+    existing = {o.name for o in model.graph.output}
+    for site in sites:
+        if site.output not in existing:
+            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(site.output))
+            existing.add(site.output)
+    options = ort.SessionOptions()
+    level = ort.GraphOptimizationLevel
+    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    values = dict(zip(names, session.run(None, {"input": x.numpy()})))
+    result: dict[str, np.ndarray] = {}
+    for site in sites:
+        for name in site.quantizers:
+            result.setdefault(name, values[site.output])
+    return result

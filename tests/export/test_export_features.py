@@ -1,0 +1,271 @@
+"""Quantizer settings that need care at export, errors, and export hygiene.
+
+Each setting is exported with both exporters and compared with PyTorch at every quantizer output, bit for
+bit: narrow range, a zero/tiny amax (the seed exported scale 1 and disagreed), unsigned, learned range,
+pre-quantization scale, fp16. Then: the errors (uncalibrated quantizer, per-channel below opset 13,
+non-8-bit), the model left as it was, atomic writes, and ``import qdq`` not importing onnx.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from export_helpers import (
+    calibrate_max,
+    inexact_quantizers,
+    onnx_quantizer_outputs,
+    quantizer_outputs,
+    run_ort,
+    steps_apart,
+)
+from torch import nn
+
+from qdq import nn as qnn
+from qdq.descriptor import QuantDescriptor
+from qdq.errors import QdqExportError
+from qdq.export import export_onnx, onnx_opset, qdq_sites
+from qdq.quantizer import TensorQuantizer
+
+X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+
+
+def two_convs(desc_in: QuantDescriptor | None = None, desc_w: QuantDescriptor | None = None) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        qnn.QuantConv2d(3, 8, 3, padding=1, quant_desc_input=desc_in, quant_desc_weight=desc_w),
+        nn.ReLU(),
+        qnn.QuantConv2d(8, 4, 3, quant_desc_input=desc_in, quant_desc_weight=desc_w),
+    ).eval()
+
+
+def w4a8() -> nn.Module:
+    model = two_convs(QuantDescriptor(), QuantDescriptor(num_bits=4, axis=0))
+    calibrate_max(model, X)
+    return model
+
+
+def w4_clipped() -> nn.Module:
+    """4-bit weights with a range below their max (percentile-like): the int8 Q/DQ must saturate at +-8/7."""
+    model = two_convs(QuantDescriptor(num_bits=6), QuantDescriptor(num_bits=4, axis=0))
+    calibrate_max(model, X)
+    model[0]._weight_quantizer.amax = model[0]._weight_quantizer.amax * 0.6
+    model[0]._input_quantizer.amax = 0.7
+    return model
+
+
+def narrow() -> nn.Module:
+    model = two_convs(QuantDescriptor(narrow_range=True), QuantDescriptor(axis=0, narrow_range=True))
+    calibrate_max(model, X)
+    model[0]._input_quantizer.amax = 0.5  # clips: -0.5 must give -127 steps, not -128
+    return model
+
+
+def tiny_amax() -> nn.Module:
+    model = two_convs()
+    calibrate_max(model, X)
+    amax = model[0]._weight_quantizer.amax.clone()
+    amax[2, 0, 0, 0] = 0.0  # a dead channel: its weights are not zero, PyTorch gives zeros
+    model[0]._weight_quantizer.amax = amax
+    with torch.no_grad():
+        model[0].weight[2] = 0.7
+    model[2]._input_quantizer.amax = 1e-30  # a collapsed activation range: all zeros
+    return model
+
+
+def unsigned() -> nn.Module:
+    model = two_convs()
+    calibrate_max(model, X)
+    model[2]._input_quantizer.unsigned = True  # after ReLU
+    return model
+
+
+def learned() -> nn.Module:
+    model = two_convs(QuantDescriptor(learn_amax=True, amax=1.5))
+    calibrate_max(model, X)
+    with torch.no_grad():
+        model[0]._input_quantizer.clip.clip_value_max.fill_(1.2)
+        model[0]._input_quantizer.clip.clip_value_min.fill_(-0.9)
+    return model
+
+
+def pre_quant_scale() -> nn.Module:
+    model = two_convs()
+    model[0]._input_quantizer.pre_quant_scale = torch.tensor([0.5, 2.0, 1.0]).view(1, 3, 1, 1)
+    calibrate_max(model, X)
+    return model
+
+
+FEATURES = [w4a8, w4_clipped, narrow, tiny_amax, unsigned, learned, pre_quant_scale]
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("build", FEATURES, ids=[f.__name__ for f in FEATURES])
+def test_setting_exports_bit_exact(tmp_path, build, dynamo):
+    model = build()
+    path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=dynamo)
+    assert inexact_quantizers(quantizer_outputs(model, X), onnx_quantizer_outputs(path, X)) == {}
+    with torch.no_grad():
+        reference = model(X).numpy()
+    assert steps_apart(reference, run_ort(path, X, optimize=False)) < 1e-3  # float accumulation order only
+
+
+def test_tiny_amax_gives_zeros_in_onnx(tmp_path):
+    model = tiny_amax()
+    path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=False)
+    values = onnx_quantizer_outputs(path, X)
+    assert not values["2._input_quantizer"].any()
+    assert not values["0._weight_quantizer"][2].any()
+
+
+def test_unsigned_exports_uint8_zero_point(tmp_path):
+    path = export_onnx(unsigned(), X, tmp_path / "m.onnx", dynamo=False)
+    site = {s.quantizer: s for s in qdq_sites(onnx.load(str(path)))}["2._input_quantizer"]
+    assert site.zero_point.dtype == np.uint8 and site.zero_point == 0
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_fp16_model_exports_and_runs(tmp_path, dynamo):
+    model = two_convs()
+    calibrate_max(model, X)
+    model = model.half()
+    x = X.half()
+    path = export_onnx(model, x, tmp_path / "m.onnx", dynamo=dynamo)
+    bad = inexact_quantizers(quantizer_outputs(model, x), onnx_quantizer_outputs(path, x))
+    # fp16 convolutions accumulate differently in torch and ORT: only quantizers fed directly are exact
+    assert set(bad) <= {"2._input_quantizer"}
+    step = float(model[2]._input_quantizer.step_size)
+    assert all(error <= step + 2e-3 for error in bad.values())  # one step, plus fp16 rounding
+    out = run_ort(path, x)
+    assert out.dtype == np.float16
+    with torch.no_grad():
+        assert steps_apart(model(x).numpy(), out) <= 1.0
+
+
+def test_bf16_model_exports_at_opset_22(tmp_path):
+    model = two_convs()
+    calibrate_max(model, X)
+    model = model.to(torch.bfloat16)
+    path = export_onnx(model, X.bfloat16(), tmp_path / "m.onnx", dynamo=True, opset=22)
+    proto = onnx.load(str(path))
+    assert onnx_opset(proto) == 22 and len(qdq_sites(proto)) == 4
+    assert {s.scale.dtype for s in qdq_sites(proto)} == {np.dtype(np.float32)}  # Q/DQ in float32, with Casts
+    with pytest.raises(QdqExportError, match="opset >= 22"):  # the TorchScript exporter stops at opset 20
+        export_onnx(model, X.bfloat16(), tmp_path / "m2.onnx", dynamo=False)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_uncalibrated_quantizer_is_named(tmp_path, dynamo):
+    model = nn.Sequential(nn.Sequential(two_convs()))
+    calibrate_max(model, X)
+    model[0][0][2]._input_quantizer.amax = None
+    with pytest.raises(QdqExportError, match=r"(?i)0\.0\.2\._input_quantizer has no amax.*calibrate"):
+        export_onnx(model, X, tmp_path / "m.onnx", dynamo=dynamo)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_disabled_or_unused_uncalibrated_quantizers_are_fine(tmp_path):
+    model = two_convs()
+    calibrate_max(model, X)
+    model[2]._input_quantizer.amax = None
+    model[2]._input_quantizer.disable()
+    model[0].unused = TensorQuantizer()  # never called
+    path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=False)
+    names = {s.quantizer for s in qdq_sites(onnx.load(str(path)))}
+    assert names == {"0._input_quantizer", "0._weight_quantizer", "2._weight_quantizer"}
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_per_channel_below_opset_13_is_refused(tmp_path, dynamo):
+    model = two_convs()
+    calibrate_max(model, X)
+    with pytest.raises(QdqExportError, match=r"opset >= 13.*0\._weight_quantizer"):
+        export_onnx(model, X, tmp_path / "m.onnx", opset=12, dynamo=dynamo)
+
+
+def test_per_tensor_exports_at_opset_12(tmp_path):
+    model = two_convs(desc_w=QuantDescriptor())
+    calibrate_max(model, X)
+    path = export_onnx(model, X, tmp_path / "m.onnx", opset=12, dynamo=False)
+    assert onnx_opset(path) == 12
+    assert steps_apart(model(X).detach().numpy(), run_ort(path, X)) <= 1.0
+
+
+def test_dynamo_reports_the_opset_it_wrote(tmp_path):
+    model = two_convs()
+    calibrate_max(model, X)
+    with pytest.warns(UserWarning, match="opset 13.*opset 18"):
+        path = export_onnx(model, X, tmp_path / "m.onnx", opset=13, dynamo=True)
+    assert onnx_opset(path) == 18
+
+
+def test_more_than_8_bits_is_refused(tmp_path):
+    model = two_convs(QuantDescriptor(num_bits=10))
+    calibrate_max(model, X)
+    with pytest.raises(QdqExportError, match="10 bits"):
+        export_onnx(model, X, tmp_path / "m.onnx", dynamo=False)
+
+
+def test_w4_max_calibrated_weights_need_no_clamp(tmp_path):
+    model = w4a8()
+    path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=False)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert "Min" not in ops and "Max" not in ops  # weights are within +-7 steps already
+    site = {s.quantizer: s for s in qdq_sites(onnx.load(str(path)))}["0._weight_quantizer"]
+    w = model[0].weight.detach()
+    np.testing.assert_allclose(site.scale, (w.abs().amax(dim=(1, 2, 3)) / 7).numpy(), rtol=1e-6)
+
+
+def test_export_leaves_the_model_as_it_was(tmp_path):
+    model = two_convs().train()
+    calibrate_max(model, X)
+    model.train()
+    model[0]._input_quantizer._if_calib = True  # calibrating: must be off while exporting, back after
+    model[0]._input_quantizer._calibrator = _CountingCalibrator()
+    with torch.no_grad():
+        before = model.eval()(X)
+    model.train()
+    export_onnx(model, X, tmp_path / "m.onnx", dynamo=False)
+    assert model.training
+    assert model[0]._input_quantizer._if_calib
+    assert model[0]._input_quantizer._calibrator.calls == 1  # only our own forward above
+    assert all("_export_fn" not in vars(m) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(before, model.eval()(X))
+
+
+class _CountingCalibrator:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def collect(self, x: torch.Tensor) -> None:
+        self.calls += 1
+
+
+def test_write_is_atomic_and_self_contained(tmp_path):
+    model = two_convs()
+    calibrate_max(model, X)
+    target = tmp_path / "sub" / "m.onnx"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    assert export_onnx(model, X, target, dynamo=True) == target
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m.onnx"]
+    proto = onnx.load(str(target))
+    assert proto.graph.initializer and all(not t.external_data for t in proto.graph.initializer)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta["qdq.target"] == "tensorrt"
+
+
+def test_import_qdq_does_not_import_onnx():
+    code = "import sys, qdq, qdq.export, qdq.placement; assert 'onnx' not in sys.modules, 'onnx imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unknown_target(tmp_path):
+    with pytest.raises(ValueError, match="target"), warnings.catch_warnings():
+        export_onnx(two_convs(), X, tmp_path / "m.onnx", target="tflite")

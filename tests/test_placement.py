@@ -1,0 +1,222 @@
+"""Q/DQ placement (qdq.placement): TensorRT and ONNX Runtime rules on torchvision models and small cases.
+
+* ResNet-18, MobileNetV2, EfficientNet-B0 (random init, 3x64x64) after quantize_model + apply_placement
+  ("tensorrt"): every residual add (8 / 10 / 9) is a QuantAdd quantizing exactly its skip input;
+  forward and backward run; with the added quantizers disabled the output equals the unplaced model's.
+* "onnxruntime": both add inputs quantized, conv outputs quantized, post-ReLU quantizers unsigned and only
+  fed non-negative values.
+* concat rule, custom rules (registry), the fallback for untraceable models, errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import qdq
+from qdq import nn as qnn
+from qdq.errors import QdqConfigError
+from qdq.placement import (
+    PLACEMENT_RULES,
+    apply_placement,
+    function_inputs_rule,
+    placement_rules,
+    register_placement_rule,
+    unregister_placement_rule,
+)
+from qdq.quantizer import TensorQuantizer
+
+X = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+
+# model, number of residual adds, index of the skip input in ``a + b`` as torchvision writes it
+MODELS = [("resnet18", 8, 1), ("mobilenet_v2", 10, 0), ("efficientnet_b0", 9, 1)]
+
+
+def quantized(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(num_classes=10)
+    _set_batchnorm_statistics(model)
+    return qdq.quantize_model(model)
+
+
+def _set_batchnorm_statistics(model: nn.Module) -> None:
+    """Random-init MobileNet/EfficientNet activations vanish in eval mode (unit running variance); one
+    training-mode pass with momentum 1 sets the statistics to the batch's."""
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    for m in norms:
+        m.momentum = 1.0
+    with torch.no_grad():
+        model.train()(X)
+    for m in norms:
+        m.momentum = 0.1
+    model.eval()
+
+
+def added_quantizers(placed: nn.Module, original: nn.Module) -> list[TensorQuantizer]:
+    before = {id(m) for m in original.modules()}
+    return [m for m in placed.modules() if isinstance(m, TensorQuantizer) and id(m) not in before]
+
+
+@pytest.mark.parametrize(("name", "adds", "skip"), MODELS)
+def test_tensorrt_quantizes_every_skip_input(name, adds, skip):
+    placed = apply_placement(quantized(name), target="tensorrt")
+    quant_adds = [m for m in placed.modules() if isinstance(m, qnn.QuantAdd)]
+    assert len(quant_adds) == adds
+    for add in quant_adds:
+        enabled = [q.is_enabled for q in add.input_quantizers]
+        assert enabled == [i == skip for i in range(2)]
+
+
+@pytest.mark.parametrize(("name", "adds", "skip"), MODELS[:2])
+def test_placed_model_trains_and_matches_when_new_quantizers_disabled(name, adds, skip):
+    model = quantized(name).eval()
+    reference = copy.deepcopy(model)
+    placed = apply_placement(model, target="tensorrt")
+    new = added_quantizers(placed, model)
+    assert new and all(isinstance(q, TensorQuantizer) for q in new)
+    with torch.no_grad():
+        quantized_out = placed(X)
+        for q in new:
+            q.disable()
+        assert torch.equal(placed(X), reference(X))
+        assert not torch.equal(quantized_out, reference(X))  # the skip quantizers do change the values
+    placed.train()
+    placed(X).sum().backward()
+    assert all(p.grad is not None for p in placed.parameters() if p.requires_grad)
+
+
+def test_state_dict_keeps_original_keys():
+    model = quantized("resnet18")
+    keys = set(model.state_dict())
+    placed = apply_placement(model)
+    placed_keys = set(placed.state_dict())
+    assert keys <= placed_keys
+    assert {k for k in placed_keys - keys} == {
+        f"{add}.input_quantizers.{i}.{buf}"
+        for add, m in placed.named_modules()
+        if isinstance(m, qnn.QuantAdd)
+        for i in range(2)
+        for buf in ("_amax", "_pre_quant_scale")
+    }
+
+
+def test_onnxruntime_rules_on_resnet18():
+    placed = apply_placement(quantized("resnet18"), target="onnxruntime")
+    modules = dict(placed.named_modules())
+    for add in (m for m in modules.values() if isinstance(m, qnn.QuantAdd)):
+        assert all(q.is_enabled for q in add.input_quantizers)
+    # the stem conv -> bn -> relu feeds a (float) max-pool: its output gets a quantizer
+    assert isinstance(modules.get("output_quantizer"), TensorQuantizer)
+    unsigned = {name for name, m in modules.items() if isinstance(m, TensorQuantizer) and m.unsigned}
+    assert "layer1.0.conv2._input_quantizer" in unsigned and "conv1._input_quantizer" not in unsigned
+    seen_min: dict[str, float] = {}
+    hooks = [
+        modules[n].register_forward_pre_hook(lambda m, a, n=n: seen_min.__setitem__(n, float(a[0].min())))
+        for n in unsigned
+    ]
+    with torch.no_grad():
+        placed.eval()(X)  # unsigned quantizers raise on negative input
+    for h in hooks:
+        h.remove()
+    assert len(seen_min) == len(unsigned) and min(seen_min.values()) >= 0
+
+
+class CatNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = qnn.QuantConv2d(3, 4, 1)
+        self.b = qnn.QuantConv2d(3, 4, 1)
+        self.head = qnn.QuantConv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.cat([self.a(x), self.b(x)], dim=1)  # read by a quantized conv only: left alone
+        z = torch.cat([self.a(x), x], 1)  # a model output: one shared quantizer
+        return self.head(y), z
+
+
+def test_concat_rule():
+    placed = apply_placement(CatNet())
+    concats = [m for m in placed.modules() if isinstance(m, qnn.QuantConcat)]
+    assert len(concats) == 1 and concats[0].dim == 1
+    out = placed(torch.randn(2, 3, 4, 4))
+    assert out[1].shape == (2, 7, 4, 4)
+
+
+class MixedCat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = qnn.QuantConv2d(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(self.conv(x)), x], 1)  # x can be negative
+
+
+def test_shared_concat_quantizer_stays_signed_when_one_input_can_be_negative():
+    placed = apply_placement(MixedCat(), target="onnxruntime")
+    cat = next(m for m in placed.modules() if isinstance(m, qnn.QuantConcat))
+    assert not cat.input_quantizer.unsigned
+    placed(torch.randn(2, 3, 4, 4))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = qnn.QuantConv2d(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.conv(x))
+
+
+def test_custom_rule_from_registry():
+    register_placement_rule("test_se_mul", function_inputs_rule([operator.mul]), targets=("tensorrt",))
+    try:
+        assert placement_rules("tensorrt")[-1] == "test_se_mul"
+        assert "test_se_mul" not in placement_rules("onnxruntime")
+        placed = apply_placement(SqueezeExcite())
+        added = [n for n, m in placed.named_modules() if isinstance(m, TensorQuantizer) and "conv" not in n]
+        assert sorted(added) == ["input_quantizer", "input_quantizer_1"]
+        placed(torch.randn(1, 3, 4, 4))
+    finally:
+        unregister_placement_rule("test_se_mul")
+    assert "test_se_mul" not in PLACEMENT_RULES
+
+
+class Untraceable(nn.Module):
+    """Data-dependent control flow at the top: torch.fx cannot trace it, its block can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torchvision.models.resnet.BasicBlock(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.block(x)
+        return self.block(-x)
+
+
+def test_fallback_places_inside_traceable_children():
+    model = qdq.quantize_model(Untraceable())
+    with pytest.warns(UserWarning, match="cannot trace"):
+        placed = apply_placement(model)
+    assert placed is model and isinstance(model.block, torch.fx.GraphModule)
+    assert sum(isinstance(m, qnn.QuantAdd) for m in model.modules()) == 1
+    model(torch.randn(1, 3, 8, 8))
+
+
+def test_no_change_returns_the_model():
+    model = qdq.quantize_model(nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU()))
+    assert apply_placement(model) is model
+
+
+def test_errors():
+    with pytest.raises(QdqConfigError, match="target"):
+        apply_placement(nn.Identity(), target="tflite")
+    with pytest.raises(QdqConfigError, match="residual_add"):
+        apply_placement(nn.Identity(), rules=["residual_ad"])
+    with pytest.raises(QdqConfigError, match="already registered"):
+        register_placement_rule("concat", lambda ctx: None)
