@@ -226,7 +226,8 @@ def _export(job: _Job) -> None:
 def _export_fp32(job: _Job, float_model: nn.Module) -> None:
     from qdq.export import export_onnx
 
-    export_onnx(float_model, job.example, job.out / "model_fp32.onnx", target=job.cfg.target)
+    # The float reference has no quantizers: the "tensorrt" target exports it as the plain graph.
+    export_onnx(float_model, job.example, job.out / "model_fp32.onnx", target="tensorrt")
 
 
 def _engines(job: _Job) -> None:
@@ -327,3 +328,21 @@ def _write_report(job: _Job) -> None:
         notes=[str(_engine_note(r, e)) for r, e in job.summary.get("engines", {}).items()],
     )
     write_report(job.out, data)
+
+
+def load_quantized_job(out: str | os.PathLike[str]) -> tuple[nn.Module, Any, Path]:
+    """Rebuild the quantized model of a finished run in ``out``: (model, test loader, ONNX path)."""
+    out = Path(out)
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        raise QdqConfigError(f"{str(out)!r} is not a `qdq quantize` output folder: no summary.json in it.")
+    record = json.loads(summary_path.read_text()).get("pipeline", {})
+    if "config" not in record:
+        raise QdqConfigError(f"{str(summary_path)!r} holds no pipeline config; was it written by `qdq quantize`?")
+    cfg = PipelineConfig.from_dict(record["config"])
+    cfg.weights = None
+    job = _load(cfg, None, progress=False)
+    _quantize(job)
+    state = torch.load(out / "quantized_state_dict.pt", map_location="cpu", weights_only=True)
+    job.model.load_state_dict(state)  # quantizer ranges adopt the stored shapes (TensorQuantizer)
+    return job.model.eval(), job.test_loader, out / "model.onnx"
