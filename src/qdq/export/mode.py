@@ -106,10 +106,14 @@ class QdqSpec:
         y = x if dtype == torch.float32 else x.float()
         if self.clip is not None:
             y = torch.clamp(y, self.clip[0], self.clip[1])
-        if self.lower is not None:
-            y = torch.maximum(y, self.lower)
-        if self.upper is not None:
-            y = torch.minimum(y, self.upper)
+        if self.lower is not None and self.upper is not None and self.lower.numel() == self.upper.numel() == 1:
+            # One Clip with scalar bounds: the dynamo exporter's optimizer mis-orders a Max/Min pair here.
+            y = torch.clamp(y, float(self.lower), float(self.upper))
+        else:
+            if self.lower is not None:
+                y = torch.maximum(y, self.lower)
+            if self.upper is not None:
+                y = torch.minimum(y, self.upper)
         if self.mask is not None:
             y = y * self.mask
         y = fake_qdq(y, self.scale, self.zero_point, self.axis, self.name)

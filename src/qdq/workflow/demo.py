@@ -22,6 +22,7 @@ from qdq.workflow.pipeline import PipelineConfig, run_pipeline, write_text_atomi
 __all__ = ["DemoSettings", "run_demo"]
 
 TRAIN_LR = 0.1
+BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,12 @@ class DemoSettings:
     eval_batches: int | None = None
     runtimes: tuple[str, ...] = ("onnxruntime", "openvino")
     models: tuple[str, ...] = ("digits_resnet", "digits_mobilenet")
-    schemes: tuple[tuple[str, int], ...] = (("W8A8", 8), ("W4A8", 4))
+    schemes: tuple[tuple[str, int, int], ...] = (("W8A8", 8, 8), ("W4A8", 4, 8), ("W4A4", 4, 4))
 
     @classmethod
     def quick(cls) -> DemoSettings:
         return cls(train_epochs=1, qat_epochs=1, calib_batches=2, bench_iters=3, eval_batches=2,
-                   runtimes=("onnxruntime",), models=("digits_resnet",), schemes=(("W8A8", 8),))  # fmt: skip
+                   runtimes=("onnxruntime",), models=("digits_resnet",), schemes=(("W8A8", 8, 8),))  # fmt: skip
 
 
 def _train(name: str, settings: DemoSettings, progress: bool) -> torch.nn.Module:
@@ -50,7 +51,7 @@ def _train(name: str, settings: DemoSettings, progress: bool) -> torch.nn.Module
 
     torch.manual_seed(0)
     train, test = digits_datasets(size=32)
-    train_loader, _ = make_loaders(train, test, batch_size=64, seed=0)
+    train_loader, _ = make_loaders(train, test, batch_size=BATCH_SIZE, seed=0)
     model = load_model(name)
     train_classifier(model, train_loader, settings.train_epochs, TRAIN_LR, progress=progress)
     return model.eval()
@@ -64,11 +65,12 @@ def run_demo(out: str | Path = "qdq-demo", quick: bool = False, progress: bool =
     runs: dict[str, Any] = {}
     for name in settings.models:
         model = _train(name, settings, progress)
-        for scheme, weight_bits in settings.schemes:
+        for scheme, weight_bits, activation_bits in settings.schemes:
             cfg = PipelineConfig(
                 model=name, data="digits", out=str(out / name / scheme), calib="all",
                 calib_batches=settings.calib_batches, qat_epochs=settings.qat_epochs, train_lr=TRAIN_LR,
                 target="onnxruntime", runtimes=list(settings.runtimes), weight_bits=weight_bits,
+                activation_bits=activation_bits, batch_size=BATCH_SIZE,
                 bench_iters=settings.bench_iters, eval_batches=settings.eval_batches,
             )  # fmt: skip
             runs[f"{name} {scheme}"] = run_pipeline(cfg, copy.deepcopy(model), progress=progress)
