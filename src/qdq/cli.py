@@ -228,12 +228,19 @@ def pipeline_config(args: argparse.Namespace) -> Any:
 
 def run_quantize(args: argparse.Namespace) -> int:
     """Handler of ``qdq quantize``."""
+    from qdq.workflow import distributed as dist
     from qdq.workflow.pipeline import run_pipeline
 
     cfg = pipeline_config(args)
-    summary = run_pipeline(cfg)
-    print(_accuracy_lines(summary))
-    print(f"\nwrote {cfg.out}/ (model.onnx, quantized_state_dict.pt, report.md, report.html, summary.json)")
+    dist.init_distributed()  # under torchrun: join the process group (no-op otherwise)
+    try:
+        summary = run_pipeline(cfg)
+        is_main = dist.is_main_process()
+    finally:
+        dist.shutdown_distributed()
+    if is_main:
+        print(_accuracy_lines(summary))
+        print(f"\nwrote {cfg.out}/ (model.onnx, quantized_state_dict.pt, report.md, report.html, summary.json)")
     return 0
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.workflow import distributed as dist
 
 __all__ = ["PipelineConfig", "run_pipeline"]
 
@@ -153,6 +154,7 @@ def _load(cfg: PipelineConfig, model: nn.Module | None, progress: bool) -> _Job:
     from qdq.workflow.data import make_loaders, parse_data_spec
     from qdq.workflow.models import check_input_compatible, load_model
 
+    torch.manual_seed(cfg.seed)  # the same initial model on every rank and every run
     train, test = parse_data_spec(cfg.data, size=cfg.image_size, seed=cfg.seed)
     if model is None:
         model = load_model(cfg.model, cfg.weights)
@@ -185,6 +187,8 @@ def _calibrate(job: _Job) -> None:
 
     cfg = job.cfg
     calib = list(itertools.islice(iter(job.train_loader), cfg.calib_batches))
+    if dist.is_distributed():  # each rank calibrates on its share; statistics are all-reduced
+        calib = calib[dist.rank() :: dist.world_size()]
     methods = ("max", "entropy", "mse", "percentile") if cfg.calib == "all" else (cfg.calib,)
     result = ptq(job.model, calib, job.evaluate, methods, progress=job.progress)
     job.extras["ptq"] = result
@@ -207,8 +211,14 @@ def _qat(job: _Job) -> None:
     cfg = job.cfg
     if cfg.qat_epochs == 0:
         return
-    result = qat(job.model, job.train_loader, job.evaluate, cfg.qat_epochs, cfg.train_lr,
-                 checkpoint_dir=job.out / "checkpoints", progress=job.progress)  # fmt: skip
+    model, loader = job.model, job.train_loader
+    if dist.is_distributed():  # DDP fine-tuning; every rank gets its shard of the training set
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(job.model)
+        loader = dist.shard(job.train_loader.dataset, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
+    result = qat(model, loader, job.evaluate, cfg.qat_epochs, cfg.train_lr,
+                 checkpoint_dir=job.out / "checkpoints", progress=job.progress and dist.is_main_process())  # fmt: skip
     job.extras["qat"] = result
     job.summary["qat"] = {"epochs": result.epochs}
     job.summary["accuracy"]["QAT"] = result.final_score
@@ -270,16 +280,20 @@ def run_pipeline(
     job = _load(cfg, model, progress)
     job.summary.update(config=cfg.to_dict(), accuracy={"FP32": job.evaluate(job.model)})
     float_model = copy.deepcopy(job.model)
-    _export_fp32(job, float_model)
+    with dist.main_process_only() as main:
+        if main:
+            _export_fp32(job, float_model)
     _quantize(job)
     _calibrate(job)
     _sensitivity(job)
     _qat(job)
-    _export(job)
-    _engines(job)
-    if report:
-        _write_report(job)
-    _write_summary(job)
+    with dist.main_process_only() as main:  # under torchrun, rank 0 alone writes files and runs engines
+        if main:
+            _export(job)
+            _engines(job)
+            if report:
+                _write_report(job)
+            _write_summary(job)
     return job.summary
 
 
