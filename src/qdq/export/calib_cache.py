@@ -15,9 +15,7 @@ calibration answers "is my explicit INT8 engine slower than implicit INT8" with 
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from qdq.atomic import write_text_atomic
 from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
 from qdq.export.graph import atomic_save, initializer_map, qdq_sites, tidy
 from qdq.quantizer import TensorQuantizer
@@ -135,11 +134,7 @@ def write_calibration_cache(
 
 
 def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, text)
 
 
 def read_calibration_cache(path: str | Path) -> tuple[str, dict[str, float]]:

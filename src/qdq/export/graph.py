@@ -7,14 +7,13 @@ lists them; the calibration cache writer, the onnxruntime rewrite and the tests 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from qdq.atomic import write_bytes_atomic
 
 if TYPE_CHECKING:
     import numpy as np
@@ -252,13 +251,4 @@ def rename_io(model: onnx.ModelProto, inputs: Iterable[str], outputs: Iterable[s
 
 def atomic_save(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` as one self-contained file: a temporary file in the same folder, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_bytes_atomic(path, model.SerializeToString())

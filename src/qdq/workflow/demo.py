@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from qdq.workflow.pipeline import PipelineConfig, run_pipeline, write_text_atomic
+from qdq.atomic import write_text_atomic
+from qdq.workflow.pipeline import PipelineConfig, run_pipeline
 
 __all__ = ["DemoSettings", "run_demo"]
 

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq.atomic import write_text_atomic
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.workflow import distributed as dist
 
@@ -114,20 +114,6 @@ class PipelineConfig:
             kind = type(data).__name__
             raise QdqConfigError(f"config file {str(path)!r} must hold a mapping of options, got {kind}.")
         return cls.from_dict(data)
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 @dataclass

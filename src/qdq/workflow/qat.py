@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from qdq.atomic import atomic_open
 from qdq.errors import QdqConfigError
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.distributed import (
@@ -61,17 +61,9 @@ class QATResult:
 
 def save_atomic(obj: Any, path: str | os.PathLike[str]) -> Path:
     """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_open(path, "wb") as handle:
+        torch.save(obj, handle)
+    return Path(path)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from qdq.atomic import write_bytes_atomic
 from qdq.errors import QdqConfigError
 
 if TYPE_CHECKING:
@@ -306,25 +306,10 @@ def _unique_slugs(names: Iterable[str]) -> dict[str, str]:
     return slugs
 
 
-def _write_atomic(path: Path, payload: bytes) -> Path:
-    """Write ``payload`` to a temporary file next to ``path``, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o644)  # mkstemp's 0600 would make the report private
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def _save_figure(figure: Figure, path: Path, dpi: int) -> Path:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
-    return _write_atomic(path, buffer.getvalue())
+    return write_bytes_atomic(path, buffer.getvalue())
 
 
 # --- plots -----------------------------------------------------------------------------------------------
@@ -822,7 +807,7 @@ def write_report(
     summary = {"schema_version": SCHEMA_VERSION, "title": title, "models": models,
                "files": sorted([*written, "report.md", "report.html"])}  # fmt: skip
     for name, text in (("report.md", _to_markdown(title, blocks)), ("report.html", _to_html(title, blocks))):
-        written[name] = _write_atomic(out / name, text.encode("utf-8"))
+        written[name] = write_bytes_atomic(out / name, text.encode("utf-8"))
     payload = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
-    written["summary.json"] = _write_atomic(out / "summary.json", payload.encode("utf-8"))
+    written["summary.json"] = write_bytes_atomic(out / "summary.json", payload.encode("utf-8"))
     return written
