@@ -4,7 +4,8 @@
   ("tensorrt"): every residual add (8 / 10 / 9) is a QuantAdd quantizing exactly its skip input;
   forward and backward run; with the added quantizers disabled the output equals the unplaced model's.
 * "onnxruntime": both add inputs quantized, conv outputs quantized, post-ReLU quantizers unsigned and only
-  fed non-negative values.
+  fed non-negative values; on EfficientNet-B0 SiLU written x * q(sigmoid(x)), gates quantized (unsigned), the
+  squeeze-excitation product quantized with the pool's quantizer.
 * concat rule, custom rules (registry), the fallback for untraceable models, errors.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections import Counter
 
 import pytest
 import torch
@@ -124,6 +126,38 @@ def test_onnxruntime_rules_on_resnet18():
     for h in hooks:
         h.remove()
     assert len(seen_min) == len(unsigned) and min(seen_min.values()) >= 0
+
+
+def test_onnxruntime_rules_on_efficientnet():
+    """SiLU becomes ``x * q(sigmoid(x))``, every Sigmoid (SiLU's and the squeeze-excitation gates) gets an
+    unsigned output quantizer, the gate product reuses the pool's input quantizer for its other operand, and
+    convs read by a residual add through stochastic depth get no second quantizer."""
+    model = quantized("efficientnet_b0").eval()
+    reference = copy.deepcopy(model)
+    placed = apply_placement(model, target="onnxruntime")
+    modules = dict(placed.named_modules())
+    sigmoids = [m for n, m in modules.items() if n.rpartition(".")[2].startswith("sigmoid_quantizer")]
+    assert len(sigmoids) == 49 + 16 and all(q.unsigned for q in sigmoids)
+    calls = Counter(str(node.target) for node in placed.graph.nodes if node.op == "call_module")
+    assert not any(isinstance(modules[name], nn.SiLU) for name in calls)
+    pools = [n for n in modules if n.startswith("features.") and n.endswith(".avgpool")]
+    assert len(pools) == 16 and all(calls[f"{pool}._input_quantizer"] == 1 for pool in pools)
+    assert not any(n.endswith("block.3.output_quantizer") for n in modules)
+    with torch.no_grad():
+        placed(X)  # unsigned quantizers raise on negative input
+        for m in [*placed.modules(), *reference.modules()]:
+            if isinstance(m, TensorQuantizer):
+                m.disable()
+        # silu(x) and x * sigmoid(x) round differently (ulps, grown through 16 blocks)
+        torch.testing.assert_close(placed(X), reference(X), rtol=1e-3, atol=1e-3)
+
+
+def test_tensorrt_keeps_silu():
+    placed = apply_placement(quantized("efficientnet_b0"), target="tensorrt")
+    assert not any("sigmoid_quantizer" in n for n, _ in placed.named_modules())
+    assert any(
+        isinstance(placed.get_submodule(str(n.target)), nn.SiLU) for n in placed.graph.nodes if n.op == "call_module"
+    )
 
 
 class CatNet(nn.Module):

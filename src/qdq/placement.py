@@ -26,7 +26,15 @@ Rules added for ``target="onnxruntime"`` (its CPU int8 kernels need quantized *o
 
 * ``residual_add`` quantizes both inputs of those adds (``QLinearAdd``);
 * ``conv_output``: the output of every Conv/ConvTranspose, after its BatchNorm and ReLU/ReLU6 if any, is
-  quantized (``DQ -> Conv -> Q`` is what becomes ``QLinearConv``), unless every consumer already quantizes it;
+  quantized (``DQ -> Conv -> Q`` is what becomes ``QLinearConv``), unless every consumer already quantizes it
+  (looking through Dropout / stochastic depth). A conv followed by anything else (SiLU, Sigmoid, an add, a
+  pool) is quantized right after its BatchNorm: ORT folds only Relu/Clip into ``QLinearConv``;
+* ``silu``: a SiLU of a quantized tensor is written ``x * sigmoid(x)`` (the ONNX form), and
+  ``sigmoid_output`` quantizes the output of a Sigmoid of a quantized tensor: ORT then runs SiLU and the
+  squeeze-excitation gates as ``QLinearSigmoid`` and ``QLinearMul`` instead of float ops between Q/DQ;
+* ``mul_inputs``: a ``tensor * tensor`` with one operand quantized and its output quantized by every consumer
+  gets its other operand quantized (``QLinearMul``; the squeeze-excitation product of EfficientNet), by the
+  quantizer another reader already applies to it when there is one (ORT fuses only a tensor with one Q);
 * ``unsigned_activations``: a quantizer whose input is non-negative by construction (after ReLU, ReLU6,
   Sigmoid, or pooling/reshaping of such) becomes unsigned: uint8 over the same range ``[0, amax]``, step
   ``amax / 255``. ONNX Runtime drops a ReLU/Clip before such a Q and fuses the Conv. The PyTorch model carries
@@ -88,6 +96,8 @@ _PASS_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identi
 _ACTIVATION_FUNCTIONS = {F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, torch.sigmoid, F.leaky_relu}
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 _ADD_METHODS = {"add", "add_"}
+_MUL_FUNCTIONS = {operator.mul, operator.imul, torch.mul}
+_MUL_METHODS = {"mul", "mul_"}
 _LEAF_CLASS_NAMES = {"StochasticDepth"}  # its forward bakes ``self.training`` into a traced call
 _PASS_FUNCTION_NAMES = {"stochastic_depth", "dropout"}
 
@@ -377,6 +387,21 @@ def _conv_chain_end(ctx: PlacementContext, node: fx.Node) -> fx.Node:
     return node
 
 
+def _is_identity(ctx: PlacementContext, node: fx.Node) -> bool:
+    """Dropout, Identity or stochastic depth: the identity at inference."""
+    module = ctx.module(node)
+    if module is not None:
+        return isinstance(module, _PASS_MODULES) or type(module).__name__ in _LEAF_CLASS_NAMES
+    return node.op == "call_function" and getattr(node.target, "__name__", "") in _PASS_FUNCTION_NAMES
+
+
+def _readers_quantize(ctx: PlacementContext, node: fx.Node) -> bool:
+    """Does every reader of ``node`` quantize it (looking through a chain of single-reader identities)?"""
+    while len(node.users) == 1 and _is_identity(ctx, next(iter(node.users))):
+        node = next(iter(node.users))
+    return bool(node.users) and all(ctx.quantized_by(user, node) for user in node.users)
+
+
 @register_placement_rule("conv_output", targets=("onnxruntime",))
 def conv_output_rule(ctx: PlacementContext) -> None:
     """Quantize each conv's output (after BN/ReLU) unless all its consumers already quantize it."""
@@ -384,9 +409,123 @@ def conv_output_rule(ctx: PlacementContext) -> None:
         if not ctx.is_conv(node):
             continue
         end = _conv_chain_end(ctx, node)
-        if end.users and all(ctx.quantized_by(user, end) for user in end.users):
+        if not _readers_quantize(ctx, end):
+            ctx.quantize_output(end)
+
+
+def _is_quantized(ctx: PlacementContext, node: Any) -> bool:
+    """``node`` is the output of a quantizer (a :class:`~qdq.quantizer.TensorQuantizer` call)."""
+    return isinstance(node, fx.Node) and isinstance(ctx.module(node), TensorQuantizer)
+
+
+def _silu_input(ctx: PlacementContext, node: fx.Node) -> Any:
+    """The input of a SiLU node (``nn.SiLU`` or ``F.silu``), else None."""
+    functional = node.op == "call_function" and node.target is F.silu
+    if not (functional or isinstance(ctx.module(node), nn.SiLU)):
+        return None
+    return node.args[0] if node.args else node.kwargs.get("input")
+
+
+def _meta_outside(node: fx.Node) -> dict[str, Any]:
+    """``node.meta`` with the module ``node`` calls left out of its module stack (new nodes then live in
+    the module that called it, and so do quantizers added next to them)."""
+    meta = dict(node.meta)
+    stack = meta.get("nn_module_stack")
+    if stack and node.op == "call_module":
+        meta["nn_module_stack"] = {k: v for k, v in stack.items() if k != node.target}
+    return meta
+
+
+@register_placement_rule("silu", targets=("onnxruntime",))
+def silu_rule(ctx: PlacementContext) -> None:
+    """A SiLU of a quantized tensor is written ``x * sigmoid(x)``, as ONNX has it (Sigmoid, Mul), so that
+    ``sigmoid_output`` can quantize the Sigmoid: ORT then runs both as QLinearSigmoid and QLinearMul."""
+    graph = ctx.graph_module.graph
+    for node in list(graph.nodes):
+        x = _silu_input(ctx, node)
+        if not _is_quantized(ctx, x):
             continue
-        ctx.quantize_output(end)
+        meta = _meta_outside(node)
+        with graph.inserting_after(node):
+            sigmoid = graph.call_function(torch.sigmoid, (x,))
+        with graph.inserting_after(sigmoid):
+            product = graph.call_function(operator.mul, (x, sigmoid))
+        sigmoid.meta.update(meta)
+        product.meta.update(meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        ctx.changes.append(f"{node.name}: SiLU written x * sigmoid(x)")
+
+
+def _is_sigmoid(ctx: PlacementContext, node: fx.Node) -> bool:
+    if isinstance(ctx.module(node), nn.Sigmoid):
+        return True
+    if node.op == "call_function":
+        return node.target in (torch.sigmoid, F.sigmoid)
+    return node.op == "call_method" and node.target == "sigmoid"
+
+
+@register_placement_rule("sigmoid_output", targets=("onnxruntime",))
+def sigmoid_output_rule(ctx: PlacementContext) -> None:
+    """Quantize the output of a Sigmoid of a quantized tensor (``DQ -> Sigmoid -> Q`` is QLinearSigmoid)
+    unless all its consumers already quantize it."""
+    for node in list(ctx.graph_module.graph.nodes):
+        if not (_is_sigmoid(ctx, node) and node.args and _is_quantized(ctx, node.args[0])):
+            continue
+        if node.users and all(ctx.quantized_by(user, node) for user in node.users):
+            continue
+        ctx.quantize_output(node, "sigmoid_quantizer")
+
+
+def _mul_operands(ctx: PlacementContext, node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """The two tensor operands of a ``tensor * tensor`` node, else None (constants and numbers excluded)."""
+    is_mul = (node.op == "call_function" and node.target in _MUL_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _MUL_METHODS
+    )
+    if not is_mul or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    if not (ctx.is_tensor(a) and ctx.is_tensor(b)) or a.op == "get_attr" or b.op == "get_attr":
+        return None
+    return a, b
+
+
+def _sibling_quantizer(ctx: PlacementContext, node: fx.Node) -> str | None:
+    """Module name of a per-tensor quantizer another reader of ``node`` applies to it, if any."""
+    for user in node.users:
+        for arg, quantizer in ctx.input_quantizers(user):
+            if arg is node and quantizer.axis is None:
+                return next(name for name, m in ctx.graph_module.named_modules() if m is quantizer)
+    return None
+
+
+def _quantize_operand(ctx: PlacementContext, node: fx.Node, index: int) -> None:
+    """Quantize argument ``index`` of ``node`` with the quantizer another reader already applies to it (one
+    Q per tensor, as ORT needs), else with a new quantizer."""
+    arg = node.args[index]
+    shared = _sibling_quantizer(ctx, arg)  # type: ignore[arg-type]
+    if shared is None:
+        ctx.quantize_input(node, index)
+        return
+    with ctx.graph_module.graph.inserting_before(node):
+        quantized = ctx.graph_module.graph.call_module(shared, args=(arg,))
+    node.update_arg(index, quantized)
+    ctx.changes.append(f"{shared}: also quantizes input {index} of {node.name}")
+
+
+@register_placement_rule("mul_inputs", targets=("onnxruntime",))
+def mul_inputs_rule(ctx: PlacementContext) -> None:
+    """A ``tensor * tensor`` with one operand quantized and its output quantized by every consumer gets its
+    other operand quantized too: ``DQ, DQ -> Mul -> Q`` is QLinearMul (EfficientNet's squeeze-excitation)."""
+    for node in list(ctx.graph_module.graph.nodes):
+        operands = _mul_operands(ctx, node)
+        if operands is None or not any(_is_quantized(ctx, x) for x in operands):
+            continue
+        if not node.users or not all(ctx.quantized_by(user, node) for user in node.users):
+            continue
+        for index, x in enumerate(operands):
+            if not _is_quantized(ctx, x):
+                _quantize_operand(ctx, node, index)
 
 
 def is_nonnegative(ctx: PlacementContext, node: Any, depth: int = 0) -> bool:

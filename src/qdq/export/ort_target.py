@@ -8,15 +8,27 @@ quantized value of the model and changes only the encoding:
 2. **BatchNorm after a Conv** is folded into it: the per-output-channel BN factor ``k = gamma / sqrt(var +
    eps)`` multiplies the weight *scale* (the int8 weights are unchanged; negated where ``k < 0``), and the
    bias becomes ``(b - mean) * k + beta``. This is what TensorRT does internally; it is exact up to float32
-   rounding of ``scale * k`` (one ulp), not bit for bit.
-3. **Signed activations** int8 with zero point 0 become uint8 with zero point 128 and the same scale: the
+   rounding of ``scale * k`` (one ulp), not bit for bit. Channels with ``k = 0`` get zero int8 weights instead.
+3. **Zero masks after a Conv**: a quantizer with ``amax <= 2**-24`` gives zeros; its export multiplies the
+   input by a 0/1 mask before the Q (``mode.py``). A constant mask Mul right after a Conv (possibly through a
+   Relu, or a Clip whose range holds 0) is folded into the Conv: the masked output channels get zero int8
+   weights and a zero bias, which gives the same zeros, and the Conv keeps its ``-> Q`` form (``QLinearConv``).
+   When every channel is masked the activation only sees zeros and goes too (ORT could not drop a Clip(0, 6)
+   before a Q of step 1). A mask Mul whose input is zero anyway (after such Convs, through ops that keep zeros)
+   is removed. Exact for finite inputs, as the mask itself.
+4. **Signed activations** int8 with zero point 0 become uint8 with zero point 128 and the same scale: the
    same grid, bit-identical dequantized values. (ORT's x86 kernels take uint8 activations; its own s8->u8
    rewrite covers only some pairs and leaves Convs unfused.) Unsigned activations (uint8, zero point 0, from
    ``placement``'s ``unsigned_activations`` rule) are kept: ORT then drops the ReLU / ReLU6 before them.
-4. **Conv / Gemm bias** becomes int32 with scale ``s_x * s_w`` (per output channel) behind a DQ, as ORT's
+5. **Conv / Gemm bias** becomes int32 with scale ``s_x * s_w`` (per output channel) behind a DQ, as ORT's
    ``QLinearConv`` requires: the bias moves by at most ``s_x * s_w / 2``, far below an output step.
-5. **Duplicates**: several equal Q/DQ pairs on one tensor become one, and ``DQ -> Q`` with equal parameters
+6. **Duplicates**: several equal Q/DQ pairs on one tensor become one, and ``DQ -> Q`` with equal parameters
    (a re-quantization that changes nothing) is removed. Both are exact.
+7. **Global average pooling**: ``ReduceMean`` over every spatial axis with ``keepdims`` (how the dynamo
+   exporter writes ``adaptive_avg_pool2d(x, 1)``) becomes ``GlobalAveragePool``, the same mean, which ORT
+   runs as ``QLinearGlobalAveragePool`` between a DQ and a Q (it has no int8 ReduceMean). Exact up to the
+   float summation order. A ``Flatten`` after it (the TorchScript exporter's) becomes the equal ``Reshape``,
+   which ORT moves the next Q across.
 
 Only the top-level graph is rewritten.
 """
@@ -173,7 +185,9 @@ def _fold_bn(g: _Graph, conv: Any, bn: Any, dq: Any) -> bool:
         return False  # -(-128) does not fit in int8
     new_wq = wq.copy()
     new_wq[negative] = -new_wq[negative]
-    new_scale = (np.broadcast_to(scale.astype(np.float64), (channels,)) * np.abs(k)).astype(np.float32)
+    new_wq[k == 0] = 0  # a dead channel: zero weights at the old step (a zero step is no valid scale)
+    old_scale = np.broadcast_to(scale.astype(np.float64), (channels,))
+    new_scale = np.where(k == 0, old_scale, old_scale * np.abs(k)).astype(np.float32)
     bias = g.array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(channels, np.float32)
     if bias is None:
         return False
@@ -207,7 +221,167 @@ def _fold_batchnorms(g: _Graph) -> int:
     return len(done)
 
 
-# ------------------------------------------------------------------------ 3. uint8 activations
+# ------------------------------------------------------------------------------ 3. zero masks
+def _const_input(g: _Graph, node: Any, index: int) -> np.ndarray | None:
+    """Constant input ``index`` of ``node``; None when absent or not constant."""
+    return g.array(node.input[index]) if len(node.input) > index and node.input[index] else None
+
+
+def _keeps_zero(g: _Graph, node: Any) -> bool:
+    """A Relu, or a Clip whose constant bounds hold 0: the op maps 0 to 0."""
+    if node.op_type == "Relu":
+        return True
+    if node.op_type != "Clip":
+        return False
+    for index, attr, ok in ((1, "min", lambda v: v <= 0), (2, "max", lambda v: v >= 0)):
+        name = node.input[index] if len(node.input) > index else ""
+        value = _const_input(g, node, index) if name else _attr(node, attr)
+        if name and value is None:
+            return False  # a bound computed at run time
+        if value is not None and not ok(float(np.asarray(value).reshape(-1)[0])):
+            return False
+    return True
+
+
+def _mask_after(g: _Graph, conv: Any) -> tuple[Any, Any | None] | None:
+    """``(Mul, activation or None)`` right after ``conv``, through at most one zero-keeping activation."""
+    activation = _single_user(g, conv.output[0])
+    if activation is not None and _keeps_zero(g, activation):
+        mul = _single_user(g, activation.output[0])
+    else:
+        activation, mul = None, activation
+    if mul is None or mul.op_type != "Mul" or len(mul.input) != 2 or mul.output[0] in g.outputs:
+        return None
+    return mul, activation
+
+
+def _channel_mask(g: _Graph, mul: Any, tensor: str, weight: np.ndarray) -> np.ndarray | None:
+    """The 0/1 mask ``mul`` applies to each output channel of a Conv with ``weight``, or None."""
+    others = [name for name in mul.input if name != tensor]
+    mask = g.array(others[0]) if len(others) == 1 else None
+    if mask is None or mask.ndim > weight.ndim or not np.all((mask == 0) | (mask == 1)):
+        return None
+    shape = (1,) * (weight.ndim - mask.ndim) + mask.shape
+    if any(n != 1 for i, n in enumerate(shape) if i != 1) or shape[1] not in (1, weight.shape[0]):
+        return None
+    return np.broadcast_to(mask.reshape(-1), (weight.shape[0],)).astype(bool)
+
+
+def _masked(weight: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``weight`` with the output channels (axis 0) where ``keep`` is False set to 0."""
+    return np.where(keep.reshape((-1,) + (1,) * (weight.ndim - 1)), weight, 0).astype(weight.dtype)
+
+
+def _fold_mask(g: _Graph, conv: Any, mul: Any, activation: Any | None) -> list[Any]:
+    """Zero the int8 weights and bias of the channels ``mul`` masks; return the nodes made useless.
+
+    The Mul's readers then read the activation's output, or the Conv's when every channel is masked (the
+    activation then only sees zeros, which it keeps: it goes too, and ORT sees ``Conv -> Q``).
+    """
+    dq = _weight_dq(g, conv)
+    zero_point = _const_input(g, dq, 2) if dq is not None else None
+    if dq is None or zero_point is None or np.any(zero_point != 0):
+        return []
+    weight = g.array(dq.input[0])
+    tensor = (activation or conv).output[0]
+    keep = _channel_mask(g, mul, tensor, weight)  # type: ignore[arg-type]
+    bias = _const_input(g, conv, 2)
+    if keep is None or (len(conv.input) > 2 and conv.input[2] and bias is None):
+        return []
+    dq.input[0] = g.add_const(dq.input[0] + "_masked", _masked(weight, keep))  # type: ignore[arg-type]
+    if bias is not None:
+        conv.input[2] = g.add_const(conv.input[2] + "_masked", np.where(keep, bias, 0).astype(bias.dtype))
+    if activation is not None and not keep.any():
+        g.rewire(mul.output[0], conv.output[0])
+        return [mul, activation]
+    g.rewire(mul.output[0], tensor)
+    return [mul]
+
+
+def _fold_zero_masks(g: _Graph) -> int:
+    """Fold the constant 0/1 mask Muls that follow Convs into the Convs' weights and biases."""
+    done = []
+    for conv in list(g.graph.node):
+        found = _mask_after(g, conv) if conv.op_type == "Conv" else None
+        if found is not None:
+            done += _fold_mask(g, conv, *found)
+    g.remove(done)
+    return sum(node.op_type == "Mul" for node in done)
+
+
+# Ops whose output is zero when their first input is (for finite values).
+_ZERO_KEEPING = frozenset(
+    {"Relu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax", "Reshape",
+     "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Resize"}
+)  # fmt: skip
+
+
+def _is_zero_const(g: _Graph, name: str) -> bool:
+    value = g.array(name) if name else None
+    return value is not None and not np.any(value)
+
+
+def _zero_output(g: _Graph, node: Any, zeros: set[str]) -> bool:
+    """Is ``node``'s output zero for every finite input, given the tensors known to be zero?"""
+    op, inputs = node.op_type, [name for name in node.input if name]
+    if op in _ZERO_KEEPING or (op == "Clip" and _keeps_zero(g, node)):
+        return inputs[0] in zeros
+    if op == "Mul":
+        return any(name in zeros or _is_zero_const(g, name) for name in inputs)
+    if op in ("Add", "Sub", "Concat"):
+        return all(name in zeros for name in inputs)
+    if op == "DequantizeLinear":
+        q = g.producer.get(inputs[0])
+        return q is not None and q.op_type == "QuantizeLinear" and q.input[0] in zeros and _same_params(g, q, node)
+    if op == "Conv":
+        no_bias = len(inputs) < 3 or _is_zero_const(g, inputs[2])
+        return (inputs[0] in zeros or _is_zero_weight(g, inputs[1])) and no_bias
+    return False
+
+
+def _is_zero_weight(g: _Graph, name: str) -> bool:
+    """A zero constant, or the DequantizeLinear of zero integers with zero points 0."""
+    dq = g.producer.get(name)
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return _is_zero_const(g, name)
+    return _is_zero_const(g, dq.input[0]) and (len(dq.input) < 3 or _is_zero_const(g, dq.input[2]))
+
+
+def _zero_tensors(g: _Graph) -> set[str]:
+    """Tensors that are zero whatever the (finite) input: after all-zero Convs, in topological order."""
+    zeros: set[str] = set()
+    for node in g.graph.node:
+        if len(node.output) == 1 and _zero_output(g, node, zeros):
+            zeros.add(node.output[0])
+    return zeros
+
+
+def _is_mask(g: _Graph, name: str) -> bool:
+    """A constant of zeros and ones."""
+    value = g.array(name)
+    return value is not None and bool(np.all((value == 0) | (value == 1)))
+
+
+def _drop_masks_of_zeros(g: _Graph) -> int:
+    """Remove the constant 0/1 mask Muls (read only by QuantizeLinear) whose other input is zero anyway."""
+    zeros = _zero_tensors(g)
+    done = []
+    for mul in list(g.graph.node):
+        if mul.op_type != "Mul" or len(mul.input) != 2 or mul.output[0] in g.outputs:
+            continue
+        readers = g.users.get(mul.output[0], [])
+        if not readers or any(r.op_type != "QuantizeLinear" for r in readers):
+            continue
+        for data, mask in (mul.input, reversed(mul.input)):
+            if data in zeros and _is_mask(g, mask):
+                g.rewire(mul.output[0], data)
+                done.append(mul)
+                break
+    g.remove(done)
+    return len(done)
+
+
+# ------------------------------------------------------------------------ 4. uint8 activations
 def _qdq_pairs(g: _Graph) -> Iterator[tuple[Any, list[Any]]]:
     for q in g.graph.node:
         if q.op_type == "QuantizeLinear":
@@ -231,7 +405,7 @@ def _activations_to_uint8(g: _Graph) -> int:
     return count
 
 
-# --------------------------------------------------------------------------------- 4. int32 bias
+# --------------------------------------------------------------------------------- 5. int32 bias
 def _dq_params(g: _Graph, tensor: str) -> tuple[np.ndarray, int | None] | None:
     dq = g.producer.get(tensor)
     if dq is None or dq.op_type != "DequantizeLinear":
@@ -290,7 +464,7 @@ def _insert_before(g: _Graph, anchor: Any, node: Any) -> None:
     g.graph.node.insert(index, node)
 
 
-# ------------------------------------------------------------------------------- 5. duplicates
+# ------------------------------------------------------------------------------- 6. duplicates
 def _same_params(g: _Graph, a: Any, b: Any) -> bool:
     for i in (1, 2):
         x, y = g.array(a.input[i]), g.array(b.input[i])
@@ -335,6 +509,63 @@ def _remove_requantization(g: _Graph) -> int:
     return len(doomed)
 
 
+# ---------------------------------------------------------------------- 7. global average pooling
+def _ranks(g: _Graph) -> dict[str, int]:
+    """Rank of each tensor whose type the graph records (inputs, outputs, value_info)."""
+    ranks = {}
+    for value in (*g.graph.input, *g.graph.output, *g.graph.value_info):
+        tensor_type = value.type.tensor_type
+        if tensor_type.HasField("shape"):
+            ranks[value.name] = len(tensor_type.shape.dim)
+    return ranks
+
+
+def _reduce_axes(g: _Graph, node: Any) -> list[int] | None:
+    """The constant axes of a ReduceMean (input from opset 18, attribute before); None when unknown."""
+    axes = _const_input(g, node, 1) if len(node.input) > 1 else _attr(node, "axes")
+    return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+
+
+def _is_spatial_mean(g: _Graph, node: Any, ranks: dict[str, int]) -> bool:
+    """A ReduceMean over every spatial axis (2 to rank - 1) that keeps the reduced axes."""
+    rank = ranks.get(node.input[0]) if node.op_type == "ReduceMean" else None
+    axes = _reduce_axes(g, node) if rank is not None and rank >= 3 else None
+    if axes is None or _attr(node, "keepdims", 1) != 1:
+        return False
+    return sorted(a % rank for a in axes) == list(range(2, rank))  # type: ignore[operator]
+
+
+def _global_pools(g: _Graph) -> int:
+    """``ReduceMean(x, spatial axes, keepdims=1)`` becomes ``GlobalAveragePool(x)``."""
+    ranks = _ranks(g)
+    count = 0
+    for node in g.graph.node:
+        if not _is_spatial_mean(g, node, ranks):
+            continue
+        node.op_type = "GlobalAveragePool"
+        del node.input[1:]
+        del node.attribute[:]
+        count += 1
+    g.refresh()
+    return count
+
+
+def _flatten_pools(g: _Graph) -> int:
+    """``Flatten(axis=1)`` of a ``GlobalAveragePool`` becomes ``Reshape(x, [0, -1])``, which ORT moves its
+    Q/DQ across (it does not look through Flatten, and the pool would stay float)."""
+    count = 0
+    for node in g.graph.node:
+        source = g.producer.get(node.input[0]) if node.op_type == "Flatten" else None
+        if source is None or source.op_type != "GlobalAveragePool" or _attr(node, "axis", 1) != 1:
+            continue
+        node.op_type = "Reshape"
+        del node.attribute[:]
+        node.input.append(g.add_const(node.name or "flatten", np.array([0, -1], np.int64)))
+        count += 1
+    g.refresh()
+    return count
+
+
 _FUSED_ACTIVATIONS = ("Relu", "Clip")
 
 
@@ -365,14 +596,16 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
     """Rewrite ``model`` in place for ONNX Runtime's int8 kernels (see the module doc).
 
     Returns:
-        How many of each rewrite were made: ``weights``, ``batchnorms``, ``uint8``, ``biases``,
-        ``duplicates``, ``requantizations``; and ``float_convs``, the Convs ORT cannot fuse (warned).
+        How many of each rewrite were made: ``pools``, ``weights``, ``batchnorms``, ``masks``, ``uint8``,
+        ``biases``, ``duplicates``, ``requantizations``; and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     tidy(model)
     g = _Graph(model)
     counts = {
+        "pools": _global_pools(g) + _flatten_pools(g),
         "weights": _fold_weight_quantizers(g),
         "batchnorms": _fold_batchnorms(g),
+        "masks": _fold_zero_masks(g) + _drop_masks_of_zeros(g),
         "duplicates": _merge_duplicate_pairs(g),
         "uint8": _activations_to_uint8(g),
     }
