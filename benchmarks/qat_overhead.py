@@ -115,8 +115,10 @@ def main() -> None:
 
 def _report(times: dict[str, list[float]], args: argparse.Namespace) -> None:
     base_min, base_med = min(times["fp32"]), statistics.median(times["fp32"])
-    print(f"resnet18 train step, batch {args.batch}, 32x32, {args.threads} threads, "
-          f"{args.rounds} rounds x {args.steps} steps, torch {torch.__version__}")
+    print(
+        f"resnet18 train step, batch {args.batch}, 32x32, {args.threads} threads, "
+        f"{args.rounds} rounds x {args.steps} steps, torch {torch.__version__}"
+    )
     print("| variant | min ms | median ms | ratio vs FP32 (min / median) |")
     print("|---|---|---|---|")
     for name, values in times.items():
