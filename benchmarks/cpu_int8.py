@@ -112,7 +112,9 @@ def _cases(paths: dict[str, Path]) -> list[tuple[str, Path, str, dict]]:
     ]
 
 
-def _measure(name: str, paths: dict[str, Path], batches: list[int], args: argparse.Namespace) -> list[dict]:
+def _measure(
+    name: str, paths: dict[str, Path], batches: list[int], args: argparse.Namespace, notes: list[str]
+) -> list[dict]:
     """Time every variant in ``args.rounds`` interleaved rounds (each round loads and times each variant
     once, one session alive at a time); a variant's figure is its best round median, so a burst of load
     from elsewhere on the machine hits one round of one variant, not the ratio."""
@@ -127,7 +129,7 @@ def _measure(name: str, paths: dict[str, Path], batches: list[int], args: argpar
         rows.append({"model": name, "batch": batch, "times": {k: min(v) for k, v in medians.items()}})
         print(_row_text(rows[-1]), flush=True)
         if args.profile:
-            _print_profile(name, paths, batch, args.threads)
+            notes += _profile_lines(name, paths, batch, args.threads)
     return rows
 
 
@@ -156,12 +158,14 @@ def _ov_profile(path: Path, batch: int, threads: int, iters: int = 20) -> dict[t
     return totals
 
 
-def _print_profile(name: str, paths: dict[str, Path], batch: int, threads: int) -> None:
+def _profile_lines(name: str, paths: dict[str, Path], batch: int, threads: int) -> list[str]:
+    lines = []
     for label, path in (("OV bf16", paths["fp32"]), (QDQ_OV, paths["tensorrt"])):
         totals = _ov_profile(path, batch, threads)
         top = sorted(((ms, kind) for kind, ms in totals.items() if ms >= 0.01), reverse=True)[:6]
         kernels = ", ".join(f"{node} {kernel} {ms:.2f}" for ms, (node, kernel) in top)
-        print(f"<!-- {name} b{batch} {label}: kernels sum {sum(totals.values()):.2f} ms: {kernels} -->", flush=True)
+        lines.append(f"OpenVINO {name} b{batch} {label}: kernels sum {sum(totals.values()):.2f} ms: {kernels}")
+    return lines
 
 
 def _row_text(row: dict) -> str:
@@ -208,16 +212,17 @@ def main() -> None:
         "ratio = ORT FP32 / this (> 1 is faster); last columns: latency ratios (< 1 is faster)"
     )
     print(_header())
+    notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             paths = _build(name, Path(tmp), args.size)
-            _measure(name, paths, batches, args)
+            _measure(name, paths, batches, args, notes)
             report = fusion_report(paths["onnxruntime"], threads=args.threads)
-            print(
-                f"<!-- {name}: qdq graph on ORT: {report.n_int8} int8 kernels {report.int8_kernels}, "
-                f"{report.n_float} float kernels {report.float_kernels} -->",
-                flush=True,
+            notes.append(
+                f"ORT fusion of the qdq graph, {name}: {report.n_int8} int8 kernels {report.int8_kernels}, "
+                f"{report.n_float} float kernels {report.float_kernels}"
             )
+    print("\n" + "\n".join(f"- {line}" for line in notes))
 
 
 if __name__ == "__main__":
