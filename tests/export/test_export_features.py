@@ -269,3 +269,24 @@ def test_import_qdq_does_not_import_onnx():
 def test_unknown_target(tmp_path):
     with pytest.raises(ValueError, match="target"), warnings.catch_warnings():
         export_onnx(two_convs(), X, tmp_path / "m.onnx", target="tflite")
+
+
+def test_a4_convs_that_stay_float_keep_their_float_bias(tmp_path):
+    """4-bit activations cannot feed ORT's int8 kernels (the clamp sits between Conv and Q): those Convs run in
+    float and must keep their exact bias, not one rounded to int32 at s_x*s_w (a few % of a 4-bit step)."""
+    from qdq.placement import apply_placement
+
+    a4 = QuantDescriptor(num_bits=4)
+    model = apply_placement(two_convs(a4, QuantDescriptor(num_bits=4, axis=0)), target="onnxruntime")
+    calibrate_max(model, X)
+    with pytest.warns(UserWarning, match="sub-8-bit range before its QuantizeLinear"):
+        path = export_onnx(model, X, tmp_path / "m.onnx", target="onnxruntime", dynamo=False)
+    graph = onnx.load(str(path)).graph
+    assert not [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.INT32]
+    # the biases move to Adds after the Convs, out of reach of ORT's own WeightBiasQuantization pass
+    assert sum(n.op_type == "Add" for n in graph.node) == 2
+    assert all(len(n.input) == 2 for n in graph.node if n.op_type == "Conv")
+    with torch.no_grad():
+        reference = model(X).numpy()
+    np.testing.assert_array_equal(run_ort(path, X, optimize=False), reference)  # int32 biases: 11 of 288 off
+    np.testing.assert_array_equal(run_ort(path, X, optimize=True), reference)

@@ -21,7 +21,10 @@ quantized value of the model and changes only the encoding:
    rewrite covers only some pairs and leaves Convs unfused.) Unsigned activations (uint8, zero point 0, from
    ``placement``'s ``unsigned_activations`` rule) are kept: ORT then drops the ReLU / ReLU6 before them.
 5. **Conv / Gemm bias** becomes int32 with scale ``s_x * s_w`` (per output channel) behind a DQ, as ORT's
-   ``QLinearConv`` requires: the bias moves by at most ``s_x * s_w / 2``, far below an output step.
+   ``QLinearConv`` requires: the bias moves by at most ``s_x * s_w / 2``. At 8 bits that is far below an
+   output step; with 4-bit weights and activations it reaches a few % of one. A Conv ORT cannot fuse (its
+   output has no Q, e.g. behind a sub-8-bit clamp) runs in float: its bias moves to an ``Add`` after it so
+   that ORT's own passes do not round it to int32 either.
 6. **Duplicates**: several equal Q/DQ pairs on one tensor become one, and ``DQ -> Q`` with equal parameters
    (a re-quantization that changes nothing) is removed. Both are exact.
 7. **Global average pooling**: ``ReduceMean`` over every spatial axis with ``keepdims`` (how the dynamo
@@ -426,10 +429,39 @@ def _bias_scale(g: _Graph, node: Any) -> np.ndarray | None:
     return (x[0].astype(np.float32) * w[0].astype(np.float32)).astype(np.float32)
 
 
-def _quantize_biases(g: _Graph) -> int:
+def _bias_after_float_convs(g: _Graph) -> int:
+    """A Conv ORT cannot fuse runs in float; its bias moves to an ``Add`` after it. Left on the Conv, ORT's
+    WeightBiasQuantization pass would round it to int32 at ``s_x * s_w`` (the Conv reads ``DQ(x)``), a loss with
+    no int8 kernel to pay for it; ORT does not fold the Add back (the weight is a DQ output, not a constant)."""
+    from onnx import helper
+
     count = 0
+    for conv in _unfusable_conv_nodes(g):
+        bias = g.array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        weight = _dq_params(g, conv.input[1])
+        if bias is None or bias.ndim != 1 or weight is None:
+            continue
+        rank = len(g.array(g.producer[conv.input[1]].input[0]).shape)
+        shaped = g.add_const(conv.input[2] + "_broadcast", bias.reshape([1, -1] + [1] * (rank - 2)))
+        out = conv.output[0]
+        conv.output[0] = g.unique(out + "_without_bias")
+        del conv.input[2]
+        add = helper.make_node("Add", [conv.output[0], shaped], [out], name=(conv.name or "conv") + "/bias_Add")
+        nodes = list(g.graph.node)
+        g.graph.node.insert(next(i for i, n in enumerate(nodes) if n is conv) + 1, add)
+        count += 1
+    g.refresh()
+    return count
+
+
+def _quantize_biases(g: _Graph) -> int:
+    """int32 biases for the Convs ORT fuses and for Gemms; a Conv that stays float keeps its exact bias."""
+    count = 0
+    float_convs = {node.output[0] for node in _unfusable_conv_nodes(g)}  # output names are unique (SSA)
     for node in list(g.graph.node):
         if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3 or not node.input[2]:
+            continue
+        if node.output[0] in float_convs:
             continue
         bias = g.array(node.input[2])
         scale = _bias_scale(g, node)
@@ -573,8 +605,27 @@ def unfusable_convs(model: onnx.ModelProto) -> list[str]:
     """Convs ONNX Runtime cannot run as ``QLinearConv``: an input or the weight is not dequantized, or the
     output is not read by exactly one QuantizeLinear (through at most one Relu/Clip, which ORT removes only
     when the Q's zero point is the type's minimum, i.e. uint8 with zero point 0)."""
-    g = _Graph(model)
-    names = []
+    return [conv.name for conv in _unfusable_conv_nodes(_Graph(model))]
+
+
+def _clamped_before_q(g: _Graph, conv: Any) -> bool:
+    """Does the Conv's output reach a QuantizeLinear through a clamp (Clip/Min/Max, after at most its bias Add
+    and a Relu)?
+    That is how a sub-8-bit quantizer is exported (``mode.py``)."""
+    node = _single_user(g, conv.output[0])
+    if node is not None and node.op_type == "Add" and g.array(node.input[1]) is not None:  # its bias, moved
+        node = _single_user(g, node.output[0])
+    if node is not None and node.op_type == "Relu":
+        node = _single_user(g, node.output[0])
+    seen_clamp = False
+    while node is not None and node.op_type in ("Clip", "Min", "Max"):
+        seen_clamp = True
+        node = _single_user(g, node.output[0])
+    return seen_clamp and node is not None and node.op_type == "QuantizeLinear"
+
+
+def _unfusable_conv_nodes(g: _Graph) -> list[Any]:
+    nodes = []
     for conv in g.graph.node:
         if conv.op_type != "Conv":
             continue
@@ -588,8 +639,8 @@ def unfusable_convs(model: onnx.ModelProto) -> list[str]:
             zp = g.array(out.input[2])
             fused = zp is not None and np.all(zp == np.iinfo(zp.dtype).min)
         if not fused:
-            names.append(conv.name)
-    return names
+            nodes.append(conv)
+    return nodes
 
 
 def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
@@ -597,7 +648,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
 
     Returns:
         How many of each rewrite were made: ``pools``, ``weights``, ``batchnorms``, ``masks``, ``uint8``,
-        ``biases``, ``duplicates``, ``requantizations``; and ``float_convs``, the Convs ORT cannot fuse (warned).
+        ``biases``, ``duplicates``, ``requantizations``, ``float_biases``; and ``float_convs``, the Convs ORT
+        cannot fuse (warned).
     """
     tidy(model)
     g = _Graph(model)
@@ -610,16 +662,28 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
         "uint8": _activations_to_uint8(g),
     }
     counts["requantizations"] = _remove_requantization(g)
+    counts["float_biases"] = _bias_after_float_convs(g)
     counts["biases"] = _quantize_biases(g)
     tidy(model)
-    left = unfusable_convs(model)
+    g = _Graph(model)
+    left = _unfusable_conv_nodes(g)
     counts["float_convs"] = len(left)
     if left:
-        warnings.warn(
-            f"{len(left)} Conv(s) will run in float on ONNX Runtime (e.g. {left[0]}): their output has no "
-            "quantizer (or their input/weight none). Quantize the model with qdq.placement.apply_placement("
-            "model, target='onnxruntime') before calibrating to run every Conv in int8.",
-            stacklevel=3,
-        )
+        clamped = [conv.name for conv in left if _clamped_before_q(g, conv)]
+        unquantized = [conv.name for conv in left if conv.name not in clamped]
+        if clamped:
+            warnings.warn(
+                f"{len(clamped)} Conv(s) will run in float on ONNX Runtime (e.g. {clamped[0]}): their output is "
+                "clamped to a sub-8-bit range before its QuantizeLinear, and ORT has no kernel for sub-8-bit "
+                "activations. The numbers are those of the PyTorch model; only the int8 speed-up is lost.",
+                stacklevel=3,
+            )
+        if unquantized:
+            warnings.warn(
+                f"{len(unquantized)} Conv(s) will run in float on ONNX Runtime (e.g. {unquantized[0]}): their "
+                "output has no quantizer (or their input/weight none). Quantize the model with qdq.placement."
+                "apply_placement(model, target='onnxruntime') before calibrating to run every Conv in int8.",
+                stacklevel=3,
+            )
     del model.graph.value_info[:]  # stale types (int8 -> uint8); ONNX Runtime infers them again
     return counts
