@@ -130,3 +130,23 @@ def test_empty_weight_names_the_module():
     model = nn.Sequential(quantized(empty, (0,)))
     with pytest.raises(QdqCalibrationError, match="module '0': the weight is empty"):
         calibrate_weights(model, method="max")
+
+
+def test_lstm_fused_weights_are_calibrated_per_layer_and_direction():
+    """QuantLSTM quantizes cat([W_ih, W_hh]) of each layer x direction per row: each quantizer gets the row
+    max of exactly that tensor (numpy oracle), and the quantized forward then uses those static ranges."""
+    from qdq import nn as qnn
+
+    torch.manual_seed(0)
+    lstm = qnn.QuantLSTM(5, 6, num_layers=2, bidirectional=True)
+    cell = qnn.QuantLSTMCell(3, 4)
+    model = nn.ModuleDict({"lstm": lstm, "cell": cell})
+    done = calibrate_weights(model, method="max")
+    assert sorted(done) == ["cell", *(f"lstm.weight_quantizers.{i}" for i in range(4))]
+    for idx, suffix in enumerate(["_l0", "_l0_reverse", "_l1", "_l1_reverse"]):
+        fused = np.concatenate([getattr(lstm, f"weight_ih{suffix}").detach().numpy(),
+                                getattr(lstm, f"weight_hh{suffix}").detach().numpy()], axis=1)  # fmt: skip
+        got = lstm.weight_quantizers[idx].amax.numpy()
+        np.testing.assert_array_equal(got.reshape(-1), np.abs(fused).max(axis=1))
+    fused = np.concatenate([cell.weight_ih.detach().numpy(), cell.weight_hh.detach().numpy()], axis=1)
+    np.testing.assert_array_equal(cell._weight_quantizer.amax.numpy().reshape(-1), np.abs(fused).max(axis=1))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +27,9 @@ def calibrate_weights(
     percentile: float = 99.99,
     num_bins: int = 2048,
 ) -> dict[str, torch.Tensor]:
-    """Set ``weight_quantizer.amax`` of every module that has ``weight`` and ``weight_quantizer``.
+    """Set ``weight_quantizer.amax`` of every module that has ``weight`` and ``weight_quantizer``, and of
+    every weight a module lists in ``quantized_weights()`` (``QuantLSTM`` / ``QuantLSTMCell``: the fused
+    ``cat([W_ih, W_hh])`` of each layer and direction).
 
     The amax is computed from the module's weight with the quantizer's own ``axis``, ``num_bits`` and
     ``unsigned`` (so a ConvTranspose quantizer keeping axis 1 is calibrated on axis 1): the amax has
@@ -50,17 +54,15 @@ def calibrate_weights(
     """
     _check_arguments(model, method)
     done: dict[str, torch.Tensor] = {}
-    for name, module in model.named_modules():
-        weight = getattr(module, "weight", None)
-        quantizer = getattr(module, "weight_quantizer", None)
-        if quantizer is None or not isinstance(weight, torch.Tensor):
-            continue
-        try:
-            amax = _weight_amax(weight, quantizer, method, perchannel, percentile, num_bins)
-        except QdqError as err:
-            raise type(err)(f"calibrate_weights: module {name!r}: {err}") from err
-        quantizer.amax = amax
-        done[name] = amax
+    for module_name, module in model.named_modules():
+        for suffix, weight, quantizer in _quantized_weights(module):
+            name = f"{module_name}.{suffix}" if suffix and module_name else module_name or suffix
+            try:
+                amax = _weight_amax(weight, quantizer, method, perchannel, percentile, num_bins)
+            except QdqError as err:
+                raise type(err)(f"calibrate_weights: module {name!r}: {err}") from err
+            quantizer.amax = amax
+            done[name] = amax
     if not done:
         warnings.warn(
             "calibrate_weights found no module with both `weight` and `weight_quantizer`; "
@@ -68,6 +70,20 @@ def calibrate_weights(
             stacklevel=2,
         )
     return done
+
+
+def _quantized_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor, Any]]:
+    """``(name suffix, weight, quantizer)`` of each quantized weight of ``module``: its own
+    ``quantized_weights()`` when it has one (an LSTM quantizes ``cat([W_ih, W_hh])`` per layer), else its
+    ``weight`` and ``weight_quantizer``."""
+    custom = getattr(module, "quantized_weights", None)
+    if callable(custom):
+        yield from custom()
+        return
+    weight = getattr(module, "weight", None)
+    quantizer = getattr(module, "weight_quantizer", None)
+    if quantizer is not None and isinstance(weight, torch.Tensor):
+        yield "", weight, quantizer
 
 
 def _check_arguments(model: object, method: str) -> None:

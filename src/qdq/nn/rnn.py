@@ -15,6 +15,7 @@ time steps (no cuDNN), and keeps ``nn.LSTM``'s parameter names so state_dicts lo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -104,6 +105,10 @@ class QuantLSTMCell(QuantMixin, nn.LSTMCell):
         biases = None if self.bias_ih is None else (self.bias_ih, self.bias_hh)
         h, c = _quant_lstm_step(x, state, quant_weight, biases, self._input_quantizer)
         return (h, c) if is_batched else (h.squeeze(0), c.squeeze(0))
+
+    def quantized_weights(self) -> Iterator[tuple[str, torch.Tensor, TensorQuantizer]]:
+        """``("", cat([W_ih, W_hh]), weight quantizer)``: what :func:`qdq.calib.calibrate_weights` calibrates."""
+        yield "", _fused_weight(self.weight_ih, self.weight_hh).detach(), self._weight_quantizer
 
     def _initial_state(self, x: torch.Tensor, hx: HiddenState | None, is_batched: bool) -> HiddenState:
         if hx is None:
@@ -264,6 +269,13 @@ class QuantLSTM(QuantMixin, nn.LSTM):
                 c_n.append(c)
             layer_input = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
         return layer_input, torch.stack(h_n), torch.stack(c_n)
+
+    def quantized_weights(self) -> Iterator[tuple[str, torch.Tensor, TensorQuantizer]]:
+        """``(f"weight_quantizers.{i}", cat([W_ih, W_hh]) of layer x direction i, its quantizer)`` for every i:
+        what :func:`qdq.calib.calibrate_weights` calibrates."""
+        for idx, quantizer in enumerate(self._weight_quantizers):
+            weight_ih, weight_hh, _ = self._layer_params(idx)
+            yield f"weight_quantizers.{idx}", _fused_weight(weight_ih, weight_hh).detach(), quantizer
 
     def _run_direction(
         self, x: torch.Tensor, state: HiddenState, idx: int
