@@ -429,41 +429,38 @@ def _bias_scale(g: _Graph, node: Any) -> np.ndarray | None:
     return (x[0].astype(np.float32) * w[0].astype(np.float32)).astype(np.float32)
 
 
-def _bias_after_float_convs(g: _Graph) -> int:
-    """A Conv ORT cannot fuse runs in float; its bias moves to an ``Add`` after it. Left on the Conv, ORT's
-    WeightBiasQuantization pass would round it to int32 at ``s_x * s_w`` (the Conv reads ``DQ(x)``), a loss with
-    no int8 kernel to pay for it; ORT does not fold the Add back (the weight is a DQ output, not a constant)."""
+def _bias_after_float_convs(g: _Graph, float_convs: list[Any]) -> int:
+    """Each of ``float_convs`` (Convs ORT cannot fuse: they run in float) gets its bias as an ``Add`` after
+    it. Left on the Conv, ORT's WeightBiasQuantization pass would round it to int32 at ``s_x * s_w`` (the Conv
+    reads ``DQ(x)``), a loss with no int8 kernel to pay for it; ORT does not fold the Add back (the weight is
+    a DQ output, not a constant)."""
     from onnx import helper
 
     count = 0
-    for conv in _unfusable_conv_nodes(g):
-        bias = g.array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-        weight = _dq_params(g, conv.input[1])
-        if bias is None or bias.ndim != 1 or weight is None:
+    for conv in float_convs:
+        bias, dq = _const_input(g, conv, 2), _weight_dq(g, conv)
+        if bias is None or bias.ndim != 1 or dq is None:
             continue
-        rank = len(g.array(g.producer[conv.input[1]].input[0]).shape)
+        rank = g.array(dq.input[0]).ndim  # type: ignore[union-attr]  # _weight_dq: a constant weight
         shaped = g.add_const(conv.input[2] + "_broadcast", bias.reshape([1, -1] + [1] * (rank - 2)))
         out = conv.output[0]
         conv.output[0] = g.unique(out + "_without_bias")
         del conv.input[2]
         add = helper.make_node("Add", [conv.output[0], shaped], [out], name=(conv.name or "conv") + "/bias_Add")
-        nodes = list(g.graph.node)
-        g.graph.node.insert(next(i for i, n in enumerate(nodes) if n is conv) + 1, add)
+        _insert(g, conv, add, after=True)
         count += 1
     g.refresh()
     return count
 
 
-def _quantize_biases(g: _Graph) -> int:
-    """int32 biases for the Convs ORT fuses and for Gemms; a Conv that stays float keeps its exact bias."""
+def _quantize_biases(g: _Graph, float_convs: list[Any]) -> int:
+    """int32 biases for the Convs ORT fuses and for Gemms; ``float_convs`` keep their exact float bias."""
     count = 0
-    float_convs = {node.output[0] for node in _unfusable_conv_nodes(g)}  # output names are unique (SSA)
+    skip = {id(conv) for conv in float_convs}
     for node in list(g.graph.node):
-        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3 or not node.input[2]:
+        if node.op_type not in ("Conv", "Gemm") or id(node) in skip:
             continue
-        if node.output[0] in float_convs:
-            continue
-        bias = g.array(node.input[2])
+        bias = _const_input(g, node, 2)
         scale = _bias_scale(g, node)
         if bias is None or scale is None or bias.ndim != 1:
             continue
@@ -477,7 +474,7 @@ def _quantize_biases(g: _Graph) -> int:
         s_name = g.add_const(node.input[2] + "_scale", scale)
         z_name = g.add_const(node.input[2] + "_zero", np.zeros(bias.shape, np.int32))
         out = g.unique(node.input[2] + "_dequantized")
-        _insert_before(g, node, _make_dq(q_name, s_name, z_name, out, node.name + "/bias_DequantizeLinear"))
+        _insert(g, node, _make_dq(q_name, s_name, z_name, out, node.name + "/bias_DequantizeLinear"))
         node.input[2] = out
         count += 1
     g.refresh()
@@ -490,10 +487,11 @@ def _make_dq(x: str, scale: str, zp: str, out: str, name: str) -> Any:
     return helper.make_node("DequantizeLinear", [x, scale, zp], [out], name=name, axis=0)
 
 
-def _insert_before(g: _Graph, anchor: Any, node: Any) -> None:
+def _insert(g: _Graph, anchor: Any, node: Any, *, after: bool = False) -> None:
+    """Insert ``node`` into the graph's node list right before (or after) ``anchor``."""
     nodes = list(g.graph.node)
     index = next(i for i, n in enumerate(nodes) if n is anchor)
-    g.graph.node.insert(index, node)
+    g.graph.node.insert(index + int(after), node)
 
 
 # ------------------------------------------------------------------------------- 6. duplicates
@@ -662,15 +660,17 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
         "uint8": _activations_to_uint8(g),
     }
     counts["requantizations"] = _remove_requantization(g)
-    counts["float_biases"] = _bias_after_float_convs(g)
-    counts["biases"] = _quantize_biases(g)
+    float_convs = _unfusable_conv_nodes(g)
+    counts["float_biases"] = _bias_after_float_convs(g, float_convs)
+    counts["biases"] = _quantize_biases(g, float_convs)
     tidy(model)
     g = _Graph(model)
     left = _unfusable_conv_nodes(g)
     counts["float_convs"] = len(left)
     if left:
-        clamped = [conv.name for conv in left if _clamped_before_q(g, conv)]
-        unquantized = [conv.name for conv in left if conv.name not in clamped]
+        is_clamped = [_clamped_before_q(g, conv) for conv in left]
+        clamped = [conv.name for conv, c in zip(left, is_clamped, strict=True) if c]
+        unquantized = [conv.name for conv, c in zip(left, is_clamped, strict=True) if not c]
         if clamped:
             warnings.warn(
                 f"{len(clamped)} Conv(s) will run in float on ONNX Runtime (e.g. {clamped[0]}): their output is "
