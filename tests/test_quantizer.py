@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qdq.descriptor import QuantDescriptor
-from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.errors import QdqCalibrationError, QdqConfigError, QdqTypeError
 from qdq.quantizer import TensorQuantizer
 from qdq.tensor_quant import fake_tensor_quant, tensor_quant
 from reference import fake_quant_np, quant_np
@@ -151,9 +151,12 @@ def test_buffers_follow_module_dtype_conversions_to_device():
     assert moved.amax.device.type == "meta"
 
 
-@pytest.mark.parametrize(("value", "match"), [(-1.0, "non-negative"), (float("nan"), "NaN"), ("x", "number")])
-def test_amax_setter_errors(value, match):
-    with pytest.raises(QdqConfigError, match=match):
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [(-1.0, QdqConfigError, "non-negative"), (float("nan"), QdqConfigError, "NaN"), ("x", QdqTypeError, "number")],
+)
+def test_amax_setter_errors(value, error, match):
+    with pytest.raises(error, match=match):
         TensorQuantizer().amax = value
 
 
@@ -162,10 +165,10 @@ def test_step_size_needs_static_amax():
         _ = TensorQuantizer().step_size
 
 
-def test_unsigned_quantizer_rejects_negative_input():
+def test_unsigned_quantizer_saturates_negative_input_at_zero():
+    quantizer = TensorQuantizer(QuantDescriptor(unsigned=True, amax=255.0))  # step 1
+    assert quantizer(torch.tensor([-1.0, 1.0, 2.5])).tolist() == [0.0, 1.0, 2.0]
     quantizer = TensorQuantizer(QuantDescriptor(unsigned=True))
-    with pytest.raises(QdqConfigError, match="unsigned"):
-        quantizer(torch.tensor([-1.0, 1.0]))
     x = torch.rand(64)
     q, _ = quant_np(x.numpy(), x.max().item(), unsigned=True)
     assert quantizer(x).max().item() == pytest.approx(x.max().item())

@@ -173,9 +173,13 @@ def test_wrong_amax_shape():
         fake_tensor_quant(torch.randn(4), torch.ones(4, 1))
 
 
-def test_unsigned_negative_input():
-    with pytest.raises(QdqConfigError, match="Negative values encountered in unsigned"):
-        tensor_quant(torch.tensor([-0.1, 0.5]), 1.0, unsigned=True)
+def test_unsigned_negative_input_saturates_to_zero_like_onnx_uint8():
+    # QuantizeLinear to uint8 saturates below 0; amax 255 gives step 1, and ties round to even.
+    q, _ = tensor_quant(torch.tensor([-0.1, -3.0, 127.5, 126.5]), 255.0, unsigned=True)
+    assert q.tolist() == [0.0, 0.0, 128.0, 126.0]
+    x = torch.tensor([-0.1, 0.5], requires_grad=True)
+    fake_tensor_quant(x, 1.0, unsigned=True).sum().backward()
+    assert x.grad.tolist() == [0.0, 1.0]  # no gradient below the unsigned range
 
 
 @pytest.mark.parametrize("num_bits", [0, 1, 17, 32])

@@ -15,6 +15,13 @@ Forward, in order:
 
 Without a stored range (no calibration, no ``amax``) the range is **dynamic**: the max of ``|x|`` over the
 non-kept axes of each batch. Export needs a stored range.
+
+Nothing in forward or backward reads a device value on the host (no ``.item()``, no ``if tensor``), so
+training, calibration and evaluation never wait for the GPU, and ``torch.compile`` traces a quantizer
+without graph breaks. Ranges are validated where they are set or loaded instead.
+
+Read-only views for export and tooling: :meth:`effective_amax` (the range forward uses),
+:meth:`step` (ONNX's scale), :attr:`quant_bounds`, :attr:`is_quantizing` and the descriptor fields.
 """
 
 from __future__ import annotations
@@ -28,8 +35,12 @@ import torch
 from torch import nn
 
 from qdq import tensor_quant as tq
+from qdq.calib.registry import make_calibrator
+from qdq.clip import Clip
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.utils.reduce_amax import amax_over
+from qdq.validate import check_range
 
 __all__ = ["TensorQuantizer"]
 
@@ -51,8 +62,9 @@ class TensorQuantizer(nn.Module):
     means "no stored range" (dynamic).
     """
 
-    #: Set per instance by ``qdq.export.export_mode`` while exporting: emits ONNX Q/DQ instead of fake-quant.
-    _export_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    #: Set per instance by ``qdq.export.export_mode`` while exporting: forward returns ``export_fn(x)``
+    #: (ONNX Q/DQ) instead of fake-quantizing.
+    export_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(
         self,
@@ -85,8 +97,6 @@ class TensorQuantizer(nn.Module):
         if desc.amax is not None:
             self.amax = desc.amax
         if desc.learn_amax:
-            from qdq.nn.clip import Clip
-
             init = float(np.max(desc.amax)) if desc.amax is not None else 1.0
             self.clip = Clip(-init, init, learn_min=True, learn_max=True)
             self.enable_clip()
@@ -128,15 +138,34 @@ class TensorQuantizer(nn.Module):
 
     @property
     def is_enabled(self) -> bool:
+        """False when disabled (forward is the identity, after ``pre_quant_scale``)."""
         return not self._disabled
+
+    @property
+    def quant_enabled(self) -> bool:
+        """Whether forward quantizes (when enabled)."""
+        return self._if_quant
+
+    @property
+    def calib_enabled(self) -> bool:
+        """Whether forward feeds the calibrator (when enabled)."""
+        return self._if_calib
+
+    @property
+    def clip_enabled(self) -> bool:
+        """Whether forward clips to the learned range (when enabled)."""
+        return self._if_clip
+
+    @property
+    def is_quantizing(self) -> bool:
+        """Enabled and quantizing: the quantizer appears as Q/DQ in an exported graph."""
+        return not self._disabled and self._if_quant
 
     # ------------------------------------------------------------------------------ calibration
     @property
     def calibrator(self) -> Any:
         """The calibrator named by the descriptor's ``calib_method`` (built on first use)."""
         if self._calibrator is None:
-            from qdq.calib import make_calibrator
-
             self._calibrator = make_calibrator(
                 self._calib_method, num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned
             )
@@ -173,7 +202,7 @@ class TensorQuantizer(nn.Module):
             raise QdqConfigError("init_learn_amax needs a quantizer built with learn_amax=True.")
         if self._amax.numel() == 0:
             raise QdqCalibrationError("init_learn_amax needs a stored amax; calibrate first.")
-        value = float(self._amax.max())
+        value = float(self._amax.max())  # once, at initialisation: reading the value is fine here
         if self._amax.numel() > 1:
             _log.warning("Per-channel amax cannot initialise a scalar learned range; using its max %g.", value)
         with torch.no_grad():
@@ -191,7 +220,7 @@ class TensorQuantizer(nn.Module):
         if value is None:
             self._amax = torch.empty(0, device=self._amax.device)
             return
-        self._amax = _checked_range("amax", value, self._amax.device)
+        self._amax = check_range("amax", value, self._amax.device)
 
     @property
     def pre_quant_scale(self) -> torch.Tensor | None:
@@ -203,7 +232,7 @@ class TensorQuantizer(nn.Module):
         if value is None:
             self._pre_quant_scale = torch.empty(0, device=self._pre_quant_scale.device)
             return
-        self._pre_quant_scale = _checked_range("pre_quant_scale", value, self._pre_quant_scale.device)
+        self._pre_quant_scale = check_range("pre_quant_scale", value, self._pre_quant_scale.device)
 
     num_bits = property(lambda self: self._num_bits)
     unsigned = property(lambda self: self._unsigned)
@@ -233,11 +262,38 @@ class TensorQuantizer(nn.Module):
         return tq.max_bound(self._num_bits, self._unsigned)
 
     @property
-    def step_size(self) -> torch.Tensor:
-        """Quantization step ``amax / maxbound`` (ONNX's scale). Needs a stored amax."""
+    def quant_bounds(self) -> tuple[int, int]:
+        """``(qmin, qmax)`` of the integer grid, e.g. ``(-128, 127)``."""
+        return tq.quant_bounds(self._num_bits, self._unsigned, self._narrow_range)
+
+    def effective_amax(self) -> torch.Tensor | None:
+        """The range forward quantizes with, detached float32, or None when the range is dynamic.
+
+        The learned clip range ``max(-clip_min, clip_max)`` (0-d) with ``learn_amax``; else the stored
+        amax (as stored: keepdims or 1-D per channel) times ``scale_amax``.
+        """
+        if self._learn_amax:
+            return torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach().float().reshape(())
         if self._amax.numel() == 0:
-            raise QdqCalibrationError("step_size needs a stored amax; this quantizer's range is dynamic.")
-        return self._effective_static_amax() / self.maxbound
+            return None
+        amax = self._amax.detach()
+        return amax * self._scale_amax if self._scale_amax is not None else amax
+
+    def step(self) -> torch.Tensor:
+        """Quantization step of :meth:`effective_amax`: ONNX's ``y_scale`` (1 for channels of amax <= 2**-24).
+
+        Raises:
+            QdqCalibrationError: the range is dynamic (calibrate or set ``amax`` first).
+        """
+        amax = self.effective_amax()
+        if amax is None:
+            raise QdqCalibrationError("this quantizer's range is dynamic: calibrate it or set amax to get a step.")
+        return tq.quant_step(amax, self._num_bits, self._unsigned)
+
+    @property
+    def step_size(self) -> torch.Tensor:
+        """The seed's name of :meth:`step`."""
+        return self.step()
 
     @property
     def scale(self) -> torch.Tensor | float | None:
@@ -261,15 +317,13 @@ class TensorQuantizer(nn.Module):
         return out
 
     def _quant_forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._export_fn is not None:
-            return self._export_fn(x)
+        if self.export_fn is not None:
+            return self.export_fn(x)
         if self._learn_amax:
             x = self.clip(x)
             amax = torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach()
         else:
             amax = self._get_amax(x)
-        if self._unsigned:
-            tq._check_unsigned_input(x)
         if self._fake_quant:
             return tq.fake_quant_unchecked(x, amax, self._num_bits, self._unsigned, self._narrow_range)
         q, self._scale = tq.tensor_quant_unchecked(x, amax, self._num_bits, self._unsigned, self._narrow_range)
@@ -280,14 +334,10 @@ class TensorQuantizer(nn.Module):
         if self._amax.numel():
             amax = self._broadcastable(self._amax, x.dim())
         else:  # dynamic range: this batch's max
-            amax = _dynamic_amax(x.detach(), self._axis)
+            amax = amax_over(x.detach(), self._axis)
         if self._scale_amax is not None:
             amax = amax * self._scale_amax
         return amax.float()
-
-    def _effective_static_amax(self) -> torch.Tensor:
-        amax = self._amax
-        return amax * self._scale_amax if self._scale_amax is not None else amax
 
     def _broadcastable(self, amax: torch.Tensor, rank: int) -> torch.Tensor:
         """Reshape a 1-D per-channel amax of size C to size C on the kept axis, 1 elsewhere."""
@@ -306,7 +356,7 @@ class TensorQuantizer(nn.Module):
             if key in state_dict:
                 value = state_dict[key]
                 target = getattr(self, name)
-                setattr(self, name, _checked_range(name.lstrip("_"), value, target.device, allow_empty=True))
+                setattr(self, name, check_range(name.lstrip("_"), value, target.device, allow_empty=True))
         before = set(missing_keys)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -334,40 +384,6 @@ class TensorQuantizer(nn.Module):
         modes = [m for m, on in (("quant", self._if_quant), ("calib", self._if_calib), ("clip", self._if_clip)) if on]
         parts.append("+".join(modes) if modes else "idle")
         return " ".join(parts)
-
-
-def _dynamic_amax(x: torch.Tensor, axis: tuple[int, ...] | None) -> torch.Tensor:
-    """max |x| over every axis not in ``axis`` (kept dims of size 1), without materialising |x|."""
-    if axis is None:
-        lo, hi = torch.aminmax(x)
-        return torch.maximum(-lo, hi)
-    keep = {a % x.dim() for a in axis}
-    reduce = [d for d in range(x.dim()) if d not in keep]
-    if not reduce:
-        return x.abs()
-    if keep == {0} and x.is_contiguous():
-        lo, hi = torch.aminmax(x.reshape(x.shape[0], -1), dim=1)
-        return torch.maximum(-lo, hi).view([-1] + [1] * (x.dim() - 1))
-    return torch.maximum(-x.amin(dim=reduce, keepdim=True), x.amax(dim=reduce, keepdim=True))
-
-
-def _checked_range(what: str, value: Any, device: torch.device, allow_empty: bool = False) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().to(device=device, dtype=torch.float32).clone()
-    else:
-        try:
-            tensor = torch.tensor(np.asarray(value, dtype=np.float32), device=device)
-        except (TypeError, ValueError) as err:
-            raise QdqConfigError(f"{what} must be a number, a list or an array, got {value!r}.") from err
-    if tensor.numel() == 0:
-        if allow_empty:
-            return tensor
-        raise QdqConfigError(f"{what} is empty; set a number or a per-channel tensor, or None for dynamic.")
-    if torch.isnan(tensor).any() or torch.isinf(tensor).any():
-        raise QdqConfigError(f"{what} contains NaN or Inf: {tensor.flatten()[:8].tolist()}...")
-    if (tensor < 0).any():
-        raise QdqConfigError(f"{what} must be non-negative, got a minimum of {tensor.min().item():g}.")
-    return tensor
 
 
 def _axis_str(axis: tuple[int, ...]) -> str:

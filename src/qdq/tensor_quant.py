@@ -20,8 +20,16 @@ Conventions (read these once, they hold everywhere in qdq):
   ``1/step``) matters: it is what ONNX Runtime's MLAS kernel computes, so an exported Q/DQ pair
   reproduces training bit for bit. (``torch.fake_quantize_per_tensor_affine`` multiplies by the
   reciprocal and differs from ONNX Runtime on about one element in a million.)
-* ``amax <= 2**-24`` (the smallest fp16 subnormal) quantizes everything to exact zeros.
+* The step is computed with a tensor divisor on every device (``amax / full_like(amax, max_bound)``):
+  CUDA computes a division by a Python number as a multiplication by its reciprocal, which is one ulp
+  off ONNX's ``y_scale`` for about 5 % of int8 ranges. The seed's ``scale`` is ``max_bound / amax``
+  computed the same way.
+* ``amax <= 2**-24`` (the smallest fp16 subnormal) quantizes everything to exact zeros; its step is 1.
 * fp16 / bf16 inputs are computed in float32 and cast back to the input dtype.
+* Unsigned quantization of a negative value gives 0, as ONNX's QuantizeLinear to uint8 does (the seed
+  raised instead, which costs a device-to-host read on every call).
+* Every function here computes on the device without reading values back to the host, so it never
+  waits for a GPU. The work is one fused operator, :func:`qdq.ops.quantize` (a Triton kernel on CUDA).
 
 Gradients are straight-through: ``d out / d x = 1`` where ``-amax <= x <= amax`` (``0 <= x <= amax``
 unsigned), 0 elsewhere. No gradient flows to ``amax``; learnable ranges use :class:`qdq.nn.Clip`.
@@ -31,7 +39,9 @@ from __future__ import annotations
 
 import torch
 
+from qdq import ops
 from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.validate import check_num_bits
 
 __all__ = [
     "AMAX_EPSILON",
@@ -40,20 +50,18 @@ __all__ = [
     "fake_tensor_quant",
     "max_bound",
     "quant_bounds",
+    "quant_scale",
     "quant_step",
     "tensor_quant",
 ]
 
 #: amax at or below this quantizes to zeros (smallest fp16 subnormal, as in the seed).
-AMAX_EPSILON = 2.0**-24
-
-_MIN_BITS, _MAX_BITS = 2, 16
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+AMAX_EPSILON = ops.AMAX_EPSILON
 
 
 def max_bound(num_bits: int = 8, unsigned: bool = False) -> int:
     """Largest quantized value: ``2**(num_bits - 1 + unsigned) - 1`` (127 for int8, 255 for uint8)."""
-    _check_num_bits(num_bits)
+    check_num_bits(num_bits)
     return (1 << (num_bits - 1 + int(unsigned))) - 1
 
 
@@ -68,22 +76,21 @@ def quant_bounds(num_bits: int = 8, unsigned: bool = False, narrow_range: bool =
 def quant_step(amax: torch.Tensor | float, num_bits: int = 8, unsigned: bool = False) -> torch.Tensor:
     """The quantization step ``amax / max_bound`` in float32: ONNX's ``y_scale``, TensorRT's scale.
 
-    Not to be confused with the seed's ``scale``, which is the reciprocal multiplier.
+    Computed as a correctly rounded float32 division on every device (equal to numpy's
+    ``np.float32(amax) / np.float32(max_bound)``). Where ``amax <= AMAX_EPSILON`` the step is 1.0 (those
+    channels quantize to zeros; 1 keeps an exported scale finite). Not to be confused with the seed's
+    ``scale``, the reciprocal multiplier (:func:`quant_scale`).
     """
     amax_t = torch.as_tensor(amax, dtype=torch.float32)
-    return amax_t.float() / max_bound(num_bits, unsigned)
+    return ops.quant_step(amax_t, max_bound(num_bits, unsigned))
 
 
-def _check_num_bits(num_bits: object) -> None:
-    if isinstance(num_bits, bool) or not isinstance(num_bits, int):
-        raise QdqTypeError(
-            f"num_bits must be an int between {_MIN_BITS} and {_MAX_BITS}, got {num_bits!r} "
-            f"({type(num_bits).__name__}). FP8 (num_bits=(4, 3)) is not supported by qdq."
-        )
-    if not _MIN_BITS <= num_bits <= _MAX_BITS:
-        raise QdqConfigError(
-            f"num_bits={num_bits} is not supported: qdq quantizes to {_MIN_BITS}..{_MAX_BITS} bits."
-        )
+def quant_scale(amax: torch.Tensor | float, num_bits: int = 8, unsigned: bool = False) -> torch.Tensor:
+    """The seed's multiplier ``max_bound / amax`` in float32, correctly rounded; 1.0 where ``amax <= AMAX_EPSILON``."""
+    amax_t = torch.as_tensor(amax, dtype=torch.float32)
+    tiny = amax_t <= AMAX_EPSILON
+    bound = torch.full_like(amax_t, max_bound(num_bits, unsigned))
+    return torch.where(tiny, torch.ones_like(amax_t), bound / torch.where(tiny, torch.ones_like(amax_t), amax_t))
 
 
 def _check_amax_shape(inputs: torch.Tensor, amax: torch.Tensor) -> None:
@@ -105,104 +112,29 @@ def _check_amax_shape(inputs: torch.Tensor, amax: torch.Tensor) -> None:
 def _check_amax_values(amax: torch.Tensor) -> None:
     if amax.numel() == 0:
         raise QdqConfigError("amax is empty; calibrate the quantizer or set amax before quantizing.")
-    amin = amax.min()
+    if amax.device.type != "cpu":  # reading device values would wait for the device; quantizers check on set
+        return
     if torch.isnan(amax).any():
         raise QdqConfigError("amax contains NaN; the calibration data or the stored range is corrupt.")
-    if amin < 0:
-        raise QdqConfigError(f"amax must be non-negative, got a minimum of {amin.item():g}.")
+    if (amax < 0).any():
+        raise QdqConfigError(f"amax must be non-negative, got a minimum of {amax.min().item():g}.")
 
 
-def _check_unsigned_input(inputs: torch.Tensor) -> None:
-    if inputs.numel() and inputs.min() < 0:
-        raise QdqConfigError(
-            "Negative values encountered in unsigned quantization: the input has a minimum of "
-            f"{inputs.min().item():g}. Use unsigned=False, or quantize a non-negative tensor (after ReLU)."
-        )
+def _prepare(inputs: torch.Tensor, amax: torch.Tensor | float, num_bits: int) -> torch.Tensor:
+    """Validate the arguments; return amax as float32 on the input's device.
 
-
-def _prepare(
-    inputs: torch.Tensor, amax: torch.Tensor | float, num_bits: int, unsigned: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate arguments; return float32 input and float32 amax on the input's device."""
+    Values of ``amax`` are checked when it is a number or a CPU tensor; a tensor on an accelerator is
+    used as is (quantizers validate their ranges when they are set).
+    """
     if not isinstance(inputs, torch.Tensor):
         raise QdqTypeError(f"inputs must be a torch.Tensor, got {type(inputs).__name__}.")
     if not inputs.is_floating_point():
         raise QdqTypeError(f"inputs must be a floating-point tensor, got dtype {inputs.dtype}.")
-    _check_num_bits(num_bits)
-    amax_t = torch.as_tensor(amax, device=inputs.device).float()
+    check_num_bits(num_bits)
+    amax_t = torch.as_tensor(amax, dtype=torch.float32)
     _check_amax_shape(inputs, amax_t)
     _check_amax_values(amax_t)
-    if unsigned:
-        _check_unsigned_input(inputs)
-    return inputs.float(), amax_t
-
-
-def _quantize_int(
-    x: torch.Tensor, amax: torch.Tensor, num_bits: int, unsigned: bool, narrow_range: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer grid values (as float32) and the step, for float32 ``x`` and ``amax``. No checks."""
-    qmin, qmax = quant_bounds(num_bits, unsigned, narrow_range)
-    tiny = amax <= AMAX_EPSILON
-    # Tiny channels get step 1 so the division stays finite; their output is zeroed below.
-    step = torch.where(tiny, torch.ones_like(amax), amax / qmax)
-    q = torch.div(x, step)
-    q = q.clamp_(qmin, qmax).round_()
-    if bool(tiny.any()):
-        q = q.masked_fill_(tiny.expand_as(q), 0.0)
-    return q, step
-
-
-class _FakeQuant(torch.autograd.Function):
-    """Fake quantization with the inclusive straight-through estimator."""
-
-    @staticmethod
-    def forward(ctx, inputs, amax, num_bits, unsigned, narrow_range):  # type: ignore[override]
-        x, amax_f = inputs.float(), amax.float()
-        q, step = _quantize_int(x, amax_f, num_bits, unsigned, narrow_range)
-        out = q.mul_(step)
-        ctx.mask = _ste_mask(x, amax_f, unsigned) if ctx.needs_input_grad[0] else None
-        return out.to(inputs.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[override]
-        mask = ctx.mask
-        if mask is None:
-            return grad_output, None, None, None, None
-        return grad_output * mask, None, None, None, None
-
-
-class _TensorQuant(torch.autograd.Function):
-    """Integer quantization; returns ``(q, scale)`` with the straight-through estimator on ``q``."""
-
-    @staticmethod
-    def forward(ctx, inputs, amax, num_bits, unsigned, narrow_range):  # type: ignore[override]
-        x, amax_f = inputs.float(), amax.float()
-        q, step = _quantize_int(x, amax_f, num_bits, unsigned, narrow_range)
-        scale = torch.where(amax_f <= AMAX_EPSILON, torch.ones_like(step), max_bound(num_bits, unsigned) / amax_f)
-        ctx.mask = _ste_mask(x, amax_f, unsigned) if ctx.needs_input_grad[0] else None
-        ctx.mark_non_differentiable(scale)
-        return q.to(inputs.dtype), scale.to(inputs.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_q, grad_scale):  # type: ignore[override]
-        mask = ctx.mask
-        if mask is None:
-            return grad_q, None, None, None, None
-        return grad_q * mask, None, None, None, None
-
-
-def _ste_mask(x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor | None:
-    """Boolean mask of ``-amax <= x <= amax``; None when every element is inside (identity gradient).
-
-    The all-inside test costs one read of ``x`` (``aminmax``) and saves writing and applying a mask,
-    which is the common case for weights.
-    """
-    lo, hi = torch.aminmax(x)
-    if hi <= amax.min() and (unsigned or -lo <= amax.min()):
-        return None
-    if unsigned:
-        return x <= amax
-    return x.abs() <= amax
+    return amax_t.to(inputs.device)
 
 
 def tensor_quant(
@@ -218,7 +150,7 @@ def tensor_quant(
         inputs: floating-point tensor (fp16/bf16 computed in float32).
         amax: clipping range, a scalar or a per-channel tensor broadcastable to ``inputs``.
         num_bits: 2 to 16.
-        unsigned: quantize to ``[0, 2**num_bits - 1]``; negative input is an error.
+        unsigned: quantize to ``[0, 2**num_bits - 1]``; negative values give 0.
         narrow_range: signed range ``[-max_bound, max_bound]`` instead of ``[-max_bound - 1, max_bound]``.
 
     Returns:
@@ -231,8 +163,8 @@ def tensor_quant(
         >>> q.tolist()[:3], round(scale.item(), 4)
         ([126.0, 113.0, 127.0], 128.0057)
     """
-    _, amax_t = _prepare(inputs, amax, num_bits, unsigned)
-    return _TensorQuant.apply(inputs, amax_t, num_bits, unsigned, narrow_range)
+    amax_t = _prepare(inputs, amax, num_bits)
+    return tensor_quant_unchecked(inputs, amax_t, num_bits, unsigned, narrow_range)
 
 
 def fake_tensor_quant(
@@ -247,27 +179,25 @@ def fake_tensor_quant(
     Same arguments as :func:`tensor_quant`. Returns a tensor of ``inputs``' dtype and shape holding values
     on the quantization grid, with straight-through gradients.
     """
-    _, amax_t = _prepare(inputs, amax, num_bits, unsigned)
-    return _FakeQuant.apply(inputs, amax_t, num_bits, unsigned, narrow_range)
+    amax_t = _prepare(inputs, amax, num_bits)
+    return fake_quant_unchecked(inputs, amax_t, num_bits, unsigned, narrow_range)
 
 
 def fake_quant_unchecked(
     inputs: torch.Tensor, amax: torch.Tensor, num_bits: int, unsigned: bool, narrow_range: bool
 ) -> torch.Tensor:
     """:func:`fake_tensor_quant` without argument validation, for callers that validated once (quantizers)."""
-    return _FakeQuant.apply(inputs, amax, num_bits, unsigned, narrow_range)
+    qmin, qmax = quant_bounds(num_bits, unsigned, narrow_range)
+    return ops.quantize(inputs, amax, qmin, qmax, True)
 
 
 def tensor_quant_unchecked(
     inputs: torch.Tensor, amax: torch.Tensor, num_bits: int, unsigned: bool, narrow_range: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`tensor_quant` without argument validation."""
-    return _TensorQuant.apply(inputs, amax, num_bits, unsigned, narrow_range)
-
-
-def is_finite_amax(amax: torch.Tensor) -> bool:
-    """True when every entry of ``amax`` is a finite, non-negative number."""
-    return bool(torch.isfinite(amax).all()) and bool((amax >= 0).all())
+    qmin, qmax = quant_bounds(num_bits, unsigned, narrow_range)
+    q = ops.quantize(inputs, amax, qmin, qmax, False)
+    return q, quant_scale(amax, num_bits, unsigned).to(inputs.dtype)
 
 
 # Re-exported here so that ``from qdq.tensor_quant import QuantDescriptor`` works as in the seed.

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from qdq.quantizer import TensorQuantizer, _dynamic_amax
+from qdq.quantizer import TensorQuantizer
+from qdq.utils.reduce_amax import amax_over
 
 
 def calibrate_max(model: nn.Module, *inputs: torch.Tensor) -> None:
@@ -20,7 +21,7 @@ def calibrate_max(model: nn.Module, *inputs: torch.Tensor) -> None:
         x = args[0].detach().float()
         if module.pre_quant_scale is not None:
             x = x * module.pre_quant_scale
-        amax = _dynamic_amax(x, module.axis)
+        amax = amax_over(x, module.axis)
         seen[module] = amax if module not in seen else torch.maximum(seen[module], amax)
 
     quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]

@@ -234,7 +234,7 @@ def test_export_leaves_the_model_as_it_was(tmp_path):
     assert model.training
     assert model[0]._input_quantizer._if_calib
     assert model[0]._input_quantizer._calibrator.calls == 1  # only our own forward above
-    assert all("_export_fn" not in vars(m) for m in model.modules())
+    assert all("export_fn" not in vars(m) for m in model.modules())
     with torch.no_grad():
         assert torch.equal(before, model.eval()(X))
 

@@ -2,7 +2,7 @@
 
 :func:`export_mode` is a context manager. On entry it runs the model once on the example input (to learn
 which quantizers are used and on what ranks), checks that each used quantizer can be exported, and gives
-each one an ``_export_fn`` built from its stored range; :class:`~qdq.quantizer.TensorQuantizer` calls that
+each one an ``export_fn`` built from its stored range; :class:`~qdq.quantizer.TensorQuantizer` calls that
 function in place of its fake quantization. On exit (also on error) the quantizers are exactly as before.
 No global state is touched.
 
@@ -316,12 +316,12 @@ def export_mode(
     with _calibration_off(model):
         try:
             for quantizer, spec in specs.items():
-                quantizer._export_fn = _as_fn(spec)
+                quantizer.export_fn = _as_fn(spec)
                 installed.append(quantizer)
             yield specs
         finally:
             for quantizer in installed:
-                del quantizer._export_fn
+                del quantizer.export_fn
 
 
 def _as_fn(spec: QdqSpec) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,5 +1,5 @@
 """Functional forms of qdq's autograd operations (seed path: ``quant_nn.functional``)."""
 
-from qdq.nn.clip import ClipFunction, clip
+from qdq.clip import ClipFunction, clip
 
 __all__ = ["ClipFunction", "clip"]

@@ -1,4 +1,4 @@
-"""Learnable clipping (PACT-style), used by quantizers built with ``learn_amax=True``."""
+"""Learnable clipping (PACT-style), used by quantizers built with ``learn_amax=True`` (seed: ``quant_nn.Clip``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,159 @@
+"""The fused quantization operator, ``torch.ops.qdq.quantize``, and its straight-through gradient.
+
+``quantize(x, amax, qmin, qmax, dequantize)`` computes, in float32 and returning ``x``'s dtype::
+
+    step = amax / qmax                       # a true division by a tensor, 1 where amax <= 2**-24
+    q    = clamp(round_half_to_even(x / step), qmin, qmax)
+    out  = q * step if dequantize else q     # 0 where amax <= 2**-24
+
+``qmax`` is the grid's ``max_bound`` (127 for int8, 255 for uint8), so ``step`` is ONNX's ``y_scale``;
+``amax`` broadcasts against ``x`` (a scalar, or keepdims per-channel). Its gradient is
+``grad * (lo <= x <= amax)`` with ``lo = -amax`` (signed, ``qmin < 0``) or ``0`` (unsigned).
+
+Both are ``torch.library`` custom operators with a fake (meta) implementation and a registered
+autograd formula, so ``torch.compile`` traces a quantized model without graph breaks and nothing here
+reads a device value on the host. Kernels:
+
+* CPU, and any device without another kernel: ATen operations (four passes over ``x``).
+* CUDA: one Triton kernel per direction (:mod:`qdq.triton_kernels`) when triton is installed and the
+  layout is simple (dense ``x``; per tensor, or ``amax`` varying along one axis of a contiguous ``x``);
+  the ATen operations otherwise. Both compute the same bits.
+
+Importing this module registers the operators (once per process); ``import qdq`` does not import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["AMAX_EPSILON", "quant_step", "quantize", "quantize_grad"]
+
+#: amax at or below this quantizes to exact zeros (the smallest fp16 subnormal, as in the seed).
+AMAX_EPSILON = 2.0**-24
+_MAX_TRITON_ELEMENTS = 2**31 - 1  # int32 offsets inside the kernels
+
+
+# -- ATen implementation ------------------------------------------------------------------------------
+
+
+def quant_step(amax: torch.Tensor, max_bound: int) -> torch.Tensor:
+    """``amax / max_bound`` as a correctly rounded float32 division on every device; 1 where ``amax`` is tiny.
+
+    This is the one place qdq turns a range into a step (ONNX's ``y_scale``). The divisor is a tensor:
+    CUDA computes a division by a Python number as a multiplication by its reciprocal, one ulp off for
+    a few percent of ranges.
+    """
+    amax = amax.float()
+    return torch.where(amax <= AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, max_bound))
+
+
+def _quantize_aten(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
+    step, tiny = quant_step(amax, qmax), amax <= AMAX_EPSILON
+    q = torch.div(x.float(), step).clamp_(qmin, qmax).round_()
+    # Multiplying by 0 (rather than masking) zeroes tiny channels without testing whether there are any.
+    q = q.mul_(torch.where(tiny, torch.zeros_like(step), step) if dequantize else (~tiny).float())
+    return q.to(x.dtype)
+
+
+def _quantize_grad_aten(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
+    amax = amax.to(x.dtype) if x.dtype == torch.float64 else amax.float()
+    inside = (x >= 0) & (x <= amax) if unsigned else x.abs() <= amax
+    return torch.where(inside, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+
+
+# -- Triton dispatch ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def _triton_module() -> Any:
+    """:mod:`qdq.triton_kernels`, or None when triton is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    return importlib.import_module("qdq.triton_kernels")
+
+
+def _dense(x: torch.Tensor) -> bool:
+    return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def _triton_layout(x: torch.Tensor, amax: torch.Tensor) -> int | None:
+    """Elements per channel block (``inner``) for the Triton kernels, or None for the ATen path.
+
+    Per tensor, any dense layout works (every element uses the same range). Per channel, ``x`` must be
+    contiguous and ``amax`` vary along at most one axis.
+    """
+    n = x.numel()
+    if n > _MAX_TRITON_ELEMENTS or x.dtype == torch.float64 or not _dense(x):
+        return None
+    if amax.numel() == 1:
+        return max(n, 1)
+    if amax.dim() > x.dim() or not x.is_contiguous():
+        return None
+    shape = [1] * (x.dim() - amax.dim()) + list(amax.shape)
+    varying = [d for d, size in enumerate(shape) if size != 1]
+    if len(varying) != 1 or shape[varying[0]] != x.shape[varying[0]]:
+        return None
+    return math.prod(x.shape[varying[0] + 1 :])
+
+
+# -- operators ----------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("qdq::quantize", mutates_args=())
+def quantize(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
+    """Quantize ``x`` to the integer grid ``[qmin, qmax]`` of range ``amax`` (see the module docstring)."""
+    return _quantize_aten(x, amax, qmin, qmax, dequantize)
+
+
+@quantize.register_kernel("cuda")
+def _quantize_cuda(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
+    kernels = _triton_module()
+    inner = None if kernels is None else _triton_layout(x, amax)
+    if inner is None:
+        return _quantize_aten(x, amax, qmin, qmax, dequantize)
+    return kernels.quantize_triton(x, amax.float().contiguous(), inner, qmin, qmax, dequantize)
+
+
+@quantize.register_fake
+def _quantize_fake(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("qdq::quantize_grad", mutates_args=())
+def quantize_grad(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
+    """Straight-through gradient of :func:`quantize`: ``grad`` inside the range, 0 outside."""
+    return _quantize_grad_aten(grad, x, amax, unsigned)
+
+
+@quantize_grad.register_kernel("cuda")
+def _quantize_grad_cuda(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
+    kernels = _triton_module()
+    inner = None if kernels is None else _triton_layout(x, amax)
+    if inner is None or grad.stride() != x.stride() or grad.dtype == torch.float64:
+        return _quantize_grad_aten(grad, x, amax, unsigned)
+    return kernels.quantize_backward_triton(grad, x, amax.float().contiguous(), inner, unsigned)
+
+
+@quantize_grad.register_fake
+def _quantize_grad_fake(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
+    return torch.empty_like(grad)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, amax, qmin, _, _ = inputs
+    ctx.save_for_backward(x, amax)
+    ctx.unsigned = qmin == 0
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, amax = ctx.saved_tensors
+    grad_x = quantize_grad(grad, x, amax, ctx.unsigned) if ctx.needs_input_grad[0] else None
+    return grad_x, None, None, None, None
+
+
+quantize.register_autograd(_backward, setup_context=_setup_context)

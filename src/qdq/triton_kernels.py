@@ -1,0 +1,128 @@
+"""Triton kernels of the fused quantization operators (CUDA; importing this module imports triton).
+
+One pass over the data each: the forward reads ``x`` and writes the (fake-)quantized values; the
+backward reads the upstream gradient and ``x`` and writes the straight-through gradient. The per-channel
+range is found from the flat element index (``channel = (i // inner) % C``), so there is no broadcast
+copy of ``amax``. The arithmetic is the one of :mod:`qdq.ops` (and of ONNX's QuantizeLinear):
+
+* ``step = amax / qmax`` and ``x / step`` are correctly rounded IEEE divisions (``div_rn``), never a
+  multiplication by a reciprocal;
+* rounding is half to even, done by adding and subtracting ``1.5 * 2**23`` after the clamp: every value
+  is then within ``[-2**15, 2**15]``, where the float32 addition itself rounds to the nearest integer,
+  ties to even (this also runs under ``TRITON_INTERPRET=1``, which has no ``libdevice.rint``);
+* NaN propagates through the clamp, as in ``torch.clamp``.
+
+The launchers accept any tensors Triton can address: CUDA tensors, or CPU tensors under the Triton
+interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which the tests use to check
+the kernels bit for bit against the ATen implementation on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["quantize_backward_triton", "quantize_triton"]
+
+_BLOCK = 1024
+_ROUNDER = 12582912.0  # 1.5 * 2**23
+_AMAX_EPSILON = 2.0**-24  # qdq.tensor_quant.AMAX_EPSILON (kept literal: the kernel needs a constant)
+
+
+@triton.jit
+def _channel_amax(amax_ptr, offs, mask, inner, channels, PER_TENSOR: tl.constexpr):
+    if PER_TENSOR:
+        return tl.load(amax_ptr).to(tl.float32)
+    return tl.load(amax_ptr + (offs // inner) % channels, mask=mask, other=1.0).to(tl.float32)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr,
+    amax_ptr,
+    out_ptr,
+    n,
+    inner,
+    channels,
+    qmin,
+    qmax,
+    PER_TENSOR: tl.constexpr,
+    DEQUANTIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = _channel_amax(amax_ptr, offs, mask, inner, channels, PER_TENSOR)
+    tiny = amax <= _AMAX_EPSILON
+    step = tl.where(tiny, 1.0, tl.math.div_rn(amax, tl.zeros_like(amax) + qmax))
+    v = tl.math.div_rn(x, step)
+    v = tl.minimum(tl.maximum(v, qmin, propagate_nan=tl.PropagateNan.ALL), qmax, propagate_nan=tl.PropagateNan.ALL)
+    v = (v + _ROUNDER) - _ROUNDER
+    if DEQUANTIZE:
+        v = v * step
+    out = tl.where(tiny, 0.0, v)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quantize_backward_kernel(
+    grad_ptr,
+    x_ptr,
+    amax_ptr,
+    out_ptr,
+    n,
+    inner,
+    channels,
+    PER_TENSOR: tl.constexpr,
+    UNSIGNED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    grad = tl.load(grad_ptr + offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = _channel_amax(amax_ptr, offs, mask, inner, channels, PER_TENSOR)
+    if UNSIGNED:
+        inside = (x >= 0.0) & (x <= amax)
+    else:
+        inside = (x >= -amax) & (x <= amax)
+    tl.store(out_ptr + offs, tl.where(inside, grad, tl.zeros_like(grad)), mask=mask)
+
+
+def _grid(n: int) -> tuple[int]:
+    return (triton.cdiv(n, _BLOCK),)
+
+
+def quantize_triton(
+    x: torch.Tensor, amax: torch.Tensor, inner: int, qmin: int, qmax: int, dequantize: bool
+) -> torch.Tensor:
+    """Fused quantization of dense ``x`` with ``amax`` flattened to ``(C,)`` (``C = 1``: per tensor).
+
+    Element ``i`` of ``x``'s storage uses ``amax[(i // inner) % C]``. The output has ``x``'s dtype and
+    memory format.
+    """
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        channels = amax.numel()
+        _quantize_kernel[_grid(n)](
+            x, amax, out, n, inner, channels, float(qmin), float(qmax),
+            PER_TENSOR=channels == 1, DEQUANTIZE=dequantize, BLOCK=_BLOCK,
+        )  # fmt: skip
+    return out
+
+
+def quantize_backward_triton(
+    grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, inner: int, unsigned: bool
+) -> torch.Tensor:
+    """Straight-through gradient: ``grad`` where ``-amax <= x <= amax`` (``0 <= x`` unsigned), else 0."""
+    out = torch.empty_like(grad)
+    n = x.numel()
+    if n:
+        channels = amax.numel()
+        _quantize_backward_kernel[_grid(n)](
+            grad, x, amax, out, n, inner, channels, PER_TENSOR=channels == 1, UNSIGNED=unsigned, BLOCK=_BLOCK
+        )
+    return out
