@@ -4,8 +4,8 @@
 seed's short aliases (``quant_nn.Conv2d`` is ``QuantConv2d``).
 """
 
-from qdq.nn.base import InputQuantized, QuantInputMixin, QuantMixin, pop_quant_desc_in_kwargs
 from qdq.clip import Clip
+from qdq.nn.base import InputQuantized, QuantInputMixin, QuantMixin, pop_quant_desc_in_kwargs
 from qdq.nn.conv import (
     QuantConv1d,
     QuantConv2d,
