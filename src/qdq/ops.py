@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AMAX_EPSILON", "quant_step", "quantize", "quantize_grad"]
+__all__ = ["AMAX_EPSILON", "quant_step", "quantize", "quantize_grad", "round_to_grid"]
 
 #: amax at or below this quantizes to exact zeros (the smallest fp16 subnormal, as in the seed).
 AMAX_EPSILON = 2.0**-24
@@ -52,9 +52,15 @@ def quant_step(amax: torch.Tensor, max_bound: int) -> torch.Tensor:
     return torch.where(amax <= AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, max_bound))
 
 
+def round_to_grid(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """``clamp(round_half_to_even(x / step), qmin, qmax)`` as a new float32 tensor: ONNX's QuantizeLinear
+    with zero point 0, for any ``step`` broadcastable to ``x``. Multiply by ``step`` to dequantize."""
+    return torch.div(x.float(), step.float()).clamp_(qmin, qmax).round_()
+
+
 def _quantize_aten(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
     step, tiny = quant_step(amax, qmax), amax <= AMAX_EPSILON
-    q = torch.div(x.float(), step).clamp_(qmin, qmax).round_()
+    q = round_to_grid(x, step, qmin, qmax)
     # Multiplying by 0 (rather than masking) zeroes tiny channels without testing whether there are any.
     q = q.mul_(torch.where(tiny, torch.zeros_like(step), step) if dequantize else (~tiny).float())
     return q.to(x.dtype)
