@@ -11,3 +11,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip cleanly where CUDA is not available."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -63,7 +63,7 @@ def _quantize_kernel(
     if DEQUANTIZE:
         v = v * step
     out = tl.where(tiny, 0.0, v)
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
 
 @triton.jit
@@ -96,14 +96,21 @@ def _grid(n: int) -> tuple[int]:
 
 
 def quantize_triton(
-    x: torch.Tensor, amax: torch.Tensor, inner: int, qmin: int, qmax: int, dequantize: bool
+    x: torch.Tensor,
+    amax: torch.Tensor,
+    inner: int,
+    qmin: int,
+    qmax: int,
+    dequantize: bool,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Fused quantization of dense ``x`` with ``amax`` flattened to ``(C,)`` (``C = 1``: per tensor).
 
-    Element ``i`` of ``x``'s storage uses ``amax[(i // inner) % C]``. The output has ``x``'s dtype and
-    memory format.
+    Element ``i`` of ``x``'s storage uses ``amax[(i // inner) % C]``. The output has ``x``'s memory
+    format and dtype (or ``out_dtype``: the tests read the float32 result of a bf16 input this way,
+    because the interpreter's float downcast truncates instead of rounding to nearest even).
     """
-    out = torch.empty_like(x)
+    out = torch.empty_like(x, dtype=out_dtype)
     n = x.numel()
     if n:
         channels = amax.numel()

@@ -95,25 +95,39 @@ def test_result_is_a_copy():
     assert float(cal.compute_amax()) == 2.0
 
 
-@pytest.mark.parametrize("num_bits", [0, 1, 17, 8.0, True, (4, 3)])
-def test_bad_num_bits(num_bits):
-    with pytest.raises(QdqConfigError, match="num_bits"):
+@pytest.mark.parametrize(
+    "num_bits, error",
+    [(0, QdqConfigError), (1, QdqConfigError), (17, QdqConfigError), (8.0, QdqTypeError), (True, QdqTypeError),
+     ((4, 3), QdqTypeError)],
+)  # fmt: skip
+def test_bad_num_bits(num_bits, error):
+    with pytest.raises(error, match="num_bits"):
         MaxCalibrator(num_bits=num_bits)
 
 
-@pytest.mark.parametrize("axis, match", [((), "ambiguous"), ((0, 0), "repeats"), ("0", "axis"), ((0, 1.0), "axis")])
-def test_bad_axis(axis, match):
-    with pytest.raises(QdqConfigError, match=match):
+@pytest.mark.parametrize(
+    "axis, error, match",
+    [((0, 0), QdqConfigError, "repeats"), ("0", QdqTypeError, "axis"), ((0, 1.0), QdqTypeError, "axis")],
+)
+def test_bad_axis(axis, error, match):
+    with pytest.raises(error, match=match):
         MaxCalibrator(axis=axis)
+
+
+def test_empty_axis_is_per_tensor_like_the_descriptor():
+    assert MaxCalibrator(axis=()).axis is None
+    assert collected(torch.tensor([[1.0, -5.0], [2.0, 0.0]]), axis=()).compute_amax().shape == ()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("unsigned", [False, True])
-def test_non_finite_raises(bad, unsigned):
+def test_non_finite_raises_when_used(bad, unsigned):
     x = torch.rand(3, 3)
     x[0, 0] = bad
-    with pytest.raises(QdqCalibrationError, match=r"NaN.*Inf"):
-        MaxCalibrator(axis=1, unsigned=unsigned).collect(x)
+    cal = MaxCalibrator(axis=1, unsigned=unsigned)
+    cal.collect(x)
+    with pytest.raises(QdqCalibrationError, match=r"NaN or Inf values \(batch 1 of 1\)"):
+        cal.compute_amax()
 
 
 def test_inputs():

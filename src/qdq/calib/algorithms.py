@@ -18,8 +18,7 @@ from collections.abc import Callable
 import torch
 
 from qdq.errors import QdqConfigError, QdqTypeError
-
-from .base import check_num_bits
+from qdq.validate import check_num_bits
 
 __all__ = ["entropy_amax", "mse_amax", "percentile_amax"]
 

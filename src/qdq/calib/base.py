@@ -10,8 +10,13 @@ Conventions shared by every calibrator in :mod:`qdq.calib`:
   positive part can set the range).
 * Data is read as float32 (half and bfloat16 exactly; integers and float64 rounded); amax values are
   float32 tensors on the device of the statistics, in the units of the data.
-* Empty tensors are ignored. NaN or Inf raise :class:`~qdq.errors.QdqCalibrationError`.
+* Empty tensors are ignored. NaN or Inf raise :class:`~qdq.errors.QdqCalibrationError` when the
+  statistics are used (``compute_amax``, ``sync``), naming the first bad batch.
+* ``collect`` never reads a device value on the host: on a GPU it only queues kernels, so calibration
+  runs at the speed of the forward pass. That is why non-finite data is reported when the statistics
+  are used rather than by ``collect`` itself.
 """
+
 
 from __future__ import annotations
 
@@ -22,14 +27,14 @@ from typing import Any, Protocol
 import torch
 
 from qdq.errors import QdqCalibrationError, QdqConfigError, QdqTypeError, did_you_mean
+from qdq.utils.reduce_amax import min_max_over
+from qdq.validate import check_axis, check_num_bits
 
 from . import distributed
 
 __all__ = ["Axis", "CalibState", "Calibrator", "ChannelLayout"]
 
 Axis = int | tuple[int, ...] | None
-
-_MIN_BITS, _MAX_BITS = 2, 16
 
 
 @dataclass(frozen=True)
@@ -59,32 +64,6 @@ class ChannelLayout:
         return tuple(d for d in range(rank) if d not in self.keep)
 
 
-def check_num_bits(num_bits: Any) -> int:
-    """Validate an integer bit width in [2, 16]."""
-    if isinstance(num_bits, bool) or not isinstance(num_bits, int):
-        raise QdqConfigError(
-            f"num_bits must be an int in [{_MIN_BITS}, {_MAX_BITS}], got {num_bits!r}. "
-            "Calibrators support integer quantization only."
-        )
-    if not _MIN_BITS <= num_bits <= _MAX_BITS:
-        raise QdqConfigError(f"num_bits must be in [{_MIN_BITS}, {_MAX_BITS}], got {num_bits}.")
-    return num_bits
-
-
-def check_axis(axis: Any) -> tuple[int, ...] | None:
-    """Validate ``axis`` (None, an int, or a tuple/list of distinct ints) and return it as a tuple."""
-    if axis is None:
-        return None
-    items = (axis,) if isinstance(axis, int) and not isinstance(axis, bool) else axis
-    if not isinstance(items, tuple | list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in items):
-        raise QdqConfigError(f"axis must be None, an int or a tuple of ints (the axes to keep), got {axis!r}.")
-    if len(items) == 0:
-        raise QdqConfigError("axis=() is ambiguous: use axis=None for one amax per tensor.")
-    if len(set(items)) != len(items):
-        raise QdqConfigError(f"axis {axis!r} repeats an axis.")
-    return tuple(items)
-
-
 def resolve_layout(axis: tuple[int, ...] | None, shape: torch.Size) -> ChannelLayout:
     """Normalise ``axis`` against a tensor ``shape`` and build its :class:`ChannelLayout`."""
     if axis is None:
@@ -111,22 +90,15 @@ def as_float32(x: Any, who: str) -> torch.Tensor:
     return x.detach().float()
 
 
-def magnitude_max(x: torch.Tensor, layout: ChannelLayout, unsigned: bool, who: str) -> torch.Tensor:
-    """Largest magnitude per channel (keepdims shape, float32), raising on NaN/Inf in ``x``."""
-    if layout.rank is None:
-        lo, hi = torch.aminmax(x)
-    else:
-        dims = layout.reduce_dims(x.dim())
-        lo = x.amin(dim=dims, keepdim=True) if dims else x
-        hi = x.amax(dim=dims, keepdim=True) if dims else x
-    if not bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):
-        n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        raise QdqCalibrationError(
-            f"{who}.collect got a tensor of shape {tuple(x.shape)} with {n_nan} NaN and {n_inf} Inf "
-            "value(s); calibration needs finite data. Find where they come from (an overflow or a "
-            "division by zero upstream, a bad input sample) or leave that batch out."
-        )
-    return hi.clamp(min=0) if unsigned else torch.maximum(-lo, hi)
+def magnitude_max(x: torch.Tensor, layout: ChannelLayout, unsigned: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Largest magnitude per channel (keepdims, float32; 0 where not finite), and whether all of ``x`` is finite.
+
+    Both stay on the device. Unsigned magnitudes are ``max(x, 0)``, but a ``-inf`` still counts as non-finite.
+    """
+    lo, hi = min_max_over(x, layout.keep if layout.rank is not None else None)
+    finite = torch.isfinite(lo).all() & torch.isfinite(hi).all()
+    amax = hi.clamp(min=0) if unsigned else torch.maximum(-lo, hi)
+    return amax.nan_to_num(nan=0.0, posinf=0.0), finite
 
 
 class CalibState(Protocol):
@@ -165,6 +137,8 @@ class Calibrator(abc.ABC):
         self._layout: ChannelLayout | None = None
         self._local: Any = None  # CalibState of the data collected or merged here
         self._synced: Any = None  # CalibState all-reduced by the last sync(), until new local data
+        self._batches = 0  # batches collected here
+        self._first_bad: torch.Tensor | None = None  # device int64: first batch with NaN/Inf (1-based), or 0
 
     @property
     def num_bits(self) -> int:
@@ -205,13 +179,35 @@ class Calibrator(abc.ABC):
         layout = resolve_layout(self._axis, x.shape)
         self._check_same_layout(layout, x.shape)
         with torch.no_grad():
-            batch = self._batch_state(x, layout)
+            batch_max, finite = magnitude_max(x, layout, self._unsigned)
+            self._batches += 1
+            self._note_finite(finite)
+            batch = self._batch_state(x, layout, batch_max)
         self._add_local(batch)
         self._layout = layout
 
     def reset(self) -> None:
         """Forget every statistic, local and synced (a new channel shape is then accepted)."""
         self._layout = self._local = self._synced = None
+        self._batches, self._first_bad = 0, None
+
+    def _note_finite(self, finite: torch.Tensor) -> None:
+        """Remember (on the device, without waiting for it) the first batch that was not all finite."""
+        bad = ~finite
+        first = self._first_bad
+        if first is None:
+            first = torch.zeros((), dtype=torch.int64, device=bad.device)
+        self._first_bad = torch.where((first == 0) & bad, torch.full_like(first, self._batches), first)
+
+    def _bad_batch(self) -> int:
+        """1-based index of the first collected batch with NaN/Inf, or 0. Reads one value from the device."""
+        return 0 if self._first_bad is None else int(self._first_bad)
+
+    def _check_finite(self) -> None:
+        """Raise if any collected data was NaN or Inf (called where the statistics are used)."""
+        bad = self._bad_batch()
+        if bad:
+            raise QdqCalibrationError(_nonfinite_message(type(self).__name__, f"batch {bad} of {self._batches}"))
 
     def merge(self, other: Calibrator) -> None:
         """Add the local statistics of ``other`` (same class and configuration) to this calibrator's.
@@ -223,6 +219,11 @@ class Calibrator(abc.ABC):
         self._check_compatible(other)
         if other._local is None:
             return
+        other_bad = other._bad_batch()
+        if other_bad:
+            raise QdqCalibrationError(
+                _nonfinite_message(type(self).__name__, f"batch {other_bad} of the calibrator being merged")
+            )
         if self._layout is not None and self._layout != other._layout:
             raise QdqCalibrationError(
                 f"cannot merge {type(self).__name__}s with different channel shapes: "
@@ -244,7 +245,11 @@ class Calibrator(abc.ABC):
         if not distributed.is_initialized():
             return
         mine = self._layout if self._local is not None else None
-        metas = distributed.all_gather_object((type(self).__name__, self._config(), mine), group)
+        metas = distributed.all_gather_object((type(self).__name__, self._config(), mine, self._bad_batch()), group)
+        bad_ranks = [rank for rank, m in enumerate(metas) if m[3]]
+        if bad_ranks:  # raised on every rank, so none is left waiting in a collective
+            where = ", ".join(f"rank {r} batch {metas[r][3]}" for r in bad_ranks)
+            raise QdqCalibrationError(_nonfinite_message(type(self).__name__, where))
         if any(m[:2] != metas[0][:2] for m in metas):
             raise QdqCalibrationError(
                 f"{type(self).__name__}.sync: ranks use different calibrator configurations: "
@@ -270,8 +275,12 @@ class Calibrator(abc.ABC):
     # -- hooks for subclasses -------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def _batch_state(self, x: torch.Tensor, layout: ChannelLayout) -> CalibState:
-        """Statistics of one non-empty float32 tensor."""
+    def _batch_state(self, x: torch.Tensor, layout: ChannelLayout, batch_max: torch.Tensor) -> CalibState:
+        """Statistics of one non-empty float32 tensor, given its finite per-channel maximum (keepdims).
+
+        Must not read device values on the host. ``x`` may hold NaN/Inf (then ``batch_max`` is 0 where
+        it was not finite, and the calibrator raises when its statistics are used): no crash, any result.
+        """
 
     @abc.abstractmethod
     def _empty_state(self, layout: ChannelLayout) -> CalibState:
@@ -338,3 +347,10 @@ class Calibrator(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(self._repr_fields())})"
+
+
+def _nonfinite_message(who: str, where: str) -> str:
+    return (
+        f"{who} collected data with NaN or Inf values ({where}); calibration needs finite data. Find where "
+        "they come from (an overflow or a division by zero upstream, a bad input sample) or leave that batch out."
+    )

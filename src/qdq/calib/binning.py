@@ -61,9 +61,11 @@ def bin_width(exponent: torch.Tensor, num_bins: int) -> torch.Tensor:
 
 
 def rebin(counts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """Re-bin ``counts`` (C, n) to ranges ``2**shift`` times larger per channel (exact, int64)."""
-    if not bool((shift > 0).any()):
-        return counts
+    """Re-bin ``counts`` (C, n) to ranges ``2**shift`` times larger per channel (exact, int64).
+
+    Always a scatter over the ``C * n`` counts (``shift = 0`` maps every bin to itself): testing first
+    whether any channel grew would read a device value on the host.
+    """
     n = counts.shape[1]
     target = torch.arange(n, device=counts.device) >> shift.clamp(0, 62)[:, None]
     return torch.zeros_like(counts).scatter_add_(1, target, counts)
@@ -95,6 +97,8 @@ def histogram(
     stride = num_bins + int(skip_zeros)  # with skip_zeros, zeros go to an extra bin that is dropped
     bshape = layout.shape if layout.rank is not None else ()
     scale = (_pow2(-exponent.to(x.device)) * num_bins).float().reshape(bshape)
+    if _use_histc(x, channels, num_bins):
+        return _histogram_histc(x, scale.reshape(()), num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
     offsets = None
     if channels > 1:
         offsets = (torch.arange(channels, device=x.device) * stride).reshape(bshape)
@@ -103,7 +107,8 @@ def histogram(
     ones = torch.ones(min(chunk_size, x.numel()), dtype=torch.int64, device=x.device)
     for chunk, chunk_scale, chunk_offsets in _chunks(x, layout, scale, offsets, chunk_size):
         mag = chunk.clamp(min=0) if unsigned else chunk.abs()
-        idx = mag.mul_(chunk_scale).to(torch.int64)  # truncation == floor for magnitudes >= 0
+        # truncation == floor for magnitudes >= 0; the clamp only acts on NaN/Inf data (reported later)
+        idx = mag.mul_(chunk_scale).to(torch.int64).clamp_(0, num_bins - 1)
         if skip_zeros:
             idx.masked_fill_(mag == 0, num_bins)
         if chunk_offsets is not None:
@@ -111,6 +116,36 @@ def histogram(
         # scatter_add_ touches only the chunk's bins (bincount would zero and add all C * n of them)
         counts.scatter_add_(0, idx.reshape(-1), ones[: idx.numel()])
     return counts.view(channels, stride)[:, :num_bins].contiguous()
+
+
+def _use_histc(x: torch.Tensor, channels: int, num_bins: int) -> bool:
+    """Per-tensor histograms on accelerators use ``torch.histc`` (block-local shared-memory bins);
+    ``scatter_add_`` there makes every element an atomic add on a few global bins (half the elements
+    of a post-ReLU tensor on bin 0), which serialises. On the CPU ``scatter_add_`` is the faster one."""
+    return x.device.type != "cpu" and channels == 1 and num_bins & (num_bins - 1) == 0
+
+
+def _histogram_histc(
+    x: torch.Tensor, scale: torch.Tensor, num_bins: int, *, unsigned: bool, skip_zeros: bool
+) -> torch.Tensor:
+    """Per-tensor histogram with ``torch.histc``, equal bit for bit to the ``scatter_add_`` path.
+
+    The bin index ``floor(fl32(m * scale))`` is computed as a float32 integer ``v``; ``histc`` with
+    ``min=0, max=num_bins, bins=num_bins`` puts ``v`` in bin ``(v - 0) * num_bins / num_bins``, exact in
+    float32 for a power-of-two ``num_bins``. Its float32 counts are exact integers because a chunk holds
+    at most ``2**24`` elements. Values outside ``[0, num_bins]`` and NaN (bad data, reported later) are
+    left out; excluded zeros (``skip_zeros``) are moved to -1.
+    """
+    counts = torch.zeros(num_bins, dtype=torch.int64, device=x.device)
+    flat = x.reshape(-1)
+    for start in range(0, flat.numel(), _DEVICE_CHUNK):
+        chunk = flat[start : start + _DEVICE_CHUNK]
+        mag = chunk.clamp(min=0) if unsigned else chunk.abs()
+        v = mag.mul(scale).floor_().clamp_(max=num_bins - 1)
+        if skip_zeros:
+            v.masked_fill_(mag == 0, -1.0)
+        counts += torch.histc(v, bins=num_bins, min=0, max=num_bins).to(torch.int64)
+    return counts.view(1, num_bins)
 
 
 def _chunks(

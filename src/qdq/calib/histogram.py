@@ -10,7 +10,7 @@ import torch
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 
 from . import algorithms, binning, distributed
-from .base import Axis, Calibrator, CalibState, ChannelLayout, magnitude_max
+from .base import Axis, Calibrator, CalibState, ChannelLayout
 
 __all__ = ["HistogramCalibrator"]
 
@@ -113,6 +113,7 @@ class HistogramCalibrator(Calibrator):
         state = self._state
         if state is None or self._layout is None:
             return None
+        self._check_finite()
         amax = self._amax_by(state, method, options)
         amax = torch.where(state.max > 0, amax, torch.zeros_like(amax))
         return amax.reshape(self._layout.shape)
@@ -150,8 +151,8 @@ class HistogramCalibrator(Calibrator):
     def _config(self) -> tuple[Any, ...]:
         return (*super()._config(), self._num_bins, self._skip_zeros)
 
-    def _batch_state(self, x: torch.Tensor, layout: ChannelLayout) -> _Hist:
-        batch_max = magnitude_max(x, layout, self._unsigned, type(self).__name__).reshape(-1)
+    def _batch_state(self, x: torch.Tensor, layout: ChannelLayout, batch_max: torch.Tensor) -> _Hist:
+        batch_max = batch_max.reshape(-1)
         exponent = binning.range_exponent(batch_max)
         counts = binning.histogram(
             x, exponent, layout, self._num_bins, unsigned=self._unsigned, skip_zeros=self._skip_zeros

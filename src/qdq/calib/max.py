@@ -10,7 +10,7 @@ import torch
 from qdq.errors import QdqTypeError
 
 from . import distributed
-from .base import Axis, Calibrator, CalibState, ChannelLayout, magnitude_max
+from .base import Axis, Calibrator, CalibState, ChannelLayout
 
 __all__ = ["MaxCalibrator"]
 
@@ -57,14 +57,16 @@ class MaxCalibrator(Calibrator):
         if kwargs:
             raise QdqTypeError(f"MaxCalibrator.compute_amax takes no options, got {sorted(kwargs)}.")
         state = self._state
-        return None if state is None else state.amax.clone()
+        if state is None:
+            return None
+        self._check_finite()
+        return state.amax.clone()
 
     def _config(self) -> tuple[Any, ...]:
         return (*super()._config(), self._track_amax)
 
-    def _batch_state(self, x: torch.Tensor, layout: ChannelLayout) -> _MaxState:
-        amax = magnitude_max(x, layout, self._unsigned, type(self).__name__)
-        return _MaxState(amax, [amax.clone()] if self._track_amax else [])
+    def _batch_state(self, x: torch.Tensor, layout: ChannelLayout, batch_max: torch.Tensor) -> _MaxState:
+        return _MaxState(batch_max, [batch_max.clone()] if self._track_amax else [])
 
     def _empty_state(self, layout: ChannelLayout) -> _MaxState:
         return _MaxState(torch.zeros(layout.shape, dtype=torch.float32), [])  # 0 is neutral: magnitudes >= 0

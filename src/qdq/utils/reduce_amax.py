@@ -6,17 +6,23 @@ import torch
 
 from qdq.errors import QdqConfigError
 
-__all__ = ["amax_over", "reduce_amax"]
+__all__ = ["amax_over", "min_max_over", "reduce_amax"]
 
 
 def amax_over(x: torch.Tensor, keep: tuple[int, ...] | None, unsigned: bool = False) -> torch.Tensor:
     """Largest magnitude of ``x`` over every axis **not** in ``keep`` (kept axes stay, others become 1).
 
     ``keep=None`` reduces everything to a 0-d tensor. The magnitude is ``|x|``, or ``max(x, 0)`` when
-    ``unsigned``. NaN in ``x`` gives NaN and infinities give Inf in the result, so a caller can check the
-    small result instead of the data. Computed from ``min`` and ``max`` without materialising ``|x|``, and
-    without reading anything back to the host.
+    ``unsigned``. NaN in ``x`` gives NaN in the result, and so do infinities except ``-inf`` unsigned
+    (use :func:`min_max_over` to see every non-finite value). Computed from ``min`` and ``max`` without
+    materialising ``|x|``, and without reading anything back to the host.
     """
+    lo, hi = min_max_over(x, keep)
+    return hi.clamp(min=0) if unsigned else torch.maximum(-lo, hi)
+
+
+def min_max_over(x: torch.Tensor, keep: tuple[int, ...] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(min, max)`` of ``x`` over every axis not in ``keep`` (keepdims; 0-d for ``keep=None``), one pass."""
     if keep is None:
         lo, hi = torch.aminmax(x)
     else:
@@ -30,7 +36,7 @@ def amax_over(x: torch.Tensor, keep: tuple[int, ...] | None, unsigned: bool = Fa
             lo, hi = lo.view(shape), hi.view(shape)
         else:
             lo, hi = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
-    return hi.clamp(min=0) if unsigned else torch.maximum(-lo, hi)
+    return lo, hi
 
 
 def reduce_amax(input: torch.Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = True) -> torch.Tensor:

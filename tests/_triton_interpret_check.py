@@ -1,0 +1,67 @@
+"""Run qdq's Triton kernels under the Triton interpreter (CPU) and compare them with the ATen operator.
+
+Executed in a subprocess by tests/test_triton_kernels.py with TRITON_INTERPRET=1 (which must be set before
+triton is imported). Prints one line per case and exits non-zero on the first mismatch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from qdq import ops
+from qdq.triton_kernels import quantize_backward_triton, quantize_triton
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 7, generator=g) * 3
+    x.view(-1)[:4] = torch.tensor([float("nan"), 0.5, -0.5, 2.5])
+    per_tensor = torch.tensor(2.0)
+    per_channel0 = torch.rand(6, 1, 1, generator=g) * 4
+    per_channel0[1] = 0.0  # a tiny channel quantizes to zeros
+    per_channel1 = torch.rand(1, 5, 1, generator=g) * 4
+    for bits, unsigned, narrow in [(8, False, False), (8, False, True), (8, True, False), (4, False, False), (4, True, False)]:
+        qmin, qmax = ops_bounds(bits, unsigned, narrow)
+        for name, amax in [("tensor", per_tensor), ("axis0", per_channel0), ("axis1", per_channel1)]:
+            yield f"{bits}bit unsigned={unsigned} narrow={narrow} {name}", x, amax, qmin, qmax, unsigned
+    yield "bf16 per tensor", x.bfloat16(), per_tensor, -128, 127, False
+    yield "fp16 axis0", x.half(), per_channel0, -128, 127, False
+
+
+def ops_bounds(bits, unsigned, narrow):
+    qmax = 2 ** (bits - 1 + int(unsigned)) - 1
+    return (0 if unsigned else (-qmax if narrow else -qmax - 1)), qmax
+
+
+def _inner(x, amax):
+    varying = [d for d, n in enumerate(amax.shape) if n != 1]
+    return x.numel() if not varying else int(np.prod(x.shape[varying[0] + 1 :]))
+
+
+def main() -> int:
+    for label, x, amax, qmin, qmax, unsigned in _cases():
+        inner = _inner(x, amax)
+        flat = amax.float().contiguous().reshape(-1)
+        for dequantize in (True, False):
+            # float32 output: the interpreter truncates float downcasts (a GPU rounds to nearest even,
+            # checked by the GPU tests), so low-precision inputs are compared before the final cast.
+            got = quantize_triton(x, flat, inner, qmin, qmax, dequantize, out_dtype=torch.float32)
+            want = ops._quantize_aten(x.float(), amax, qmin, qmax, dequantize)
+            if not torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)):
+                print(f"MISMATCH forward {label} dequantize={dequantize}")
+                return 1
+        grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(x.dtype)
+        got = quantize_backward_triton(grad, x, flat, inner, unsigned)
+        want = ops._quantize_grad_aten(grad, x, amax, unsigned)
+        if not torch.equal(got, want):
+            print(f"MISMATCH backward {label}")
+            return 1
+        print(f"ok {label}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""No quantizer reads a device value on the host: counted with the profiler on a CPU training step.
+
+On a GPU, ``.item()``, ``bool(tensor)`` and ``if tensor:`` wait for every queued kernel. They show up in
+the profiler as ``aten::item`` / ``aten::_local_scalar_dense`` / ``aten::is_nonzero`` on any device, so
+a CPU run catches them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch.profiler import profile
+
+import qdq
+from qdq.calib import HistogramCalibrator, MaxCalibrator
+
+_SYNCS = ("aten::item", "aten::_local_scalar_dense", "aten::is_nonzero")
+
+
+def _count_syncs(fn) -> dict[str, int]:
+    with profile() as prof:
+        fn()
+    names = [event.name for event in prof.events()]
+    return {name: names.count(name) for name in _SYNCS}
+
+
+def _model(learned: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    desc = qdq.QuantDescriptor(learn_amax=True, amax=2.0) if learned else None
+    config = qdq.QuantConfig(quant_desc_input=desc)
+    model = qdq.quantize_model(torchvision.models.resnet18(num_classes=10), config)
+    for quantizer in model.modules():
+        if isinstance(quantizer, qdq.TensorQuantizer) and not quantizer.learn_amax:
+            quantizer.amax = torch.tensor(3.0) if quantizer.axis is None else torch.rand(1) + 0.5
+    return model
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_training_step_has_no_host_reads(learned):
+    model = _model(learned)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    step()
+    assert _count_syncs(step) == dict.fromkeys(_SYNCS, 0)
+
+
+def test_eval_and_dynamic_ranges_have_no_host_reads():
+    model = qdq.quantize_model(torchvision.models.resnet18(num_classes=10)).eval()  # every range dynamic
+    with torch.no_grad():
+        assert _count_syncs(lambda: model(torch.randn(2, 3, 32, 32))) == dict.fromkeys(_SYNCS, 0)
+
+
+@pytest.mark.parametrize("calibrator", [MaxCalibrator, HistogramCalibrator])
+@pytest.mark.parametrize("axis", [None, 1])
+def test_collecting_statistics_has_no_host_reads(calibrator, axis):
+    cal = calibrator(axis=axis)
+    batches = [torch.randn(8, 16, 5, 5) * s for s in (1.0, 4.0, 0.5)]
+    cal.collect(batches[0])
+
+    def collect():
+        for batch in batches:
+            cal.collect(batch)
+
+    assert _count_syncs(collect) == dict.fromkeys(_SYNCS, 0)
+    assert cal.compute_amax() is not None  # the one read happens here, once
