@@ -23,7 +23,8 @@ def _cases():
     per_channel0 = torch.rand(6, 1, 1, generator=g) * 4
     per_channel0[1] = 0.0  # a tiny channel quantizes to zeros
     per_channel1 = torch.rand(1, 5, 1, generator=g) * 4
-    for bits, unsigned, narrow in [(8, False, False), (8, False, True), (8, True, False), (4, False, False), (4, True, False)]:
+    grids = [(8, False, False), (8, False, True), (8, True, False), (4, False, False), (4, True, False)]
+    for bits, unsigned, narrow in grids:
         qmin, qmax = ops_bounds(bits, unsigned, narrow)
         for name, amax in [("tensor", per_tensor), ("axis0", per_channel0), ("axis1", per_channel1)]:
             yield f"{bits}bit unsigned={unsigned} narrow={narrow} {name}", x, amax, qmin, qmax, unsigned

@@ -30,7 +30,7 @@ def _quantized(kind: str) -> torch.nn.Module:
 @pytest.mark.parametrize("kind", ["static", "unsigned", "learned", "4bit", "dynamic"])
 @pytest.mark.parametrize("train", [True, False])
 def test_dynamo_traces_without_graph_breaks(kind, train):
-    model = (qdq.quantize_model(torchvision.models.resnet18(num_classes=10)) if kind == "dynamic" else _quantized(kind))
+    model = qdq.quantize_model(torchvision.models.resnet18(num_classes=10)) if kind == "dynamic" else _quantized(kind)
     model.train(train)
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(model)(torch.randn(2, 3, 32, 32))

@@ -163,8 +163,8 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     if not ctx.needs_input_grad[0]:
         return None, None, None, None, None
     # On the CPU, ATen directly: the custom-op dispatch costs more than the operation on small tensors.
-    grad_x = quantize_grad(grad, x, amax, ctx.unsigned) if x.is_cuda else _quantize_grad_aten(grad, x, amax, ctx.unsigned)
-    return grad_x, None, None, None, None
+    grad_fn = quantize_grad if x.is_cuda else _quantize_grad_aten
+    return grad_fn(grad, x, amax, ctx.unsigned), None, None, None, None
 
 
 quantize.register_autograd(_backward, setup_context=_setup_context)

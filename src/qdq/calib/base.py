@@ -17,7 +17,6 @@ Conventions shared by every calibrator in :mod:`qdq.calib`:
   are used rather than by ``collect`` itself.
 """
 
-
 from __future__ import annotations
 
 import abc
