@@ -17,67 +17,10 @@ import time
 
 import torch
 import torchvision
+from _qat_common import calibrate_max, native_model, train_step
 from torch import nn
 
 import qdq
-from qdq import nn as quant_nn
-
-
-def _calibrate_max(model: nn.Module, batch: torch.Tensor) -> None:
-    """Static amax = max |x| of one batch for every quantizer (what max calibration gives)."""
-    quantizers = [m for m in model.modules() if isinstance(m, quant_nn.TensorQuantizer)]
-    seen: dict[int, torch.Tensor] = {}
-
-    def hook(module, inputs, _out):
-        x = inputs[0].detach()
-        if module.axis is None:
-            seen[id(module)] = x.abs().max()
-        else:
-            dims = [d for d in range(x.dim()) if d not in module.axis]
-            seen[id(module)] = x.abs().amax(dim=dims, keepdim=True)
-
-    handles = [q.register_forward_hook(hook) for q in quantizers]
-    with torch.no_grad():
-        model(batch)
-    for handle in handles:
-        handle.remove()
-    for quantizer in quantizers:
-        quantizer.amax = seen[id(quantizer)]
-
-
-class _NativeFQConv(nn.Conv2d):
-    """Peer: the same conv with torch's native fake-quant kernels (per-tensor input, per-channel weight)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.fake_quantize_per_tensor_affine(x, float(self.in_amax) / 127, 0, -128, 127)
-        scale = (self.w_amax / 127).flatten()
-        zero = torch.zeros_like(scale, dtype=torch.int32)
-        w = torch.fake_quantize_per_channel_affine(self.weight, scale, zero, 0, -128, 127)
-        return self._conv_forward(x, w, self.bias)
-
-
-def _native_model(reference: nn.Module) -> nn.Module:
-    model = torchvision.models.resnet18(num_classes=10)
-    model.load_state_dict({k: v for k, v in reference.state_dict().items() if "quantizer" not in k})
-    for name, module in list(model.named_modules()):
-        if isinstance(module, nn.Conv2d):
-            quant = reference.get_submodule(name)
-            module.__class__ = _NativeFQConv
-            module.in_amax = quant.input_quantizer.amax.item()
-            module.w_amax = quant.weight_quantizer.amax.clone()
-    return model
-
-
-def _step_fn(model: nn.Module, batch: torch.Tensor, labels: torch.Tensor):
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(batch), labels).backward()
-        optimizer.step()
-
-    return step
 
 
 def main() -> None:
@@ -96,10 +39,10 @@ def main() -> None:
     qat = torchvision.models.resnet18(num_classes=10)
     qat.load_state_dict(fp32.state_dict())
     qdq.quantize_model(qat, qdq.QuantConfig(include_types=(nn.Conv2d,)))
-    _calibrate_max(qat, batch)
-    native = _native_model(qat)
+    calibrate_max(qat, batch)
+    native = native_model(fp32, qat)
     variants = {"fp32": fp32, "qdq": qat, "torch-native-fq": native}
-    steps = {name: _step_fn(model.train(), batch, labels) for name, model in variants.items()}
+    steps = {name: train_step(model.train(), batch, labels) for name, model in variants.items()}
     for step in steps.values():  # warm-up
         step(), step()
     times: dict[str, list[float]] = {name: [] for name in variants}

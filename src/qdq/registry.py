@@ -48,8 +48,8 @@ class Registry(Generic[K, V]):
         return wrap
 
     def unregister(self, key: K) -> V:
-        if key not in self._items:
-            raise QdqConfigError(f"{self._what} {_key_name(key)!r} is not registered.")
+        """Remove and return the value for ``key``; an unknown key raises like :meth:`get`."""
+        self.get(key)
         return self._items.pop(key)
 
     def get(self, key: K) -> V:

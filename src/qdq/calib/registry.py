@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.registry import Registry
 
 from .base import Calibrator
 from .histogram import HistogramCalibrator
@@ -56,7 +57,9 @@ _BUILTINS: dict[str, CalibratorFactory] = {
     "histogram": HistogramCalibrator,
     **{m: _histogram_with(m) for m in ("entropy", "mse", "percentile")},
 }
-_registry: dict[str, CalibratorFactory] = dict(_BUILTINS)
+_registry: Registry[str, CalibratorFactory] = Registry("calibrator")
+for _name, _factory in _BUILTINS.items():
+    _registry.register(_name, _factory)
 
 
 def register_calibrator(name: str, factory: F | None = None, *, override: bool = False) -> F | Callable[[F], F]:
@@ -75,12 +78,7 @@ def register_calibrator(name: str, factory: F | None = None, *, override: bool =
     def add(f: F) -> F:
         if not callable(f):
             raise QdqTypeError(f"register_calibrator({name!r}) needs a class or function, got {type(f).__name__}.")
-        if name in _registry and not override:
-            raise QdqConfigError(
-                f"a calibrator named {name!r} is already registered; pass override=True to replace it."
-            )
-        _registry[name] = f
-        return f
+        return _registry.register(name, f, override=override)
 
     return add if factory is None else add(factory)
 
@@ -91,11 +89,9 @@ def unregister_calibrator(name: str) -> None:
     Raises:
         QdqConfigError: ``name`` is not registered.
     """
-    _check_known(name)
+    _registry.unregister(name)
     if name in _BUILTINS:
-        _registry[name] = _BUILTINS[name]
-    else:
-        del _registry[name]
+        _registry.register(name, _BUILTINS[name])
 
 
 def calibrator_names() -> tuple[str, ...]:
@@ -115,7 +111,7 @@ def make_calibrator(name: str, /, **kwargs: Any) -> Calibrator:
         QdqConfigError: unknown name (the message lists the registered ones).
         QdqTypeError: an argument the calibrator does not take.
     """
-    factory = _check_known(name)
+    factory = _registry.get(name)
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # some builtins have no signature: let the call check
@@ -128,11 +124,3 @@ def make_calibrator(name: str, /, **kwargs: Any) -> Calibrator:
             hint = did_you_mean(next(iter(set(kwargs) - set(params)), ""), params)
             raise QdqTypeError(f"make_calibrator({name!r}): {err}; it takes {params}.{hint}") from err
     return factory(**kwargs)
-
-
-def _check_known(name: str) -> CalibratorFactory:
-    if name not in _registry:
-        raise QdqConfigError(
-            f"unknown calibrator {name!r}; registered: {list(calibrator_names())}.{did_you_mean(str(name), _registry)}"
-        )
-    return _registry[name]
