@@ -52,10 +52,20 @@ def quant_step(amax: torch.Tensor, max_bound: int) -> torch.Tensor:
     return torch.where(amax <= AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, max_bound))
 
 
+_ROUNDER = 1.5 * 2.0**23
+
+
 def round_to_grid(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
     """``clamp(round_half_to_even(x / step), qmin, qmax)`` as a new float32 tensor: ONNX's QuantizeLinear
-    with zero point 0, for any ``step`` broadcastable to ``x``. Multiply by ``step`` to dequantize."""
-    return torch.div(x.float(), step.float()).clamp_(qmin, qmax).round_()
+    with zero point 0, for any ``step`` broadcastable to ``x``. Multiply by ``step`` to dequantize.
+
+    Rounding adds and subtracts ``1.5 * 2**23`` after the clamp: every value is then within
+    ``[-2**15, 2**15]``, where the float32 addition itself rounds to the nearest integer, ties to even
+    (zero comes out as +0, as from QuantizeLinear). The Triton kernels round the same way. On the CPU
+    it also avoids ``round_``, whose kernel opens a parallel region from a few thousand elements, which
+    can stall for a scheduler tick on a busy 2-core machine.
+    """
+    return torch.div(x.float(), step.float()).clamp_(qmin, qmax).add_(_ROUNDER).sub_(_ROUNDER)
 
 
 def _quantize_aten(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:

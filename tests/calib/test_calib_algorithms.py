@@ -276,17 +276,18 @@ def test_bad_count_shapes_raise(shape):
         entropy_amax(torch.ones(shape, dtype=torch.int64), 1.0)
 
 
-def test_mse_rounding_is_half_to_even():
-    # the mse matrix rounds with an add/subtract of 1.5 * 2**23 (see _round_half_even_); it must equal
-    # torch.round (half to even) wherever it matters: below 2**22, in particular on exact halves
-    from qdq.calib.algorithms import _round_half_even_
-
-    halves = torch.arange(-4000, 4001, dtype=torch.float32) / 2
-    rand = (torch.rand(100_000) * 2 - 1) * torch.logspace(-3, 6.6, 100_000)
-    for x in (halves, rand.float(), torch.tensor([2.0**22 - 0.5, 2.0**22 - 1.5, 0.49999997, -0.0])):
-        assert torch.equal(_round_half_even_(x.clone()), torch.round(x))
-    big = torch.tensor([2.0**22, 3e7, 1e30])
-    assert bool((_round_half_even_(big.clone()) >= 2**22 - 2).all())  # clamped to <= 2**15 by the caller
+@pytest.mark.parametrize("fn", [entropy_amax, mse_amax])
+def test_channels_at_once_equal_one_channel_at_a_time(fn):
+    # channels of different lengths (one shorter than start_bin, one empty, one all in bin 0) in one call
+    rng = np.random.default_rng(5)
+    rows = [random_histogram(rng, 512, kind) for kind in ("laplace", "gauss", "gaps", "laplace")]
+    rows += [np.zeros(512, np.int64), np.eye(1, 512, 0, dtype=np.int64)[0] * 7, np.eye(1, 512, 40, dtype=np.int64)[0]]
+    counts = torch.from_numpy(np.stack(rows))
+    widths = torch.tensor([2.0**-e for e in range(len(rows))], dtype=torch.float64)
+    together = fn(counts, widths, start_bin=64)
+    alone = torch.stack([fn(counts[c], float(widths[c]), start_bin=64) for c in range(len(rows))])
+    assert torch.equal(together, alone)
+    assert together[4] == 0.0  # empty histogram
 
 
 @pytest.mark.parametrize("fn", [entropy_amax, mse_amax])

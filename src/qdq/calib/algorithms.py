@@ -3,7 +3,8 @@
 A histogram here is ``counts`` (int, shape ``(n,)`` or ``(C, n)``) with bin ``j`` covering
 ``[j * w, (j + 1) * w)`` for a ``bin_width`` ``w`` (a float, or one per channel). Every function runs
 on the histogram's device (CPU or GPU) and returns float32 amax values of shape ``()`` or ``(C,)``.
-Loops run over channels only, never over candidate bins.
+Every channel is computed at once (candidates x channels matrices, in chunks that bound memory); one
+value is read back to the host per call (the longest used range, to trim the work), none per channel.
 
 Only the bins up to the last non-empty one take part (``L`` = last non-empty bin + 1), which
 reproduces the seed's histograms, whose range ends at the max. Differences from the seed
@@ -13,18 +14,21 @@ reproduces the seed's histograms, whose range ends at the max. Differences from 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
+from qdq import ops
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.validate import check_num_bits
 
 __all__ = ["entropy_amax", "mse_amax", "percentile_amax"]
 
 _EPS64 = torch.finfo(torch.float64).eps
-#: candidate amax values evaluated per chunk (rows of the candidates x bins matrices)
-_MATRIX_ELEMS = 32_000
+#: elements of one chunk of the channels x candidates x bins work: on the CPU below torch's 32768-element
+#: parallel grain (a parallel region on a busy 2-core machine can stall for a scheduler tick); on an
+#: accelerator large, since each chunk costs kernel launches
+_CPU_CHUNK_ELEMS = 32_000
+_DEVICE_CHUNK_ELEMS = 1 << 24
 
 
 def check_percentile(percentile: float) -> float:
@@ -85,7 +89,8 @@ def entropy_amax(
     check_positive_int(start_bin, "start_bin")
     check_positive_int(stride, "stride")
     levels = 2 ** (num_bits - 1 + int(unsigned))
-    return _per_channel(counts, bin_width, lambda c, w: _entropy_bin(c, levels, start_bin, stride))
+    counts2d, widths = _as_batch(counts, bin_width)
+    return _to_amax(_entropy_bins(counts2d, levels, start_bin, stride), widths, counts2d, counts.shape[:-1])
 
 
 def mse_amax(
@@ -118,11 +123,9 @@ def mse_amax(
     check_positive_int(stride, "stride")
     max_bound = 2 ** (num_bits - 1 + int(unsigned)) - 1
     qmin = 0 if unsigned else -max_bound - 1
-
-    def pick(c: torch.Tensor, w: float) -> float:
-        return _mse_bin(c, w, max_bound, qmin, start_bin, stride) + 0.5
-
-    return _per_channel(counts, bin_width, pick)
+    counts2d, widths = _as_batch(counts, bin_width)
+    positions = _mse_bins(counts2d, widths, max_bound, qmin, start_bin, stride) + 0.5
+    return _to_amax(positions, widths, counts2d, counts.shape[:-1])
 
 
 def percentile_amax(counts: torch.Tensor, bin_width: float | torch.Tensor, percentile: float = 99.99) -> torch.Tensor:
@@ -155,7 +158,7 @@ def percentile_amax(counts: torch.Tensor, bin_width: float | torch.Tensor, perce
     return amax.reshape(counts.shape[:-1])
 
 
-# -- per channel driver -------------------------------------------------------------------------------
+# -- shared helpers -----------------------------------------------------------------------------------
 
 
 def _as_batch(counts: torch.Tensor, bin_width: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,86 +171,102 @@ def _as_batch(counts: torch.Tensor, bin_width: float | torch.Tensor) -> tuple[to
     return counts2d, widths.expand(counts2d.shape[0])
 
 
-def _per_channel(
-    counts: torch.Tensor, bin_width: float | torch.Tensor, pick: Callable[[torch.Tensor, float], float]
-) -> torch.Tensor:
-    """Apply ``pick(counts_row, width)`` (a position in bins) to each channel; amax = position * width."""
-    counts2d, widths = _as_batch(counts, bin_width)
-    positions = [pick(row, width) for row, width in zip(counts2d, widths.tolist())]
-    pos = torch.tensor(positions, dtype=torch.float64, device=counts.device)
-    amax = (pos * widths).float()
-    amax = torch.where(counts2d.sum(1) > 0, amax, torch.zeros_like(amax))
-    return amax.reshape(counts.shape[:-1])
+def _to_amax(positions: torch.Tensor, widths: torch.Tensor, counts2d: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """amax = position (in bins) * width, float32; 0 for an empty histogram."""
+    amax = (positions * widths).float()
+    return torch.where(counts2d.sum(1) > 0, amax, torch.zeros_like(amax)).reshape(shape)
+
+
+def _used(counts2d: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``L`` per channel (index of the last non-empty bin + 1, 0 when empty) and the largest (one host read)."""
+    columns = torch.arange(1, counts2d.shape[1] + 1, device=counts2d.device)
+    used = torch.where(counts2d > 0, columns, torch.zeros_like(columns)).amax(1)
+    return used, int(used.max())
+
+
+def _chunk_rows(device: torch.device, per_row: int) -> int:
+    budget = _CPU_CHUNK_ELEMS if device.type == "cpu" else _DEVICE_CHUNK_ELEMS
+    return max(1, budget // max(1, per_row))
 
 
 def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``values[index]`` for a 1-D ``values``: index_select, whose CPU kernel (unlike advanced indexing)
+    """``values[:, index]`` for ``(C, n)`` values: index_select, whose CPU kernel (unlike advanced indexing)
     stays on one thread for small sizes, which matters on a busy 2-core machine."""
-    return values.index_select(0, index.reshape(-1)).view(index.shape)
+    return values.index_select(1, index.reshape(-1)).view(values.shape[0], *index.shape)
 
 
-def _num_used(counts: torch.Tensor) -> int:
-    """``L``: index of the last non-empty bin + 1 (0 when empty)."""
-    nonzero = torch.nonzero(counts)
-    return int(nonzero[-1, 0]) + 1 if nonzero.numel() else 0
+def _pick(objective: torch.Tensor, tol: torch.Tensor, *, last: bool, relative: bool) -> torch.Tensor:
+    """Index per channel of the first (or last) candidate within ``tol`` of the channel's minimum."""
+    best = objective.min(1, keepdim=True).values
+    bound = best * (1 + tol[:, None]) if relative else best + tol[:, None]
+    near = objective <= bound
+    index = torch.arange(objective.shape[1], device=objective.device).expand_as(objective)
+    if last:
+        return torch.where(near, index, torch.full_like(index, -1)).amax(1).clamp(min=0)
+    return torch.where(near, index, torch.full_like(index, objective.shape[1])).amin(1).clamp(max=index.shape[1] - 1)
 
 
 # -- entropy ------------------------------------------------------------------------------------------
 
 
-def _entropy_bin(counts: torch.Tensor, levels: int, start_bin: int, stride: int) -> float:
-    """Chosen candidate ``i`` (amax = ``i`` bin widths) for one histogram."""
-    used = _num_used(counts)
-    if used == 0:
-        return 0.0
-    bins = counts[:used].to(torch.float64)
-    bins[0] = float(counts[1])  # the seed's zero-spike suppression, on a copy
-    total = float(bins.sum())
-    if total == 0:  # everything was in bin 0: no distribution left to compare
-        return float(used)
-    candidates = torch.arange(min(start_bin, used), used + 1, stride, device=counts.device)
+def _entropy_bins(counts2d: torch.Tensor, levels: int, start_bin: int, stride: int) -> torch.Tensor:
+    """Chosen candidate ``i`` per channel (amax = ``i`` bin widths), float64 ``(C,)``."""
+    used, longest = _used(counts2d)
+    positions = used.to(torch.float64)  # L: the only candidate when L < start_bin, and for empty P
+    if longest == 0 or start_bin > longest:
+        return positions
+    bins = counts2d[:, :longest].to(torch.float64)
+    bins[:, 0] = counts2d[:, 1].to(torch.float64)  # the seed's zero-spike suppression, on a copy
+    total = bins.sum(1)
+    grid = torch.arange(start_bin, longest + 1, stride, device=counts2d.device)
     prefix = _Prefix(bins)
-    rows = max(1, _MATRIX_ELEMS // levels)
-    kl = torch.cat([_kl(prefix, candidates[s : s + rows], levels) for s in range(0, len(candidates), rows)])
-    tol = max(1e-10, 8 * used * _EPS64 * (1 + math.log(total)))
-    ties = torch.nonzero(kl <= kl.min() + tol)
-    return float(candidates[ties[-1, 0]])
+    rows = _chunk_rows(counts2d.device, counts2d.shape[0] * min(levels, longest))
+    kl = torch.cat([_kl(prefix, grid[s : s + rows], levels, used) for s in range(0, len(grid), rows)], dim=1)
+    kl = torch.where(grid[None, :] <= used[:, None], kl, torch.full_like(kl, math.inf))
+    tol = (8 * used * _EPS64 * (1 + torch.log(total.clamp(min=1)))).clamp(min=1e-10)
+    chosen = grid[_pick(kl, tol, last=True, relative=False)].to(torch.float64)
+    return torch.where((used >= start_bin) & (total > 0), chosen, positions)
 
 
 class _Prefix:
-    """Prefix sums of a histogram (index ``i`` sums bins ``< i``): mass, non-empty bins, ``b log b``."""
+    """Prefix sums per channel (index ``i`` sums bins ``< i``): mass, non-empty bins, ``b log b``."""
 
     def __init__(self, bins: torch.Tensor) -> None:
-        zero = bins.new_zeros(1)
+        zero = bins.new_zeros(bins.shape[0], 1)
         self.bins = bins
-        self.mass = torch.cat([zero, bins.cumsum(0)])
-        self.filled = torch.cat([zero, (bins > 0).to(bins.dtype).cumsum(0)])
-        self.plogp = torch.cat([zero, torch.special.xlogy(bins, bins).cumsum(0)])
+        self.mass = torch.cat([zero, bins.cumsum(1)], 1)
+        self.filled = torch.cat([zero, (bins > 0).to(bins.dtype).cumsum(1)], 1)
+        self.plogp = torch.cat([zero, torch.special.xlogy(bins, bins).cumsum(1)], 1)
 
 
-def _kl(prefix: _Prefix, cand: torch.Tensor, levels: int) -> torch.Tensor:
-    """KL(P_i || Q_i) for each candidate ``i`` in ``cand``, in O(len(cand) * levels) from prefix sums.
+def _kl(prefix: _Prefix, cand: torch.Tensor, levels: int, used: torch.Tensor) -> torch.Tensor:
+    """KL(P_i || Q_i), shape ``(C, len(cand))``, in O(C * len(cand) * levels) from prefix sums.
 
     With S the total, Z = mass of bins < i, T = S - Z the tail, M_k / N_k the mass / non-empty count
     of group k, P_last = bins[i-1] + T:
     ``KL = (sum_j P_j log P_j - sum_k M_k log(M_k / N_k) - T log Q_last) / S + log(Z / S)``.
     Group k holds bins ``ceil(k i / levels) <= j < ceil((k + 1) i / levels)`` (``levels`` is a power of two).
+    Where a channel's ``L <= levels`` every bin is its own group and Q is the histogram itself.
     """
-    total = prefix.mass[-1]
+    total = prefix.mass[:, -1:]
     inside = _take(prefix.mass, cand)
     tail = total - inside
     last = _take(prefix.bins, cand - 1)
-    if levels >= len(prefix.bins):  # every bin is its own group: Q is the histogram itself
-        group_term, q_last = _take(prefix.plogp, cand), last
+    own_group, q_own = _take(prefix.plogp, cand), last
+    if levels >= prefix.bins.shape[1]:
+        group_term, q_last = own_group, q_own
     else:
         shift = levels.bit_length() - 1
         kc = torch.arange(levels, device=cand.device) * cand[:, None]
         lo, hi = (kc + levels - 1) >> shift, (kc + cand[:, None] + levels - 1) >> shift
         m = _take(prefix.mass, hi) - _take(prefix.mass, lo)
         nz = (_take(prefix.filled, hi) - _take(prefix.filled, lo)).clamp(min=1)
-        group_term = torch.special.xlogy(m, m / nz).sum(1)
-        g_last = torch.div((cand - 1) * levels, cand, rounding_mode="floor")[:, None]
-        q_last = (m.gather(1, g_last) / nz.gather(1, g_last)).squeeze(1)
+        g_last = torch.div((cand - 1) * levels, cand, rounding_mode="floor")
+        rows = torch.arange(len(cand), device=cand.device)
+        q_group = m[:, rows, g_last] / nz[:, rows, g_last]
+        own = (used <= levels)[:, None]
+        group_term = torch.where(own, own_group, torch.special.xlogy(m, m / nz).sum(2))
+        q_last = torch.where(own, q_own, q_group)
     p_last = last + tail
     sum_plogp = _take(prefix.plogp, cand - 1) + torch.special.xlogy(p_last, p_last)
     sum_plogq = group_term + torch.special.xlogy(tail, q_last)
@@ -258,48 +277,43 @@ def _kl(prefix: _Prefix, cand: torch.Tensor, levels: int) -> torch.Tensor:
 # -- mse ----------------------------------------------------------------------------------------------
 
 
-def _mse_bin(counts: torch.Tensor, width: float, max_bound: int, qmin: int, start_bin: int, stride: int) -> int:
-    """Chosen candidate bin ``i`` (amax = centre of bin ``i``) for one histogram."""
-    used = _num_used(counts)
-    if used == 0:
-        return 0
-    centres = ((torch.arange(used, dtype=torch.float64, device=counts.device) + 0.5) * width).float()
-    filled = torch.nonzero(counts[:used]).squeeze(1)
-    values, weights = _take(centres, filled), _take(counts, filled).to(torch.float64)
-    candidates = torch.arange(min(start_bin, used - 1), used, stride, device=counts.device)
-    rows = max(1, _MATRIX_ELEMS // len(filled))
+def _mse_bins(
+    counts2d: torch.Tensor, widths: torch.Tensor, max_bound: int, qmin: int, start_bin: int, stride: int
+) -> torch.Tensor:
+    """Chosen candidate bin ``i`` per channel (amax = centre of bin ``i``), float64 ``(C,)``."""
+    used, longest = _used(counts2d)
+    positions = (used - 1).clamp(min=0).to(torch.float64)  # the only candidate when L - 1 < start_bin
+    if longest == 0 or start_bin > longest - 1:
+        return positions
+    counts2d = counts2d[:, :longest]
+    device = counts2d.device
+    centres = ((torch.arange(longest, dtype=torch.float64, device=device) + 0.5) * widths[:, None]).float()
+    filled = torch.nonzero(counts2d.any(0)).squeeze(1)  # bins non-empty in some channel
+    values, weights = _take(centres, filled), _take(counts2d, filled).to(torch.float64)
+    grid = torch.arange(start_bin, longest, stride, device=device)
+    rows = _chunk_rows(device, counts2d.shape[0] * len(filled))
     errors = torch.cat(
         [
-            _quant_errors(_take(centres, candidates[s : s + rows]), values, weights, max_bound, qmin)
-            for s in range(0, len(candidates), rows)
-        ]
+            _quant_errors(centres[:, grid[s : s + rows]], values, weights, max_bound, qmin)
+            for s in range(0, len(grid), rows)
+        ],
+        dim=1,
     )
-    tol = max(1e-12, 4 * len(filled) * _EPS64)
-    best = torch.nonzero(errors <= errors.min() * (1 + tol))
-    return int(candidates[best[0, 0]])
-
-
-_ROUNDER = 1.5 * 2.0**23  # float32 spacing is 1 on [2**23, 2**24)
-
-
-def _round_half_even_(x: torch.Tensor) -> torch.Tensor:
-    """In-place round-half-to-even of float32 ``x``; equal to ``torch.round`` wherever ``|x| < 2**22``.
-
-    Adding 1.5 * 2**23 moves ``x`` to where float32 holds only integers, so the IEEE addition itself
-    rounds to the nearest integer, ties to even; subtracting it back is exact. Larger values are off by
-    at most a few units, irrelevant here since the caller clamps to ``|q| <= 2**15``. Why not
-    ``round_``: torch's CPU rounding kernels start a parallel region from 2048 elements, and on a busy
-    2-core machine each such region can stall for a scheduler tick (~10 ms); additions use a 32768
-    grain, above the chunk size used here.
-    """
-    return x.add_(_ROUNDER).sub_(_ROUNDER)
+    errors = torch.where(grid[None, :] < used[:, None], errors, torch.full_like(errors, math.inf))
+    tol = (4 * (counts2d > 0).sum(1) * _EPS64).clamp(min=1e-12)
+    chosen = grid[_pick(errors, tol, last=False, relative=True)].to(torch.float64)
+    return torch.where(used - 1 >= start_bin, chosen, positions)
 
 
 def _quant_errors(
     amax: torch.Tensor, values: torch.Tensor, weights: torch.Tensor, max_bound: int, qmin: int
 ) -> torch.Tensor:
-    """``sum_j weights_j * (fq(values_j; amax_r) - values_j)**2`` for each candidate ``amax_r`` (float64)."""
-    step = (amax / max_bound)[:, None]  # float32, as in qdq's fake quantization
-    fq = _round_half_even_(torch.div(values[None, :], step)).clamp_(qmin, max_bound).mul_(step)
-    diff = fq.to(torch.float64).sub_(values.to(torch.float64))
-    return diff.square_() @ weights
+    """``sum_j weights_cj * (fq(values_cj; amax_cr) - values_cj)**2`` per channel and candidate (float64).
+
+    ``amax`` is ``(C, R)`` candidates, ``values`` / ``weights`` are ``(C, F)``; fake quantization is qdq's
+    (:func:`qdq.ops.round_to_grid` with :func:`qdq.ops.quant_step`), in float32.
+    """
+    step = ops.quant_step(amax, max_bound)[:, :, None]
+    fq = ops.round_to_grid(values[:, None, :], step, qmin, max_bound).mul_(step)
+    diff = fq.to(torch.float64).sub_(values[:, None, :].to(torch.float64))
+    return torch.einsum("crf,cf->cr", diff.square_(), weights)
