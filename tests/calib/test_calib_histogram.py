@@ -49,7 +49,7 @@ def test_mse_one_outlier_closer_to_255():
     x[1, 1, 1, 1] = 256.0
     amax = float(collected(x).compute_amax("mse"))
     assert abs(amax - 255) < abs(amax - 256)
-    assert amax == 255.125  # range 512, width 1/4: centre of 255's bin 1020 (error 0.875**2 for 256 only)
+    assert amax == 255.0625  # range 512, 4096 bins of 1/8: centre of 255's bin 2040 (error 0.9375**2 for 256 only)
 
 
 def test_mse_unsigned_one_outlier_closer_to_512():
@@ -57,7 +57,7 @@ def test_mse_unsigned_one_outlier_closer_to_512():
     x[1, 1, 1, 1] = 513.0
     amax = float(collected(x, unsigned=True).compute_amax("mse"))
     assert abs(amax - 512) < abs(amax - 513)
-    assert amax == 512.25  # range 1024, width 1/2: centre of bin 1024
+    assert amax == 512.125  # range 1024, 4096 bins of 1/4: centre of bin 2048
 
 
 @pytest.mark.parametrize("unsigned", [False, True])
@@ -76,9 +76,9 @@ def test_growth_entropy_and_mse():
     cal = collected(x1, x2)
     entropy = float(cal.compute_amax("entropy"))
     assert abs(entropy - 255) < abs(entropy - 256)
-    # width 1/4: 255 -> bin 1020, 256 -> bin 1024. P for i = 1021 is one bin (KL 0); i = 1022..1024 have an
-    # empty last bin with a tail (KL inf); i = 1025 puts both values in one group (KL > 0)
-    assert entropy == 1021 * 0.25
+    # range 512, 4096 bins of 1/8: 255 -> bin 2040, 256 -> bin 2048. P for i = 2041 is one bin (KL 0);
+    # i = 2042..2048 have an empty last bin with a tail (KL inf); i = 2049 puts both values in one group
+    assert entropy == 2041 * 0.125
     assert abs(float(cal.compute_amax("mse")) - 255) < 0.5
 
 
@@ -128,13 +128,13 @@ def test_per_tensor_accepts_any_shape():
 
 
 def test_values_land_in_their_bins():
-    # range 8 (max 7.99...), width 8/2048 = 1/256: (j + f) / 256 is exact in float32 and lies in bin j
-    bins = torch.randint(0, 2048, (5000,))
-    bins[0] = 2047
+    # range 8 (max 7.99...), width 8/4096 = 1/512: (j + f) / 512 is exact in float32 and lies in bin j
+    bins = torch.randint(0, 4096, (5000,))
+    bins[0] = 4095
     frac = torch.tensor([0.0, 0.25, 0.5, 0.75])[torch.randint(0, 4, (5000,))]
-    cal = collected((bins + frac) / 256 * torch.where(torch.rand(5000) < 0.5, -1, 1))
-    assert torch.equal(cal.bin_counts[0], torch.bincount(bins, minlength=2048))
-    assert float(cal.bin_width[0]) == 1 / 256
+    cal = collected((bins + frac) / 512 * torch.where(torch.rand(5000) < 0.5, -1, 1))
+    assert torch.equal(cal.bin_counts[0], torch.bincount(bins, minlength=4096))
+    assert float(cal.bin_width[0]) == 1 / 512
 
 
 def test_counts_are_exact_beyond_float32_saturation():
@@ -239,7 +239,7 @@ def test_unknown_method_and_options_raise():
     with pytest.raises(QdqConfigError, match="range"):
         cal.compute_amax("percentile", percentile=101)
     with pytest.raises(QdqConfigError, match="beyond num_bins"):
-        cal.compute_amax("entropy", start_bin=4096)
+        cal.compute_amax("entropy", start_bin=8192)
     with pytest.raises(QdqConfigError, match=">= 1"):
         cal.compute_amax("mse", stride=0)
 

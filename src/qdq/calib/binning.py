@@ -17,7 +17,7 @@ Why this layout (the seed instead fixes the bin width from the first batch and a
 * **Bounded size.** The bin count never changes; a larger later batch coarsens the bins instead.
 
 The price: the data max lies in the upper half of the range, so 1/2 to all of the bins are used
-(>= 1024 of 2048). Magnitudes below ``2**MIN_EXPONENT`` (about 8e-31) share bin 0 with zero; an
+(>= 2048 of the default 4096). Magnitudes below ``2**MIN_EXPONENT`` (about 8e-31) share bin 0 with zero; an
 all-zero channel keeps ``k = MIN_EXPONENT`` until it sees a non-zero value.
 """
 

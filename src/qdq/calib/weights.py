@@ -12,7 +12,7 @@ from torch import nn
 from qdq.errors import QdqCalibrationError, QdqConfigError, QdqError, QdqTypeError, did_you_mean
 
 from .base import Calibrator
-from .histogram import HistogramCalibrator
+from .histogram import DEFAULT_NUM_BINS, HistogramCalibrator
 from .max import MaxCalibrator
 
 __all__ = ["calibrate_weights"]
@@ -25,7 +25,7 @@ def calibrate_weights(
     method: str = "percentile",
     perchannel: bool = True,
     percentile: float = 99.99,
-    num_bins: int = 2048,
+    num_bins: int = DEFAULT_NUM_BINS,
 ) -> dict[str, torch.Tensor]:
     """Set ``weight_quantizer.amax`` of every module that has ``weight`` and ``weight_quantizer``, and of
     every weight a module lists in ``quantized_weights()`` (``QuantLSTM`` / ``QuantLSTMCell``: the fused
