@@ -70,3 +70,20 @@ def test_collecting_statistics_has_no_host_reads(calibrator, axis):
 
     assert _count_syncs(collect) == dict.fromkeys(_SYNCS, 0)
     assert cal.compute_amax() is not None  # the one read happens here, once
+
+
+@pytest.mark.parametrize("method", ["max", "histogram"])
+def test_calibration_forward_of_a_model_has_no_host_reads(method):
+    model = qdq.quantize_model(
+        torchvision.models.resnet18(num_classes=10),
+        qdq.QuantConfig(quant_desc_input=qdq.QuantDescriptor(calib_method=method)),
+    ).eval()
+    quantizers = [m for m in model.modules() if isinstance(m, qdq.TensorQuantizer) and m.axis is None]
+    for quantizer in quantizers:
+        quantizer.disable_quant()
+        quantizer.enable_calib()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        model(x)
+        assert _count_syncs(lambda: model(x)) == dict.fromkeys(_SYNCS, 0)
+    assert all(q.calibrator.compute_amax("max") is not None for q in quantizers)
