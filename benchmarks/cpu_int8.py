@@ -40,7 +40,7 @@ from qdq.placement import apply_placement
 from qdq.runtime import benchmark_model
 from qdq.runtime.openvino import supported_precisions
 from qdq.runtime.ort import fusion_report
-from qdq.workflow.calibrate import calibrate
+from qdq.workflow.calibration import calibrate
 
 VARIANTS = (
     "ORT FP32",

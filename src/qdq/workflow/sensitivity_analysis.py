@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from qdq.errors import QdqConfigError
+from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
 
 __all__ = ["LayerSensitivity", "SensitivityResult", "keep_float", "layer_quantizers", "sensitivity"]
@@ -57,14 +58,10 @@ class SensitivityResult:
         return [item.name for item in ranked[:count]]
 
     def table(self) -> str:
-        lines = [
-            f"float {self.float_score:.2f}, fully quantized {self.quantized_score:.2f}",
-            "",
-            "| layer | only this quantized | all but this quantized |",
-            "|---|---|---|",
-        ]
-        lines += [f"| {s.name} | {s.only_this_quantized:.2f} | {s.all_but_this_quantized:.2f} |" for s in self.layers]
-        return "\n".join(lines)
+        """A line with the float and fully quantized scores, then a Markdown table of the layers."""
+        rows = [[s.name, f"{s.only_this_quantized:.2f}", f"{s.all_but_this_quantized:.2f}"] for s in self.layers]
+        table = markdown_table(["layer", "only this quantized", "all but this quantized"], rows)
+        return f"float {self.float_score:.2f}, fully quantized {self.quantized_score:.2f}\n\n{table}"
 
 
 @contextlib.contextmanager

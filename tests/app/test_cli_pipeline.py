@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from qdq.app.pipeline import PipelineConfig
 from qdq.cli import main
 from qdq.errors import QdqConfigError, QdqTypeError
-from qdq.workflow.pipeline import PipelineConfig
 
 
 def _run(args, capsys):
@@ -99,7 +99,7 @@ def test_model_that_rejects_the_data_shape(tmp_path, capsys):
 
 
 def test_weights_of_another_model_are_one_line_exit_2(tmp_path, capsys):
-    from qdq.workflow.models import load_model
+    from qdq.app.models import load_model
 
     weights = tmp_path / "w.pt"
     torch.save(load_model("digits_resnet").state_dict(), weights)
