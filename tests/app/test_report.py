@@ -370,3 +370,14 @@ def test_latency_row_from_a_benchmark_and_bad_inputs(tmp_path):
     with pytest.raises(QdqConfigError):
         write_report(tmp_path / "out", [])
     assert not (tmp_path / "out").exists()  # nothing written for bad input
+
+
+def test_plotted_histograms_merge_groups_of_neighbouring_bins():
+    """1000 bins shown as at most 256 bars: groups of 4 (the smallest power of two that fits), summed."""
+    from qdq.app.report.plots import _display_bins
+
+    counts, edges = np.arange(1000, dtype=np.float64), np.arange(1001) * 0.5
+    shown, shown_edges = _display_bins(LayerHistogram(counts, edges, {"max": 499.75}), max_bins=256)
+    assert shown.shape == (250,) and shown_edges.shape == (251,)
+    np.testing.assert_array_equal(shown, counts.reshape(250, 4).sum(axis=1))
+    assert shown_edges[1] == 2.0 and shown_edges[-1] == 500.0
