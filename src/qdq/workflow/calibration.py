@@ -125,22 +125,33 @@ def _make_calibrator(quantizer: TensorQuantizer, kind: str | None, **options: An
 def _calibration_mode(model: nn.Module, quantizers: list[tuple[str, TensorQuantizer]]) -> Iterator[None]:
     """Quantization off everywhere (the statistics are those of the float model, as in the seed);
     the given activation quantizers collect; eval mode (BatchNorm uses its running statistics)."""
-    everything = named_quantizers(model)
-    saved = [(q, q._if_quant, q._if_calib, q._calibrator) for _, q in everything]
+    everything = [q for _, q in named_quantizers(model)]
+    saved = [(q.quant_enabled, q.calib_enabled, q._calibrator) for q in everything]  # None: not built yet
     was_training = model.training
     try:
-        for _, quantizer in everything:
+        for quantizer in everything:
             quantizer.disable_quant()
         for name, quantizer in quantizers:
-            quantizer.disable_quant()
-            quantizer._if_calib = True
-            quantizer._calibrator = _NamedCollector(quantizer._calibrator, name)
+            quantizer.calibrator = _NamedCollector(quantizer.calibrator, name)
+            quantizer.enable_calib()
         model.eval()
         yield
     finally:
-        for quantizer, if_quant, if_calib, calibrator in saved:
-            quantizer._if_quant, quantizer._if_calib, quantizer._calibrator = if_quant, if_calib, calibrator
+        for quantizer, (quant, calib, calibrator) in zip(everything, saved):
+            quantizer.calibrator = calibrator
+            _set_modes(quantizer, quant=quant, calib=calib)
         model.train(was_training)
+
+
+def _set_modes(quantizer: TensorQuantizer, *, quant: bool, calib: bool) -> None:
+    if quant:
+        quantizer.enable_quant()
+    else:
+        quantizer.disable_quant()
+    if calib:
+        quantizer.enable_calib()
+    else:
+        quantizer.disable_calib()
 
 
 def collect_stats(

@@ -4,7 +4,7 @@ qdq starts no process of its own: launch with ``torchrun`` (or any launcher that
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``) and join the group with :func:`init_distributed` or
 ``torch.distributed.init_process_group``. Then:
 
-* :func:`qdq.workflow.calibration.calibrate` (and ``collect_stats``/``compute_amax``/``ptq``) all-reduce
+* :func:`qdq.workflow.calibration.calibrate` (and ``collect_stats``/``load_amax``/``ptq``) all-reduce
   the calibration statistics before computing amax, so every rank loads the same amax, equal bit for
   bit to a single-process run over the same batches (give each rank its batches with
   :func:`shard_batches`).
@@ -314,7 +314,12 @@ def quantizer_state(model: nn.Module) -> dict[str, Any]:
     for name, quantizer in _quantizers(model):
         for key, value in _tensor_state(quantizer).items():
             state[f"{name}.{key}"] = value
-        state[f"{name}.modes"] = (quantizer._disabled, quantizer._if_quant, quantizer._if_calib, quantizer._if_clip)
+        state[f"{name}.modes"] = (
+            not quantizer.is_enabled,
+            quantizer.quant_enabled,
+            quantizer.calib_enabled,
+            quantizer.clip_enabled,
+        )
     return state
 
 
@@ -386,7 +391,7 @@ def assert_in_sync(model: nn.Module, *, parameters: bool = False, buffers: bool 
     ranks = [r for r, prints in enumerate(everyone) if prints != everyone[0]]
     raise QdqDistributedError(
         f"the model state differs between rank 0 and rank(s) {ranks} in {len(differ)} entr(y/ies), e.g. "
-        f"{differ[:_MAX_LISTED]}. Calibrate on every rank (compute_amax synchronises the statistics), keep "
+        f"{differ[:_MAX_LISTED]}. Calibrate on every rank (load_amax synchronises the statistics), keep "
         "DistributedDataParallel's broadcast_buffers=True, or call broadcast_quantizer_state(model)."
     )
 

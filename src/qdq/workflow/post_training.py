@@ -83,14 +83,15 @@ def restore_amax(model: nn.Module, amax: dict[str, torch.Tensor]) -> None:
 def disabled_quantizers(model: nn.Module) -> Iterator[nn.Module]:
     """Temporarily run ``model`` in float (every quantizer disabled)."""
     quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
-    states = [q._disabled for q in quantizers]
+    enabled = [q.is_enabled for q in quantizers]
     try:
         for quantizer in quantizers:
             quantizer.disable()
         yield model
     finally:
-        for quantizer, state in zip(quantizers, states):
-            quantizer._disabled = state
+        for quantizer, was_enabled in zip(quantizers, enabled):
+            if was_enabled:
+                quantizer.enable()
 
 
 def _method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tuple[str, dict[str, Any]]]:

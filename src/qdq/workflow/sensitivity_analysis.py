@@ -66,15 +66,18 @@ class SensitivityResult:
 
 @contextlib.contextmanager
 def _enabled_only(model: nn.Module, enabled: set[int]) -> Iterator[None]:
+    """Only the quantizers whose ``id`` is in ``enabled`` (and were enabled already) stay enabled."""
     quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
-    saved = [q._disabled for q in quantizers]
+    saved = [q.is_enabled for q in quantizers]
     try:
-        for quantizer, was_disabled in zip(quantizers, saved):
-            quantizer._disabled = was_disabled or id(quantizer) not in enabled
+        for quantizer in quantizers:
+            if id(quantizer) not in enabled:
+                quantizer.disable()
         yield
     finally:
-        for quantizer, state in zip(quantizers, saved):
-            quantizer._disabled = state
+        for quantizer, was_enabled in zip(quantizers, saved):
+            if was_enabled:
+                quantizer.enable()
 
 
 def sensitivity(model: nn.Module, eval_fn: EvalFn, layers: Sequence[str] | None = None) -> SensitivityResult:
