@@ -1,4 +1,4 @@
-"""Training and evaluation of image classifiers (the FP32 baselines of the workflow; QAT builds on the same parts).
+"""Training and evaluation of image classifiers (the FP32 baselines of the application; QAT is :func:`qdq.qat`).
 
 Determinism: these functions never seed anything. With ``torch.manual_seed(s)`` called by the caller before
 building the model, a loader whose order depends only on its own seed (:func:`qdq.app.data.make_loaders`)

@@ -1,7 +1,7 @@
 """The report of a quantization run: ``report.md``, ``report.html``, ``summary.json`` and PNG plots.
 
-Build a :class:`ReportData` per model (or per configuration: W8A8, W4A8...) from what the workflow
-returned, then call :func:`write_report`::
+Build a :class:`ReportData` per model (or per configuration: W8A8, W4A8...) from what the library
+(:mod:`qdq.workflow`) returned, then call :func:`write_report`::
 
     result = qdq.ptq(model, calib_loader, evaluate)
     data = ReportData(model="resnet-digits", dataset="digits", ptq=result,
