@@ -185,7 +185,7 @@ def bench_model_pass(repeats: int, batches: int = 4, batch: int = 16, size: int 
     import torchvision
 
     import qdq
-    from qdq.workflow.calibrate import collect_stats
+    from qdq.workflow.calibration import collect_stats
 
     torch.manual_seed(0)
     float_model = torchvision.models.resnet18().eval()

@@ -36,11 +36,12 @@ import torchvision
 
 import qdq
 from qdq.export import export_onnx
+from qdq.markdown import markdown_table
 from qdq.placement import apply_placement
 from qdq.runtime import benchmark_model
 from qdq.runtime.openvino import supported_precisions
 from qdq.runtime.ort import fusion_report
-from qdq.workflow.calibrate import calibrate
+from qdq.workflow.calibration import calibrate
 
 VARIANTS = (
     "ORT FP32",
@@ -127,7 +128,7 @@ def _measure(
                                          iters=args.iters, warmup=args.warmup, **options)  # fmt: skip
                 medians[label].append(result.median_ms)
         rows.append({"model": name, "batch": batch, "times": {k: min(v) for k, v in medians.items()}})
-        print(_row_text(rows[-1]), flush=True)
+        print(f"measured {name} batch {batch}: " + " | ".join(_row_cells(rows[-1])[1:]), flush=True)
         if args.profile:
             notes += _profile_lines(name, paths, batch, args.threads)
     return rows
@@ -168,7 +169,7 @@ def _profile_lines(name: str, paths: dict[str, Path], batch: int, threads: int) 
     return lines
 
 
-def _row_text(row: dict) -> str:
+def _row_cells(row: dict) -> list[str]:
     times = row["times"]
     base, peer = times["ORT FP32"], times["ORT quantize_static"]
     cells = [f"{row['model']} b{row['batch']}"]
@@ -179,13 +180,13 @@ def _row_text(row: dict) -> str:
     ov_vs_peer = times[QDQ_OV] / peer
     ov_vs_bf16 = times[QDQ_OV] / times["OV bf16"]
     cells += [f"{ort_vs_peer:.2f}", f"{ov_vs_peer:.2f}", f"{ov_vs_bf16:.2f}"]
-    return "| " + " | ".join(cells) + " |"
+    return cells
 
 
-def _header() -> str:
+def _table(rows: list[dict]) -> str:
     cols = ["model", *[f"{v} ms (vs ORT FP32)" for v in VARIANTS],
             "qdq-ORT / ORT-static", "qdq-OV / ORT-static", "qdq-OV / OV bf16"]  # fmt: skip
-    return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
+    return markdown_table(cols, [_row_cells(row) for row in rows])
 
 
 def main() -> None:
@@ -211,17 +212,18 @@ def main() -> None:
         f"{args.warmup} warm-up, {args.threads} threads; "
         "ratio = ORT FP32 / this (> 1 is faster); last columns: latency ratios (< 1 is faster)"
     )
-    print(_header())
     notes: list[str] = []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             paths = _build(name, Path(tmp), args.size)
-            _measure(name, paths, batches, args, notes)
+            rows += _measure(name, paths, batches, args, notes)
             report = fusion_report(paths["onnxruntime"], threads=args.threads)
             notes.append(
                 f"ORT fusion of the qdq graph, {name}: {report.n_int8} int8 kernels {report.int8_kernels}, "
                 f"{report.n_float} float kernels {report.float_kernels}"
             )
+    print("\n" + _table(rows))
     print("\n" + "\n".join(f"- {line}" for line in notes))
 
 

@@ -21,6 +21,7 @@ from _qat_common import calibrate_max, native_model, train_step
 from torch import nn
 
 import qdq
+from qdq.markdown import markdown_table
 
 
 def main() -> None:
@@ -62,11 +63,11 @@ def _report(times: dict[str, list[float]], args: argparse.Namespace) -> None:
         f"resnet18 train step, batch {args.batch}, 32x32, {args.threads} threads, "
         f"{args.rounds} rounds x {args.steps} steps, torch {torch.__version__}"
     )
-    print("| variant | min ms | median ms | ratio vs FP32 (min / median) |")
-    print("|---|---|---|---|")
+    rows = []
     for name, values in times.items():
         lo, med = min(values), statistics.median(values)
-        print(f"| {name} | {lo:.1f} | {med:.1f} | {lo / base_min:.2f} / {med / base_med:.2f} |")
+        rows.append([name, f"{lo:.1f}", f"{med:.1f}", f"{lo / base_min:.2f} / {med / base_med:.2f}"])
+    print(markdown_table(["variant", "min ms", "median ms", "ratio vs FP32 (min / median)"], rows))
 
 
 if __name__ == "__main__":

@@ -29,23 +29,25 @@ _LAZY = {
     "quant_step": "qdq.tensor_quant",
     "export_onnx": "qdq.export.onnx_export",
     "apply_placement": "qdq.placement",
-    "calibrate": "qdq.workflow.calibrate",
-    "collect_stats": "qdq.workflow.calibrate",
-    "compute_amax": "qdq.workflow.calibrate",
-    "ptq": "qdq.workflow.ptq",
-    "qat": "qdq.workflow.qat",
-    "sensitivity": "qdq.workflow.sensitivity",
-    "keep_float": "qdq.workflow.sensitivity",
-    "verify": "qdq.workflow.verify",
+    "calibrate": "qdq.workflow.calibration",
+    "collect_stats": "qdq.workflow.calibration",
+    "load_amax": "qdq.workflow.calibration",
+    "ptq": "qdq.workflow.post_training",
+    "qat": "qdq.workflow.fine_tuning",
+    "sensitivity": "qdq.workflow.sensitivity_analysis",
+    "keep_float": "qdq.workflow.sensitivity_analysis",
+    "verify": "qdq.workflow.verification",
     "QdqError": "qdq.errors",
     "QdqConfigError": "qdq.errors",
     "QdqTypeError": "qdq.errors",
     "QdqCalibrationError": "qdq.errors",
     "QdqExportError": "qdq.errors",
     "QdqBackendUnavailable": "qdq.errors",
+    "QdqDistributedError": "qdq.errors",
 }
+_RENAMED = {"compute_amax": "load_amax (it loads ranges into a model; a calibrator's compute_amax() returns one)"}
 _SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "descriptor", "quantizer", "replace", "runtime",
-               "export", "placement", "workflow", "utils", "optim", "errors", "registry"}  # fmt: skip
+               "export", "placement", "workflow", "app", "utils", "optim", "errors", "registry"}  # fmt: skip
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 
@@ -55,6 +57,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"qdq.{name}")
     module = _LAZY.get(name)
     if module is None:
+        if name in _RENAMED:
+            raise AttributeError(f"qdq.{name} was renamed qdq.{_RENAMED[name]}.")
         raise AttributeError(f"module 'qdq' has no attribute {name!r}")
     attr = "tensor_quant" if name == "tensor_quant_fn" else name
     return getattr(importlib.import_module(module), attr)

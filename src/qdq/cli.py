@@ -216,7 +216,7 @@ def add_quantize_parser(subparsers: Any) -> None:
 
 def pipeline_config(args: argparse.Namespace) -> Any:
     """The PipelineConfig from ``--config`` (if any) overridden by the flags that were given."""
-    from qdq.workflow.pipeline import PipelineConfig
+    from qdq.app.pipeline import PipelineConfig
 
     base = PipelineConfig.from_yaml_file(args.config).to_dict() if args.config else {}
     for flag, key in _QUANTIZE_FLAGS.items():
@@ -228,8 +228,8 @@ def pipeline_config(args: argparse.Namespace) -> Any:
 
 def run_quantize(args: argparse.Namespace) -> int:
     """Handler of ``qdq quantize``."""
+    from qdq.app.pipeline import run_pipeline
     from qdq.workflow import distributed as dist
-    from qdq.workflow.pipeline import run_pipeline
 
     cfg = pipeline_config(args)
     dist.init_distributed()  # under torchrun: join the process group (no-op otherwise)
@@ -245,9 +245,10 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 
 def _accuracy_lines(summary: dict[str, Any]) -> str:
-    rows = ["| stage | top-1 % |", "|---|---|"]
-    rows += [f"| {name} | {value:.2f} |" for name, value in summary["accuracy"].items() if value is not None]
-    return "\n".join(rows)
+    from qdq.markdown import markdown_table
+
+    rows = [[name, f"{value:.2f}"] for name, value in summary["accuracy"].items() if value is not None]
+    return markdown_table(["stage", "top-1 %"], rows)
 
 
 def add_demo_parser(subparsers: Any) -> None:
@@ -266,7 +267,7 @@ def add_demo_parser(subparsers: Any) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Handler of ``qdq demo``."""
-    from qdq.workflow.demo import run_demo as demo
+    from qdq.app.demo import run_demo as demo
 
     summary = demo(args.out, quick=args.quick)
     print(summary["table"])
@@ -291,8 +292,8 @@ def add_verify_parser(subparsers: Any) -> None:
 
 def run_verify(args: argparse.Namespace) -> int:
     """Handler of ``qdq verify``."""
-    from qdq.workflow.pipeline import load_quantized_job
-    from qdq.workflow.verify import verify
+    from qdq.app.pipeline import load_quantized_job
+    from qdq.workflow.verification import verify
 
     model, loader, onnx_path = load_quantized_job(args.out)
     result = verify(model, onnx_path, loader, args.runtime, num_batches=args.batches)

@@ -14,6 +14,7 @@ __all__ = [
     "QdqBackendUnavailable",
     "QdqCalibrationError",
     "QdqConfigError",
+    "QdqDistributedError",
     "QdqError",
     "QdqExportError",
     "QdqTypeError",
@@ -39,6 +40,10 @@ class QdqCalibrationError(QdqError, RuntimeError):
 
 class QdqExportError(QdqError, RuntimeError):
     """The model cannot be exported as asked (uncalibrated quantizer, opset too old...)."""
+
+
+class QdqDistributedError(QdqError, RuntimeError):
+    """Ranks lost contact (one crashed or timed out) or hold different states where they must agree."""
 
 
 class QdqBackendUnavailable(QdqError, ImportError):

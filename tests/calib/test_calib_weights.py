@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from qdq.calib import HistogramCalibrator, calibrate_weights
+import histogram_reference as ref
+from qdq.calib import calibrate_weights
 from qdq.errors import QdqCalibrationError, QdqConfigError, QdqTypeError
 
 
@@ -58,15 +59,32 @@ def test_max_uses_each_quantizers_axis():
 
 
 @pytest.mark.parametrize("method", ["percentile", "mse"])
-def test_histogram_methods_equal_a_calibrator_on_each_channel(method):
+def test_histogram_methods_equal_a_numpy_oracle_on_each_channel(method):
+    """ConvTranspose keeps axis 1: each kept channel's amax is the numpy oracle's on weight[:, c]."""
     model = make_model()
     calibrate_weights(model, method=method, percentile=99.0, num_bins=512)
     conv_t = model[1]
     amax = conv_t.weight_quantizer.amax
-    for c in range(conv_t.weight.shape[1]):  # the seed's cross-check, per kept channel
-        ref = HistogramCalibrator(num_bins=512, method=method, percentile=99.0)
-        ref.collect(conv_t.weight[:, c])
-        assert float(amax[0, c, 0, 0]) == float(ref.compute_amax())
+    for c in range(conv_t.weight.shape[1]):
+        values = conv_t.weight[:, c].detach().numpy()
+        if method == "percentile":
+            expected = ref.percentile_amax(values, 99.0, num_bins=512)
+        else:
+            expected = ref.mse_amax(values, num_bins=512)
+        assert float(amax[0, c, 0, 0]) == pytest.approx(expected, rel=1e-6), c
+
+
+def test_default_method_is_max():
+    """The seed's recipe calibrates weights with max, per channel; so does calibrate_weights by default."""
+    model = make_model()
+    calibrate_weights(model)
+    np.testing.assert_array_equal(model[0].weight_quantizer.amax.numpy(), numpy_max(model[0].weight, (0,)))
+
+
+def test_the_workflow_uses_the_same_function():
+    from qdq.workflow import calibration
+
+    assert calibration.calibrate_weights is calibrate_weights
 
 
 def test_percentile_100_is_within_one_bin_of_the_max():
@@ -111,7 +129,7 @@ def test_bad_quantizer_names_the_module():
 
 def test_bad_option_names_the_module():
     with pytest.raises(QdqConfigError, match="module '0': percentile"):
-        calibrate_weights(make_model(), percentile=101)
+        calibrate_weights(make_model(), method="percentile", percentile=101)
 
 
 def test_not_a_module_raises():

@@ -7,10 +7,14 @@ data and to compute the single-process references. Scenarios:
 * ``qat``: DDP QAT with fixed then learned ranges, a checkpoint, and a resume;
 * ``crash``: rank 1 raises while calibrating;
 * ``hang``: rank 1 never reaches the collective (the process-group timeout must end rank 0).
+
+The backend comes from ``$QDQ_DIST_BACKEND`` (set by conftest: gloo unless ``QDQ_TEST_DIST_BACKEND=nccl``);
+under NCCL each rank's models live on its GPU (``LOCAL_RANK``) and results are saved on the CPU.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,14 +28,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 import qdq
-import qdq.workflow.qat as qat_module
+import qdq.workflow.fine_tuning as qat_module
 from qdq.descriptor import QuantDescriptor
-from qdq.errors import QdqCalibrationError
+from qdq.errors import QdqCalibrationError, QdqDistributedError
 from qdq.quantizer import TensorQuantizer
 from qdq.replace import QuantConfig
-from qdq.workflow.calibrate import calibrate, default_forward
+from qdq.workflow.calibration import calibrate, default_forward
 from qdq.workflow.distributed import (
-    QdqDistributedError,
     assert_in_sync,
     broadcast_quantizer_state,
     init_distributed,
@@ -42,8 +45,8 @@ from qdq.workflow.distributed import (
     shutdown_distributed,
     unwrap,
 )
-from qdq.workflow.ptq import disabled_quantizers, ptq
-from qdq.workflow.qat import qat
+from qdq.workflow.fine_tuning import qat
+from qdq.workflow.post_training import disabled_quantizers, ptq
 
 METHODS = ("max", "entropy", "mse", "percentile")
 BATCH = 4
@@ -51,6 +54,13 @@ BATCH = 4
 # ranges and must be re-binned when merged; 9 batches: rank 0 gets 5 (all even ones), rank 1 gets 4
 SCALES = (0.5, 3.0, 0.02, 8.0, 1.0, 2e-4, 60.0, 4.0, 1e-6)
 BRANCH_THRESHOLD = 40.0  # only batch 6 (rank 0's) runs the branch
+
+
+def device() -> torch.device:
+    """Where this rank's models run: its GPU under NCCL, else the CPU (also for the in-process references)."""
+    if os.environ.get("QDQ_DIST_BACKEND") == "nccl" and "LOCAL_RANK" in os.environ:
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cpu")
 
 
 class Net(nn.Module):
@@ -81,7 +91,7 @@ def build_model(branch: bool = True, unused: bool = False, learn: bool = False) 
     model = qdq.quantize_model(Net(branch, unused), config)
     with torch.no_grad():
         model.features[1].running_mean.uniform_(-0.2, 0.2)
-    return model
+    return model.to(device())
 
 
 def calib_dataset() -> TensorDataset:
@@ -108,7 +118,7 @@ def amax_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def fidelity(model: nn.Module) -> float:
     """Minus the mean squared error between the quantized and the float model on the whole set (same on every rank)."""
-    x = calib_dataset().tensors[0]
+    x = calib_dataset().tensors[0].to(device())
     model.eval()
     with torch.no_grad():
         with disabled_quantizers(model):
@@ -258,7 +268,7 @@ def scenario_crash(out: Path) -> dict[str, Any]:
 
 def scenario_hang(out: Path) -> dict[str, Any]:
     if rank() == 1:
-        time.sleep(120)  # stuck: never reaches compute_amax's collectives
+        time.sleep(120)  # stuck: never reaches load_amax's collectives
     calibrate(build_model(), shard_batches(calib_dataset(), BATCH), "entropy", progress=False)
     return {}
 
@@ -271,14 +281,24 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
 }
 
 
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
 @record
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)
-    if not init_distributed():  # gloo on CPU; timeout from $QDQ_DIST_TIMEOUT
+    if not init_distributed():  # backend from $QDQ_DIST_BACKEND, timeout from $QDQ_DIST_TIMEOUT
         raise SystemExit("run me under torchrun")
     results = SCENARIOS[scenario](out)
-    torch.save(results, out / f"rank{rank()}.pt")
+    torch.save(_to_cpu(results), out / f"rank{rank()}.pt")
     shutdown_distributed()
 
 

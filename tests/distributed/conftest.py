@@ -1,4 +1,10 @@
-"""Launch the distributed worker with torchrun (2 CPU processes, gloo) and load what each rank wrote."""
+"""Launch the distributed worker with torchrun (2 processes) and load what each rank wrote.
+
+The backend is gloo (2 CPU processes) unless ``QDQ_TEST_DIST_BACKEND=nccl`` asks for NCCL, which needs
+one GPU per process: with fewer GPUs the multi-process tests skip. (A machine with one GPU would
+otherwise pick NCCL for 2 processes on the same GPU, which NCCL refuses or hangs on.) The single-
+process references are computed on the CPU, so the bit-for-bit comparisons are meant for gloo.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,18 @@ import torch
 
 WORKER = Path(__file__).with_name("_worker.py")
 NPROC = 2
+#: backend of the multi-process tests (read by qdq's init_distributed through $QDQ_DIST_BACKEND)
+BACKEND = os.environ.get("QDQ_TEST_DIST_BACKEND", "gloo").strip().lower()
+
+
+def dist_env(**extra: str) -> dict[str, str]:
+    """The environment of a ``torchrun`` launch: the test backend, one thread per process; skips the
+    calling test when NCCL is asked for without a GPU per process."""
+    if BACKEND == "nccl" and torch.cuda.device_count() < NPROC:
+        pytest.skip(f"QDQ_TEST_DIST_BACKEND=nccl needs {NPROC} GPUs, {torch.cuda.device_count()} visible")
+    if BACKEND not in ("gloo", "nccl"):
+        raise pytest.UsageError(f"QDQ_TEST_DIST_BACKEND must be gloo or nccl, got {BACKEND!r}")
+    return {**os.environ, "QDQ_DIST_BACKEND": BACKEND, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
 
 
 @dataclass
@@ -37,7 +55,7 @@ class Launch:
 def torchrun(scenario: str, out_dir: Path, *, timeout_s: float, wall_limit_s: float = 110) -> Launch:
     """``torchrun --standalone --nproc_per_node 2 _worker.py SCENARIO OUT_DIR`` with ``$QDQ_DIST_TIMEOUT=timeout_s``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "QDQ_DIST_TIMEOUT": str(timeout_s), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = dist_env(QDQ_DIST_TIMEOUT=str(timeout_s))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
                "--monitor_interval=0.2", str(WORKER), scenario, str(out_dir)]  # fmt: skip
     start = time.monotonic()
@@ -67,6 +85,12 @@ def calibrate_run(tmp_path_factory: pytest.TempPathFactory) -> Launch:
 @pytest.fixture(scope="session")
 def qat_run(tmp_path_factory: pytest.TempPathFactory) -> Launch:
     return torchrun("qat", tmp_path_factory.mktemp("qat"), timeout_s=60)
+
+
+@pytest.fixture
+def torchrun_env() -> Any:
+    """:func:`dist_env`, for tests that launch ``torchrun`` themselves."""
+    return dist_env
 
 
 @pytest.fixture

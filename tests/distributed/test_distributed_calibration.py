@@ -40,7 +40,7 @@ def test_two_ranks_equal_one_process_bit_for_bit(runs, method):
 def test_ptq_picks_the_same_method_with_the_same_statistics(runs):
     ranks, reference = runs
     for result in ranks:
-        # compute_amax runs once per method: the statistics are all-reduced once, not once per call
+        # load_amax runs once per method: the statistics are all-reduced once, not once per call
         assert result["ptq"]["counts"] == reference["ptq"]["counts"]
         assert result["ptq"]["scores"] == reference["ptq"]["scores"]
         assert result["ptq"]["best"] == reference["ptq"]["best"]

@@ -12,10 +12,10 @@ from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
 
 import qdq
 from qdq.descriptor import QuantDescriptor
-from qdq.errors import QdqConfigError, QdqError
+from qdq.errors import QdqConfigError, QdqDistributedError, QdqError
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow import distributed as D
-from qdq.workflow.qat import qat
+from qdq.workflow.fine_tuning import qat
 
 
 def _model() -> nn.Module:
@@ -42,6 +42,37 @@ def test_bad_timeout_is_a_config_error(monkeypatch, value):
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv(D.TIMEOUT_ENV, value)
     with pytest.raises(QdqConfigError, match=r"seconds|positive"):
+        D.init_distributed()
+    assert not D.is_distributed()
+
+
+@pytest.mark.parametrize(
+    ("argument", "env", "cuda", "expected"),
+    [
+        (None, None, False, "gloo"),  # no CUDA: gloo
+        (None, None, True, "nccl"),  # CUDA: NCCL
+        (None, "gloo", True, "gloo"),  # $QDQ_DIST_BACKEND beats the CUDA default
+        ("nccl", "gloo", True, "nccl"),  # an explicit argument beats the environment
+    ],
+)
+def test_backend_precedence(monkeypatch, argument, env, cuda, expected):
+    if env is None:
+        monkeypatch.delenv(D.BACKEND_ENV, raising=False)
+    else:
+        monkeypatch.setenv(D.BACKEND_ENV, env)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert D._backend(argument) == expected
+
+
+def test_nccl_without_a_gpu_per_process_is_a_config_error(monkeypatch):
+    """torchrun --nproc_per_node 2 on a 1-GPU machine: rank 1 has no GPU; NCCL would refuse or hang."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv(D.BACKEND_ENV, "nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(QdqConfigError, match=r"LOCAL_RANK is 1 and 1 GPU\(s\) are visible.*QDQ_DIST_BACKEND=gloo"):
         D.init_distributed()
     assert not D.is_distributed()
 
@@ -99,12 +130,12 @@ def test_shard_helpers_are_whole_dataset_in_one_process():
 
 
 def test_collective_turns_backend_errors_into_a_clear_error():
-    lost = pytest.raises(D.QdqDistributedError, match=r"rank 0 of 1: syncing x failed .* Connection closed by peer")
+    lost = pytest.raises(QdqDistributedError, match=r"rank 0 of 1: syncing x failed .* Connection closed by peer")
     with lost, D.collective("syncing x"):
         raise RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:1234.\nmore detail")
     with pytest.raises(QdqConfigError), D.collective("syncing x"):  # qdq's own errors pass through
         raise QdqConfigError("bad")
-    assert issubclass(D.QdqDistributedError, QdqError) and issubclass(D.QdqDistributedError, RuntimeError)
+    assert issubclass(QdqDistributedError, QdqError) and issubclass(QdqDistributedError, RuntimeError)
 
 
 @pytest.fixture

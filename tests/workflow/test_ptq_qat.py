@@ -9,10 +9,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import qdq
 from qdq.errors import QdqConfigError
-from qdq.workflow.calibrate import calibrate
-from qdq.workflow.ptq import disabled_quantizers, ptq
-from qdq.workflow.qat import qat
-from qdq.workflow.sensitivity import keep_float, layer_quantizers, sensitivity
+from qdq.workflow.calibration import calibrate
+from qdq.workflow.fine_tuning import qat
+from qdq.workflow.post_training import disabled_quantizers, ptq
+from qdq.workflow.sensitivity_analysis import keep_float, layer_quantizers, sensitivity
 
 
 def _net():

@@ -17,12 +17,12 @@ from .max import MaxCalibrator
 
 __all__ = ["calibrate_weights"]
 
-_METHODS = ("percentile", "max", "mse")
+_METHODS = ("max", "percentile", "mse")
 
 
 def calibrate_weights(
     model: nn.Module,
-    method: str = "percentile",
+    method: str = "max",
     perchannel: bool = True,
     percentile: float = 99.99,
     num_bins: int = DEFAULT_NUM_BINS,
@@ -38,7 +38,11 @@ def calibrate_weights(
     Args:
         model: the model; its modules are duck-typed (``weight`` tensor, ``weight_quantizer`` with
             ``axis`` (tuple or None), ``num_bits``, ``unsigned`` and a settable ``amax``).
-        method: ``"percentile"``, ``"max"`` or ``"mse"`` (entropy is an activation method).
+        method: ``"max"`` (the default), ``"percentile"`` or ``"mse"`` (entropy is an activation
+            method). The default is the range the seed toolkit's recipe gives weights (its weight
+            descriptors calibrate with max, per channel); the seed's ``calibrate_weights`` function
+            itself defaulted to percentile, so pass ``method="percentile"`` to reproduce a script that
+            relied on that default.
         perchannel: use the quantizer's axis; ``False`` computes one amax per weight tensor.
         percentile: percentile for ``method="percentile"``, in [0, 100].
         num_bins: histogram bins for ``"percentile"`` and ``"mse"``.

@@ -1,7 +1,23 @@
-"""The end-to-end workflow: data, models, training, PTQ, QAT, reports.
+"""The library's model-level API: calibration, PTQ, QAT, sensitivity, verification, torch.distributed.
 
-Importing ``qdq.workflow`` does no work: names below resolve lazily on first access, so the CLI can
-import it without paying for torch, torchvision or scikit-learn until a command needs them.
+Importing ``qdq.workflow`` does no work: the names below resolve lazily on first access. Each public
+name has one meaning: no submodule is named like a function (``qdq.workflow.calibrate`` is always the
+function, defined in :mod:`qdq.workflow.calibration`), so importing a submodule never changes what a
+name here refers to.
+
+==========================  ================================================================
+module                      public names
+==========================  ================================================================
+``calibration``             ``calibrate``, ``collect_stats``, ``load_amax``, ``named_quantizers``
+``post_training``           ``ptq``, ``PTQResult``, ``MethodResult``
+``fine_tuning``             ``qat``, ``QATResult``
+``sensitivity_analysis``    ``sensitivity``, ``keep_float``, ``SensitivityResult``
+``verification``            ``verify``, ``VerifyResult``
+``distributed``             torch.distributed helpers (import the module: ``from qdq.workflow import distributed``)
+==========================  ================================================================
+
+The demo application built on top of these (data sets, models, training, the ``qdq quantize`` job,
+reports) lives in :mod:`qdq.app`.
 """
 
 from __future__ import annotations
@@ -10,60 +26,39 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    # data
-    "DIGITS_MEAN": "qdq.workflow.data",
-    "DIGITS_STD": "qdq.workflow.data",
-    "IMAGENET_MEAN": "qdq.workflow.data",
-    "IMAGENET_STD": "qdq.workflow.data",
-    "LabeledSubset": "qdq.workflow.data",
-    "SeededSampler": "qdq.workflow.data",
-    "digits_datasets": "qdq.workflow.data",
-    "imagefolder_datasets": "qdq.workflow.data",
-    "imagenet_transform": "qdq.workflow.data",
-    "make_loaders": "qdq.workflow.data",
-    "parse_data_spec": "qdq.workflow.data",
-    "stratified_split": "qdq.workflow.data",
-    # models
-    "check_input_compatible": "qdq.workflow.models",
-    "digits_mobilenet": "qdq.workflow.models",
-    "digits_resnet": "qdq.workflow.models",
-    "load_model": "qdq.workflow.models",
-    "load_weights": "qdq.workflow.models",
-    "model_names": "qdq.workflow.models",
-    # training
-    "evaluate": "qdq.workflow.train",
-    "make_optimizer": "qdq.workflow.train",
-    "make_scheduler": "qdq.workflow.train",
-    "train_classifier": "qdq.workflow.train",
-    "train_one_epoch": "qdq.workflow.train",
-    # calibration, PTQ, QAT, sensitivity, verification, the end-to-end job
-    "calibrate": "qdq.workflow.calibrate",
-    "collect_stats": "qdq.workflow.calibrate",
-    "compute_amax": "qdq.workflow.calibrate",
-    "ptq": "qdq.workflow.ptq",
-    "PTQResult": "qdq.workflow.ptq",
-    "qat": "qdq.workflow.qat",
-    "QATResult": "qdq.workflow.qat",
-    "sensitivity": "qdq.workflow.sensitivity",
-    "keep_float": "qdq.workflow.sensitivity",
-    "verify": "qdq.workflow.verify",
-    "VerifyResult": "qdq.workflow.verify",
-    "PipelineConfig": "qdq.workflow.pipeline",
-    "run_pipeline": "qdq.workflow.pipeline",
-    "run_demo": "qdq.workflow.demo",
-    "ReportData": "qdq.workflow.report",
-    "write_report": "qdq.workflow.report",
+    "calibrate": "qdq.workflow.calibration",
+    "collect_stats": "qdq.workflow.calibration",
+    "load_amax": "qdq.workflow.calibration",
+    "named_quantizers": "qdq.workflow.calibration",
+    "ptq": "qdq.workflow.post_training",
+    "PTQResult": "qdq.workflow.post_training",
+    "MethodResult": "qdq.workflow.post_training",
+    "qat": "qdq.workflow.fine_tuning",
+    "QATResult": "qdq.workflow.fine_tuning",
+    "sensitivity": "qdq.workflow.sensitivity_analysis",
+    "keep_float": "qdq.workflow.sensitivity_analysis",
+    "SensitivityResult": "qdq.workflow.sensitivity_analysis",
+    "verify": "qdq.workflow.verification",
+    "VerifyResult": "qdq.workflow.verification",
 }
+_SUBMODULES = ("calibration", "distributed", "fine_tuning", "post_training", "sensitivity_analysis", "verification")
 
 __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'qdq.workflow' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    if module is not None:
+        return getattr(importlib.import_module(module), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"qdq.workflow.{name}")
+    if name == "compute_amax":
+        raise AttributeError(
+            "qdq.workflow.compute_amax was renamed qdq.workflow.load_amax (it loads ranges into a model; "
+            "a calibrator's compute_amax() returns one)."
+        )
+    raise AttributeError(f"module 'qdq.workflow' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return sorted([*__all__, *_SUBMODULES])

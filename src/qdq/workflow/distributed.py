@@ -4,11 +4,11 @@ qdq starts no process of its own: launch with ``torchrun`` (or any launcher that
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``) and join the group with :func:`init_distributed` or
 ``torch.distributed.init_process_group``. Then:
 
-* :func:`qdq.workflow.calibrate.calibrate` (and ``collect_stats``/``compute_amax``/``ptq``) all-reduce
+* :func:`qdq.workflow.calibration.calibrate` (and ``collect_stats``/``load_amax``/``ptq``) all-reduce
   the calibration statistics before computing amax, so every rank loads the same amax, equal bit for
   bit to a single-process run over the same batches (give each rank its batches with
   :func:`shard_batches`).
-* :func:`qdq.workflow.qat.qat` on a ``DistributedDataParallel`` model writes checkpoints on rank 0
+* :func:`qdq.workflow.fine_tuning.qat` on a ``DistributedDataParallel`` model writes checkpoints on rank 0
   only, broadcasts the quantizer state from rank 0 before training and checks after each epoch that
   it is the same on every rank (:func:`broadcast_quantizer_state`, :func:`assert_in_sync`).
 
@@ -36,13 +36,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, SequentialSampler
 
-from qdq.errors import QdqConfigError, QdqError
+from qdq.errors import QdqConfigError, QdqDistributedError, QdqError
 from qdq.quantizer import TensorQuantizer
 
 __all__ = [
+    "BACKEND_ENV",
     "DEFAULT_TIMEOUT_S",
     "TIMEOUT_ENV",
-    "QdqDistributedError",
     "RoundRobinBatchSampler",
     "all_reduce_sum",
     "assert_in_sync",
@@ -65,13 +65,11 @@ __all__ = [
 
 #: environment variable read by :func:`init_distributed`: the process-group timeout in seconds
 TIMEOUT_ENV = "QDQ_DIST_TIMEOUT"
+#: environment variable read by :func:`init_distributed`: the backend (``nccl`` or ``gloo``)
+BACKEND_ENV = "QDQ_DIST_BACKEND"
 #: default process-group timeout (torch's default for gloo)
 DEFAULT_TIMEOUT_S = 1800.0
 _MAX_LISTED = 10
-
-
-class QdqDistributedError(QdqError, RuntimeError):
-    """Ranks lost contact (one crashed or timed out) or hold different states where they must agree."""
 
 
 # ------------------------------------------------------------------------------------ process group
@@ -114,22 +112,44 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     plain ``python script.py`` run; returns True at once if a group already exists.
 
     Args:
-        backend: ``"nccl"`` (default with CUDA; the GPU is chosen from ``LOCAL_RANK``) or ``"gloo"``
-            (default on CPU).
+        backend: ``"nccl"`` (the GPU is chosen from ``LOCAL_RANK``) or ``"gloo"`` (CPU). Default:
+            ``$QDQ_DIST_BACKEND``, else NCCL when CUDA is available and gloo otherwise.
         timeout_s: how long a collective waits for the other ranks before failing (default:
             ``$QDQ_DIST_TIMEOUT``, else 1800 s). It must exceed the longest time one rank can wait for
             another: the difference in calibration time between shards, rank 0 writing a checkpoint...
+
+    Raises:
+        QdqConfigError: NCCL without a GPU for this process (NCCL needs one GPU per process: with more
+            processes per node than GPUs, launch fewer or use gloo), or a bad timeout.
     """
     if is_distributed():
         return True
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return False
     timeout = _timeout(timeout_s)
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = _backend(backend)
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(_local_gpu())
     dist.init_process_group(backend=backend, timeout=timeout)
     return True
+
+
+def _backend(backend: str | None) -> str:
+    """The explicit backend, else ``$QDQ_DIST_BACKEND``, else NCCL with CUDA and gloo without."""
+    chosen = backend or os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
+    return chosen.strip().lower()
+
+
+def _local_gpu() -> int:
+    """This process's GPU under NCCL: ``LOCAL_RANK``, checked against the GPUs visible."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= gpus:
+        raise QdqConfigError(
+            f"the NCCL backend needs one GPU per process, but LOCAL_RANK is {local_rank} and {gpus} GPU(s) are "
+            f"visible: launch at most {gpus} process(es) per node, or use gloo ({BACKEND_ENV}=gloo)."
+        )
+    return local_rank
 
 
 def shutdown_distributed() -> None:
@@ -294,7 +314,12 @@ def quantizer_state(model: nn.Module) -> dict[str, Any]:
     for name, quantizer in _quantizers(model):
         for key, value in _tensor_state(quantizer).items():
             state[f"{name}.{key}"] = value
-        state[f"{name}.modes"] = (quantizer._disabled, quantizer._if_quant, quantizer._if_calib, quantizer._if_clip)
+        state[f"{name}.modes"] = (
+            not quantizer.is_enabled,
+            quantizer.quant_enabled,
+            quantizer.calib_enabled,
+            quantizer.clip_enabled,
+        )
     return state
 
 
@@ -366,7 +391,7 @@ def assert_in_sync(model: nn.Module, *, parameters: bool = False, buffers: bool 
     ranks = [r for r, prints in enumerate(everyone) if prints != everyone[0]]
     raise QdqDistributedError(
         f"the model state differs between rank 0 and rank(s) {ranks} in {len(differ)} entr(y/ies), e.g. "
-        f"{differ[:_MAX_LISTED]}. Calibrate on every rank (compute_amax synchronises the statistics), keep "
+        f"{differ[:_MAX_LISTED]}. Calibrate on every rank (load_amax synchronises the statistics), keep "
         "DistributedDataParallel's broadcast_buffers=True, or call broadcast_quantizer_state(model)."
     )
 
@@ -386,7 +411,7 @@ def shard(
     Uses ``DistributedSampler``: rank ``r`` of ``N`` gets samples ``r, r + N, ...`` of the (seeded,
     per-epoch) order, padded by repeating samples so that every rank has the same number of batches,
     which DDP needs (a rank with one batch more waits forever for the gradient all-reduce).
-    :func:`qdq.workflow.qat.qat` calls ``sampler.set_epoch(epoch)`` for you. Works without a process
+    :func:`qdq.workflow.fine_tuning.qat` calls ``sampler.set_epoch(epoch)`` for you. Works without a process
     group too (one rank: the whole dataset).
     """
     sampler = DistributedSampler(

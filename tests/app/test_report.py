@@ -14,11 +14,7 @@ import torch
 from torch import nn
 
 import qdq
-from qdq.calib import HistogramCalibrator
-from qdq.errors import QdqConfigError
-from qdq.runtime.base import BenchmarkResult
-from qdq.workflow.ptq import MethodResult, PTQResult, ptq
-from qdq.workflow.report import (
+from qdq.app.report import (
     LayerHistogram,
     ReportData,
     collect_histograms,
@@ -26,7 +22,11 @@ from qdq.workflow.report import (
     read_histogram,
     write_report,
 )
-from qdq.workflow.sensitivity import LayerSensitivity, SensitivityResult
+from qdq.calib import HistogramCalibrator
+from qdq.errors import QdqConfigError
+from qdq.runtime.base import BenchmarkResult
+from qdq.workflow.post_training import MethodResult, PTQResult, ptq
+from qdq.workflow.sensitivity_analysis import LayerSensitivity, SensitivityResult
 
 LAYER = "features.conv1._input_quantizer"
 
@@ -247,21 +247,29 @@ def test_summary_json_round_trips_the_numbers(report):
     assert model["notes"] == ["calibrated on 512 images <b>bold?</b> & more"]
 
 
+def _table_rows(text: str) -> list[list[str]]:
+    """The cells of every Markdown table row in ``text`` (split on unescaped pipes, padding stripped)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+
+
 def test_markdown_holds_the_tables_with_the_numbers(report):
     out, _ = report
     text = (out / "report.md").read_text(encoding="utf-8")
     assert text.startswith("# Digits report\n")
+    rows = _table_rows(text)
     for row in (
-        "| FP32 | 98.75 | +0.00 |",
-        "| ORT INT8 | 98.50 | -0.25 |",
-        "| percentile 99.9 (best) | 98.50 | -0.25 |",
-        "| 2 | 0.2500 | 1e-06 | 98.62 |",
-        "| features.conv1 | 97.50 | 98.50 |",
-        "| onnxruntime | INT8 | 1 | 2 | 0.750 | 0.800 |  | ×2.50 |",
-        "| openvino | INT8 | 8 | 2 | 2.000 | 3.000 | 3.800 | ×2.00 |",
-        r"| features.conv1.\_input\_quantizer | 99 |",
+        ["FP32", "98.75", "+0.00"],
+        ["ORT INT8", "98.50", "-0.25"],
+        ["percentile 99.9 (best)", "98.50", "-0.25"],
+        ["2", "0.2500", "1e-06", "98.62"],
+        ["features.conv1", "97.50", "98.50"],
+        ["onnxruntime", "INT8", "1", "2", "0.750", "0.800", "", "×2.50"],
+        ["openvino", "INT8", "8", "2", "2.000", "3.000", "3.800", "×2.00"],
     ):
-        assert row in text, row
+        assert row in rows, row
+    amax_row = next(r for r in rows if r[0] == r"features.conv1.\_input\_quantizer")
+    assert amax_row[1] == "99"  # the max of the collected data (first method column)
     for image in ("accuracy.png", "sensitivity.png", "latency.png", f"hist_{LAYER}.png"):
         assert f"]({image})" in text
     assert r"\<b\>bold?\</b\> & more" in text  # no raw HTML from a note
@@ -362,3 +370,14 @@ def test_latency_row_from_a_benchmark_and_bad_inputs(tmp_path):
     with pytest.raises(QdqConfigError):
         write_report(tmp_path / "out", [])
     assert not (tmp_path / "out").exists()  # nothing written for bad input
+
+
+def test_plotted_histograms_merge_groups_of_neighbouring_bins():
+    """1000 bins shown as at most 256 bars: groups of 4 (the smallest power of two that fits), summed."""
+    from qdq.app.report.plots import _display_bins
+
+    counts, edges = np.arange(1000, dtype=np.float64), np.arange(1001) * 0.5
+    shown, shown_edges = _display_bins(LayerHistogram(counts, edges, {"max": 499.75}), max_bins=256)
+    assert shown.shape == (250,) and shown_edges.shape == (251,)
+    np.testing.assert_array_equal(shown, counts.reshape(250, 4).sum(axis=1))
+    assert shown_edges[1] == 2.0 and shown_edges[-1] == 500.0

@@ -1,7 +1,7 @@
-"""Training and evaluation of image classifiers (the FP32 baselines of the workflow; QAT builds on the same parts).
+"""Training and evaluation of image classifiers (the FP32 baselines of the application; QAT is :func:`qdq.qat`).
 
 Determinism: these functions never seed anything. With ``torch.manual_seed(s)`` called by the caller before
-building the model, a loader whose order depends only on its own seed (:func:`qdq.workflow.data.make_loaders`)
+building the model, a loader whose order depends only on its own seed (:func:`qdq.app.data.make_loaders`)
 and ``num_workers=0``, a run on the CPU gives the same weights every time on the same machine and the same
 torch build (the thread count can change float summation order, so keep ``torch.set_num_threads`` fixed).
 

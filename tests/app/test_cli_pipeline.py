@@ -1,6 +1,7 @@
 """The `qdq` CLI end to end on a tiny budget, config files, and one-line user errors (exit code 2)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from qdq.app.pipeline import PipelineConfig
 from qdq.cli import main
 from qdq.errors import QdqConfigError, QdqTypeError
-from qdq.workflow.pipeline import PipelineConfig
 
 
 def _run(args, capsys):
@@ -32,7 +33,7 @@ def quick_demo(tmp_path_factory):
 def test_demo_quick_end_to_end(quick_demo):
     out, result = quick_demo
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "| digits_resnet W8A8 |" in result.stdout
+    assert re.search(r"^\| digits_resnet W8A8 +\|", result.stdout, flags=re.M)  # the demo table's row
     run = out / "digits_resnet" / "W8A8"
     for name in ("model.onnx", "model_fp32.onnx", "quantized_state_dict.pt", "report.md", "report.html",
                  "summary.json", "accuracy.png", "latency.png"):  # fmt: skip
@@ -99,7 +100,7 @@ def test_model_that_rejects_the_data_shape(tmp_path, capsys):
 
 
 def test_weights_of_another_model_are_one_line_exit_2(tmp_path, capsys):
-    from qdq.workflow.models import load_model
+    from qdq.app.models import load_model
 
     weights = tmp_path / "w.pt"
     torch.save(load_model("digits_resnet").state_dict(), weights)

@@ -1,13 +1,15 @@
 """Model calibration: ranges equal an independent max, one pass serves all methods, clear errors."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import histogram_reference as ref
 import qdq
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
-from qdq.workflow.calibrate import calibrate, collect_stats, compute_amax, named_quantizers
+from qdq.workflow.calibration import calibrate, collect_stats, load_amax, named_quantizers
 
 
 class Net(nn.Module):
@@ -61,33 +63,60 @@ def test_num_batches_runs_exactly_that_many():
     assert model.conv.input_quantizer.amax.item() == max(b.abs().max().item() for b in data[:2])
 
 
+def _magnitudes(batches):
+    return np.concatenate([b.numpy().reshape(-1) for b in batches])
+
+
 def test_one_histogram_pass_serves_every_method():
+    """Three batches collected once; each method's amax equals a numpy oracle on all the data at once."""
     model = _model()
     calls = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
     data = _data(3)
+    collect_stats(model, data, calibrator="histogram", num_bins=2048, progress=False)
+    values = _magnitudes(data)
+    expected = {
+        ("max", None): float(np.abs(values).max()),
+        ("entropy", None): ref.entropy_amax(values),
+        ("mse", None): ref.mse_amax(values),
+        **{("percentile", p): ref.percentile_amax(values, p) for p in (99.9, 99.99, 99.999, 99.9999)},
+    }
+    for method, percentile in expected:
+        options = {} if percentile is None else {"percentile": percentile}
+        load_amax(model, method, **options)
+        got = model.conv.input_quantizer.amax.item()
+        assert got == pytest.approx(expected[method, percentile], rel=1e-6), (method, percentile)
+    assert len(calls) == 3  # one pass over the data for all seven
+
+
+def test_collect_stats_uses_the_descriptors_calibrator_unless_told_otherwise():
+    """Precedence: calibrator= wins; None means each quantizer's descriptor calib_method (max by default)."""
+    model = qdq.quantize_model(Net(), qdq.QuantConfig(exclude=("unused",)))
+    data = _data(2)
     collect_stats(model, data, progress=False)
-    amaxes = {}
-    for method, options in [("max", {}), ("entropy", {}), ("mse", {})] + [
-        ("percentile", {"percentile": p}) for p in (99.9, 99.99, 99.999, 99.9999)
-    ]:
-        compute_amax(model, method, **options)
-        amaxes[(method, options.get("percentile"))] = model.conv.input_quantizer.amax.item()
-    assert len(calls) == 3
-    assert amaxes[("max", None)] == max(b.abs().max().item() for b in data)
-    assert amaxes[("percentile", 99.9)] <= amaxes[("percentile", 99.99)] <= amaxes[("max", None)]
-    assert len(set(amaxes.values())) > 3
+    assert type(model.conv.input_quantizer.calibrator).__name__ == "MaxCalibrator"
+    with pytest.raises(QdqConfigError, match=r"conv\._input_quantizer: .*entropy.*calibrator='histogram'"):
+        load_amax(model, "entropy")
+    histogram = qdq.QuantDescriptor(calib_method="histogram")
+    model = qdq.quantize_model(Net(), qdq.QuantConfig(quant_desc_input=histogram, exclude=("unused",)))
+    collect_stats(model, data, num_bins=2048, progress=False)
+    load_amax(model, "percentile", percentile=99.9)
+    assert model.conv.input_quantizer.amax.item() == pytest.approx(ref.percentile_amax(_magnitudes(data), 99.9))
+    collect_stats(model, data, calibrator="max", progress=False)  # the argument beats the descriptor
+    assert type(model.conv.input_quantizer.calibrator).__name__ == "MaxCalibrator"
 
 
 def test_batches_as_pairs_and_forward_fn():
     model = _model()
-    pairs = [(b, torch.zeros(6)) for b in _data(2)]
-    calibrate(model, pairs, progress=False)
-    assert model.conv.input_quantizer.amax is not None
+    inputs = _data(2)
+    pairs = [(b, torch.full((6,), 1e3)) for b in inputs]
+    calibrate(model, pairs, progress=False)  # the inputs of (inputs, labels) pairs, labels ignored
+    assert model.conv.input_quantizer.amax.item() == float(np.abs(_magnitudes(inputs)).max())
     seen = []
-    calibrate(model, [{"x": b} for b in _data(2)], forward_fn=lambda m, batch: seen.append(m(batch["x"])),
-              progress=False)  # fmt: skip
+    dicts = [{"x": b * 10} for b in _data(2)]
+    calibrate(model, dicts, forward_fn=lambda m, batch: seen.append(m(batch["x"])), progress=False)
     assert len(seen) == 2
+    assert model.conv.input_quantizer.amax.item() == float(np.abs(_magnitudes([d["x"] for d in dicts])).max())
 
 
 def test_unused_quantizer_error_names_module():

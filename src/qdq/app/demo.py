@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from qdq.app.pipeline import PipelineConfig, run_pipeline
 from qdq.atomic import write_text_atomic
-from qdq.workflow.pipeline import PipelineConfig, run_pipeline
+from qdq.markdown import markdown_table
 
 __all__ = ["DemoSettings", "run_demo"]
 
@@ -47,9 +48,9 @@ class DemoSettings:
 
 
 def _train(name: str, settings: DemoSettings, progress: bool) -> torch.nn.Module:
-    from qdq.workflow.data import digits_datasets, make_loaders
-    from qdq.workflow.models import load_model
-    from qdq.workflow.train import train_classifier
+    from qdq.app.data import digits_datasets, make_loaders
+    from qdq.app.models import load_model
+    from qdq.app.train import train_classifier
 
     torch.manual_seed(0)
     train, test = digits_datasets(size=32)
@@ -87,15 +88,15 @@ def demo_table(runs: dict[str, Any]) -> str:
     header = ["run", "FP32", "PTQ (best)", "QAT"]
     runtimes = sorted({r for run in runs.values() for r in run.get("engines", {})})
     header += [f"INT8 {r}" for r in runtimes] + [f"speed-up {r}" for r in runtimes]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for label, run in runs.items():
         acc = run["accuracy"]
         ptq = next((v for k, v in acc.items() if k.startswith("PTQ")), None)
         cells = [label, _pct(acc.get("FP32")), _pct(ptq), _pct(acc.get("QAT"))]
         cells += [_pct(run["engines"][r]["accuracy"]) if r in run["engines"] else "" for r in runtimes]
         cells += [_speedup(run["latency"], r) for r in runtimes]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 def _pct(value: float | None) -> str:

@@ -1,4 +1,4 @@
-"""qdq.workflow.data: the digits split, preprocessing, loaders, ImageFolder loading and data specs."""
+"""qdq.app.data: the digits split, preprocessing, loaders, ImageFolder loading and data specs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from qdq.errors import QdqConfigError
-from qdq.workflow.data import (
+from qdq.app.data import (
     DIGITS_MEAN,
     DIGITS_STD,
     DigitsImages,
@@ -22,6 +21,7 @@ from qdq.workflow.data import (
     parse_data_spec,
     stratified_split,
 )
+from qdq.errors import QdqConfigError
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 Steps: load model and data → FP32 accuracy → quantize (+ placement for the target) → PTQ with every
 calibrator from one pass, keep the best → optional QAT → save the calibrated state_dict → export the
 Q/DQ ONNX (and an FP32 ONNX as reference) → for each runtime: accuracy of the INT8 engine, fidelity to
-PyTorch (:func:`qdq.workflow.verify.verify`), latency FP32 vs INT8 → report.md/html, PNGs, summary.json.
+PyTorch (:func:`qdq.verify`), latency FP32 vs INT8 → report.md/html, PNGs, summary.json.
 """
 
 from __future__ import annotations
@@ -131,14 +131,14 @@ class _Job:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def evaluate(self, model: Callable[..., Any]) -> float:
-        from qdq.workflow.train import evaluate
+        from qdq.app.train import evaluate
 
         return evaluate(model, self.test_loader, max_batches=self.cfg.eval_batches)
 
 
 def _load(cfg: PipelineConfig, model: nn.Module | None, progress: bool) -> _Job:
-    from qdq.workflow.data import make_loaders, parse_data_spec
-    from qdq.workflow.models import check_input_compatible, load_model
+    from qdq.app.data import make_loaders, parse_data_spec
+    from qdq.app.models import check_input_compatible, load_model
 
     torch.manual_seed(cfg.seed)  # the same initial model on every rank and every run
     train, test = parse_data_spec(cfg.data, size=cfg.image_size, seed=cfg.seed)
@@ -169,7 +169,7 @@ def _quantize(job: _Job) -> None:
 def _calibrate(job: _Job) -> None:
     import itertools
 
-    from qdq.workflow.ptq import ptq
+    from qdq.workflow.post_training import ptq
 
     cfg = job.cfg
     calib = list(itertools.islice(iter(job.train_loader), cfg.calib_batches))
@@ -183,7 +183,7 @@ def _calibrate(job: _Job) -> None:
 
 
 def _sensitivity(job: _Job) -> None:
-    from qdq.workflow.sensitivity import sensitivity
+    from qdq.workflow.sensitivity_analysis import sensitivity
 
     if job.cfg.sensitivity:
         result = sensitivity(job.model, job.evaluate)
@@ -192,7 +192,7 @@ def _sensitivity(job: _Job) -> None:
 
 
 def _qat(job: _Job) -> None:
-    from qdq.workflow.qat import qat
+    from qdq.workflow.fine_tuning import qat
 
     cfg = job.cfg
     if cfg.qat_epochs == 0:
@@ -212,7 +212,7 @@ def _qat(job: _Job) -> None:
 
 def _export(job: _Job) -> None:
     from qdq.export import export_onnx
-    from qdq.workflow.qat import save_atomic
+    from qdq.workflow.fine_tuning import save_atomic
 
     save_atomic(job.model.state_dict(), job.out / "quantized_state_dict.pt")
     path = export_onnx(job.model, job.example, job.out / "model.onnx", target=job.cfg.target)
@@ -228,7 +228,7 @@ def _export_fp32(job: _Job, float_model: nn.Module) -> None:
 
 def _engines(job: _Job) -> None:
     from qdq.runtime import benchmark_model, load_runtime
-    from qdq.workflow.verify import verify
+    from qdq.workflow.verification import verify
 
     cfg, int8 = job.cfg, job.out / "model.onnx"
     job.summary["engines"], job.summary["latency"] = {}, []
@@ -295,24 +295,14 @@ def _write_summary(job: _Job) -> None:
     """summary.json: the report's summary (if any) plus this run's full record under "pipeline"."""
     path = job.out / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else {}
-    summary["pipeline"] = _jsonable(job.summary)
+    from qdq.app.report.summary import jsonable
+
+    summary["pipeline"] = jsonable(job.summary)
     write_text_atomic(path, json.dumps(summary, indent=2))
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and value != value:  # NaN
-        return None
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return str(value)
-    return value
-
-
 def _write_report(job: _Job) -> None:
-    from qdq.workflow.report import ReportData, collect_histograms, write_report
+    from qdq.app.report import ReportData, collect_histograms, write_report
 
     cfg = job.cfg
     data = ReportData(

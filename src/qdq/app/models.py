@@ -1,4 +1,4 @@
-"""Models for the end-to-end workflow: two small CNNs for the digits task, and ``load_model`` for user specs.
+"""Models of the qdq application: two small CNNs for the digits task, and ``load_model`` for user specs.
 
 The two CNNs take ``[N, 3, 32, 32]`` float32 images (any size ≥ 8 works: they end in global average
 pooling) and return ``[N, num_classes]`` logits. They use only plain ``nn`` modules and Python ``+`` / ``*``

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from qdq.errors import QdqConfigError
+from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
-from qdq.workflow.calibrate import ForwardFn, collect_stats, compute_amax, named_quantizers
+from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, named_quantizers
 
-__all__ = ["MethodResult", "PTQResult", "disabled_quantizers", "ptq", "snapshot_amax"]
+__all__ = ["MethodResult", "PTQResult", "disabled_quantizers", "ptq", "restore_amax", "snapshot_amax"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,12 +54,10 @@ class PTQResult:
 
     def table(self) -> str:
         """Markdown table: method, score, difference to float."""
-        lines = ["| calibration | score | vs float |", "|---|---|---|"]
-        lines.append(f"| float (no quantization) | {self.float_score:.2f} | |")
-        for result in self.results:
-            mark = " (best)" if result is self.best else ""
-            lines.append(f"| {result.label}{mark} | {result.score:.2f} | {result.score - self.float_score:+.2f} |")
-        return "\n".join(lines)
+        rows = [["float (no quantization)", f"{self.float_score:.2f}", ""]]
+        rows += [[result.label + (" (best)" if result is self.best else ""), f"{result.score:.2f}",
+                  f"{result.score - self.float_score:+.2f}"] for result in self.results]  # fmt: skip
+        return markdown_table(["calibration", "score", "vs float"], rows)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,8 +72,8 @@ def snapshot_amax(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: q.amax.clone() for name, q in named_quantizers(model) if q.amax is not None}
 
 
-def load_amax(model: nn.Module, amax: dict[str, torch.Tensor]) -> None:
-    """Load amax values taken by :func:`snapshot_amax`."""
+def restore_amax(model: nn.Module, amax: dict[str, torch.Tensor]) -> None:
+    """Put back the amax values taken by :func:`snapshot_amax`."""
     modules = dict(model.named_modules())
     for name, value in amax.items():
         modules[name].amax = value
@@ -84,14 +83,15 @@ def load_amax(model: nn.Module, amax: dict[str, torch.Tensor]) -> None:
 def disabled_quantizers(model: nn.Module) -> Iterator[nn.Module]:
     """Temporarily run ``model`` in float (every quantizer disabled)."""
     quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
-    states = [q._disabled for q in quantizers]
+    enabled = [q.is_enabled for q in quantizers]
     try:
         for quantizer in quantizers:
             quantizer.disable()
         yield model
     finally:
-        for quantizer, state in zip(quantizers, states):
-            quantizer._disabled = state
+        for quantizer, was_enabled in zip(quantizers, enabled):
+            if was_enabled:
+                quantizer.enable()
 
 
 def _method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tuple[str, dict[str, Any]]]:
@@ -122,7 +122,7 @@ def ptq(
 
     Args:
         model: a quantized model (:func:`qdq.quantize_model` and, if wanted, placement already applied).
-        calib_data: calibration batches (see :func:`qdq.workflow.calibrate.collect_stats`).
+        calib_data: calibration batches (see :func:`qdq.workflow.calibration.collect_stats`).
         eval_fn: ``eval_fn(model) -> score``, higher is better (e.g. top-1 accuracy in percent).
         methods: calibration methods to try; ``"percentile"`` expands to each of ``percentiles``.
 
@@ -136,10 +136,10 @@ def ptq(
                   forward_fn=forward_fn, progress=progress)  # fmt: skip
     results = []
     for method, options in grid:
-        compute_amax(model, method, weight_method=weight_method, **options)
+        load_amax(model, method, weight_method=weight_method, **options)
         score = float(eval_fn(model))
         results.append(MethodResult(method, options, score, snapshot_amax(model)))
         _log.info("PTQ %s: %.3f", results[-1].label, score)
     best = max(results, key=lambda r: r.score)  # first of equals: the grid's order breaks ties
-    load_amax(model, best.amax)
+    restore_amax(model, best.amax)
     return PTQResult(float_score, results, best)

@@ -1,4 +1,4 @@
-"""qdq.workflow.train: the digits CNNs train from scratch; determinism; evaluate; schedule; optimizer groups."""
+"""qdq.app.train: the digits CNNs train from scratch; determinism; evaluate; schedule; optimizer groups."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
+from qdq.app.data import digits_datasets, make_loaders
+from qdq.app.models import digits_mobilenet, digits_resnet
+from qdq.app.train import evaluate, make_optimizer, make_scheduler, train_classifier, train_one_epoch
 from qdq.errors import QdqConfigError
-from qdq.workflow.data import digits_datasets, make_loaders
-from qdq.workflow.models import digits_mobilenet, digits_resnet
-from qdq.workflow.train import evaluate, make_optimizer, make_scheduler, train_classifier, train_one_epoch
 
 # The time budget is 3 epochs at batch 64 (SGD, lr 0.1). Measured on the 2-core dev machine, 2 threads,
 # seeds 0-2, quiet machine: digits_resnet 0.6-1.7 s / 97.3-98.7 %, digits_mobilenet 1.7-3.0 s / 96.2-97.8 %. Wall time

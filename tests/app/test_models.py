@@ -1,4 +1,4 @@
-"""qdq.workflow.models: the digits CNNs (shapes, fx tracing, qdq replacement), load_model and its errors."""
+"""qdq.app.models: the digits CNNs (shapes, fx tracing, qdq replacement), load_model and its errors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from qdq.errors import QdqConfigError
-from qdq.workflow.models import (
+from qdq.app.models import (
     check_input_compatible,
     digits_mobilenet,
     digits_resnet,
@@ -21,6 +20,7 @@ from qdq.workflow.models import (
     load_weights,
     model_names,
 )
+from qdq.errors import QdqConfigError
 
 CNNS = {"digits_resnet": digits_resnet, "digits_mobilenet": digits_mobilenet}
 
@@ -113,9 +113,20 @@ def test_load_weights_accepts_checkpoint_dicts(tmp_path, wrap):
 
 
 def test_load_weights_tolerates_missing_num_batches_tracked(tmp_path):
-    state = {k: v for k, v in digits_resnet().state_dict().items() if not k.endswith("num_batches_tracked")}
+    """An old checkpoint without BatchNorm's counters: every stored tensor is loaded, the counters keep
+    a fresh model's value (0 batches), and nothing else differs."""
+    source = digits_resnet()
+    with torch.no_grad():
+        for value in source.state_dict().values():
+            if value.is_floating_point():
+                value.fill_(0.25)  # a value no fresh model has
+    state = {k: v for k, v in source.state_dict().items() if not k.endswith("num_batches_tracked")}
     torch.save(state, tmp_path / "old.pt")
-    load_weights(digits_resnet(), tmp_path / "old.pt")
+    loaded = load_weights(digits_resnet(), tmp_path / "old.pt").state_dict()
+    counters = [k for k in loaded if k.endswith("num_batches_tracked")]
+    assert counters and all(int(loaded[k]) == 0 for k in counters)
+    assert sorted(loaded) == sorted([*state, *counters])
+    assert all(bool((loaded[k] == 0.25).all()) for k in state if loaded[k].is_floating_point())
 
 
 def test_load_model_file_factory(tmp_path):
@@ -239,9 +250,9 @@ def test_check_input_compatible_too_few_outputs():
     assert "outputs 5 logits but the data has 10 classes" in message
 
 
-def test_importing_workflow_is_light():
+def test_importing_the_app_is_light():
     code = (
-        "import sys, qdq.workflow, qdq.workflow.data, qdq.workflow.models, qdq.workflow.train\n"
+        "import sys, qdq.app, qdq.workflow, qdq.app.data, qdq.app.models, qdq.app.train\n"
         "heavy = [m for m in ('torchvision', 'sklearn', 'PIL') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from qdq.errors import QdqConfigError
+from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
 
 __all__ = ["LayerSensitivity", "SensitivityResult", "keep_float", "layer_quantizers", "sensitivity"]
@@ -57,27 +58,26 @@ class SensitivityResult:
         return [item.name for item in ranked[:count]]
 
     def table(self) -> str:
-        lines = [
-            f"float {self.float_score:.2f}, fully quantized {self.quantized_score:.2f}",
-            "",
-            "| layer | only this quantized | all but this quantized |",
-            "|---|---|---|",
-        ]
-        lines += [f"| {s.name} | {s.only_this_quantized:.2f} | {s.all_but_this_quantized:.2f} |" for s in self.layers]
-        return "\n".join(lines)
+        """A line with the float and fully quantized scores, then a Markdown table of the layers."""
+        rows = [[s.name, f"{s.only_this_quantized:.2f}", f"{s.all_but_this_quantized:.2f}"] for s in self.layers]
+        table = markdown_table(["layer", "only this quantized", "all but this quantized"], rows)
+        return f"float {self.float_score:.2f}, fully quantized {self.quantized_score:.2f}\n\n{table}"
 
 
 @contextlib.contextmanager
 def _enabled_only(model: nn.Module, enabled: set[int]) -> Iterator[None]:
+    """Only the quantizers whose ``id`` is in ``enabled`` (and were enabled already) stay enabled."""
     quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
-    saved = [q._disabled for q in quantizers]
+    saved = [q.is_enabled for q in quantizers]
     try:
-        for quantizer, was_disabled in zip(quantizers, saved):
-            quantizer._disabled = was_disabled or id(quantizer) not in enabled
+        for quantizer in quantizers:
+            if id(quantizer) not in enabled:
+                quantizer.disable()
         yield
     finally:
-        for quantizer, state in zip(quantizers, saved):
-            quantizer._disabled = state
+        for quantizer, was_enabled in zip(quantizers, saved):
+            if was_enabled:
+                quantizer.enable()
 
 
 def sensitivity(model: nn.Module, eval_fn: EvalFn, layers: Sequence[str] | None = None) -> SensitivityResult:

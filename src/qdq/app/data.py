@@ -1,4 +1,4 @@
-"""Datasets for the end-to-end workflow: scikit-learn's bundled digits (offline) and ImageFolder directories.
+"""Datasets of the qdq application: scikit-learn's bundled digits (offline) and ImageFolder directories.
 
 Conventions:
     * Every dataset yields ``(image, label)`` with ``image`` a float32 tensor ``[3, size, size]`` (CHW,

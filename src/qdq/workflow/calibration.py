@@ -3,12 +3,16 @@
 Two steps, usable separately:
 
 * :func:`collect_stats` puts every enabled quantizer in calibration mode (quantization off), runs the
-  data once with a progress bar, and restores the modes. With ``calibrator="histogram"`` the statistics
-  serve every method afterwards (max, entropy, mse, percentiles) without re-running the data.
-* :func:`compute_amax` computes and loads amax for one method from the collected statistics.
+  data once with a progress bar, and restores the modes. Each activation quantizer collects with the
+  calibrator its descriptor names (``QuantDescriptor(calib_method=...)``) unless the call names one;
+  histogram statistics serve every method afterwards (max, entropy, mse, percentiles) without re-running
+  the data.
+* :func:`load_amax` computes amax for one method from the collected statistics and loads it into the
+  quantizers. (A calibrator's own ``compute_amax()`` returns the range of one quantizer; this function
+  sets the ranges of a whole model.)
 
 :func:`calibrate` does both. Weight quantizers need no data: their range comes from the weights
-themselves (``weight_method``, per channel by default).
+themselves (``weight_method``, per channel, max by default: :func:`qdq.calib.calibrate_weights`).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq.calib.weights import calibrate_weights
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.distributed import assert_same_across_ranks, collective, rank, unwrap, world_size
 
-__all__ = ["calibrate", "collect_stats", "compute_amax", "default_forward", "named_quantizers"]
+__all__ = ["calibrate", "collect_stats", "default_forward", "load_amax", "named_quantizers"]
 
 _log = logging.getLogger(__name__)
 
@@ -103,11 +108,16 @@ class _NamedCollector:
             raise QdqCalibrationError(f"while calibrating {self.name}: {err}") from err
 
 
-def _make_calibrator(quantizer: TensorQuantizer, kind: str, **options: Any) -> Any:
+def _make_calibrator(quantizer: TensorQuantizer, kind: str | None, **options: Any) -> Any:
+    """A fresh calibrator of ``kind``, or of the quantizer's descriptor ``calib_method`` when ``kind`` is None."""
     from qdq.calib import make_calibrator
 
     return make_calibrator(
-        kind, num_bits=quantizer.num_bits, axis=quantizer.axis, unsigned=quantizer.unsigned, **options
+        kind or quantizer.calib_method,
+        num_bits=quantizer.num_bits,
+        axis=quantizer.axis,
+        unsigned=quantizer.unsigned,
+        **options,
     )
 
 
@@ -115,22 +125,33 @@ def _make_calibrator(quantizer: TensorQuantizer, kind: str, **options: Any) -> A
 def _calibration_mode(model: nn.Module, quantizers: list[tuple[str, TensorQuantizer]]) -> Iterator[None]:
     """Quantization off everywhere (the statistics are those of the float model, as in the seed);
     the given activation quantizers collect; eval mode (BatchNorm uses its running statistics)."""
-    everything = named_quantizers(model)
-    saved = [(q, q._if_quant, q._if_calib, q._calibrator) for _, q in everything]
+    everything = [q for _, q in named_quantizers(model)]
+    saved = [(q.quant_enabled, q.calib_enabled, q._calibrator) for q in everything]  # None: not built yet
     was_training = model.training
     try:
-        for _, quantizer in everything:
+        for quantizer in everything:
             quantizer.disable_quant()
         for name, quantizer in quantizers:
-            quantizer.disable_quant()
-            quantizer._if_calib = True
-            quantizer._calibrator = _NamedCollector(quantizer._calibrator, name)
+            quantizer.calibrator = _NamedCollector(quantizer.calibrator, name)
+            quantizer.enable_calib()
         model.eval()
         yield
     finally:
-        for quantizer, if_quant, if_calib, calibrator in saved:
-            quantizer._if_quant, quantizer._if_calib, quantizer._calibrator = if_quant, if_calib, calibrator
+        for quantizer, (quant, calib, calibrator) in zip(everything, saved):
+            quantizer.calibrator = calibrator
+            _set_modes(quantizer, quant=quant, calib=calib)
         model.train(was_training)
+
+
+def _set_modes(quantizer: TensorQuantizer, *, quant: bool, calib: bool) -> None:
+    if quant:
+        quantizer.enable_quant()
+    else:
+        quantizer.disable_quant()
+    if calib:
+        quantizer.enable_calib()
+    else:
+        quantizer.disable_calib()
 
 
 def collect_stats(
@@ -138,7 +159,7 @@ def collect_stats(
     data: Iterable[Any],
     *,
     num_batches: int | None = None,
-    calibrator: str = "histogram",
+    calibrator: str | None = None,
     forward_fn: ForwardFn | None = None,
     progress: bool = True,
     **calibrator_options: Any,
@@ -150,14 +171,17 @@ def collect_stats(
         data: an iterable of batches (a DataLoader, a list of tensors...); each batch goes through
             ``forward_fn(model, batch)`` (default: :func:`default_forward`).
         num_batches: stop after this many batches (default: all).
-        calibrator: ``"histogram"`` (serves every method) or ``"max"`` (cheaper; max only), or a
-            registered calibrator name. Previous statistics are discarded.
+        calibrator: the calibrator every activation quantizer collects with: ``"histogram"`` (serves
+            every method), ``"max"`` (cheaper; max only) or another registered name. Precedence: a
+            name given here wins for every quantizer; ``None`` (the default) uses each quantizer's own
+            descriptor ``calib_method`` (``"max"`` unless the descriptor says otherwise, as in the seed
+            toolkit). Previous statistics are discarded.
         progress: show a progress bar.
-        calibrator_options: passed to the calibrator (e.g. ``num_bins=2048``, ``skip_zeros=True``).
+        calibrator_options: passed to every calibrator (e.g. ``num_bins=4096``, ``skip_zeros=True``).
 
     Under ``torch.distributed`` each rank collects on its own ``data`` (``num_batches`` is per rank; a
     rank may have no batch) through the module inside a DistributedDataParallel wrapper, so ranks need
-    not have the same number of batches; :func:`compute_amax` then combines the statistics.
+    not have the same number of batches; :func:`load_amax` then combines the statistics.
 
     Raises:
         QdqCalibrationError: empty data, or NaN/Inf in a quantizer's input (named).
@@ -188,7 +212,7 @@ def _local_batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any
         return iter(())
 
 
-def compute_amax(
+def load_amax(
     model: nn.Module,
     method: str = "max",
     *,
@@ -196,14 +220,21 @@ def compute_amax(
     strict: bool = True,
     **method_options: Any,
 ) -> nn.Module:
-    """Load amax computed with ``method`` into every activation quantizer that collected statistics.
+    """Compute amax with ``method`` from the statistics :func:`collect_stats` left in every activation
+    quantizer, and load it (the seed toolkit's ``compute_amax(model, method)`` recipe step).
 
     Args:
-        method: ``"max"``, ``"entropy"``, ``"mse"`` or ``"percentile"`` (``percentile=99.99`` by default).
+        method: ``"max"``, ``"entropy"``, ``"mse"`` or ``"percentile"`` (``percentile=99.99`` by default);
+            all but max need histogram statistics.
         weight_method: how weight quantizers get their range: ``"max"`` (per channel, the default),
             ``"percentile"``, ``"mse"``, or None to leave them as they are.
         strict: a quantizer that saw no data is an error (else a warning, and it stays dynamic).
         method_options: passed to ``compute_amax`` of the calibrators (``percentile``, ``start_bin``...).
+
+    Raises:
+        QdqConfigError: unknown method, or a method the collected statistics cannot give (entropy from
+            a max calibrator); the message names the quantizer.
+        QdqCalibrationError: a quantizer saw no data (with ``strict=True``).
 
     Statistics are first synchronised across processes when ``torch.distributed`` is initialised, so every
     rank loads the same amax (a collective: every rank must call it; a quantizer that saw no data on any
@@ -225,17 +256,18 @@ def compute_amax(
             if strict:
                 raise QdqCalibrationError(message) from err
             _log.warning(message)
+        except QdqConfigError as err:
+            raise QdqConfigError(f"{name}: {err}{_collect_hint(method)}") from err
     if weight_method is not None:
-        calibrate_weights(model, method=weight_method)
+        calibrate_weights(unwrap(model), method=weight_method)
     return model
 
 
-def calibrate_weights(model: nn.Module, method: str = "max", **options: Any) -> nn.Module:
-    """Set every weight quantizer's amax from its module's weight (per channel when its axis says so)."""
-    from qdq.calib import calibrate_weights as _calibrate_weights
-
-    _calibrate_weights(model, method=method, **options)
-    return model
+def _collect_hint(method: str) -> str:
+    if method == "max":
+        return ""
+    return (f" Method {method!r} needs histogram statistics: collect_stats(..., calibrator='histogram'), "
+            "or calib_method='histogram' in the quantizer's descriptor.")  # fmt: skip
 
 
 def calibrate(
@@ -252,6 +284,10 @@ def calibrate(
 ) -> nn.Module:
     """Calibrate ``model`` on ``data``: collect statistics, compute amax with ``method``, load it.
 
+    The calibrator is the one ``method`` needs (a max calibrator for ``"max"``, a histogram for the
+    others), whatever the descriptors' ``calib_method``; use :func:`collect_stats` and
+    :func:`load_amax` to calibrate with the descriptors' own calibrators.
+
     Example:
         >>> qdq.quantize_model(model)
         >>> qdq.calibrate(model, calib_loader, method="entropy", num_batches=8)
@@ -261,4 +297,4 @@ def calibrate(
     kind = "max" if method == "max" else "histogram"
     collect_stats(model, data, num_batches=num_batches, calibrator=kind, forward_fn=forward_fn, progress=progress)
     options = {"percentile": percentile} if method == "percentile" else {}
-    return compute_amax(model, method, weight_method=weight_method, strict=strict, **options)
+    return load_amax(model, method, weight_method=weight_method, strict=strict, **options)

@@ -1,0 +1,72 @@
+"""Each public name of ``qdq`` and ``qdq.workflow`` has one meaning, whatever has been imported.
+
+The trap this guards against: a lazily exported function living in a submodule of the same name
+(``qdq.workflow.calibrate`` the function in ``qdq/workflow/calibrate.py``): once the submodule is
+imported, Python binds the package attribute to the module and the function is gone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import subprocess
+import sys
+import types
+
+import pytest
+
+import qdq
+import qdq.workflow
+
+FUNCTIONS = ("calibrate", "collect_stats", "load_amax", "ptq", "qat", "sensitivity", "keep_float", "verify")
+
+
+def _lazy_names(package: types.ModuleType) -> list[str]:
+    return sorted(package._LAZY)
+
+
+@pytest.mark.parametrize("package", [qdq, qdq.workflow], ids=["qdq", "qdq.workflow"])
+def test_no_submodule_is_named_like_a_lazy_name(package):
+    clashes = [n for n in _lazy_names(package) if importlib.util.find_spec(f"{package.__name__}.{n}") is not None]
+    assert clashes == [], f"{package.__name__}: submodules named like exported names: {clashes}"
+
+
+def test_importing_every_submodule_changes_no_public_name():
+    """The same objects before and after importing every module of qdq; the workflow entry points are
+    functions (not modules), identical under ``qdq.<name>`` and ``qdq.workflow.<name>``."""
+    before = {(p.__name__, n): getattr(p, n) for p in (qdq, qdq.workflow) for n in _lazy_names(p)}
+    for info in pkgutil.walk_packages(qdq.__path__, "qdq."):
+        importlib.import_module(info.name)
+    after = {(p.__name__, n): getattr(p, n) for p in (qdq, qdq.workflow) for n in _lazy_names(p)}
+    changed = [key for key in before if after[key] is not before[key]]
+    assert changed == []
+    for name in FUNCTIONS:
+        assert isinstance(getattr(qdq, name), types.FunctionType), name
+        assert getattr(qdq, name) is getattr(qdq.workflow, name), name
+
+
+def test_in_a_fresh_process_the_submodule_import_order_does_not_matter():
+    """Import the implementation modules first, then read the names (the order that used to break)."""
+    code = (
+        "import types, qdq, qdq.workflow.calibration, qdq.workflow.post_training, qdq.workflow.fine_tuning, "
+        "qdq.workflow.sensitivity_analysis, qdq.workflow.verification\n"
+        f"bad = [n for n in {FUNCTIONS!r} if not isinstance(getattr(qdq.workflow, n), types.FunctionType)]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("package", [qdq, qdq.workflow], ids=["qdq", "qdq.workflow"])
+def test_the_old_compute_amax_name_says_where_it_went(package):
+    with pytest.raises(AttributeError, match=r"renamed .*load_amax"):
+        package.compute_amax  # noqa: B018
+
+
+def test_qdq_distributed_error_lives_in_errors():
+    from qdq.errors import QdqDistributedError, QdqError
+    from qdq.workflow import distributed
+
+    assert qdq.QdqDistributedError is QdqDistributedError and issubclass(QdqDistributedError, QdqError)
+    assert QdqDistributedError.__module__ == "qdq.errors"
+    assert "QdqDistributedError" not in distributed.__all__
