@@ -37,6 +37,7 @@ from _qat_common import calibrate_max, native_model, train_step
 from torch import nn
 
 import qdq
+from qdq.markdown import markdown_table
 
 _BATCH = {"resnet50": 128, "resnet18": 256, "mobilenet_v2": 128}
 _PRECISION = {"fp32": None, "bf16": torch.bfloat16}
@@ -71,7 +72,19 @@ def _models(name: str, device: torch.device, batch: torch.Tensor) -> dict[str, n
     return {"fp32": fp32, "qdq": quantized, "native": native_model(fp32, quantized)}
 
 
-def bench_train(args: argparse.Namespace, device: torch.device) -> list[str]:
+_TRAIN_HEADERS = [
+    "model",
+    "precision",
+    "FP32 ms/step",
+    "qdq",
+    "torch native fake-quant",
+    "FP32 compiled ms",
+    "qdq compiled",
+]
+_CALIB_HEADERS = ["calibration pass", "variant", "ms", "ratio vs FP32 forward"]
+
+
+def bench_train(args: argparse.Namespace, device: torch.device) -> list[list[str]]:
     rows = []
     for name in args.models:
         batch_size = max(1, round(_BATCH[name] * args.batch_scale))
@@ -87,21 +100,21 @@ def bench_train(args: argparse.Namespace, device: torch.device) -> list[str]:
                     steps[f"{key} compiled"] = train_step(compiled, batch, labels, autocast)
             ms = _time_rounds(steps, device, args.rounds, args.steps)
             rows.append(_train_row(name, batch_size, precision, ms))
-            print(rows[-1], flush=True)
+            print("  " + " ".join(rows[-1]), flush=True)
     return rows
 
 
-def _train_row(name: str, batch: int, precision: str, ms: dict[str, float]) -> str:
+def _train_row(name: str, batch: int, precision: str, ms: dict[str, float]) -> list[str]:
     cells = [f"{name} b{batch}", precision, f"{ms['fp32']:.1f}"]
     cells += [f"{ms[key] / ms['fp32']:.2f}x" for key in ("qdq", "native")]
     if "qdq compiled" in ms:
         cells += [f"{ms['fp32 compiled']:.1f}", f"{ms['qdq compiled'] / ms['fp32 compiled']:.2f}x"]
     else:
         cells += ["-", "-"]
-    return "| " + " | ".join(cells) + " |"
+    return cells
 
 
-def bench_calibration(args: argparse.Namespace, device: torch.device) -> list[str]:
+def bench_calibration(args: argparse.Namespace, device: torch.device) -> list[list[str]]:
     torch.manual_seed(0)
     fp32 = getattr(torchvision.models, args.calib_model)().to(device).eval()
     quantized = qdq.quantize_model(copy.deepcopy(fp32))
@@ -118,10 +131,7 @@ def bench_calibration(args: argparse.Namespace, device: torch.device) -> list[st
     passes = {"fp32 forward": forward, "histogram": collect("histogram"), "max": collect("max")}
     ms = _time_rounds(passes, device, args.rounds, 1)
     label = f"{args.calib_model} {args.calib_batches}x{args.calib_batch}"
-    rows = [f"| {label} | {key} | {value:.1f} | {value / ms['fp32 forward']:.2f}x |" for key, value in ms.items()]
-    for row in rows:
-        print(row, flush=True)
-    return rows
+    return [[label, key, f"{value:.1f}", f"{value / ms['fp32 forward']:.2f}x"] for key, value in ms.items()]
 
 
 def main() -> None:
@@ -145,13 +155,11 @@ def main() -> None:
     device = torch.device(args.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {where}, {args.size}x{args.size}, median of {args.rounds} rounds")
-    if not args.skip_train:
-        print("\n| model | precision | FP32 ms/step | qdq | torch native fake-quant | FP32 compiled ms | qdq compiled |")  # noqa: E501
-        print("|---|---|---|---|---|---|---|")
-        bench_train(args, device)
-    print("\n| calibration pass | variant | ms | ratio vs FP32 forward |")
-    print("|---|---|---|---|")
-    bench_calibration(args, device)
+    train = [] if args.skip_train else bench_train(args, device)
+    calibration = bench_calibration(args, device)
+    if train:
+        print("\n" + markdown_table(_TRAIN_HEADERS, train))
+    print("\n" + markdown_table(_CALIB_HEADERS, calibration))
 
 
 if __name__ == "__main__":
