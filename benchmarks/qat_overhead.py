@@ -95,7 +95,7 @@ def main() -> None:
     fp32 = torchvision.models.resnet18(num_classes=10)
     qat = torchvision.models.resnet18(num_classes=10)
     qat.load_state_dict(fp32.state_dict())
-    qdq.quantize_model(qat, qdq.QuantConfig(include_types=(nn.Conv2d,)))
+    qat = qdq.quantize_model(qat, qdq.QuantConfig(include_types=(nn.Conv2d,)))
     _calibrate_max(qat, batch)
     native = _native_model(qat)
     variants = {"fp32": fp32, "qdq": qat, "torch-native-fq": native}

@@ -246,9 +246,10 @@ register_target(
 
 # ------------------------------------------------------------------------------ remembered target
 def mark_placed(model: Any, target: str) -> None:
-    """Record on ``model`` (an ``nn.Module``) that it was placed for ``target``."""
+    """Record on ``model`` (an ``nn.Module``) that it was placed for ``target`` (kept by ``copy.deepcopy`` and
+    pickling, ``torch.fx.GraphModule`` included)."""
     get_target(target)
-    setattr(model, _TARGET_ATTR, target)
+    _set_mark(model, _TARGET_ATTR, target)
 
 
 def placed_target(model: Any) -> str | None:
@@ -258,10 +259,10 @@ def placed_target(model: Any) -> str | None:
     Raises:
         QdqConfigError: submodules placed for different targets.
     """
-    own = getattr(model, _TARGET_ATTR, None)
+    own = _mark(model, _TARGET_ATTR)
     if own is not None:
         return own
-    found = {getattr(m, _TARGET_ATTR) for m in _modules(model) if getattr(m, _TARGET_ATTR, None) is not None}
+    found = {mark for m in _modules(model) if (mark := _mark(m, _TARGET_ATTR)) is not None}
     if len(found) > 1:
         raise QdqConfigError(f"parts of this model were placed for different targets: {sorted(found)}.")
     return found.pop() if found else None
@@ -270,7 +271,7 @@ def placed_target(model: Any) -> str | None:
 def mark_superseded(model: Any, target: str) -> None:
     """Mark ``model`` as replaced by the new model placement returned for ``target``: running it raises
     ``QdqConfigError`` (it lacks the added quantizers), and :func:`check_not_superseded` fails on it."""
-    setattr(model, _SUPERSEDED_ATTR, target)
+    _set_mark(model, _SUPERSEDED_ATTR, target)
     if hasattr(model, "register_forward_pre_hook"):
         model.register_forward_pre_hook(_refuse_forward)
 
@@ -278,7 +279,7 @@ def mark_superseded(model: Any, target: str) -> None:
 def superseded_by(model: Any) -> str | None:
     """The target of the placement that replaced ``model`` (or one of its submodules) by a new model, else None."""
     for module in (model, *_modules(model)):
-        target = getattr(module, _SUPERSEDED_ATTR, None)
+        target = _mark(module, _SUPERSEDED_ATTR)
         if target is not None:
             return target
     return None
@@ -300,8 +301,24 @@ def _stale_message(target: str) -> str:
 
 
 def _refuse_forward(module: Any, args: Any) -> None:
-    raise QdqConfigError(_stale_message(getattr(module, _SUPERSEDED_ATTR)))
+    raise QdqConfigError(_stale_message(_mark(module, _SUPERSEDED_ATTR) or "?"))
 
 
 def _modules(model: Any) -> list[Any]:
     return list(model.modules()) if hasattr(model, "modules") else []
+
+
+def _set_mark(model: Any, key: str, value: str) -> None:
+    """An attribute; on a ``torch.fx.GraphModule`` also its ``meta`` dict, which its ``__deepcopy__`` keeps."""
+    setattr(model, key, value)
+    meta = getattr(model, "meta", None)
+    if isinstance(meta, dict) and "_graph" in vars(model):  # a GraphModule
+        meta[key] = value
+
+
+def _mark(model: Any, key: str) -> str | None:
+    value = getattr(model, key, None)
+    meta = getattr(model, "meta", None)
+    if value is None and isinstance(meta, dict) and "_graph" in vars(model):
+        value = meta.get(key)
+    return value

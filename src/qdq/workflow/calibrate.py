@@ -253,7 +253,7 @@ def calibrate(
     """Calibrate ``model`` on ``data``: collect statistics, compute amax with ``method``, load it.
 
     Example:
-        >>> qdq.quantize_model(model)
+        >>> model = qdq.quantize_model(model)
         >>> qdq.calibrate(model, calib_loader, method="entropy", num_batches=8)
     """
     if method not in _METHODS:

@@ -161,7 +161,7 @@ def _quantize(job: _Job) -> None:
         quant_desc_input=QuantDescriptor(num_bits=cfg.activation_bits),
         quant_desc_weight=QuantDescriptor(num_bits=cfg.weight_bits, axis=0),
     )
-    qdq.quantize_model(job.model, config)
+    job.model = qdq.quantize_model(job.model, config)
     job.model = apply_placement(job.model, target=cfg.target)
 
 
