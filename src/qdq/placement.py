@@ -76,7 +76,6 @@ from qdq.quantizer import TensorQuantizer
 from qdq.registry import Registry
 from qdq.targets import (
     DEFAULT_TARGET,
-    TARGETS,
     Target,
     add_placement_rule,
     check_not_superseded,
@@ -84,12 +83,12 @@ from qdq.targets import (
     mark_placed,
     mark_superseded,
     placed_target,
+    target_names,
 )
 from qdq.targets import remove_placement_rule as _remove_from_targets
 
-__all__ = [
+__all__ = [  # and TARGETS, the registered target names (module __getattr__)
     "PLACEMENT_RULES",
-    "TARGETS",
     "PlacementContext",
     "apply_placement",
     "function_inputs_rule",
@@ -319,7 +318,7 @@ def register_placement_rule(
         ...         if node.target is operator.mul:
         ...             ctx.quantize_input(node, 0)
     """
-    chosen = tuple(TARGETS) if targets is None else tuple(targets)
+    chosen = target_names() if targets is None else tuple(targets)
     for target in chosen:
         get_target(target)  # unknown names raise before anything is registered
 
@@ -630,6 +629,12 @@ def function_inputs_rule(functions: Iterable[Any], indices: Sequence[int] | None
                     ctx.quantize_input(node, index)
 
     return rule
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TARGETS":  # the registered target names, as a tuple (qdq.targets holds the registry)
+        return target_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------- tracing

@@ -40,7 +40,7 @@ from qdq.registry import Registry
 __all__ = [
     "DEFAULT_TARGET",
     "ONNXRUNTIME_FUSION",
-    "TARGETS",
+    "TARGET_REGISTRY",
     "FusionFacts",
     "Target",
     "add_placement_rule",
@@ -175,7 +175,7 @@ ONNXRUNTIME_FUSION = FusionFacts(
 )
 
 #: name -> Target.
-TARGETS: Registry[str, Target] = Registry("target")
+TARGET_REGISTRY: Registry[str, Target] = Registry("target")
 #: The target of ``apply_placement`` and of ``export_onnx`` for a model never placed.
 DEFAULT_TARGET = "tensorrt"
 
@@ -184,24 +184,24 @@ def register_target(target: Target, *, override: bool = False) -> Target:
     """Register ``target`` under its name (``override=True`` replaces a registered one)."""
     if not isinstance(target, Target):
         raise QdqTypeError(f"register_target needs a qdq.targets.Target, got {type(target).__name__}.")
-    return TARGETS.register(target.name, target, override=override)
+    return TARGET_REGISTRY.register(target.name, target, override=override)
 
 
 def unregister_target(name: str) -> Target:
     """Remove a target; returns it."""
-    return TARGETS.unregister(name)
+    return TARGET_REGISTRY.unregister(name)
 
 
 def get_target(name: str) -> Target:
     """The registered target ``name``; an unknown name raises ``QdqConfigError`` listing the registered ones."""
     if not isinstance(name, str):
         raise QdqTypeError(f"a target is named by a string, got {type(name).__name__} {name!r}.")
-    return TARGETS.get(name)
+    return TARGET_REGISTRY.get(name)
 
 
 def target_names() -> tuple[str, ...]:
     """Names of the registered targets, in registration order."""
-    return tuple(TARGETS)
+    return tuple(TARGET_REGISTRY)
 
 
 def add_placement_rule(rule: str, targets: Iterable[str] | None = None) -> None:
@@ -211,15 +211,15 @@ def add_placement_rule(rule: str, targets: Iterable[str] | None = None) -> None:
     for target in chosen:
         if rule not in target.placement_rules:
             rules = (*target.placement_rules, rule)
-            TARGETS.register(target.name, dataclasses.replace(target, placement_rules=rules), override=True)
+            TARGET_REGISTRY.register(target.name, dataclasses.replace(target, placement_rules=rules), override=True)
 
 
 def remove_placement_rule(rule: str) -> None:
     """Remove the placement rule ``rule`` from every target that applies it."""
-    for name, target in TARGETS.items():
+    for name, target in TARGET_REGISTRY.items():
         if rule in target.placement_rules:
             rules = tuple(r for r in target.placement_rules if r != rule)
-            TARGETS.register(name, dataclasses.replace(target, placement_rules=rules), override=True)
+            TARGET_REGISTRY.register(name, dataclasses.replace(target, placement_rules=rules), override=True)
 
 
 _ORT_RULES = ("residual_add", "concat", "conv_output", "silu", "sigmoid_output", "mul_inputs", "unsigned_activations")

@@ -30,15 +30,21 @@ from qdq.errors import QdqExportError, QdqTypeError
 from qdq.export import _ops, graph
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.quantizer import TensorQuantizer
-from qdq.targets import DEFAULT_TARGET, TARGETS, Target, check_not_superseded, get_target, placed_target
+from qdq.targets import DEFAULT_TARGET, Target, check_not_superseded, get_target, placed_target, target_names
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["TARGETS", "export_onnx", "onnx_opset"]
+__all__ = ["export_onnx", "onnx_opset"]  # and TARGETS (module __getattr__)
 
 _MIN_OPSET = 10  # QuantizeLinear / DequantizeLinear
 _MIN_OPSET_PER_CHANNEL = 13  # their ``axis`` attribute
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TARGETS":  # the registered target names, as a tuple (qdq.targets holds the registry)
+        return target_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def export_onnx(
