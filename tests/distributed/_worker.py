@@ -27,8 +27,8 @@ import qdq
 import qdq.workflow.qat as qat_module
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqCalibrationError
+from qdq.quantize import QuantConfig
 from qdq.quantizer import TensorQuantizer
-from qdq.replace import QuantConfig
 from qdq.workflow.calibrate import calibrate, default_forward
 from qdq.workflow.distributed import (
     QdqDistributedError,
