@@ -39,7 +39,7 @@ def main() -> None:
     fp32 = torchvision.models.resnet18(num_classes=10)
     qat = torchvision.models.resnet18(num_classes=10)
     qat.load_state_dict(fp32.state_dict())
-    qdq.quantize_model(qat, qdq.QuantConfig(include_types=(nn.Conv2d,)))
+    qat = qdq.quantize_model(qat, qdq.QuantConfig(include_types=(nn.Conv2d,)))
     calibrate_max(qat, batch)
     native = native_model(fp32, qat)
     variants = {"fp32": fp32, "qdq": qat, "torch-native-fq": native}

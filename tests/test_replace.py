@@ -9,7 +9,8 @@ import qdq
 from qdq import nn as quant_nn
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
-from qdq.replace import QuantConfig, quantize_model, register_quant_module, unregister_quant_module
+from qdq.quantize import QuantConfig, quantize_model
+from qdq.replace import register_quant_module, unregister_quant_module
 
 
 def _small_net():

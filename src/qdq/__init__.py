@@ -3,10 +3,11 @@
 Importing ``qdq`` does no work: names below resolve lazily on first access.
 
 Entry points:
-    quantize_model(model, QuantConfig(...))   replace modules by quantized ones, in place
-    QuantDescriptor, TensorQuantizer          how one tensor is quantized / the module that does it
-    tensor_quant, fake_tensor_quant           the numerics (module ``qdq.tensor_quant``)
-    nn (as quant_nn), quant_modules, calib    the seed toolkit's module paths
+    model = quantize_model(model, QuantConfig(...))  quantized modules (and Q/DQ placement for a target);
+                                                     always use the returned model
+    QuantDescriptor, TensorQuantizer                 how one tensor is quantized / the module that does it
+    tensor_quant, fake_tensor_quant                  the numerics (module ``qdq.tensor_quant``)
+    nn (as quant_nn), quant_modules, calib           the seed toolkit's module paths
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ _LAZY = {
     "QuantDescriptor": "qdq.descriptor",
     "ScaledQuantDescriptor": "qdq.descriptor",
     "TensorQuantizer": "qdq.quantizer",
-    "QuantConfig": "qdq.replace",
-    "quantize_model": "qdq.replace",
+    "QuantConfig": "qdq.quantize",
+    "quantize_model": "qdq.quantize",
     "register_quant_module": "qdq.replace",
     "unregister_quant_module": "qdq.replace",
     "fake_tensor_quant": "qdq.tensor_quant",
@@ -47,7 +48,8 @@ _LAZY = {
 }
 _RENAMED = {"compute_amax": "load_amax (it loads ranges into a model; a calibrator's compute_amax() returns one)"}
 _SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "descriptor", "quantizer", "replace", "runtime",
-               "export", "placement", "workflow", "app", "utils", "optim", "errors", "registry"}  # fmt: skip
+               "export", "placement", "workflow", "app", "utils", "optim", "errors", "registry", "targets",
+               "quantize"}  # fmt: skip
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 

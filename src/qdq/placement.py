@@ -9,26 +9,28 @@ with the same parameters, buffers and ``state_dict`` keys, plus the added quanti
     model = quantize_model(torchvision.models.resnet18())
     model = apply_placement(model, target="tensorrt")   # then calibrate, fine-tune, export
 
-Rules for ``target="tensorrt"`` (TensorRT's explicit-quantization recommendations):
+Which rules run for a target, and how residual adds are treated, is recorded in that target's
+registration (:mod:`qdq.targets`). The rules:
 
 * ``residual_add``: an ``a + b`` (``+=``, ``torch.add``) one of whose inputs comes from a weighted op
   (Conv/ConvTranspose/Linear/MatMul, possibly through BatchNorm, an activation, Dropout or stochastic
-  depth, each used once) becomes a :class:`~qdq.nn.QuantAdd` that quantizes the *other* input only. TensorRT
-  then fuses the weighted op and the add, with int8 in and out. The first such input (in argument order)
-  stays float, as in the seed TF toolkit's ``ResidualConnectionQDQCase``. Adds with no weighted input are
-  left alone (a Q/DQ TensorRT cannot fuse only costs time).
+  depth, each used once) becomes a :class:`~qdq.nn.QuantAdd`. With the target's ``residual_add="skip"``
+  (TensorRT) it quantizes the *other* input only: TensorRT then fuses the weighted op and the add, with int8
+  in and out; the first such input (in argument order) stays float, as in the seed TF toolkit's
+  ``ResidualConnectionQDQCase``. With ``"both"`` (ONNX Runtime's ``QLinearAdd``) it quantizes both inputs.
+  Adds with no weighted input are left alone (a Q/DQ the runtime cannot fuse only costs time).
 * ``concat``: ``torch.cat`` becomes a :class:`~qdq.nn.QuantConcat`: one scale shared by every input. Skipped
   when every consumer of the concatenation already quantizes it (their own quantizer gives the shared scale).
-* Outputs of weighted ops, BatchNorm and ReLU are not quantized: the runtime fuses them.
+* Outputs of weighted ops, BatchNorm and ReLU are not quantized by these two: TensorRT fuses them.
 
-Rules added for ``target="onnxruntime"`` (its CPU int8 kernels need quantized *outputs*; see
+Rules for runtimes whose int8 kernels need quantized *outputs* (``target="onnxruntime"``; see
 ``qdq.export.ort_target``):
 
-* ``residual_add`` quantizes both inputs of those adds (``QLinearAdd``);
-* ``conv_output``: the output of every Conv/ConvTranspose, after its BatchNorm and ReLU/ReLU6 if any, is
-  quantized (``DQ -> Conv -> Q`` is what becomes ``QLinearConv``), unless every consumer already quantizes it
-  (looking through Dropout / stochastic depth). A conv followed by anything else (SiLU, Sigmoid, an add, a
-  pool) is quantized right after its BatchNorm: ORT folds only Relu/Clip into ``QLinearConv``;
+* ``conv_output``: the output of every Conv/ConvTranspose, after its BatchNorm and an activation the target
+  folds into the int8 conv (ReLU/ReLU6 for ONNX Runtime: Relu/Clip) if any, is quantized (``DQ -> Conv -> Q``
+  is what becomes ``QLinearConv``), unless every consumer already quantizes it (looking through Dropout /
+  stochastic depth). A conv followed by anything else (SiLU, Sigmoid, an add, a pool) is quantized right
+  after its BatchNorm;
 * ``silu``: a SiLU of a quantized tensor is written ``x * sigmoid(x)`` (the ONNX form), and
   ``sigmoid_output`` quantizes the output of a Sigmoid of a quantized tensor: ORT then runs SiLU and the
   squeeze-excitation gates as ``QLinearSigmoid`` and ``QLinearMul`` instead of float ops between Q/DQ;
@@ -39,6 +41,10 @@ Rules added for ``target="onnxruntime"`` (its CPU int8 kernels need quantized *o
   Sigmoid, or pooling/reshaping of such) becomes unsigned: uint8 over the same range ``[0, amax]``, step
   ``amax / 255``. ONNX Runtime drops a ReLU/Clip before such a Q and fuses the Conv. The PyTorch model carries
   these quantizers, so what is trained and calibrated is what ORT computes.
+
+The placed model remembers its target (:func:`qdq.targets.placed_target`; ``export_onnx`` defaults to it).
+When placement builds a new model, the one passed in is marked stale: running or exporting it raises, so the
+returned model is the one to use.
 
 Extending: :func:`register_placement_rule` adds a rule (the counterpart of the TF toolkit's
 ``CustomQDQInsertionCase``): a function ``rule(ctx: PlacementContext) -> None`` that edits
@@ -68,10 +74,21 @@ from qdq.nn.base import QuantInputMixin
 from qdq.nn.elementwise import QuantAdd, QuantConcat, QuantMatMul
 from qdq.quantizer import TensorQuantizer
 from qdq.registry import Registry
+from qdq.targets import (
+    DEFAULT_TARGET,
+    Target,
+    add_placement_rule,
+    check_not_superseded,
+    get_target,
+    mark_placed,
+    mark_superseded,
+    placed_target,
+    target_names,
+)
+from qdq.targets import remove_placement_rule as _remove_from_targets
 
-__all__ = [
+__all__ = [  # and TARGETS, the registered target names (module __getattr__)
     "PLACEMENT_RULES",
-    "TARGETS",
     "PlacementContext",
     "apply_placement",
     "function_inputs_rule",
@@ -80,16 +97,16 @@ __all__ = [
     "unregister_placement_rule",
 ]
 
-#: Runtimes a model can be placed for.
-TARGETS = ("tensorrt", "onnxruntime")
-
 _QDQ_LEAVES = (QuantInputMixin, TensorQuantizer, QuantAdd, QuantConcat, QuantMatMul)
 _WEIGHTED_MODULES = (nn.modules.conv._ConvNd, nn.Linear, QuantMatMul)
 _CONV_MODULES = (nn.modules.conv._ConvNd,)
 _WEIGHTED_FUNCTIONS = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
                        F.linear, torch.matmul, operator.matmul}  # fmt: skip
 _NORM_MODULES = (nn.modules.batchnorm._BatchNorm,)
-_FUSABLE_ACTIVATIONS = (nn.ReLU, nn.ReLU6)
+# The ONNX op each activation a runtime may fold into an int8 conv exports to (the target's fusion facts
+# list which ops it folds).
+_ACTIVATION_MODULE_OPS: dict[type, str] = {nn.ReLU: "Relu", nn.ReLU6: "Clip"}
+_ACTIVATION_FUNCTION_OPS: dict[Any, str] = {F.relu: "Relu", torch.relu: "Relu", F.relu6: "Clip"}
 _ACTIVATION_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.GELU, nn.LeakyReLU, nn.Hardswish, nn.Sigmoid,
                        nn.Tanh, nn.ELU, nn.Mish)  # fmt: skip
 _PASS_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identity)
@@ -123,7 +140,8 @@ class PlacementContext:
 
     Attributes:
         graph_module: the traced model; rules edit ``graph_module.graph`` (recompiled after all rules).
-        target: ``"tensorrt"`` or ``"onnxruntime"``.
+        target: the name of a registered target (``"tensorrt"``, ``"onnxruntime"``...); its registration is
+            :attr:`target_spec`.
         quant_desc: descriptor of the quantizers rules add (per tensor).
         changes: one line per edit, for :attr:`summary`.
     """
@@ -132,6 +150,11 @@ class PlacementContext:
     target: str
     quant_desc: QuantDescriptor
     changes: list[str] = field(default_factory=list)
+
+    @property
+    def target_spec(self) -> Target:
+        """The registered :class:`~qdq.targets.Target` named :attr:`target`."""
+        return get_target(self.target)
 
     # --- reading the graph
     def module(self, node: fx.Node) -> nn.Module | None:
@@ -200,14 +223,14 @@ class PlacementContext:
         module = self.module(node)
         pairs: list[tuple[Any, TensorQuantizer]] = []
         if isinstance(module, QuantInputMixin) and node.args:
-            pairs.append((node.args[0], module._input_quantizer))
+            pairs.append((node.args[0], module.input_quantizer))
         elif isinstance(module, QuantAdd | QuantMatMul):
             pairs += list(zip(node.args[:2], module.input_quantizers))
         elif isinstance(module, QuantConcat) and node.args:
             pairs += [(arg, module.input_quantizer) for arg in node.args[0]]
         elif isinstance(module, TensorQuantizer) and node.args:
             pairs.append((node.args[0], module))
-        return [(arg, q) for arg, q in pairs if q.is_enabled and q._if_quant]
+        return [(arg, q) for arg, q in pairs if q.is_quantizing]
 
     def quantized_by(self, user: fx.Node, node: fx.Node) -> bool:
         """Does ``user`` quantize ``node`` as it reads it?"""
@@ -278,22 +301,15 @@ def _fetch_attr(root: nn.Module, target: str) -> Any:
 Rule = Callable[[PlacementContext], None]
 
 
-@dataclass(frozen=True)
-class RuleEntry:
-    """A registered rule and the targets it applies to."""
-
-    rule: Rule
-    targets: tuple[str, ...]
-
-
-#: name -> rule; applied in registration order.
-PLACEMENT_RULES: Registry[str, RuleEntry] = Registry("placement rule")
+#: name -> rule. Which rules run for a target, in which order, is the target's ``placement_rules``.
+PLACEMENT_RULES: Registry[str, Rule] = Registry("placement rule")
 
 
 def register_placement_rule(
-    name: str, rule: Rule | None = None, *, targets: Sequence[str] = TARGETS, override: bool = False
+    name: str, rule: Rule | None = None, *, targets: Sequence[str] | None = None, override: bool = False
 ) -> Any:
-    """Register a placement rule for some targets; usable as a decorator.
+    """Register a placement rule and append it to the rules of ``targets`` (default: every registered
+    target); usable as a decorator.
 
     Example:
         >>> @register_placement_rule("my_mul", targets=("tensorrt",))  # doctest: +SKIP
@@ -302,28 +318,34 @@ def register_placement_rule(
         ...         if node.target is operator.mul:
         ...             ctx.quantize_input(node, 0)
     """
-    bad = [t for t in targets if t not in TARGETS]
-    if bad:
-        raise QdqConfigError(f"Unknown target(s) {bad}; targets are {TARGETS}.")
+    chosen = target_names() if targets is None else tuple(targets)
+    for target in chosen:
+        get_target(target)  # unknown names raise before anything is registered
 
     def _register(fn: Rule) -> Rule:
         if not callable(fn):
             raise QdqTypeError(f"a placement rule must be callable, got {fn!r}.")
-        PLACEMENT_RULES.register(name, RuleEntry(fn, tuple(targets)), override=override)
+        PLACEMENT_RULES.register(name, fn, override=override)
+        add_placement_rule(name, chosen)
         return fn
 
     return _register if rule is None else _register(rule)
 
 
 def unregister_placement_rule(name: str) -> Rule:
-    """Remove a rule; returns it."""
-    return PLACEMENT_RULES.unregister(name).rule
+    """Remove a rule, and remove it from every target's rules; returns it."""
+    rule = PLACEMENT_RULES.unregister(name)
+    _remove_from_targets(name)
+    return rule
 
 
 def placement_rules(target: str) -> list[str]:
     """Names of the rules applied for ``target``, in order."""
-    _check_target(target)
-    return [name for name, entry in PLACEMENT_RULES.items() if target in entry.targets]
+    return list(get_target(target).placement_rules)
+
+
+# Built-in rules: the targets in qdq.targets list them by name.
+_builtin_rule = PLACEMENT_RULES.decorator
 
 
 def _add_operands(ctx: PlacementContext, node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -339,9 +361,10 @@ def _add_operands(ctx: PlacementContext, node: fx.Node) -> tuple[fx.Node, fx.Nod
     return a, b
 
 
-@register_placement_rule("residual_add")
+@_builtin_rule("residual_add")
 def residual_add_rule(ctx: PlacementContext) -> None:
-    """Adds that follow a weighted op become QuantAdd (TensorRT: skip input only; ORT: both inputs)."""
+    """Adds that follow a weighted op become QuantAdd: quantizing the skip input only (the target's
+    ``residual_add="skip"``, TensorRT) or both inputs (``"both"``, ONNX Runtime)."""
     for node in list(ctx.graph_module.graph.nodes):
         operands = _add_operands(ctx, node)
         if operands is None:
@@ -349,7 +372,7 @@ def residual_add_rule(ctx: PlacementContext) -> None:
         from_weighted = [ctx.follows_weighted(x) for x in operands]
         if not any(from_weighted):
             continue
-        if ctx.target == "tensorrt":
+        if ctx.target_spec.residual_add == "skip":
             fused = from_weighted.index(True)
             quantize = tuple(i != fused for i in range(2))
         else:
@@ -359,7 +382,7 @@ def residual_add_rule(ctx: PlacementContext) -> None:
         ctx.changes.append(f"{new.target}: QuantAdd(quantize={quantize})")
 
 
-@register_placement_rule("concat")
+@_builtin_rule("concat")
 def concat_rule(ctx: PlacementContext) -> None:
     """``torch.cat`` becomes QuantConcat (one scale for all inputs) unless every consumer quantizes it."""
     for node in list(ctx.graph_module.graph.nodes):
@@ -375,15 +398,23 @@ def concat_rule(ctx: PlacementContext) -> None:
         ctx.changes.append(f"{new.target}: QuantConcat(dim={dim})")
 
 
+def _onnx_activation(ctx: PlacementContext, node: fx.Node) -> str | None:
+    """The ONNX op a ReLU / ReLU6 node exports to (``"Relu"``, ``"Clip"``), else None."""
+    module = ctx.module(node)
+    if module is not None:
+        return _ACTIVATION_MODULE_OPS.get(type(module))
+    return _ACTIVATION_FUNCTION_OPS.get(node.target) if node.op == "call_function" else None
+
+
 def _conv_chain_end(ctx: PlacementContext, node: fx.Node) -> fx.Node:
-    """Follow a conv's output through its BatchNorm and one ReLU/ReLU6 (each used once)."""
-    for kinds in (_NORM_MODULES, _FUSABLE_ACTIVATIONS):
-        if len(node.users) != 1:
-            return node
-        user = next(iter(node.users))
-        functional = kinds is _FUSABLE_ACTIVATIONS and user.op == "call_function"
-        if isinstance(ctx.module(user), kinds) or (functional and user.target in (F.relu, torch.relu, F.relu6)):
-            node = user
+    """Follow a conv's output through its BatchNorm and one activation the target folds into int8 convs
+    (each used once)."""
+    fusion = ctx.target_spec.fusion
+    folded = fusion.folded_activations if fusion is not None else frozenset()
+    if len(node.users) == 1 and isinstance(ctx.module(next(iter(node.users))), _NORM_MODULES):
+        node = next(iter(node.users))
+    if len(node.users) == 1 and _onnx_activation(ctx, next(iter(node.users))) in folded:
+        node = next(iter(node.users))
     return node
 
 
@@ -402,7 +433,7 @@ def _readers_quantize(ctx: PlacementContext, node: fx.Node) -> bool:
     return bool(node.users) and all(ctx.quantized_by(user, node) for user in node.users)
 
 
-@register_placement_rule("conv_output", targets=("onnxruntime",))
+@_builtin_rule("conv_output")
 def conv_output_rule(ctx: PlacementContext) -> None:
     """Quantize each conv's output (after BN/ReLU) unless all its consumers already quantize it."""
     for node in list(ctx.graph_module.graph.nodes):
@@ -436,7 +467,7 @@ def _meta_outside(node: fx.Node) -> dict[str, Any]:
     return meta
 
 
-@register_placement_rule("silu", targets=("onnxruntime",))
+@_builtin_rule("silu")
 def silu_rule(ctx: PlacementContext) -> None:
     """A SiLU of a quantized tensor is written ``x * sigmoid(x)``, as ONNX has it (Sigmoid, Mul), so that
     ``sigmoid_output`` can quantize the Sigmoid: ORT then runs both as QLinearSigmoid and QLinearMul."""
@@ -465,7 +496,7 @@ def _is_sigmoid(ctx: PlacementContext, node: fx.Node) -> bool:
     return node.op == "call_method" and node.target == "sigmoid"
 
 
-@register_placement_rule("sigmoid_output", targets=("onnxruntime",))
+@_builtin_rule("sigmoid_output")
 def sigmoid_output_rule(ctx: PlacementContext) -> None:
     """Quantize the output of a Sigmoid of a quantized tensor (``DQ -> Sigmoid -> Q`` is QLinearSigmoid)
     unless all its consumers already quantize it."""
@@ -513,7 +544,7 @@ def _quantize_operand(ctx: PlacementContext, node: fx.Node, index: int) -> None:
     ctx.changes.append(f"{shared}: also quantizes input {index} of {node.name}")
 
 
-@register_placement_rule("mul_inputs", targets=("onnxruntime",))
+@_builtin_rule("mul_inputs")
 def mul_inputs_rule(ctx: PlacementContext) -> None:
     """A ``tensor * tensor`` with one operand quantized and its output quantized by every consumer gets its
     other operand quantized too: ``DQ, DQ -> Mul -> Q`` is QLinearMul (EfficientNet's squeeze-excitation)."""
@@ -560,7 +591,7 @@ def is_nonnegative(ctx: PlacementContext, node: Any, depth: int = 0) -> bool:
     return False
 
 
-@register_placement_rule("unsigned_activations", targets=("onnxruntime",))
+@_builtin_rule("unsigned_activations")
 def unsigned_activations_rule(ctx: PlacementContext) -> None:
     """Quantizers of non-negative tensors become unsigned (uint8, zero point 0, step amax / 255).
 
@@ -600,6 +631,12 @@ def function_inputs_rule(functions: Iterable[Any], indices: Sequence[int] | None
     return rule
 
 
+def __getattr__(name: str) -> Any:
+    if name == "TARGETS":  # the registered target names, as a tuple (qdq.targets holds the registry)
+        return target_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # --------------------------------------------------------------------------------------- tracing
 class _Tracer(fx.Tracer):
     """Keeps torch.nn modules, qdq's quantized modules and the given classes as leaves."""
@@ -626,14 +663,9 @@ def _default_desc(model: nn.Module) -> QuantDescriptor:
     """Per-tensor descriptor matching the model's first input quantizer (bits, calibrator)."""
     for module in model.modules():
         if isinstance(module, QuantInputMixin):
-            q = module._input_quantizer
+            q = module.input_quantizer
             return QuantDescriptor(num_bits=q.num_bits, calib_method=q.calib_method, narrow_range=q.narrow_range)
     return QUANT_DESC_8BIT_PER_TENSOR
-
-
-def _check_target(target: str) -> None:
-    if target not in TARGETS:
-        raise QdqConfigError(f"target must be one of {TARGETS}, got {target!r}.")
 
 
 def _place(
@@ -645,7 +677,7 @@ def _place(
         return _place_children(module, path, target, desc, rules, leaves, err)
     ctx = PlacementContext(gm, target, desc)
     for name in rules:
-        PLACEMENT_RULES.get(name).rule(ctx)
+        PLACEMENT_RULES.get(name)(ctx)
     if not ctx.changes:
         return module, []
     gm.graph.lint()
@@ -683,7 +715,7 @@ def _place_children(
 
 def apply_placement(
     model: nn.Module,
-    target: str = "tensorrt",
+    target: str = DEFAULT_TARGET,
     *,
     quant_desc: QuantDescriptor | None = None,
     rules: Sequence[str] | None = None,
@@ -692,31 +724,49 @@ def apply_placement(
 ) -> nn.Module:
     """Add the quantizers ``target`` needs beyond Conv/Linear inputs and weights (see the module doc).
 
-    Call it after :func:`qdq.quantize_model` and before calibration (the added quantizers are ordinary
-    :class:`~qdq.quantizer.TensorQuantizer` modules, calibrated like the others).
+    Usually called by :func:`qdq.quantize_model` (``QuantConfig(target=...)``); call it yourself after
+    ``quantize_model`` and before calibration (the added quantizers are ordinary
+    :class:`~qdq.quantizer.TensorQuantizer` modules, calibrated like the others). Use the returned model:
+    when it is a new one, ``model`` is marked stale and raises when run or exported.
 
     Args:
         model: a model quantized with ``quantize_model`` (float modules are fine too).
-        target: ``"tensorrt"`` or ``"onnxruntime"``; the model computes what that target's export runs.
+        target: a registered target (``"tensorrt"``, ``"onnxruntime"``); the model computes what that
+            target's export runs.
         quant_desc: descriptor of the added quantizers; default 8-bit per tensor with the calibrator of the
             model's first input quantizer.
-        rules: names of the rules to apply (default: every registered rule for ``target``, in order).
+        rules: names of the rules to apply (default: the target's ``placement_rules``, in order).
         leaf_modules: module classes not to trace into (kept as calls).
         verbose: print one line per change.
 
     Returns:
         A ``torch.fx.GraphModule`` computing the placed model (same parameters, same ``state_dict`` keys
         plus the added quantizers), or ``model`` itself when no rule changed anything. When the model
-        cannot be traced, ``model`` with its traceable children replaced.
+        cannot be traced, ``model`` with its traceable children replaced. Either way it remembers
+        ``target`` (:func:`qdq.targets.placed_target`).
+
+    Raises:
+        QdqConfigError: an unknown target or rule, a model already placed for another target, or a stale
+            model (one a previous placement replaced).
     """
-    _check_target(target)
+    get_target(target)
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"apply_placement needs an nn.Module, got {type(model).__name__}.")
+    check_not_superseded(model)
+    previous = placed_target(model)
+    if previous is not None and previous != target:
+        raise QdqConfigError(
+            f"this model is already placed for target {previous!r}; placing it for {target!r} too would mix "
+            "both. Quantize a fresh copy of the float model for the other target."
+        )
     names = placement_rules(target) if rules is None else list(rules)
     for name in names:
         PLACEMENT_RULES.get(name)  # unknown names raise with a suggestion
     desc = _default_desc(model) if quant_desc is None else quant_desc
     placed, changes = _place(model, "", target, desc, names, tuple(leaf_modules))
+    mark_placed(placed, target)
+    if placed is not model:
+        mark_superseded(model, target)
     if verbose:
         print("\n".join(changes) if changes else "apply_placement: no change")
     return placed

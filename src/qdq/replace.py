@@ -1,9 +1,10 @@
 """Module replacement: turn an already-built float model into a quantized one, in place.
 
-``quantize_model(model, QuantConfig(...))`` walks the model and replaces every module whose exact type is
-registered (``nn.Conv2d`` → ``QuantConv2d``, ...) by its quantized version, sharing the parameters, so an
-optimizer or a loaded checkpoint keeps working. A user adds their own module with
-``register_quant_module(MyBlock, QuantMyBlock)``.
+:func:`replace_modules` walks the model and replaces every module whose exact type is registered
+(``nn.Conv2d`` → ``QuantConv2d``, ...) and that a :class:`ModuleFilter` selects by its quantized version,
+sharing the parameters, so an optimizer or a loaded checkpoint keeps working. A user adds their own module
+with ``register_quant_module(MyBlock, QuantMyBlock)``. The user entry point, which also places Q/DQ for a
+target, is :func:`qdq.quantize_model` (:mod:`qdq.quantize`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from qdq.registry import Registry
 
 __all__ = [
     "QUANT_MODULES",
-    "QuantConfig",
+    "ModuleFilter",
     "quant_module_for",
-    "quantize_model",
+    "quantized_module_names",
     "register_quant_module",
+    "replace_modules",
     "unregister_quant_module",
 ]
 
@@ -61,7 +63,7 @@ for _name in ("LSTM", "LSTMCell"):
         QUANT_MODULES.register(getattr(nn, _name), getattr(qnn, f"Quant{_name}"))
 
 # MaxPool does not need quantizing for TensorRT (it commutes with Q/DQ), and the seed leaves it and
-# InstanceNorm float; quantize_model follows the seed unless a config asks for them.
+# InstanceNorm float; replace_modules follows the seed unless a filter asks for them.
 _SEED_DEFAULT_EXCLUDED: tuple[type, ...] = (
     nn.MaxPool1d,
     nn.MaxPool2d,
@@ -115,33 +117,22 @@ def _compile(pattern: Pattern) -> Callable[[str], bool]:
 
 
 @dataclass(frozen=True)
-class QuantConfig:
-    """What ``quantize_model`` quantizes, and how.
+class ModuleFilter:
+    """Which modules of a model are replaced, by name and by type.
 
     Attributes:
-        quant_desc_input: descriptor of every input quantizer; None uses each class's default
-            (8-bit per tensor).
-        quant_desc_weight: descriptor of every weight quantizer; None uses each class's default
-            (8-bit per output channel).
         include: module-name patterns (``fnmatch`` globs such as ``"layer1.*"``, or ``"re:<regex>"``);
             empty means every module.
         exclude: module-name patterns left in float (wins over ``include``).
-        include_types: float module types to quantize; empty means every registered type except
-            MaxPool and InstanceNorm (the seed's default set).
+        include_types: float module types to replace; empty means every registered type except MaxPool and
+            InstanceNorm (the seed's default set).
         exclude_types: float module types left in float.
-        target: ``"tensorrt"`` or ``"onnxruntime"`` also places Q/DQ for that runtime after the module
-            swap (residual adds, concats, and for ONNX Runtime conv outputs; see :mod:`qdq.placement`).
-            The placed model may be a new ``torch.fx.GraphModule``: use the model ``quantize_model``
-            returns. None (default) swaps modules only, in place.
     """
 
-    quant_desc_input: QuantDescriptor | None = None
-    quant_desc_weight: QuantDescriptor | None = None
     include: tuple[Pattern, ...] = ()
     exclude: tuple[Pattern, ...] = ()
     include_types: tuple[type, ...] = ()
     exclude_types: tuple[type, ...] = field(default=())
-    target: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("include", "exclude", "include_types", "exclude_types"):
@@ -150,14 +141,13 @@ class QuantConfig:
                 object.__setattr__(self, name, (value,))
             elif not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
-        for desc_name in ("quant_desc_input", "quant_desc_weight"):
-            desc = getattr(self, desc_name)
-            if desc is not None and not isinstance(desc, QuantDescriptor):
-                raise QdqTypeError(f"{desc_name} must be a QuantDescriptor or None, got {type(desc).__name__}.")
         for pattern in self.include + self.exclude:
             _compile(pattern)
-        if self.target not in (None, "tensorrt", "onnxruntime"):
-            raise QdqConfigError(f"target must be None, 'tensorrt' or 'onnxruntime', got {self.target!r}.")
+
+    @property
+    def narrowed(self) -> bool:
+        """True when ``include`` or ``include_types`` restricts the selection (then it must match something)."""
+        return bool(self.include or self.include_types)
 
     def selects(self, name: str, module: nn.Module) -> bool:
         """True when ``module`` (called ``name`` in the model) should be quantized."""
@@ -174,60 +164,61 @@ class QuantConfig:
         return not any(_compile(p)(name) for p in self.exclude)
 
 
-def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Module:
-    """Replace the registered modules of ``model`` by their quantized versions, in place.
+def replace_modules(
+    model: nn.Module,
+    module_filter: ModuleFilter | None = None,
+    quant_desc_input: QuantDescriptor | None = None,
+    quant_desc_weight: QuantDescriptor | None = None,
+) -> nn.Module:
+    """Replace the registered modules of ``model`` that ``module_filter`` selects, in place.
 
-    Args:
-        model: a float model, already built (weights loaded or not).
-        config: what to quantize; default: every conv, transposed conv, linear, avg-pool and LSTM
-            with the classes' default descriptors.
+    The quantized modules share the float modules' parameters. Descriptors None use each class's default.
 
     Returns:
-        ``model`` itself (or the quantized module when ``model`` is itself a single registered module, or
-        the placed model when ``config.target`` is set).
+        ``model``, or the quantized module when ``model`` itself is a selected registered module (a new
+        object: ``model`` is then left as it was).
 
     Raises:
-        QdqConfigError: when the config's patterns or types select nothing in the model.
+        QdqConfigError: when a narrowing filter (``include``, ``include_types``) selects nothing.
     """
-    config = QuantConfig() if config is None else config
-    if not isinstance(model, nn.Module):
-        raise QdqTypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}.")
-    if _convertible(model, "", config):
-        return _convert(model, config)
-    replaced = _replace_children(model, "", config)
-    if not replaced and (config.include or config.include_types):
-        types = [t.__name__ for t in config.include_types]
+    module_filter = ModuleFilter() if module_filter is None else module_filter
+    descs = (quant_desc_input, quant_desc_weight)
+    if _convertible(model, "", module_filter):
+        return _convert(model, descs)
+    replaced = _replace_children(model, "", module_filter, descs)
+    if not replaced and module_filter.narrowed:
+        types = [t.__name__ for t in module_filter.include_types]
         raise QdqConfigError(
-            f"quantize_model: include={config.include} include_types={types} matched no quantizable module. "
-            "Check the names with [n for n, _ in model.named_modules()]."
+            f"quantize_model: include={module_filter.include} include_types={types} matched no quantizable "
+            "module. Check the names with [n for n, _ in model.named_modules()]."
         )
-    if config.target is not None:
-        from qdq.placement import apply_placement
-
-        model = apply_placement(model, target=config.target, quant_desc=config.quant_desc_input)
     return model
 
 
-def _convertible(module: nn.Module, name: str, config: QuantConfig) -> bool:
-    return not isinstance(module, QuantInputMixin) and type(module) in QUANT_MODULES and config.selects(name, module)
+_Descs = tuple[QuantDescriptor | None, QuantDescriptor | None]
 
 
-def _convert(module: nn.Module, config: QuantConfig) -> nn.Module:
+def _convertible(module: nn.Module, name: str, module_filter: ModuleFilter) -> bool:
+    registered = type(module) in QUANT_MODULES
+    return not isinstance(module, QuantInputMixin) and registered and module_filter.selects(name, module)
+
+
+def _convert(module: nn.Module, descs: _Descs) -> nn.Module:
     quant_cls = QUANT_MODULES.get(type(module))
     if issubclass(quant_cls, QuantMixin):
-        return quant_cls.from_float(module, config.quant_desc_input, config.quant_desc_weight)
-    return quant_cls.from_float(module, config.quant_desc_input)
+        return quant_cls.from_float(module, *descs)
+    return quant_cls.from_float(module, descs[0])
 
 
-def _replace_children(parent: nn.Module, prefix: str, config: QuantConfig) -> list[str]:
+def _replace_children(parent: nn.Module, prefix: str, module_filter: ModuleFilter, descs: _Descs) -> list[str]:
     replaced: list[str] = []
     for child_name, child in list(parent.named_children()):
         name = f"{prefix}.{child_name}" if prefix else child_name
-        if _convertible(child, name, config):
-            setattr(parent, child_name, _convert(child, config))
+        if _convertible(child, name, module_filter):
+            setattr(parent, child_name, _convert(child, descs))
             replaced.append(name)
         elif not isinstance(child, QuantInputMixin):
-            replaced += _replace_children(child, name, config)
+            replaced += _replace_children(child, name, module_filter, descs)
     return replaced
 
 

@@ -72,7 +72,7 @@ def test_digits_mobilenet_structure():
 @pytest.mark.parametrize("name", CNNS)
 def test_digits_cnn_accepts_qdq_module_replacement(name):
     from qdq import nn as quant_nn
-    from qdq.replace import quantize_model
+    from qdq.quantize import quantize_model
 
     model = quantize_model(CNNS[name]().eval())
     assert not any(type(m) is nn.Conv2d for m in model.modules())

@@ -31,8 +31,8 @@ import qdq
 import qdq.workflow.fine_tuning as qat_module
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqCalibrationError, QdqDistributedError
+from qdq.quantize import QuantConfig
 from qdq.quantizer import TensorQuantizer
-from qdq.replace import QuantConfig
 from qdq.workflow.calibration import calibrate, default_forward
 from qdq.workflow.distributed import (
     assert_in_sync,

@@ -1,8 +1,9 @@
 """TensorRT calibration cache: written from calibrated amax, parsed back independently.
 
 The cache's values are parsed with ``struct.unpack('!f', bytes.fromhex(...))`` (how ModelOpt reads them)
-and compared with ``float32(amax) / 127``; the names are the ONNX tensors the activation quantizers read;
-weights are absent; ``strip_qdq`` gives the float graph with those same tensor names.
+and compared with ``float32(amax) / 127`` (for any quantizer grid, and after the ONNX Runtime rewrite);
+the names are the ONNX tensors the activation quantizers read; weights are absent; ``strip_qdq`` gives the
+float graph with those same tensor names.
 """
 
 from __future__ import annotations
@@ -106,3 +107,25 @@ def test_strip_qdq_keeps_the_cache_tensor_names(exported, tmp_path):
         if enabled:
             q.enable()
     assert np.allclose(run_ort(tmp_path / "float.onnx", X), reference, atol=1e-5)
+
+
+def test_cache_scales_are_read_from_the_graph_for_every_grid(tmp_path):
+    """An unsigned quantizer (uint8, step amax / 255) and a 6-bit one (step amax / 31) still give TensorRT's
+    amax / 127 (to one float32 ulp: the range is recovered from the graph's step); the signed 8-bit ones give
+    the graph's step itself, also after the ONNX Runtime rewrite turned them into uint8 with zero point 128."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    calibrate_max(model, X)
+    model.pool.input_quantizer.unsigned = True  # its grid is [0, 255] steps (negative inputs clamp to 0)
+    model.conv2.input_quantizer.num_bits = 6
+    modules = dict(model.named_modules())
+    with pytest.warns(UserWarning, match="float"):
+        path = export_onnx(model, X, tmp_path / "ort.onnx", target="onnxruntime", dynamo=False)
+    sites = {s.quantizer: s for s in qdq_sites(onnx.load(str(path)))}
+    assert sites["conv1._input_quantizer"].zero_point.dtype == np.uint8  # signed, rewritten to zero point 128
+    values = _parse(write_calibration_cache(model, path, tmp_path / "c.cache"))[1]
+    for name in ("conv1._input_quantizer", "add.input_quantizers.1"):
+        assert values[sites[name].input] == float(np.float32(modules[name].amax.item()) / np.float32(127))
+    for name in ("pool._input_quantizer", "conv2._input_quantizer"):
+        expected = np.float32(modules[name].amax.item()) / np.float32(127)
+        assert abs(values[sites[name].input] - expected) <= np.spacing(expected)

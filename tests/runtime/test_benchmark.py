@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backends import requires_openvino
 
 from qdq.errors import QdqConfigError
 from qdq.runtime import OrtRuntime, benchmark, benchmark_model, load_runtime, results_table
@@ -38,6 +39,7 @@ def test_benchmark_model_closes_its_session(fp32_onnx: Path, monkeypatch: pytest
     assert (result.batch, result.iterations) == (4, 3)
 
 
+@requires_openvino
 def test_benchmark_model_on_openvino(u8_onnx: Path) -> None:
     result = benchmark_model(u8_onnx, "openvino", batch=2, threads=1, iters=3, warmup=1)
     assert (result.backend, result.precision, result.batch, result.threads) == ("openvino", "int8", 2, 1)

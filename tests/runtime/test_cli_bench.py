@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from backends import requires_openvino
 
 from qdq.cli import main
 from qdq.runtime import supported_precisions
@@ -31,6 +32,7 @@ def test_bench_onnxruntime_with_reference(u8_onnx: Path, fp32_onnx: Path, capsys
     assert "5 weighted ops in int8 kernels, 0 in float kernels" in out  # 4 convs + 1 Gemm
 
 
+@requires_openvino
 def test_bench_openvino(u8_onnx: Path, fp32_onnx: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["bench", str(u8_onnx), "--fp32", str(fp32_onnx), "--runtime", "openvino", "--batch", "2", *FAST]) == 0
     out = capsys.readouterr().out

@@ -11,6 +11,8 @@ import rt_models
 import torch
 from onnx import numpy_helper
 
+pytest.importorskip("openvino", reason="the OpenVINO tests need openvino (pip install openvino)")
+
 from qdq.errors import QdqConfigError
 from qdq.runtime import load_runtime, precision_report, supported_precisions
 

@@ -22,12 +22,12 @@ from torch import nn
 
 from qdq.atomic import write_text_atomic
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.targets import get_target
 from qdq.workflow import distributed as dist
 
 __all__ = ["PipelineConfig", "run_pipeline"]
 
 _log = logging.getLogger(__name__)
-_TARGETS = ("onnxruntime", "tensorrt")
 _CALIB = ("all", "max", "entropy", "mse", "percentile")
 
 
@@ -73,8 +73,7 @@ class PipelineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.target not in _TARGETS:
-            raise QdqConfigError(f"target must be one of {list(_TARGETS)}, got {self.target!r}.")
+        get_target(self.target)  # an unknown target raises, listing the registered ones
         if self.calib not in _CALIB:
             hint = did_you_mean(self.calib, _CALIB)
             raise QdqConfigError(f"calib must be one of {list(_CALIB)}, got {self.calib!r}.{hint}")
@@ -162,7 +161,7 @@ def _quantize(job: _Job) -> None:
         quant_desc_input=QuantDescriptor(num_bits=cfg.activation_bits),
         quant_desc_weight=QuantDescriptor(num_bits=cfg.weight_bits, axis=0),
     )
-    qdq.quantize_model(job.model, config)
+    job.model = qdq.quantize_model(job.model, config)
     job.model = apply_placement(job.model, target=cfg.target)
 
 

@@ -1,7 +1,10 @@
 """ONNX export of quantized models, and TensorRT calibration caches.
 
 * :func:`export_onnx` writes a Q/DQ ONNX graph for TensorRT (``target="tensorrt"``) or ONNX Runtime
-  (``target="onnxruntime"``), with torch's dynamo exporter or the TorchScript one.
+  (``target="onnxruntime"``; any target registered in :mod:`qdq.targets`), by default for the target the
+  model was placed for, with torch's dynamo exporter or the TorchScript one.
+* :func:`rewrite_for_onnxruntime`: the ``"onnxruntime"`` target's rewrite of a Q/DQ graph.
+* :class:`~qdq.export.graph.GraphIndex` (``qdq.export.graph``): the ONNX graph index every graph pass uses.
 * :func:`export_mode` is the context manager behind it (quantizers emit Q/DQ while exporting).
 * :func:`write_calibration_cache` / :func:`read_calibration_cache`: TensorRT's text calibration cache.
 * :func:`strip_qdq`: the float graph of a Q/DQ graph, same tensor names (TensorRT implicit mode).

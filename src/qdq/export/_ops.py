@@ -7,7 +7,8 @@ while exporting. Both exporters turn it into exactly one Q/DQ pair with the cons
 * the TorchScript exporter through a symbolic registered for the ``qdq::fake_qdq`` domain.
 
 ``axis`` is the (non-negative) channel axis of a per-channel ``scale`` of shape ``[C]``, or -1 for a
-per-tensor (0-d) ``scale``; ``zero_point`` has ``scale``'s shape and the quantized dtype (int8/uint8).
+per-tensor (0-d) ``scale``; ``zero_point`` has ``scale``'s shape and the quantized dtype (int8/uint8), and
+is zero (qdq quantizes symmetrically; its dtype picks the integer grid).
 ``tag`` is the quantizer's module name. The dynamo translation stores it as node metadata
 (``qdq.quantizer``) on the Q and DQ nodes; the TorchScript symbolic cannot, so it appends a marker node
 ``qdq::QuantizerTag`` that :func:`qdq.export.graph.annotate_quantizers` turns into the same metadata and
@@ -32,6 +33,8 @@ from typing import Any
 import torch
 
 from qdq.export.graph import QUANTIZER_KEY as TAG_KEY
+from qdq.export.graph import TAG_DOMAIN, TAG_OP
+from qdq.ops import round_to_grid
 
 __all__ = [
     "TAG_DOMAIN",
@@ -44,21 +47,19 @@ __all__ = [
 ]
 
 _OP_NAME = "qdq::fake_qdq"
-#: Marker op of the TorchScript path (removed after export); TAG_KEY is the node metadata key.
-TAG_DOMAIN = "qdq"
-TAG_OP = f"{TAG_DOMAIN}::QuantizerTag"
 
 
 def _fake_qdq_eager(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int) -> torch.Tensor:
-    """Reference computation of ``DequantizeLinear(QuantizeLinear(x))`` in float32 (ONNX semantics)."""
+    """``DequantizeLinear(QuantizeLinear(x))`` with zero point 0 (ONNX semantics, float32), in ``x``'s dtype.
+
+    The grid is the whole range of ``zero_point``'s dtype (``[-128, 127]`` for int8, ``[0, 255]`` for uint8).
+    """
     info = torch.iinfo(zero_point.dtype)
     if axis >= 0:
         shape = [1] * x.dim()
         shape[axis] = scale.numel()
-        scale, zero_point = scale.view(shape), zero_point.view(shape)
-    zp = zero_point.to(torch.float32)
-    q = torch.round(x.float() / scale) + zp
-    return ((q.clamp(info.min, info.max) - zp) * scale).to(x.dtype)
+        scale = scale.view(shape)
+    return (round_to_grid(x, scale, info.min, info.max) * scale).to(x.dtype)
 
 
 @functools.cache

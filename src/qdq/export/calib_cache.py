@@ -5,7 +5,11 @@ then one line per tensor ``<tensor name>: <8 hex digits>`` where the hex digits 
 float32 of the tensor's **scale** ``amax / 127`` (signed int8; TensorRT's implicit mode is symmetric).
 
 The tensor names are those of an ONNX graph: for each activation quantizer, the float tensor its
-``QuantizeLinear`` reads in the graph :func:`qdq.export.export_onnx` wrote. To build an implicit-mode
+``QuantizeLinear`` reads in the graph :func:`qdq.export.export_onnx` wrote. The scales come from the same
+walk: an 8-bit signed quantizer's ``DequantizeLinear`` scale is TensorRT's scale, bit for bit (a quantizer
+with another grid, unsigned or below 8 bits, is rescaled to ``amax / 127``). Given a mapping
+quantizer name -> tensor name instead of a graph, the scales are the quantizers' steps over 127
+(:func:`qdq.ops.quant_step` of their effective range). To build an implicit-mode
 engine, give TensorRT the same graph without its Q/DQ nodes (:func:`strip_qdq`) and this cache: the tensor
 names are the same. Weight quantizers are not written (TensorRT computes weight scales itself).
 
@@ -26,7 +30,8 @@ from torch import nn
 
 from qdq.atomic import write_text_atomic
 from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
-from qdq.export.graph import atomic_save, initializer_map, qdq_sites, tidy
+from qdq.export.graph import GraphIndex, QdqSite, atomic_save, qdq_sites, remove_nodes, tidy
+from qdq.ops import quant_step
 from qdq.quantizer import TensorQuantizer
 
 if TYPE_CHECKING:
@@ -34,67 +39,93 @@ if TYPE_CHECKING:
 
 __all__ = ["calibration_scales", "read_calibration_cache", "strip_qdq", "write_calibration_cache"]
 
-_SIGNED_MAX = 127
+_SIGNED_MAX = 127  # TensorRT's implicit int8 grid: scale = amax / 127
 
 
-def _quantizer_amax(q: TensorQuantizer) -> torch.Tensor | None:
-    if q._learn_amax:
-        return torch.maximum(-q.clip.clip_value_min, q.clip.clip_value_max).detach().float()
-    if q.amax is None:
-        return None
-    amax = q.amax.detach().float()
-    return amax * q.scale_amax if q.scale_amax is not None else amax
+def _trt_scale(amax: torch.Tensor | float) -> float:
+    """TensorRT's scale of a range: ``amax / 127`` in float32."""
+    return float(quant_step(torch.as_tensor(amax, dtype=torch.float32), _SIGNED_MAX))
 
 
-def _amax_map(source: nn.Module | Mapping[str, Any]) -> dict[str, float]:
-    """Quantizer name -> per-tensor amax, from a model (its calibrated quantizers) or a mapping."""
-    if isinstance(source, nn.Module):
-        found: dict[str, float] = {}
-        for name, module in source.named_modules():
-            if isinstance(module, TensorQuantizer) and module.is_enabled:
-                amax = _quantizer_amax(module)
-                if amax is not None and amax.numel() == 1:
-                    found[name] = float(amax)
-        return found
-    if isinstance(source, Mapping):
-        return {str(k): float(torch.as_tensor(v).float().max()) for k, v in source.items()}
-    raise QdqTypeError(f"expected a model or a mapping quantizer name -> amax, got {type(source).__name__}.")
+def _activation_quantizers(model: nn.Module) -> dict[str, TensorQuantizer]:
+    """Enabled per-tensor quantizers with a stored (or learned) range, by module name."""
+    found: dict[str, TensorQuantizer] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, TensorQuantizer) and module.is_enabled:
+            amax = module.effective_amax()
+            if amax is not None and amax.numel() == 1:
+                found[name] = module
+    return found
 
 
-def _tensor_names(names: str | Path | onnx.ModelProto | Mapping[str, str]) -> dict[str, str]:
-    """Quantizer name -> ONNX tensor name of the activation it quantizes."""
-    if isinstance(names, Mapping):
-        return {str(k): str(v) for k, v in names.items()}
+def _graph_sites(names: str | Path | onnx.ModelProto) -> dict[str, QdqSite]:
+    """Quantizer name -> the Q/DQ site of the activation it quantizes in a graph exported by qdq."""
     import onnx
 
     model = names if isinstance(names, onnx.ModelProto) else onnx.load(str(names), load_external_data=False)
-    constants = initializer_map(model)
-    table: dict[str, str] = {}
+    constants = GraphIndex(model).constants
+    table: dict[str, QdqSite] = {}
     for site in qdq_sites(model):
-        if site.quantize is None or site.input in constants:
-            continue  # a weight
+        if site.quantize is None or site.input in constants or site.scale.ndim != 0:
+            continue  # a weight, or a per-channel quantizer
         for quantizer in site.quantizers:
-            table.setdefault(quantizer, site.input)
+            table.setdefault(quantizer, site)
     if not table:
         raise QdqExportError("the ONNX graph has no activation Q/DQ nodes tagged by qdq; export it with export_onnx.")
     return table
 
 
+_Found = dict[str, tuple[str, float]]  # quantizer name -> (tensor name, TensorRT scale)
+
+
+def _scales_from_graph(model: nn.Module, sites: dict[str, QdqSite]) -> _Found:
+    """Quantizer name -> (tensor, TensorRT scale), read from the graph's DequantizeLinear scales."""
+    quantizers = _activation_quantizers(model)
+    found: _Found = {}
+    for name, site in sites.items():
+        q = quantizers.get(name)
+        if q is None:
+            continue
+        if q.maxbound == _SIGNED_MAX:  # the graph's step is TensorRT's scale
+            found[name] = (site.input, float(site.scale))
+        else:  # another grid (unsigned, fewer bits): back to the range, then over 127
+            found[name] = (site.input, _trt_scale(torch.tensor(site.scale, dtype=torch.float32) * q.maxbound))
+    return found
+
+
+def _scales_from_ranges(source: nn.Module | Mapping[str, Any], tensors: Mapping[str, str]) -> _Found:
+    """Quantizer name -> (tensor, TensorRT scale), from the quantizers' ranges or a mapping name -> amax."""
+    if isinstance(source, nn.Module):
+        ranges = {name: q.effective_amax() for name, q in _activation_quantizers(source).items()}
+    elif isinstance(source, Mapping):
+        ranges = {str(k): torch.as_tensor(v, dtype=torch.float32).max() for k, v in source.items()}
+    else:
+        raise QdqTypeError(f"expected a model or a mapping quantizer name -> amax, got {type(source).__name__}.")
+    return {str(name): (str(tensor), _trt_scale(ranges[name])) for name, tensor in tensors.items() if name in ranges}
+
+
 def calibration_scales(
     model_or_amax_map: nn.Module | Mapping[str, Any], onnx_path_or_names: str | Path | Any
 ) -> dict[str, float]:
-    """ONNX tensor name -> TensorRT scale ``amax / 127`` for every calibrated activation quantizer.
+    """ONNX tensor name -> TensorRT scale ``amax / 127`` for every calibrated per-tensor activation quantizer.
+
+    Args:
+        model_or_amax_map: the calibrated model the graph was exported from, or a mapping quantizer name ->
+            amax.
+        onnx_path_or_names: the graph (a path or ``onnx.ModelProto``) ``export_onnx`` wrote, or a mapping
+            quantizer name -> tensor name. With a model and a graph, the scales are read from the graph.
 
     Several quantizers of one tensor (e.g. a conv input and a residual input) give one entry with the
     largest range, with a warning when their ranges differ.
     """
-    amax = _amax_map(model_or_amax_map)
-    tensors = _tensor_names(onnx_path_or_names)
+    names = onnx_path_or_names
+    if isinstance(model_or_amax_map, nn.Module) and not isinstance(names, Mapping):
+        found = _scales_from_graph(model_or_amax_map, _graph_sites(names))
+    else:
+        tensors = names if isinstance(names, Mapping) else {q: s.input for q, s in _graph_sites(names).items()}
+        found = _scales_from_ranges(model_or_amax_map, tensors)
     scales: dict[str, float] = {}
-    for quantizer, tensor in tensors.items():
-        if quantizer not in amax:
-            continue
-        scale = float(torch.tensor(amax[quantizer], dtype=torch.float32) / _SIGNED_MAX)
+    for tensor, scale in found.values():
         if tensor in scales and scales[tensor] != scale:
             warnings.warn(f"tensor {tensor!r} has several ranges; the cache keeps the largest.", stacklevel=2)
         scales[tensor] = max(scale, scales.get(tensor, 0.0))
@@ -160,23 +191,20 @@ def strip_qdq(source: str | Path | onnx.ModelProto, path: str | Path | None = No
 
     model = onnx.ModelProto()
     model.CopyFrom(source if isinstance(source, onnx.ModelProto) else onnx.load(str(source)))
-    producers = {out: node for node in model.graph.node for out in node.output}
-    doomed, rename = set(), {}
+    index = GraphIndex(model)
+    doomed, rename = [], {}
     for dq in model.graph.node:
-        q = producers.get(dq.input[0]) if dq.op_type == "DequantizeLinear" else None
+        q = index.producer.get(dq.input[0]) if dq.op_type == "DequantizeLinear" else None
         if q is not None and q.op_type == "QuantizeLinear":
             rename[dq.output[0]] = q.input[0]
-            doomed |= {id(q), id(dq)}
-    kept = [n for n in model.graph.node if id(n) not in doomed]
-    graph_outputs = {o.name for o in model.graph.output}
-    for node in kept:
+            doomed += [q, dq]
+    remove_nodes(model, doomed)
+    for node in model.graph.node:
         for i, name in enumerate(node.input):
             node.input[i] = rename.get(name, name)
     for old, new in rename.items():
-        if old in graph_outputs:  # keep the output's name: an Identity
-            kept.append(onnx.helper.make_node("Identity", [new], [old]))
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
+        if old in index.outputs:  # keep the output's name: an Identity
+            model.graph.node.append(onnx.helper.make_node("Identity", [new], [old]))
     tidy(model)
     if path is not None:
         atomic_save(model, Path(path))

@@ -1,8 +1,16 @@
-"""Reading and tidying the Q/DQ nodes of an exported ONNX graph.
+"""The one index of an ONNX graph, and reading and tidying the Q/DQ nodes qdq exported.
+
+:class:`GraphIndex` maps each tensor to the node producing it and the nodes reading it, and knows the
+graph's constants, inputs and outputs; its edits (remove nodes, rewire readers, insert a node, add a
+constant) keep the maps current. Every pass over an ONNX graph in qdq uses it: the onnxruntime rewrite,
+the calibration cache, the exporter's clean-ups and the runtime fusion report. :func:`remove_nodes` is the one
+node removal.
 
 After export each ``QuantizeLinear`` / ``DequantizeLinear`` node qdq emitted carries the name of the
 quantizer it comes from, as node metadata ``qdq.quantizer`` (and in its node name). :func:`qdq_sites`
 lists them; the calibration cache writer, the onnxruntime rewrite and the tests read that list.
+
+Imports neither torch nor (at import time) onnx.
 """
 
 from __future__ import annotations
@@ -13,15 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from qdq.atomic import write_bytes_atomic
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
 
 __all__ = [
     "MERGED_KEY",
     "QUANTIZER_KEY",
+    "TAG_DOMAIN",
+    "TAG_OP",
+    "GraphIndex",
     "QdqSite",
     "add_quantizer_names",
     "annotate_quantizers",
@@ -31,6 +43,7 @@ __all__ = [
     "qdq_sites",
     "quantizer_names",
     "record_merged",
+    "remove_nodes",
     "rename_io",
     "tidy",
 ]
@@ -40,6 +53,10 @@ QUANTIZER_KEY = "qdq.quantizer"
 #: Node metadata key listing every quantizer a Q/DQ pair stands for (comma-separated), when several
 #: identical quantizers of one tensor were merged into it.
 MERGED_KEY = "qdq.quantizers"
+#: Domain and op of the marker node the TorchScript exporter path emits after each Q/DQ pair
+#: (``qdq::QuantizerTag``, removed by :func:`annotate_quantizers`).
+TAG_DOMAIN = "qdq"
+TAG_OP = f"{TAG_DOMAIN}::QuantizerTag"
 
 
 @dataclass
@@ -89,6 +106,132 @@ def consumers(model: onnx.ModelProto) -> dict[str, list[Any]]:
     return table
 
 
+def remove_nodes(model: onnx.ModelProto, nodes: Iterable[Any]) -> None:
+    """Remove ``nodes`` (identified by object) from the model's top-level graph, keeping the others' order."""
+    doomed = {id(n) for n in nodes}
+    if not doomed:
+        return
+    kept = [n for n in model.graph.node if id(n) not in doomed]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+
+
+class GraphIndex:
+    """Producer / consumer maps, constants, inputs and outputs of a model's top-level graph.
+
+    Attributes:
+        model: the ``onnx.ModelProto`` (edited in place by the methods below).
+        producer: tensor name -> the node writing it.
+        consumers: tensor name -> the nodes reading it (a node reading a tensor twice appears twice).
+        constants: tensor name -> ``TensorProto`` of initializers and ``Constant`` node outputs.
+        inputs, outputs: names of the graph's inputs and outputs.
+
+    The maps are rebuilt by :meth:`refresh` (the editing methods call it where they change the structure;
+    :meth:`rewire` and :meth:`add_const` keep them current themselves).
+    """
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self._counter = 0
+        self.refresh()
+
+    @property
+    def graph(self) -> Any:
+        return self.model.graph
+
+    @property
+    def nodes(self) -> Any:
+        return self.model.graph.node
+
+    def refresh(self) -> None:
+        """Rebuild every map from the graph."""
+        self.constants = initializer_map(self.model)
+        self.consumers = consumers(self.model)
+        self.producer = {out: node for node in self.graph.node for out in node.output if out}
+        self.inputs = {v.name for v in self.graph.input}
+        self.outputs = {v.name for v in self.graph.output}
+
+    # --- reading
+    def array(self, name: str) -> np.ndarray | None:
+        """The value of constant ``name`` as a numpy array, or None when it is not a constant."""
+        from onnx import numpy_helper
+
+        proto = self.constants.get(name) if name else None
+        return None if proto is None else numpy_helper.to_array(proto)
+
+    def const_input(self, node: Any, index: int) -> np.ndarray | None:
+        """Constant input ``index`` of ``node``; None when absent or not a constant."""
+        return self.array(node.input[index]) if len(node.input) > index and node.input[index] else None
+
+    def single_reader(self, tensor: str) -> Any | None:
+        """The only node reading ``tensor``, when there is exactly one and ``tensor`` is not a graph output."""
+        readers = self.consumers.get(tensor, [])
+        return readers[0] if len(readers) == 1 and tensor not in self.outputs else None
+
+    def source(self, tensor: str, through: frozenset[str] | set[str] = frozenset()) -> Any | None:
+        """The node producing ``tensor``, looking back through ops in ``through`` (None: an input or constant)."""
+        node = self.producer.get(tensor)
+        while node is not None and node.op_type in through and node.input:
+            node = self.producer.get(node.input[0])
+        return node
+
+    def readers(self, tensor: str, through: frozenset[str] | set[str] = frozenset()) -> list[Any | None]:
+        """The nodes reading ``tensor``, looking through ops in ``through``; None stands for a graph output."""
+        found: list[Any | None] = []
+        pending, seen = [tensor], set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in self.outputs:
+                found.append(None)
+            for node in self.consumers.get(name, []):
+                if node.op_type in through:
+                    pending.extend(node.output)
+                else:
+                    found.append(node)
+        return found
+
+    # --- editing
+    def unique(self, stem: str) -> str:
+        """A new tensor name starting with ``stem``."""
+        self._counter += 1
+        name = f"{stem}__{self._counter}"
+        while name in self.producer or name in self.constants or name in self.consumers:
+            self._counter += 1
+            name = f"{stem}__{self._counter}"
+        return name
+
+    def add_const(self, stem: str, value: np.ndarray) -> str:
+        """Add an initializer holding ``value`` under a new name starting with ``stem``; return the name."""
+        from onnx import numpy_helper
+
+        name = self.unique(stem)
+        tensor = numpy_helper.from_array(np.array(value, copy=True, order="C"), name)
+        self.graph.initializer.append(tensor)
+        self.constants[name] = tensor
+        return name
+
+    def rewire(self, old: str, new: str) -> None:
+        """Make every reader of tensor ``old`` read ``new`` instead."""
+        for node in self.consumers.pop(old, []):
+            for i, name in enumerate(node.input):
+                if name == old:
+                    node.input[i] = new
+            self.consumers.setdefault(new, []).append(node)
+
+    def remove(self, nodes: Iterable[Any]) -> None:
+        """Remove ``nodes`` from the graph and rebuild the maps."""
+        remove_nodes(self.model, nodes)
+        self.refresh()
+
+    def insert(self, anchor: Any, node: Any, *, after: bool = False) -> None:
+        """Insert ``node`` right before (or after) ``anchor`` in the node list (call :meth:`refresh` after)."""
+        index = next(i for i, n in enumerate(self.graph.node) if n is anchor)
+        self.graph.node.insert(index + int(after), node)
+
+
 def _array(tables: Mapping[str, Any], name: str) -> np.ndarray:
     from onnx import numpy_helper
 
@@ -122,22 +265,17 @@ def _set_meta(node: Any, key: str, value: str) -> None:
 
 def _take_tags(model: onnx.ModelProto) -> None:
     """Turn the TorchScript path's ``qdq::QuantizerTag`` marker nodes into metadata on their Q/DQ pair."""
-    from qdq.export._ops import TAG_DOMAIN
-
-    producers = {out: node for node in model.graph.node for out in node.output}
+    index = GraphIndex(model)
     markers = [n for n in model.graph.node if n.domain == TAG_DOMAIN]
     for marker in markers:
         tag = next(a.s.decode() for a in marker.attribute if a.name == "quantizer")
-        dq = producers[marker.input[0]]
+        dq = index.producer[marker.input[0]]
         dq.output[0] = marker.output[0]  # the marker was the DQ output's only reader
         _set_meta(dq, QUANTIZER_KEY, tag)
-        q = producers.get(dq.input[0])
+        q = index.producer.get(dq.input[0])
         if q is not None and q.op_type == "QuantizeLinear":
             _set_meta(q, QUANTIZER_KEY, tag)
-    doomed = {id(m) for m in markers}
-    kept = [n for n in model.graph.node if id(n) not in doomed]
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
+    remove_nodes(model, markers)
     imports = [o for o in model.opset_import if o.domain != TAG_DOMAIN]
     del model.opset_import[:]
     model.opset_import.extend(imports)
@@ -183,13 +321,13 @@ def record_merged(model: onnx.ModelProto, merged: Mapping[str, Iterable[str]]) -
 
 def qdq_sites(model: onnx.ModelProto) -> list[QdqSite]:
     """Every quantizer occurrence in a graph exported by qdq, in graph order."""
-    tables = initializer_map(model)
-    producers = {out: node for node in model.graph.node for out in node.output}
+    index = GraphIndex(model)
+    tables = index.constants
     sites = []
     for node in model.graph.node:
         if node.op_type != "DequantizeLinear" or _meta(node, QUANTIZER_KEY) is None:
             continue
-        q = producers.get(node.input[0])
+        q = index.producer.get(node.input[0])
         q = q if q is not None and q.op_type == "QuantizeLinear" else None
         scale = _array(tables, node.input[1])
         sites.append(
@@ -217,14 +355,12 @@ def tidy(model: onnx.ModelProto) -> None:
         for n in model.graph.node
         if n.op_type == "Identity" and n.input[0] in constants and n.output[0] not in outputs
     }
-    kept = [n for n in model.graph.node if not (n.op_type == "Identity" and n.output[0] in rename)]
-    for node in kept:
+    remove_nodes(model, [n for n in model.graph.node if n.op_type == "Identity" and n.output[0] in rename])
+    for node in model.graph.node:
         for i, name in enumerate(node.input):
             node.input[i] = rename.get(name, name)
-    used = {name for node in kept for name in node.input} | outputs
-    kept = [n for n in kept if n.op_type != "Constant" or n.output[0] in used]
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
+    used = {name for node in model.graph.node for name in node.input} | outputs
+    remove_nodes(model, [n for n in model.graph.node if n.op_type == "Constant" and n.output[0] not in used])
     initializers = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(initializers)

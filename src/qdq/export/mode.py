@@ -8,9 +8,10 @@ No global state is touched.
 
 How each quantizer setting is exported so that the graph computes what PyTorch computes, bit for bit:
 
-* ``scale`` is the quantization step ``amax / max_bound`` in float32 (127 signed, 255 unsigned), the zero
-  point is 0 of type int8 (uint8 when ``unsigned``); per-channel ranges give ``scale`` of shape ``[C]`` and
-  the ``axis`` attribute (needs opset >= 13).
+* ``scale`` is the quantizer's step (:meth:`~qdq.quantizer.TensorQuantizer.step`: ``amax / max_bound`` in
+  float32, 127 signed, 255 unsigned, of its effective range), the zero point is 0 of type int8 (uint8 when
+  ``unsigned``); per-channel ranges give ``scale`` of shape ``[C]`` and the ``axis`` attribute (needs opset
+  >= 13).
 * ``narrow_range`` (grid ``[-127, 127]``): Q/DQ saturates at -128, so the input is first raised to at least
   ``-amax`` (``Max`` node); ``round(-amax / step) = -127`` makes this exact. For a weight the ``Max`` is only
   emitted when it changes a value (never with max-calibrated weights).
@@ -36,9 +37,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from qdq import tensor_quant as tq
 from qdq.errors import QdqExportError
 from qdq.export._ops import _fake_qdq_eager, fake_qdq
+from qdq.ops import AMAX_EPSILON
 from qdq.quantizer import TensorQuantizer
 
 __all__ = ["QdqSpec", "export_mode", "exportable_quantizers", "quantizer_specs"]
@@ -121,10 +122,11 @@ class QdqSpec:
 
 
 def exportable_quantizers(model: nn.Module) -> dict[TensorQuantizer, str]:
-    """Quantizers that quantize in forward (enabled, ``if_quant``), each with its first module name."""
+    """Quantizers that quantize in forward (:attr:`~qdq.quantizer.TensorQuantizer.is_quantizing`), each with
+    its first module name."""
     found: dict[TensorQuantizer, str] = {}
     for name, module in model.named_modules(remove_duplicate=False):
-        if isinstance(module, TensorQuantizer) and module.is_enabled and module._if_quant:
+        if isinstance(module, TensorQuantizer) and module.is_quantizing:
             found.setdefault(module, name)
     return found
 
@@ -159,26 +161,21 @@ def _probe(model: nn.Module, quantizers: dict[TensorQuantizer, str], args: tuple
 
 
 def _effective_amax(q: TensorQuantizer, name: str) -> torch.Tensor:
-    if q._learn_amax:
-        lo, hi = q.clip.clip_value_min.detach().float(), q.clip.clip_value_max.detach().float()
-        return torch.maximum(-lo, hi).reshape(())
-    if q._amax.numel() == 0:
+    amax = q.effective_amax()
+    if amax is None:
         raise QdqExportError(
             f"{name} has no amax: its range is dynamic and cannot be exported. Calibrate the model "
             f"(qdq.calib), set it with `{name}.amax = ...`, or disable the quantizer (`.disable()`)."
         )
-    amax = q._amax.detach()
-    if q._scale_amax is not None:
-        amax = amax * q._scale_amax
     return amax.float()
 
 
 def _channel_axis(q: TensorQuantizer, name: str, amax: torch.Tensor, rank: int) -> int:
     """ONNX axis of a per-channel amax against an input of ``rank``."""
     if amax.dim() == 1:
-        if q._axis is None or len(q._axis) != 1:
+        if q.axis is None or len(q.axis) != 1:
             raise QdqExportError(f"{name}: a 1-D amax of {amax.numel()} values needs a single quantization axis.")
-        return q._axis[0] % rank
+        return q.axis[0] % rank
     big = [d for d, n in enumerate(amax.shape) if n != 1]
     if len(big) != 1:
         raise QdqExportError(
@@ -198,14 +195,14 @@ def _broadcast(values: torch.Tensor, axis: int, rank: int) -> torch.Tensor:
 
 
 def _check_settings(q: TensorQuantizer, name: str) -> None:
-    if not q._fake_quant:
+    if not q.fake_quant:
         raise QdqExportError(
             f"{name} has fake_quant=False (it outputs integers); only fake-quantizing quantizers export "
             "to Q/DQ. Build it with QuantDescriptor(fake_quant=True)."
         )
-    if q._num_bits > 8:
+    if q.num_bits > 8:
         raise QdqExportError(
-            f"{name} quantizes to {q._num_bits} bits; ONNX int8/uint8 Q/DQ holds at most 8 bits. "
+            f"{name} quantizes to {q.num_bits} bits; ONNX int8/uint8 Q/DQ holds at most 8 bits. "
             "Use num_bits <= 8 for layers you export."
         )
 
@@ -218,28 +215,28 @@ def _build_spec(q: TensorQuantizer, name: str, seen: _Seen) -> QdqSpec:
     rank = max(seen.ranks)
     axis = _channel_axis(q, name, amax, rank) if amax.numel() > 1 else -1
     flat = amax.reshape(-1) if axis >= 0 else amax.reshape(())
-    qmin, qmax = tq.quant_bounds(q._num_bits, q._unsigned, q._narrow_range)
-    tiny = flat <= tq.AMAX_EPSILON
-    scale = torch.where(tiny, torch.ones_like(flat), flat / qmax)
-    zp_dtype = torch.uint8 if q._unsigned else torch.int8
+    qmin, qmax = q.quant_bounds
+    tiny = flat <= AMAX_EPSILON  # the step is 1 there; the mask below makes the output 0, as in PyTorch
+    scale = q.step().reshape(flat.shape)
+    zp_dtype = torch.uint8 if q.unsigned else torch.int8
     spec = QdqSpec(
         name=name,
         scale=scale.contiguous(),
         zero_point=torch.zeros(flat.shape, dtype=zp_dtype, device=flat.device),
         axis=axis,
-        unsigned=q._unsigned,
+        unsigned=q.unsigned,
         amax=flat.clone(),
         is_constant=seen.constant is not None,
         ranks=set(seen.ranks),
     )
-    if q._learn_amax:
+    if q.learn_amax:
         spec.clip = (q.clip.clip_value_min.detach().item(), q.clip.clip_value_max.detach().item())
-    if not q._unsigned and qmin > -qmax - 1:
+    if not q.unsigned and qmin > -qmax - 1:
         spec.lower = _broadcast(-flat, axis, rank).contiguous()
-    if q._num_bits < 8:
+    if q.num_bits < 8:
         # A sub-8-bit grid is a subset of the int8/uint8 grid with the same step: clamping the input to
         # [qmin * step, qmax * step] first makes the 8-bit Q/DQ saturate exactly where PyTorch does.
-        if not q._unsigned and spec.lower is None:
+        if not q.unsigned and spec.lower is None:
             spec.lower = _broadcast(qmin * scale, axis, rank).contiguous()
         spec.upper = _broadcast(qmax * scale, axis, rank).contiguous()
     if bool(tiny.any()):
@@ -257,10 +254,10 @@ def _drop_needless_preops(q: TensorQuantizer, spec: QdqSpec, weight: torch.Tenso
     """
     if spec.lower is None and spec.upper is None and spec.mask is None:
         return
-    if q._pre_quant_scale.numel():
-        weight = weight * q._pre_quant_scale
     with torch.no_grad():
-        reference = q._quant_forward(weight.float())
+        reference = q(weight.float())  # the quantizer's own forward (pre_quant_scale, clip, fake quant)
+        if q.pre_quant_scale is not None:
+            weight = weight * q.pre_quant_scale
         plain = _fake_qdq_eager(weight.float(), spec.scale, spec.zero_point, spec.axis)
     if torch.equal(reference, plain):
         spec.lower, spec.upper, spec.mask = None, None, None
@@ -275,19 +272,19 @@ def quantizer_specs(model: nn.Module, *example_inputs: torch.Tensor) -> dict[Ten
     quantizers = exportable_quantizers(model)
     with _calibration_off(model):
         seen = _probe(model, quantizers, example_inputs)
-    return {q: _build_spec(q, quantizers[q], s) for q, s in seen.items()}
+        return {q: _build_spec(q, quantizers[q], s) for q, s in seen.items()}
 
 
 @contextlib.contextmanager
 def _calibration_off(model: nn.Module) -> Iterator[None]:
-    quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer) and m._if_calib]
+    quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer) and m.calib_enabled]
     for q in quantizers:
-        q._if_calib = False
+        q.disable_calib()
     try:
         yield
     finally:
         for q in quantizers:
-            q._if_calib = True
+            q.enable_calib()
 
 
 @contextlib.contextmanager

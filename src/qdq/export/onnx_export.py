@@ -7,6 +7,7 @@ Conventions of the written file:
 * one ``QuantizeLinear -> DequantizeLinear`` pair per quantizer call, exactly where the PyTorch model
   quantizes, tagged with the quantizer's module name (node metadata ``qdq.quantizer``);
 * model metadata ``qdq.target`` and ``qdq.version``; weights inside the file (no external data);
+* for a target with an ONNX rewrite (:mod:`qdq.targets`; ``"onnxruntime"``), the graph rewritten for it;
 * ``onnx.checker`` clean (full check, with shape inference).
 
 The dynamo exporter (torch's default) cannot write opsets below 18: asking for less gives a file at opset
@@ -25,27 +26,32 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
+from qdq.errors import QdqExportError, QdqTypeError
 from qdq.export import _ops, graph
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.quantizer import TensorQuantizer
+from qdq.targets import DEFAULT_TARGET, Target, check_not_superseded, get_target, placed_target, target_names
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["TARGETS", "export_onnx", "onnx_opset"]
+__all__ = ["export_onnx", "onnx_opset"]  # and TARGETS (module __getattr__)
 
-#: Export targets: which runtime the Q/DQ graph is written for.
-TARGETS = ("tensorrt", "onnxruntime")
 _MIN_OPSET = 10  # QuantizeLinear / DequantizeLinear
 _MIN_OPSET_PER_CHANNEL = 13  # their ``axis`` attribute
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TARGETS":  # the registered target names, as a tuple (qdq.targets holds the registry)
+        return target_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def export_onnx(
     model: nn.Module,
     example_input: torch.Tensor | Sequence[torch.Tensor],
     path: str | Path,
-    target: str = "tensorrt",
+    target: str | None = None,
     opset: int | None = None,
     dynamic_batch: bool = True,
     dynamo: bool = True,
@@ -57,10 +63,12 @@ def export_onnx(
             It is exported in eval mode and put back in its previous mode afterwards.
         example_input: one input tensor (or a sequence for several inputs), batch first.
         path: the ``.onnx`` file to write (replaced atomically; parent folders are created).
-        target: ``"tensorrt"``: signed int8, zero point 0, Q/DQ exactly at the model's quantizers (what
-            TensorRT's explicit quantization wants). ``"onnxruntime"``: the same values rewritten for ONNX
-            Runtime's CPU int8 kernels (see :mod:`qdq.export.ort_target`); quantize the model with
-            ``qdq.placement.apply_placement(model, target="onnxruntime")`` for every Conv to run in int8.
+        target: a registered target (:mod:`qdq.targets`); None (default) uses the one the model was placed
+            for (``QuantConfig(target=...)``), else ``"tensorrt"``. ``"tensorrt"``: signed int8, zero point 0,
+            Q/DQ exactly at the model's quantizers (what TensorRT's explicit quantization wants).
+            ``"onnxruntime"``: the same values rewritten for ONNX Runtime's CPU int8 kernels (see
+            :mod:`qdq.export.ort_target`); quantize the model with ``QuantConfig(target="onnxruntime")`` for
+            every Conv to run in int8.
         opset: ONNX opset; None uses the exporter's default (18 for dynamo). Per-channel quantizers need
             13 or more.
         dynamic_batch: make dimension 0 of inputs and outputs symbolic (``batch``).
@@ -70,13 +78,14 @@ def export_onnx(
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        QdqExportError: a used quantizer has no ``amax`` (uncalibrated), is not 8-bit, the opset is too
-            old for Q/DQ or for per-channel scales, or the exporter failed.
+        QdqConfigError: an unknown target.
+        QdqExportError: ``target`` is not the one the model was placed for; the model is stale (placement
+            returned a new model: export that one); a used quantizer has no ``amax`` (uncalibrated), is not
+            8-bit; the opset is too old for Q/DQ or for per-channel scales; or the exporter failed.
     """
-    if target not in TARGETS:
-        raise QdqConfigError(f"target must be one of {TARGETS}, got {target!r}.")
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"export_onnx needs an nn.Module, got {type(model).__name__}.")
+    spec = _target_for(model, target)
     args = _as_args(example_input)
     path = Path(path)
     was_training = model.training
@@ -88,14 +97,30 @@ def export_onnx(
             proto = _run_exporter(model, args, opset, dynamic_batch, dynamo)
     finally:
         model.train(was_training)
-    return _finish(proto, specs, path, target, opset)
+    return _finish(proto, specs, path, spec, opset)
+
+
+def _target_for(model: nn.Module, requested: str | None) -> Target:
+    """The target to export ``model`` for: ``requested``, which must match the one it was placed for."""
+    check_not_superseded(model, QdqExportError)
+    placed = placed_target(model)
+    if requested is None:
+        return get_target(placed or DEFAULT_TARGET)
+    target = get_target(requested)
+    if placed is not None and placed != requested:
+        raise QdqExportError(
+            f"this model was placed for target {placed!r} and cannot be exported for {requested!r}: its "
+            f"quantizers are where {placed} needs them. Export it with target={placed!r} (or no target), or "
+            f"quantize a fresh copy of the float model with qdq.QuantConfig(target={requested!r})."
+        )
+    return target
 
 
 def _finish(
     proto: onnx.ModelProto,
     specs: dict[TensorQuantizer, QdqSpec],
     path: Path,
-    target: str,
+    target: Target,
     opset: int | None,
 ) -> Path:
     import onnx
@@ -104,11 +129,8 @@ def _finish(
     graph.rename_io(proto, _io_names("input", n_in), _io_names("output", n_out))
     graph.tidy(proto)
     _annotate(proto, specs)
-    if target == "onnxruntime":
-        from qdq.export.ort_target import rewrite_for_onnxruntime
-
-        rewrite_for_onnxruntime(proto)
-    _set_metadata(proto, target)
+    target.rewrite_onnx(proto)
+    _set_metadata(proto, target.name)
     _warn_opset(proto, opset)
     try:
         onnx.checker.check_model(proto, full_check=True)

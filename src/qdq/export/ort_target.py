@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.export.graph import add_quantizer_names, consumers, initializer_map, quantizer_names, tidy
+from qdq.export.graph import GraphIndex, add_quantizer_names, quantizer_names, tidy
+from qdq.targets import FusionFacts, get_target
 
 if TYPE_CHECKING:
     import onnx
@@ -53,56 +54,11 @@ if TYPE_CHECKING:
 __all__ = ["rewrite_for_onnxruntime", "unfusable_convs"]
 
 _INT32_LIMIT = 2**31 - 1
+_TARGET = "onnxruntime"  # the target whose rewrite this is (qdq.targets); its fusion facts say what ORT fuses
 
 
-class _Graph:
-    """Small mutable view of an ONNX graph: constants, producers, consumers, node removal."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.model = model
-        self.graph = model.graph
-        self.refresh()
-        self._counter = 0
-
-    def refresh(self) -> None:
-        self.consts = initializer_map(self.model)
-        self.users = consumers(self.model)
-        self.producer = {out: node for node in self.graph.node for out in node.output}
-        self.outputs = {v.name for v in self.graph.output}
-
-    def array(self, name: str) -> np.ndarray | None:
-        from onnx import numpy_helper
-
-        proto = self.consts.get(name)
-        return None if proto is None else numpy_helper.to_array(proto)
-
-    def unique(self, stem: str) -> str:
-        """A new tensor name."""
-        self._counter += 1
-        return f"{stem}__ort{self._counter}"
-
-    def add_const(self, stem: str, value: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        name = self.unique(stem)
-        tensor = numpy_helper.from_array(np.array(value, copy=True, order="C"), name)
-        self.graph.initializer.append(tensor)
-        self.consts[name] = tensor
-        return name
-
-    def remove(self, nodes: list[Any]) -> None:
-        doomed = {id(n) for n in nodes}
-        keep = [n for n in self.graph.node if id(n) not in doomed]
-        del self.graph.node[:]
-        self.graph.node.extend(keep)
-        self.refresh()
-
-    def rewire(self, old: str, new: str) -> None:
-        """Make every reader of tensor ``old`` read ``new``."""
-        for node in self.users.get(old, []):
-            for i, name in enumerate(node.input):
-                if name == old:
-                    node.input[i] = new
+def _fusion() -> FusionFacts:
+    return get_target(_TARGET).require_fusion()
 
 
 def _attr(node: Any, name: str, default: Any = None) -> Any:
@@ -124,28 +80,33 @@ def _set_axis(node: Any, axis: int | None) -> None:
         node.attribute.append(helper.make_attribute("axis", axis))
 
 
-def _quantize_np(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int | None) -> np.ndarray:
-    """ONNX QuantizeLinear in numpy: ``saturate(round_half_even(x / scale) + zp)`` in float32."""
-    if scale.ndim == 1 and axis is not None:
-        shape = [1] * x.ndim
-        shape[axis] = scale.size
-        scale, zp = scale.reshape(shape), zp.reshape(shape)
-    info = np.iinfo(zp.dtype)
-    q = np.rint(x.astype(np.float32) / scale.astype(np.float32)) + zp.astype(np.float32)
-    return np.clip(q, info.min, info.max).astype(zp.dtype)
+def _quantize_weight(w: np.ndarray, scale: np.ndarray, dtype: np.dtype, axis: int) -> np.ndarray:
+    """ONNX QuantizeLinear of a constant with zero point 0 (:func:`qdq.ops.round_to_grid`), as ``dtype``."""
+    import torch
+
+    from qdq.ops import round_to_grid
+
+    step = torch.tensor(scale, dtype=torch.float32)
+    if step.dim() == 1:
+        shape = [1] * w.ndim
+        shape[axis % w.ndim] = step.numel()
+        step = step.reshape(shape)
+    info = np.iinfo(dtype)
+    q = round_to_grid(torch.tensor(w, dtype=torch.float32), step, int(info.min), int(info.max))
+    return q.numpy().astype(dtype)
 
 
 # ------------------------------------------------------------------------------------- 1. weights
-def _fold_weight_quantizers(g: _Graph) -> int:
-    """``Q(initializer) -> DQ`` becomes ``int8 initializer -> DQ``."""
+def _fold_weight_quantizers(g: GraphIndex) -> int:
+    """``Q(initializer) -> DQ`` with zero point 0 becomes ``int8 initializer -> DQ``."""
     done = []
     for q in list(g.graph.node):
         if q.op_type != "QuantizeLinear":
             continue
-        w, scale, zp = g.array(q.input[0]), g.array(q.input[1]), g.array(q.input[2])
-        if w is None or scale is None or zp is None or q.output[0] in g.outputs:
+        w, scale, zp = g.array(q.input[0]), g.array(q.input[1]), g.const_input(q, 2)
+        if w is None or scale is None or zp is None or np.any(zp != 0) or q.output[0] in g.outputs:
             continue
-        name = g.add_const(q.input[0] + "_quantized", _quantize_np(w, scale, zp, _attr(q, "axis", 1)))
+        name = g.add_const(q.input[0] + "_quantized", _quantize_weight(w, scale, zp.dtype, _attr(q, "axis", 1)))
         g.rewire(q.output[0], name)
         done.append(q)
     g.remove(done)
@@ -153,19 +114,14 @@ def _fold_weight_quantizers(g: _Graph) -> int:
 
 
 # ----------------------------------------------------------------------------------- 2. BatchNorm
-def _single_user(g: _Graph, tensor: str) -> Any | None:
-    users = g.users.get(tensor, [])
-    return users[0] if len(users) == 1 and tensor not in g.outputs else None
-
-
-def _weight_dq(g: _Graph, conv: Any) -> Any | None:
+def _weight_dq(g: GraphIndex, conv: Any) -> Any | None:
     dq = g.producer.get(conv.input[1])
     if dq is None or dq.op_type != "DequantizeLinear" or g.array(dq.input[0]) is None:
         return None
-    return dq if _single_user(g, dq.output[0]) is conv else None
+    return dq if g.single_reader(dq.output[0]) is conv else None
 
 
-def _bn_factor(g: _Graph, bn: Any) -> tuple[np.ndarray, np.ndarray] | None:
+def _bn_factor(g: GraphIndex, bn: Any) -> tuple[np.ndarray, np.ndarray] | None:
     arrays = [g.array(name) for name in bn.input[1:5]]
     if any(a is None for a in arrays) or len(bn.output) != 1:
         return None
@@ -174,7 +130,7 @@ def _bn_factor(g: _Graph, bn: Any) -> tuple[np.ndarray, np.ndarray] | None:
     return k, beta - mean * k
 
 
-def _fold_bn(g: _Graph, conv: Any, bn: Any, dq: Any) -> bool:
+def _fold_bn(g: GraphIndex, conv: Any, bn: Any, dq: Any) -> bool:
     factors = _bn_factor(g, bn)
     if factors is None:
         return False
@@ -208,13 +164,13 @@ def _fold_bn(g: _Graph, conv: Any, bn: Any, dq: Any) -> bool:
     return True
 
 
-def _fold_batchnorms(g: _Graph) -> int:
+def _fold_batchnorms(g: GraphIndex) -> int:
     """Fold ``Conv -> BatchNormalization`` when the Conv's weight is a dequantized int8 initializer."""
     done = []
     for conv in list(g.graph.node):
         if conv.op_type != "Conv":
             continue
-        bn = _single_user(g, conv.output[0])
+        bn = g.single_reader(conv.output[0])
         dq = _weight_dq(g, conv)
         if bn is None or bn.op_type != "BatchNormalization" or dq is None:
             continue
@@ -225,12 +181,7 @@ def _fold_batchnorms(g: _Graph) -> int:
 
 
 # ------------------------------------------------------------------------------ 3. zero masks
-def _const_input(g: _Graph, node: Any, index: int) -> np.ndarray | None:
-    """Constant input ``index`` of ``node``; None when absent or not constant."""
-    return g.array(node.input[index]) if len(node.input) > index and node.input[index] else None
-
-
-def _keeps_zero(g: _Graph, node: Any) -> bool:
+def _keeps_zero(g: GraphIndex, node: Any) -> bool:
     """A Relu, or a Clip whose constant bounds hold 0: the op maps 0 to 0."""
     if node.op_type == "Relu":
         return True
@@ -238,7 +189,7 @@ def _keeps_zero(g: _Graph, node: Any) -> bool:
         return False
     for index, attr, ok in ((1, "min", lambda v: v <= 0), (2, "max", lambda v: v >= 0)):
         name = node.input[index] if len(node.input) > index else ""
-        value = _const_input(g, node, index) if name else _attr(node, attr)
+        value = g.const_input(node, index) if name else _attr(node, attr)
         if name and value is None:
             return False  # a bound computed at run time
         if value is not None and not ok(float(np.asarray(value).reshape(-1)[0])):
@@ -246,11 +197,11 @@ def _keeps_zero(g: _Graph, node: Any) -> bool:
     return True
 
 
-def _mask_after(g: _Graph, conv: Any) -> tuple[Any, Any | None] | None:
+def _mask_after(g: GraphIndex, conv: Any) -> tuple[Any, Any | None] | None:
     """``(Mul, activation or None)`` right after ``conv``, through at most one zero-keeping activation."""
-    activation = _single_user(g, conv.output[0])
+    activation = g.single_reader(conv.output[0])
     if activation is not None and _keeps_zero(g, activation):
-        mul = _single_user(g, activation.output[0])
+        mul = g.single_reader(activation.output[0])
     else:
         activation, mul = None, activation
     if mul is None or mul.op_type != "Mul" or len(mul.input) != 2 or mul.output[0] in g.outputs:
@@ -258,7 +209,7 @@ def _mask_after(g: _Graph, conv: Any) -> tuple[Any, Any | None] | None:
     return mul, activation
 
 
-def _channel_mask(g: _Graph, mul: Any, tensor: str, weight: np.ndarray) -> np.ndarray | None:
+def _channel_mask(g: GraphIndex, mul: Any, tensor: str, weight: np.ndarray) -> np.ndarray | None:
     """The 0/1 mask ``mul`` applies to each output channel of a Conv with ``weight``, or None."""
     others = [name for name in mul.input if name != tensor]
     mask = g.array(others[0]) if len(others) == 1 else None
@@ -275,20 +226,20 @@ def _masked(weight: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return np.where(keep.reshape((-1,) + (1,) * (weight.ndim - 1)), weight, 0).astype(weight.dtype)
 
 
-def _fold_mask(g: _Graph, conv: Any, mul: Any, activation: Any | None) -> list[Any]:
+def _fold_mask(g: GraphIndex, conv: Any, mul: Any, activation: Any | None) -> list[Any]:
     """Zero the int8 weights and bias of the channels ``mul`` masks; return the nodes made useless.
 
     The Mul's readers then read the activation's output, or the Conv's when every channel is masked (the
     activation then only sees zeros, which it keeps: it goes too, and ORT sees ``Conv -> Q``).
     """
     dq = _weight_dq(g, conv)
-    zero_point = _const_input(g, dq, 2) if dq is not None else None
+    zero_point = g.const_input(dq, 2) if dq is not None else None
     if dq is None or zero_point is None or np.any(zero_point != 0):
         return []
     weight = g.array(dq.input[0])
     tensor = (activation or conv).output[0]
     keep = _channel_mask(g, mul, tensor, weight)  # type: ignore[arg-type]
-    bias = _const_input(g, conv, 2)
+    bias = g.const_input(conv, 2)
     if keep is None or (len(conv.input) > 2 and conv.input[2] and bias is None):
         return []
     dq.input[0] = g.add_const(dq.input[0] + "_masked", _masked(weight, keep))  # type: ignore[arg-type]
@@ -301,7 +252,7 @@ def _fold_mask(g: _Graph, conv: Any, mul: Any, activation: Any | None) -> list[A
     return [mul]
 
 
-def _fold_zero_masks(g: _Graph) -> int:
+def _fold_zero_masks(g: GraphIndex) -> int:
     """Fold the constant 0/1 mask Muls that follow Convs into the Convs' weights and biases."""
     done = []
     for conv in list(g.graph.node):
@@ -319,12 +270,12 @@ _ZERO_KEEPING = frozenset(
 )  # fmt: skip
 
 
-def _is_zero_const(g: _Graph, name: str) -> bool:
+def _is_zero_const(g: GraphIndex, name: str) -> bool:
     value = g.array(name) if name else None
     return value is not None and not np.any(value)
 
 
-def _zero_output(g: _Graph, node: Any, zeros: set[str]) -> bool:
+def _zero_output(g: GraphIndex, node: Any, zeros: set[str]) -> bool:
     """Is ``node``'s output zero for every finite input, given the tensors known to be zero?"""
     op, inputs = node.op_type, [name for name in node.input if name]
     if op in _ZERO_KEEPING or (op == "Clip" and _keeps_zero(g, node)):
@@ -342,7 +293,7 @@ def _zero_output(g: _Graph, node: Any, zeros: set[str]) -> bool:
     return False
 
 
-def _is_zero_weight(g: _Graph, name: str) -> bool:
+def _is_zero_weight(g: GraphIndex, name: str) -> bool:
     """A zero constant, or the DequantizeLinear of zero integers with zero points 0."""
     dq = g.producer.get(name)
     if dq is None or dq.op_type != "DequantizeLinear":
@@ -350,7 +301,7 @@ def _is_zero_weight(g: _Graph, name: str) -> bool:
     return _is_zero_const(g, dq.input[0]) and (len(dq.input) < 3 or _is_zero_const(g, dq.input[2]))
 
 
-def _zero_tensors(g: _Graph) -> set[str]:
+def _zero_tensors(g: GraphIndex) -> set[str]:
     """Tensors that are zero whatever the (finite) input: after all-zero Convs, in topological order."""
     zeros: set[str] = set()
     for node in g.graph.node:
@@ -359,20 +310,20 @@ def _zero_tensors(g: _Graph) -> set[str]:
     return zeros
 
 
-def _is_mask(g: _Graph, name: str) -> bool:
+def _is_mask(g: GraphIndex, name: str) -> bool:
     """A constant of zeros and ones."""
     value = g.array(name)
     return value is not None and bool(np.all((value == 0) | (value == 1)))
 
 
-def _drop_masks_of_zeros(g: _Graph) -> int:
+def _drop_masks_of_zeros(g: GraphIndex) -> int:
     """Remove the constant 0/1 mask Muls (read only by QuantizeLinear) whose other input is zero anyway."""
     zeros = _zero_tensors(g)
     done = []
     for mul in list(g.graph.node):
         if mul.op_type != "Mul" or len(mul.input) != 2 or mul.output[0] in g.outputs:
             continue
-        readers = g.users.get(mul.output[0], [])
+        readers = g.consumers.get(mul.output[0], [])
         if not readers or any(r.op_type != "QuantizeLinear" for r in readers):
             continue
         for data, mask in (mul.input, reversed(mul.input)):
@@ -385,15 +336,15 @@ def _drop_masks_of_zeros(g: _Graph) -> int:
 
 
 # ------------------------------------------------------------------------ 4. uint8 activations
-def _qdq_pairs(g: _Graph) -> Iterator[tuple[Any, list[Any]]]:
+def _qdq_pairs(g: GraphIndex) -> Iterator[tuple[Any, list[Any]]]:
     for q in g.graph.node:
         if q.op_type == "QuantizeLinear":
-            dqs = [u for u in g.users.get(q.output[0], []) if u.op_type == "DequantizeLinear"]
-            if dqs and len(dqs) == len(g.users.get(q.output[0], [])):
+            dqs = [u for u in g.consumers.get(q.output[0], []) if u.op_type == "DequantizeLinear"]
+            if dqs and len(dqs) == len(g.consumers.get(q.output[0], [])):
                 yield q, dqs
 
 
-def _activations_to_uint8(g: _Graph) -> int:
+def _activations_to_uint8(g: GraphIndex) -> int:
     """int8 zero point 0 -> uint8 zero point 128 (same scale): the same dequantized values."""
     count = 0
     for q, dqs in list(_qdq_pairs(g)):
@@ -409,7 +360,7 @@ def _activations_to_uint8(g: _Graph) -> int:
 
 
 # --------------------------------------------------------------------------------- 5. int32 bias
-def _dq_params(g: _Graph, tensor: str) -> tuple[np.ndarray, int | None] | None:
+def _dq_params(g: GraphIndex, tensor: str) -> tuple[np.ndarray, int | None] | None:
     dq = g.producer.get(tensor)
     if dq is None or dq.op_type != "DequantizeLinear":
         return None
@@ -417,7 +368,7 @@ def _dq_params(g: _Graph, tensor: str) -> tuple[np.ndarray, int | None] | None:
     return None if scale is None else (scale, _attr(dq, "axis", 1))
 
 
-def _bias_scale(g: _Graph, node: Any) -> np.ndarray | None:
+def _bias_scale(g: GraphIndex, node: Any) -> np.ndarray | None:
     """``s_x * s_w`` per output channel, when input and weight are dequantized and the weight axis is 0."""
     x, w = _dq_params(g, node.input[0]), _dq_params(g, node.input[1])
     if x is None or w is None or x[0].ndim != 0:
@@ -429,7 +380,7 @@ def _bias_scale(g: _Graph, node: Any) -> np.ndarray | None:
     return (x[0].astype(np.float32) * w[0].astype(np.float32)).astype(np.float32)
 
 
-def _bias_after_float_convs(g: _Graph, float_convs: list[Any]) -> int:
+def _bias_after_float_convs(g: GraphIndex, float_convs: list[Any]) -> int:
     """Each of ``float_convs`` (Convs ORT cannot fuse: they run in float) gets its bias as an ``Add`` after
     it. Left on the Conv, ORT's WeightBiasQuantization pass would round it to int32 at ``s_x * s_w`` (the Conv
     reads ``DQ(x)``), a loss with no int8 kernel to pay for it; ORT does not fold the Add back (the weight is
@@ -438,7 +389,7 @@ def _bias_after_float_convs(g: _Graph, float_convs: list[Any]) -> int:
 
     count = 0
     for conv in float_convs:
-        bias, dq = _const_input(g, conv, 2), _weight_dq(g, conv)
+        bias, dq = g.const_input(conv, 2), _weight_dq(g, conv)
         if bias is None or bias.ndim != 1 or dq is None:
             continue
         rank = g.array(dq.input[0]).ndim  # type: ignore[union-attr]  # _weight_dq: a constant weight
@@ -447,20 +398,20 @@ def _bias_after_float_convs(g: _Graph, float_convs: list[Any]) -> int:
         conv.output[0] = g.unique(out + "_without_bias")
         del conv.input[2]
         add = helper.make_node("Add", [conv.output[0], shaped], [out], name=(conv.name or "conv") + "/bias_Add")
-        _insert(g, conv, add, after=True)
+        g.insert(conv, add, after=True)
         count += 1
     g.refresh()
     return count
 
 
-def _quantize_biases(g: _Graph, float_convs: list[Any]) -> int:
+def _quantize_biases(g: GraphIndex, float_convs: list[Any]) -> int:
     """int32 biases for the Convs ORT fuses and for Gemms; ``float_convs`` keep their exact float bias."""
     count = 0
     skip = {id(conv) for conv in float_convs}
     for node in list(g.graph.node):
         if node.op_type not in ("Conv", "Gemm") or id(node) in skip:
             continue
-        bias = _const_input(g, node, 2)
+        bias = g.const_input(node, 2)
         scale = _bias_scale(g, node)
         if bias is None or scale is None or bias.ndim != 1:
             continue
@@ -474,7 +425,7 @@ def _quantize_biases(g: _Graph, float_convs: list[Any]) -> int:
         s_name = g.add_const(node.input[2] + "_scale", scale)
         z_name = g.add_const(node.input[2] + "_zero", np.zeros(bias.shape, np.int32))
         out = g.unique(node.input[2] + "_dequantized")
-        _insert(g, node, _make_dq(q_name, s_name, z_name, out, node.name + "/bias_DequantizeLinear"))
+        g.insert(node, _make_dq(q_name, s_name, z_name, out, node.name + "/bias_DequantizeLinear"))
         node.input[2] = out
         count += 1
     g.refresh()
@@ -487,15 +438,8 @@ def _make_dq(x: str, scale: str, zp: str, out: str, name: str) -> Any:
     return helper.make_node("DequantizeLinear", [x, scale, zp], [out], name=name, axis=0)
 
 
-def _insert(g: _Graph, anchor: Any, node: Any, *, after: bool = False) -> None:
-    """Insert ``node`` into the graph's node list right before (or after) ``anchor``."""
-    nodes = list(g.graph.node)
-    index = next(i for i, n in enumerate(nodes) if n is anchor)
-    g.graph.node.insert(index + int(after), node)
-
-
 # ------------------------------------------------------------------------------- 6. duplicates
-def _same_params(g: _Graph, a: Any, b: Any) -> bool:
+def _same_params(g: GraphIndex, a: Any, b: Any) -> bool:
     for i in (1, 2):
         x, y = g.array(a.input[i]), g.array(b.input[i])
         if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y):
@@ -503,7 +447,7 @@ def _same_params(g: _Graph, a: Any, b: Any) -> bool:
     return x.ndim == 0 or _attr(a, "axis", 1) == _attr(b, "axis", 1)
 
 
-def _merge_duplicate_pairs(g: _Graph) -> int:
+def _merge_duplicate_pairs(g: GraphIndex) -> int:
     """Equal Q/DQ pairs reading the same tensor: keep the first."""
     by_input: dict[str, list[tuple[Any, list[Any]]]] = defaultdict(list)
     for q, dqs in _qdq_pairs(g):
@@ -522,7 +466,7 @@ def _merge_duplicate_pairs(g: _Graph) -> int:
     return len(doomed) // 2
 
 
-def _remove_requantization(g: _Graph) -> int:
+def _remove_requantization(g: GraphIndex) -> int:
     """``DQ -> Q`` with equal parameters returns the DQ's input: drop the Q (and the DQ if unused)."""
     doomed: list[Any] = []
     for q in list(g.graph.node):
@@ -533,14 +477,14 @@ def _remove_requantization(g: _Graph) -> int:
             continue
         g.rewire(q.output[0], dq.input[0])
         doomed.append(q)
-        if len(g.users.get(dq.output[0], [])) == 1 and dq.output[0] not in g.outputs:
+        if len(g.consumers.get(dq.output[0], [])) == 1 and dq.output[0] not in g.outputs:
             doomed.append(dq)
     g.remove(doomed)
     return len(doomed)
 
 
 # ---------------------------------------------------------------------- 7. global average pooling
-def _ranks(g: _Graph) -> dict[str, int]:
+def _ranks(g: GraphIndex) -> dict[str, int]:
     """Rank of each tensor whose type the graph records (inputs, outputs, value_info)."""
     ranks = {}
     for value in (*g.graph.input, *g.graph.output, *g.graph.value_info):
@@ -550,13 +494,13 @@ def _ranks(g: _Graph) -> dict[str, int]:
     return ranks
 
 
-def _reduce_axes(g: _Graph, node: Any) -> list[int] | None:
+def _reduce_axes(g: GraphIndex, node: Any) -> list[int] | None:
     """The constant axes of a ReduceMean (input from opset 18, attribute before); None when unknown."""
-    axes = _const_input(g, node, 1) if len(node.input) > 1 else _attr(node, "axes")
+    axes = g.const_input(node, 1) if len(node.input) > 1 else _attr(node, "axes")
     return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
 
 
-def _is_spatial_mean(g: _Graph, node: Any, ranks: dict[str, int]) -> bool:
+def _is_spatial_mean(g: GraphIndex, node: Any, ranks: dict[str, int]) -> bool:
     """A ReduceMean over every spatial axis (2 to rank - 1) that keeps the reduced axes."""
     rank = ranks.get(node.input[0]) if node.op_type == "ReduceMean" else None
     axes = _reduce_axes(g, node) if rank is not None and rank >= 3 else None
@@ -565,7 +509,7 @@ def _is_spatial_mean(g: _Graph, node: Any, ranks: dict[str, int]) -> bool:
     return sorted(a % rank for a in axes) == list(range(2, rank))  # type: ignore[operator]
 
 
-def _global_pools(g: _Graph) -> int:
+def _global_pools(g: GraphIndex) -> int:
     """``ReduceMean(x, spatial axes, keepdims=1)`` becomes ``GlobalAveragePool(x)``."""
     ranks = _ranks(g)
     count = 0
@@ -580,7 +524,7 @@ def _global_pools(g: _Graph) -> int:
     return count
 
 
-def _flatten_pools(g: _Graph) -> int:
+def _flatten_pools(g: GraphIndex) -> int:
     """``Flatten(axis=1)`` of a ``GlobalAveragePool`` becomes ``Reshape(x, [0, -1])``, which ORT moves its
     Q/DQ across (it does not look through Flatten, and the pool would stay float)."""
     count = 0
@@ -596,42 +540,41 @@ def _flatten_pools(g: _Graph) -> int:
     return count
 
 
-_FUSED_ACTIVATIONS = ("Relu", "Clip")
-
-
 def unfusable_convs(model: onnx.ModelProto) -> list[str]:
     """Convs ONNX Runtime cannot run as ``QLinearConv``: an input or the weight is not dequantized, or the
-    output is not read by exactly one QuantizeLinear (through at most one Relu/Clip, which ORT removes only
-    when the Q's zero point is the type's minimum, i.e. uint8 with zero point 0)."""
-    return [conv.name for conv in _unfusable_conv_nodes(_Graph(model))]
+    output is not read by exactly one QuantizeLinear (through at most one activation ORT folds, Relu/Clip,
+    which it removes only when the Q's zero point is the type's minimum, i.e. uint8 with zero point 0)."""
+    return [conv.name for conv in _unfusable_conv_nodes(GraphIndex(model))]
 
 
-def _clamped_before_q(g: _Graph, conv: Any) -> bool:
+def _clamped_before_q(g: GraphIndex, conv: Any) -> bool:
     """Does the Conv's output reach a QuantizeLinear through a clamp (Clip/Min/Max, after at most its bias Add
     and a Relu)?
     That is how a sub-8-bit quantizer is exported (``mode.py``)."""
-    node = _single_user(g, conv.output[0])
+    node = g.single_reader(conv.output[0])
     if node is not None and node.op_type == "Add" and g.array(node.input[1]) is not None:  # its bias, moved
-        node = _single_user(g, node.output[0])
+        node = g.single_reader(node.output[0])
     if node is not None and node.op_type == "Relu":
-        node = _single_user(g, node.output[0])
+        node = g.single_reader(node.output[0])
     seen_clamp = False
     while node is not None and node.op_type in ("Clip", "Min", "Max"):
         seen_clamp = True
-        node = _single_user(g, node.output[0])
+        node = g.single_reader(node.output[0])
     return seen_clamp and node is not None and node.op_type == "QuantizeLinear"
 
 
-def _unfusable_conv_nodes(g: _Graph) -> list[Any]:
+def _unfusable_conv_nodes(g: GraphIndex) -> list[Any]:
+    fusion = _fusion()
     nodes = []
     for conv in g.graph.node:
         if conv.op_type != "Conv":
             continue
-        inputs_ok = all(_dq_params(g, name) is not None for name in conv.input[:2])
-        out = _single_user(g, conv.output[0])
-        through_activation = out is not None and out.op_type in _FUSED_ACTIVATIONS
+        data = fusion.dequantized_inputs(conv.op_type, len(conv.input))
+        inputs_ok = all(_dq_params(g, conv.input[i]) is not None for i in data)
+        out = g.single_reader(conv.output[0])
+        through_activation = out is not None and out.op_type in fusion.folded_activations
         if through_activation:
-            out = _single_user(g, out.output[0])
+            out = g.single_reader(out.output[0])
         fused = inputs_ok and out is not None and out.op_type == "QuantizeLinear"
         if fused and through_activation:  # ORT drops a Relu/Clip only before a Q whose zero point is the minimum
             zp = g.array(out.input[2])
@@ -650,7 +593,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
         cannot fuse (warned).
     """
     tidy(model)
-    g = _Graph(model)
+    g = GraphIndex(model)
     counts = {
         "pools": _global_pools(g) + _flatten_pools(g),
         "weights": _fold_weight_quantizers(g),
@@ -664,7 +607,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
     counts["float_biases"] = _bias_after_float_convs(g, float_convs)
     counts["biases"] = _quantize_biases(g, float_convs)
     tidy(model)
-    g = _Graph(model)
+    g = GraphIndex(model)
     left = _unfusable_conv_nodes(g)
     counts["float_convs"] = len(left)
     if left:
@@ -681,8 +624,9 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto) -> dict[str, int]:
         if unquantized:
             warnings.warn(
                 f"{len(unquantized)} Conv(s) will run in float on ONNX Runtime (e.g. {unquantized[0]}): their "
-                "output has no quantizer (or their input/weight none). Quantize the model with qdq.placement."
-                "apply_placement(model, target='onnxruntime') before calibrating to run every Conv in int8.",
+                "output has no quantizer (or their input/weight none). Quantize the model with "
+                "model = qdq.quantize_model(model, qdq.QuantConfig(target='onnxruntime')) before calibrating to "
+                "run every Conv in int8.",
                 stacklevel=3,
             )
     del model.graph.value_info[:]  # stale types (int8 -> uint8); ONNX Runtime infers them again

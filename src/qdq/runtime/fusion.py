@@ -5,6 +5,7 @@ QGemm, QLinearAdd...) when every data input of the op is dequantized and its out
 Conv without a QuantizeLinear on its output stays a float Conv between Q/DQ conversions. This module
 compares the source graph with the optimized one saved by ORT (``optimized_model_filepath``) and
 says, per weighted op, whether it runs as an int8 kernel, and per leftover Q/DQ node, why it stayed.
+Which groups ORT fuses is the ``"onnxruntime"`` target's :class:`~qdq.targets.FusionFacts`.
 
 :func:`analyse_fusion` works on two ``onnx.ModelProto``; :func:`qdq.runtime.ort.fusion_report` makes
 the optimized graph with an ONNX Runtime session and calls it. Only the top-level graph is read
@@ -15,80 +16,28 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qdq.export.graph import GraphIndex
 from qdq.runtime._text import markdown_table
+from qdq.targets import ONNXRUNTIME_FUSION, FusionFacts, get_target
 
 if TYPE_CHECKING:
     import onnx
 
 __all__ = ["FLOAT_KERNELS", "INT8_KERNELS", "FusionReport", "UnfusedQdq", "analyse_fusion"]
 
-INT8_KERNELS = frozenset(
-    {
-        "QLinearConv",
-        "ConvInteger",
-        "QGemm",
-        "QLinearMatMul",
-        "MatMulInteger",
-        "MatMulIntegerToFloat",
-        "DynamicQuantizeMatMul",
-        "MatMulInteger16",
-        "QAttention",
-    }
-)
-"""Kernels of ORT's CPU provider that compute a Conv/Gemm/MatMul on integer data."""
+INT8_KERNELS = ONNXRUNTIME_FUSION.int8_kernels
+"""Kernels of ORT's CPU provider that compute a Conv/Gemm/MatMul on integer data (the target's facts)."""
 
-FLOAT_KERNELS = frozenset(
-    {
-        "Conv",
-        "FusedConv",
-        "NhwcFusedConv",
-        "ConvTranspose",
-        "ConvTransposeWithDynamicPads",
-        "Gemm",
-        "FusedGemm",
-        "MatMul",
-        "FusedMatMul",
-        "TransposeMatMul",
-    }
-)
+FLOAT_KERNELS = ONNXRUNTIME_FUSION.float_kernels
 """Float kernels a weighted op can end up in (``com.microsoft.nchwc:Conv`` counts as ``Conv``)."""
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 """Ops of the source graph counted as weighted (the ones quantization is meant to speed up)."""
 
 _Q, _DQ = "QuantizeLinear", "DequantizeLinear"
-
-# Float ops ORT's CPU provider can turn into an int8 kernel, and which inputs must then be dequantized.
-# ``None`` means every input.
-_INT8_FORMS: dict[str, tuple[str, tuple[int, ...] | None]] = {
-    "Conv": ("QLinearConv", (0, 1)),
-    "FusedConv": ("QLinearConv", (0, 1)),
-    "Gemm": ("QGemm", (0, 1)),
-    "FusedGemm": ("QGemm", (0, 1)),
-    "MatMul": ("QLinearMatMul", (0, 1)),
-    "FusedMatMul": ("QLinearMatMul", (0, 1)),
-    "Add": ("QLinearAdd", (0, 1)),
-    "Mul": ("QLinearMul", (0, 1)),
-    "Concat": ("QLinearConcat", None),
-    "Sigmoid": ("QLinearSigmoid", (0,)),
-    "LeakyRelu": ("QLinearLeakyRelu", (0,)),
-    "Softmax": ("QLinearSoftmax", (0,)),
-    "GlobalAveragePool": ("QLinearGlobalAveragePool", (0,)),
-    "AveragePool": ("QLinearAveragePool", (0,)),
-    "Where": ("QLinearWhere", (1, 2)),
-}
-
-# Ops that only move data; walking the graph looks through them (ORT adds Transposes around NHWC
-# int8 kernels, and Reorder nodes around NCHWc float convs).
-_PASS_THROUGH = frozenset(
-    {"Transpose", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "ReorderInput", "ReorderOutput"}
-)
-
-# Ops ORT runs on int8 data directly when the DQ before and the Q after share one scale.
-_INT8_DATA_MOVERS = frozenset({"MaxPool", "Resize", "Slice", "Gather", "Split", "Pad", "DepthToSpace"})
 
 
 @dataclass(frozen=True)
@@ -110,7 +59,8 @@ class UnfusedQdq:
 class FusionReport:
     """Op types of ORT's optimized graph against the source graph, and the Q/DQ left unfused.
 
-    Op counts are keyed ``"domain:op_type"`` with ``ai.onnx`` for the default domain.
+    Op counts are keyed ``"domain:op_type"`` with ``ai.onnx`` for the default domain; ``facts`` are the
+    ``"onnxruntime"`` target's fusion facts the report was read with.
     """
 
     model: str
@@ -118,6 +68,7 @@ class FusionReport:
     source_ops: dict[str, int]
     optimized_ops: dict[str, int]
     unfused: tuple[UnfusedQdq, ...]
+    facts: FusionFacts = field(default=ONNXRUNTIME_FUSION, repr=False, compare=False)
 
     def count(self, op_type: str) -> int:
         """Number of ``op_type`` nodes in the optimized graph, over all domains."""
@@ -131,12 +82,12 @@ class FusionReport:
     @property
     def int8_kernels(self) -> dict[str, int]:
         """Integer compute kernels of the optimized graph (QLinearConv, QGemm...) by ``domain:op``."""
-        return {k: n for k, n in self.optimized_ops.items() if k.rpartition(":")[2] in INT8_KERNELS}
+        return {k: n for k, n in self.optimized_ops.items() if k.rpartition(":")[2] in self.facts.int8_kernels}
 
     @property
     def float_kernels(self) -> dict[str, int]:
         """Float Conv/Gemm/MatMul kernels of the optimized graph by ``domain:op``."""
-        return {k: n for k, n in self.optimized_ops.items() if k.rpartition(":")[2] in FLOAT_KERNELS}
+        return {k: n for k, n in self.optimized_ops.items() if k.rpartition(":")[2] in self.facts.float_kernels}
 
     @property
     def n_int8(self) -> int:
@@ -198,14 +149,16 @@ def analyse_fusion(
     source: onnx.ModelProto, optimized: onnx.ModelProto, *, model: str = "", optimization_level: str = ""
 ) -> FusionReport:
     """Compare ORT's ``optimized`` graph of a model with its ``source`` graph."""
-    graph = _GraphIndex(optimized.graph)
-    unfused = tuple(graph.explain(node) for node in optimized.graph.node if node.op_type in (_Q, _DQ))
+    facts = get_target("onnxruntime").require_fusion()
+    explainer = _Explainer(optimized, facts)
+    unfused = tuple(explainer.explain(node) for node in optimized.graph.node if node.op_type in (_Q, _DQ))
     return FusionReport(
         model=model,
         optimization_level=optimization_level,
         source_ops=dict(Counter(node.op_type for node in source.graph.node)),
         optimized_ops=dict(Counter(_key(node) for node in optimized.graph.node)),
         unfused=unfused,
+        facts=facts,
     )
 
 
@@ -225,58 +178,27 @@ def _fused_activation(node: onnx.NodeProto) -> str | None:
     return None
 
 
-class _GraphIndex:
-    """Producer/consumer maps of one graph, and the rules that explain a leftover Q/DQ node."""
+class _Explainer:
+    """Says why a Q/DQ node of ORT's optimized graph was not folded into an int8 kernel."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for name in node.output:
-                self.producer[name] = node
-            for name in node.input:
-                self.consumers.setdefault(name, []).append(node)
-        self.graph_inputs = {vi.name for vi in graph.input}
-        self.graph_outputs = {vi.name for vi in graph.output}
-        self.initializers = {init.name: init for init in graph.initializer}
-
-    # -- walking ------------------------------------------------------------------------------------
+    def __init__(self, model: onnx.ModelProto, facts: FusionFacts) -> None:
+        self.index = GraphIndex(model)
+        self.facts = facts
 
     def next_ops(self, tensor: str) -> list[onnx.NodeProto | None]:
-        """Ops reading ``tensor``, looking through pass-through ops; ``None`` stands for a graph output."""
-        found: list[onnx.NodeProto | None] = []
-        pending, seen = [tensor], set()
-        while pending:
-            name = pending.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in self.graph_outputs:
-                found.append(None)
-            for node in self.consumers.get(name, []):
-                if node.op_type in _PASS_THROUGH:
-                    pending.extend(node.output)
-                else:
-                    found.append(node)
-        return found
+        """Ops reading ``tensor``, looking through layout ops; ``None`` stands for a graph output."""
+        return self.index.readers(tensor, through=self.facts.layout_ops)
 
     def prev_op(self, tensor: str) -> onnx.NodeProto | None:
-        """The op producing ``tensor``, looking through pass-through ops (None: input or constant)."""
-        node = self.producer.get(tensor)
-        while node is not None and node.op_type in _PASS_THROUGH and node.input:
-            node = self.producer.get(node.input[0])
-        return node
+        """The op producing ``tensor``, looking through layout ops (None: input or constant)."""
+        return self.index.source(tensor, through=self.facts.layout_ops)
 
     def zero_point_type(self, node: onnx.NodeProto) -> str | None:
         """Element type name of a Q/DQ node's zero point ("uint8", "int8"...), if it is a constant."""
-        from onnx.helper import tensor_dtype_to_np_dtype
-
         if len(node.input) < 3 or not node.input[2]:
             return "uint8" if node.op_type == _Q else None
-        init = self.initializers.get(node.input[2])
-        if init is None:
-            return None
-        return tensor_dtype_to_np_dtype(init.data_type).name
+        value = self.index.array(node.input[2])
+        return None if value is None else value.dtype.name
 
     # -- explaining ---------------------------------------------------------------------------------
 
@@ -301,7 +223,7 @@ class _GraphIndex:
     def _explain_q(self, node: onnx.NodeProto) -> tuple[str, bool]:
         source = self.prev_op(node.input[0])
         if source is None:
-            if node.input[0] in self.initializers:
+            if node.input[0] in self.index.constants:
                 return "quantizes a float constant (weights stored in float)", False
             return "quantizes a graph input (expected at the model's boundary)", True
         if source.op_type == _DQ:
@@ -311,21 +233,20 @@ class _GraphIndex:
     def why_float(self, op: onnx.NodeProto) -> str:
         """Explain why ``op`` (a reader of a DQ, or the source of a Q) runs in float."""
         label = _label(op)
-        if op.op_type in ("Relu", "Clip"):
+        if op.op_type in self.facts.folded_activations:
             return (
                 f"float {label}: ORT folds it into the int8 op before it only when the next Q's zero "
                 "point is the type's minimum (asymmetric activations)"
             )
-        if op.op_type in _INT8_DATA_MOVERS:
+        if op.op_type in self.facts.int8_data_movers:
             return f"float {label}: no Q with the same scale and zero point around it, so it cannot run on int8"
-        form = _INT8_FORMS.get(op.op_type)
-        if form is None:
+        if not self.facts.fuses(op.op_type):
             return f"float {label}: ONNX Runtime's CPU provider has no int8 kernel for it"
-        return self._why_not_fused(op, label, form)
+        return self._why_not_fused(op, label)
 
-    def _why_not_fused(self, op: onnx.NodeProto, label: str, form: tuple[str, tuple[int, ...] | None]) -> str:
-        kernel, indices = form
-        data = [op.input[i] for i in (indices or range(len(op.input))) if i < len(op.input) and op.input[i]]
+    def _why_not_fused(self, op: onnx.NodeProto, label: str) -> str:
+        kernel = self.facts.int8_forms[op.op_type][0]
+        data = [op.input[i] for i in self.facts.dequantized_inputs(op.op_type, len(op.input)) if op.input[i]]
         not_dq = [name for name in data if not self._is_dequantized(name)]
         if not_dq:
             return f"float {label}: input {', '.join(not_dq)} is not dequantized from int8"

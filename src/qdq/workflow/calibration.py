@@ -289,7 +289,7 @@ def calibrate(
     :func:`load_amax` to calibrate with the descriptors' own calibrators.
 
     Example:
-        >>> qdq.quantize_model(model)
+        >>> model = qdq.quantize_model(model)
         >>> qdq.calibrate(model, calib_loader, method="entropy", num_batches=8)
     """
     if method not in _METHODS:

@@ -1,0 +1,112 @@
+"""``quantize_model``: the entry point that makes a float model a quantized one for a target runtime.
+
+Two steps, one call::
+
+    model = qdq.quantize_model(model, qdq.QuantConfig(target="onnxruntime"))
+
+1. module replacement (:func:`qdq.replace.replace_modules`): registered float modules become quantized ones,
+   in place, sharing their parameters;
+2. with ``config.target``, Q/DQ placement for that runtime (:func:`qdq.placement.apply_placement`), which may
+   build a new ``torch.fx.GraphModule``.
+
+The contract: **always use the returned model**. Without a target it is the model passed in (or the
+quantized module when that model is itself a single registered module); with a target it may be a new
+object, and then the model passed in is marked stale: running or exporting it raises an error that says to
+use the returned model (it lacks the quantizers placement added). The returned model remembers its target;
+:func:`qdq.export.export_onnx` defaults to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from qdq.descriptor import QuantDescriptor
+from qdq.errors import QdqTypeError
+from qdq.placement import apply_placement
+from qdq.replace import ModuleFilter, Pattern, replace_modules
+from qdq.targets import check_not_superseded, get_target
+
+__all__ = ["QuantConfig", "quantize_model"]
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """What ``quantize_model`` quantizes, and how.
+
+    Attributes:
+        quant_desc_input: descriptor of every input quantizer; None uses each class's default
+            (8-bit per tensor).
+        quant_desc_weight: descriptor of every weight quantizer; None uses each class's default
+            (8-bit per output channel).
+        include: module-name patterns (``fnmatch`` globs such as ``"layer1.*"``, or ``"re:<regex>"``);
+            empty means every module.
+        exclude: module-name patterns left in float (wins over ``include``).
+        include_types: float module types to quantize; empty means every registered type except
+            MaxPool and InstanceNorm (the seed's default set).
+        exclude_types: float module types left in float.
+        target: a registered target (:mod:`qdq.targets`: ``"tensorrt"``, ``"onnxruntime"``) also places Q/DQ
+            for that runtime after the module swap (residual adds, concats, and for ONNX Runtime conv
+            outputs; see :mod:`qdq.placement`). None (default) swaps modules only.
+    """
+
+    quant_desc_input: QuantDescriptor | None = None
+    quant_desc_weight: QuantDescriptor | None = None
+    include: tuple[Pattern, ...] = ()
+    exclude: tuple[Pattern, ...] = ()
+    include_types: tuple[type, ...] = ()
+    exclude_types: tuple[type, ...] = field(default=())
+    target: str | None = None
+
+    def __post_init__(self) -> None:
+        selection = self.module_filter  # normalizes and checks the patterns
+        for name in ("include", "exclude", "include_types", "exclude_types"):
+            object.__setattr__(self, name, getattr(selection, name))
+        for desc_name in ("quant_desc_input", "quant_desc_weight"):
+            desc = getattr(self, desc_name)
+            if desc is not None and not isinstance(desc, QuantDescriptor):
+                raise QdqTypeError(f"{desc_name} must be a QuantDescriptor or None, got {type(desc).__name__}.")
+        if self.target is not None:
+            get_target(self.target)  # unknown names raise, listing the registered targets
+
+    @property
+    def module_filter(self) -> ModuleFilter:
+        """The module selection part of the config."""
+        return ModuleFilter(self.include, self.exclude, self.include_types, self.exclude_types)
+
+    def selects(self, name: str, module: nn.Module) -> bool:
+        """True when ``module`` (called ``name`` in the model) should be quantized."""
+        return self.module_filter.selects(name, module)
+
+
+def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Module:
+    """Quantize ``model``'s registered modules and, with ``config.target``, place Q/DQ for that runtime.
+
+    Always use the returned model: ``model = qdq.quantize_model(model, config)``.
+
+    Args:
+        model: a float model, already built (weights loaded or not).
+        config: what to quantize; default: every conv, transposed conv, linear, avg-pool and LSTM with the
+            classes' default descriptors, no placement.
+
+    Returns:
+        The model to use: ``model`` itself with its modules replaced in place (or the quantized module when
+        ``model`` is itself a single registered module); with a target, the placed model, which remembers
+        its target. When placement built a new model, ``model`` is marked stale: running or exporting it
+        raises :class:`~qdq.errors.QdqConfigError` / :class:`~qdq.errors.QdqExportError`.
+
+    Raises:
+        QdqConfigError: the config's patterns or types select nothing in the model, or ``model`` is stale or
+            already placed for another target.
+    """
+    config = QuantConfig() if config is None else config
+    if not isinstance(config, QuantConfig):
+        raise QdqTypeError(f"config must be a qdq.QuantConfig or None, got {type(config).__name__}.")
+    if not isinstance(model, nn.Module):
+        raise QdqTypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}.")
+    check_not_superseded(model)
+    quantized = replace_modules(model, config.module_filter, config.quant_desc_input, config.quant_desc_weight)
+    if config.target is None:
+        return quantized
+    return apply_placement(quantized, target=config.target, quant_desc=config.quant_desc_input)
