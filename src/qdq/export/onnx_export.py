@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ from qdq.targets import DEFAULT_TARGET, Target, check_not_superseded, get_target
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["export_onnx", "onnx_opset"]  # and TARGETS (module __getattr__)
+__all__ = ["export_onnx", "finish_onnx", "onnx_opset"]  # and TARGETS (module __getattr__)
 
 _MIN_OPSET = 10  # QuantizeLinear / DequantizeLinear
 _MIN_OPSET_PER_CHANNEL = 13  # their ``axis`` attribute
@@ -123,12 +123,34 @@ def _finish(
     target: Target,
     opset: int | None,
 ) -> Path:
+    return finish_onnx(proto, path, target, opset=opset, annotate=lambda p: _annotate(p, specs))
+
+
+def finish_onnx(
+    proto: onnx.ModelProto,
+    path: str | Path,
+    target: Target,
+    *,
+    opset: int | None = None,
+    annotate: Callable[[onnx.ModelProto], None] | None = None,
+) -> Path:
+    """The common end of every qdq export, whatever the framework that traced ``proto``.
+
+    Renames inputs/outputs to ``input`` / ``output`` (``input_0``, ... for several), tidies the graph,
+    runs the target's ONNX rewrite, records the target in the metadata, checks the model with
+    ``onnx.checker`` (full check) and writes it atomically to ``path``. ``annotate`` (the PyTorch
+    exporter's quantizer names) runs on the tidied graph, before the rewrite.
+
+    Raises:
+        QdqExportError: the graph fails ``onnx.checker``.
+    """
     import onnx
 
     n_in, n_out = len(proto.graph.input), len(proto.graph.output)
     graph.rename_io(proto, _io_names("input", n_in), _io_names("output", n_out))
     graph.tidy(proto)
-    _annotate(proto, specs)
+    if annotate is not None:
+        annotate(proto)
     target.rewrite_onnx(proto)
     _set_metadata(proto, target.name)
     _warn_opset(proto, opset)
@@ -139,8 +161,8 @@ def _finish(
         if "bfloat16" in str(err):
             hint = " bfloat16 Conv/Gemm/MatMul need ONNX opset >= 22: export with dynamo=True, opset=22."
         raise QdqExportError(f"The exported graph fails onnx.checker: {err}.{hint}") from err
-    graph.atomic_save(proto, path)
-    return path
+    graph.atomic_save(proto, Path(path))
+    return Path(path)
 
 
 def onnx_opset(model: onnx.ModelProto | str | Path) -> int:
