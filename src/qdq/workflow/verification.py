@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,18 +55,33 @@ class VerifyResult:
         )
 
 
-def _inputs(batch: Any) -> torch.Tensor:
+def _inputs(batch: Any) -> np.ndarray | torch.Tensor:
     if isinstance(batch, tuple | list):
         batch = batch[0]
-    if not isinstance(batch, torch.Tensor):
-        raise QdqConfigError(f"verify needs tensor batches or (inputs, labels) pairs, got {type(batch).__name__}.")
-    return batch
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if hasattr(batch, "numpy") or isinstance(batch, np.ndarray):  # numpy, or a TensorFlow tensor
+        return np.asarray(batch, dtype=np.float32)
+    raise QdqConfigError(f"verify needs tensor batches or (inputs, labels) pairs, got {type(batch).__name__}.")
 
 
 def _as_list(outputs: Any) -> list[np.ndarray]:
-    if isinstance(outputs, torch.Tensor):
+    if not isinstance(outputs, list | tuple):
         outputs = [outputs]
-    return [o.detach().float().cpu().numpy() for o in outputs]
+    return [
+        o.detach().float().cpu().numpy() if isinstance(o, torch.Tensor) else np.asarray(o, np.float32) for o in outputs
+    ]
+
+
+def _reference(model: Any) -> Callable[[Any], list[np.ndarray]]:
+    """The model as a function of one batch: PyTorch (eval mode, no grad) or any other framework's callable."""
+    if isinstance(model, nn.Module):
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        return lambda x: _as_list(model(torch.as_tensor(x).to(device)))
+    if callable(model):  # e.g. a Keras model: called in inference mode on the numpy batch
+        call = getattr(model, "predict_on_batch", model)
+        return lambda x: _as_list(call(x.cpu().numpy() if isinstance(x, torch.Tensor) else x))
+    raise QdqConfigError(f"verify needs a model (torch.nn.Module or a Keras model), got {type(model).__name__}.")
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -76,7 +91,7 @@ def _sqnr(signal: float, noise: float) -> float:
 
 
 def verify(
-    model: nn.Module,
+    model: nn.Module | Any,
     onnx_path: str | Path,
     data: Iterable[Any],
     runtime: str = "onnxruntime",
@@ -85,31 +100,37 @@ def verify(
     threads: int | None = None,
     **runtime_options: Any,
 ) -> VerifyResult:
-    """Compare ``model`` (PyTorch, fake-quant) with ``onnx_path`` running on ``runtime``.
+    """Compare ``model`` (PyTorch or Keras, fake-quant) with ``onnx_path`` running on ``runtime``.
 
     Args:
+        model: the quantized model the ONNX file was exported from: a ``torch.nn.Module`` (run in eval
+            mode), or a Keras model from :func:`qdq.keras.quantize_model` (run in inference mode).
         data: batches (tensors or ``(inputs, labels)`` pairs); labels are not used.
         runtime: ``"onnxruntime"``, ``"openvino"`` or ``"tensorrt"``.
         runtime_options: passed to :func:`qdq.runtime.load_runtime` (e.g. ``precision="f32"``).
     """
     from qdq.runtime import load_runtime
 
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    reference = _reference(model)
     batches = list(itertools.islice(data, num_batches) if num_batches else data)
     if not batches:
         raise QdqConfigError("verify got no data: pass at least one batch.")
-    was_training = model.training
-    model.eval()
+    is_torch = isinstance(model, nn.Module)
+    was_training = model.training if is_torch else False
+    if is_torch:
+        model.eval()
     torch_outs: list[list[np.ndarray]] = []
     engine_outs: list[list[np.ndarray]] = []
     try:
         with load_runtime(onnx_path, runtime, threads=threads, **runtime_options) as engine, torch.no_grad():
             for batch in batches:
                 x = _inputs(batch)
-                torch_outs.append(_as_list(model(x.to(device))))
-                engine_outs.append([np.asarray(o, dtype=np.float32) for o in engine.run(x.cpu().numpy())])
+                torch_outs.append(reference(x))
+                host = x.cpu().numpy() if isinstance(x, torch.Tensor) else x
+                engine_outs.append([np.asarray(o, dtype=np.float32) for o in engine.run(host)])
     finally:
-        model.train(was_training)
+        if is_torch:
+            model.train(was_training)
     return _compare(runtime, torch_outs, engine_outs)
 
 

@@ -1,0 +1,57 @@
+"""qdq for Keras 3 (TensorFlow backend): the NVIDIA TF2 QAT toolkit's API, calibrated and exported like qdq's
+PyTorch path.
+
+    import qdq.keras as qk
+    qmodel = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])  # model is left untouched
+    qk.calibrate(qmodel, calibration_batches, method="entropy")              # static activation ranges
+    qmodel.compile(...); qmodel.fit(...)                                     # QAT (optional)
+    qk.export_onnx(qmodel, "model.onnx", target="onnxruntime")               # or "tensorrt"
+    qdq.verify(qmodel, "model.onnx", batches)                                # the engine vs Keras
+
+Importing ``qdq.keras`` imports nothing; TensorFlow is imported when a name below is first used (install
+it with ``pip install 'qdq[tf]'``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "quantize_model": "qdq.keras.quantize",
+    "QUANTIZATION_MODES": "qdq.keras.quantize",
+    "QuantizationSpec": "qdq.keras.spec",
+    "LayerConfig": "qdq.keras.spec",
+    "calibrate": "qdq.keras.calibration",
+    "export_onnx": "qdq.keras.export",
+    "fold_batchnorms": "qdq.keras.fold",
+    "fake_quant": "qdq.keras.quantizer",
+    "QuantizeWrapper": "qdq.keras.wrappers",
+    "register_wrapper": "qdq.keras.wrappers",
+    "wrappers_of": "qdq.keras.wrappers",
+    "WRAPPERS": "qdq.keras.wrappers",
+    "CustomQDQInsertionCase": "qdq.keras.cases",
+    "ResidualConnectionQDQCase": "qdq.keras.cases",
+    "BNQDQCase": "qdq.keras.cases",
+    "MaxPoolQDQCase": "qdq.keras.cases",
+    "ResNetV1QDQCase": "qdq.keras.cases",
+    "ResNetV2QDQCase": "qdq.keras.cases",
+    "MobileNetQDQCase": "qdq.keras.cases",
+    "EfficientNetQDQCase": "qdq.keras.cases",
+    "InceptionQDQCase": "qdq.keras.cases",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qdq.keras' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

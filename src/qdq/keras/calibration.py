@@ -1,0 +1,145 @@
+"""Activation ranges of a quantized Keras model from data, with qdq's calibrators (``qdq.calib``).
+
+``calibrate(qmodel, data, method)`` runs the float computation (every wrapper bypassed) over the data,
+feeds each quantized input tensor to a :class:`~qdq.calib.MaxCalibrator` or
+:class:`~qdq.calib.HistogramCalibrator`, and stores the range each method picks in the wrappers'
+``input_amax`` variables. The algorithms (max, entropy, mse, percentile on power-of-two histograms) are
+the PyTorch path's, bit for bit: one implementation for both front ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.keras.graph import check_graph_model
+
+__all__ = ["CALIBRATION_METHODS", "calibrate"]
+
+CALIBRATION_METHODS = ("max", "entropy", "mse", "percentile")
+
+
+def calibrate(
+    model: Any,
+    data: Iterable[Any],
+    method: str = "max",
+    *,
+    num_batches: int | None = None,
+    percentile: float = 99.99,
+    num_bins: int | None = None,
+) -> dict[str, float]:
+    """Set the activation ranges of ``model`` (from :func:`qdq.keras.quantize_model`) from ``data``.
+
+    Args:
+        model: the quantized model; its wrappers are marked calibrated (static ranges from now on).
+        data: batches of inputs, or ``(inputs, labels)`` pairs (a ``tf.data.Dataset`` works), or one array
+            (split into batches of 32).
+        method: ``"max"``, or on a histogram ``"entropy"``, ``"mse"``, ``"percentile"``.
+        num_batches: use at most this many batches.
+        percentile: for ``method="percentile"``.
+        num_bins: histogram bins (default: :data:`qdq.calib.histogram.DEFAULT_NUM_BINS`).
+
+    Returns:
+        ``{"<wrapper>/input_<i>": amax}`` for every range set.
+
+    Raises:
+        QdqConfigError: an unknown method, no data, or a model without quantize wrappers.
+        QdqCalibrationError: NaN/Inf in the activations.
+    """
+    from qdq.keras.wrappers import wrappers_of
+
+    check_graph_model(model, "calibrate")
+    if method not in CALIBRATION_METHODS:
+        raise QdqConfigError(
+            f"unknown calibration method {method!r}; choose one of {CALIBRATION_METHODS}."
+            f"{did_you_mean(str(method), CALIBRATION_METHODS)}"
+        )
+    sites = _sites(model, wrappers_of(model))
+    if not sites:
+        raise QdqConfigError("calibrate found no quantized inputs: quantize the model with qdq.keras.quantize_model.")
+    tensors = list({id(t): t for t, _ in sites}.values())
+    calibrators = {id(t): _calibrator(method, num_bins) for t in tensors}
+    n_batches = _collect(model, tensors, calibrators, data, num_batches)
+    if n_batches == 0:
+        raise QdqConfigError("calibrate got no data: pass at least one batch.")
+    options = {"percentile": percentile} if method == "percentile" else {}
+    ranges: dict[int, float] = {}
+    for key, cal in calibrators.items():
+        amax = cal.compute_amax(method, **options) if method != "max" else cal.compute_amax()
+        ranges[key] = float(amax)
+    result = {}
+    for tensor, (wrapper, slot, position) in sites:
+        wrapper.input_amax[slot].assign(ranges[id(tensor)])
+        wrapper.calibrated = True
+        result[f"{wrapper.name}/input_{position}"] = ranges[id(tensor)]
+    _forget_traced_functions(model)
+    return result
+
+
+def _sites(model: Any, wrappers: list[Any]) -> list[tuple[Any, tuple[Any, int, int]]]:
+    """``(input tensor, (wrapper, variable slot, input position))`` of every quantized input."""
+    sites = []
+    for wrapper in wrappers:
+        node = wrapper._inbound_nodes[0]
+        inputs = list(node.input_tensors)
+        for slot, position in enumerate(wrapper.quantized_positions(len(inputs))):
+            sites.append((inputs[position], (wrapper, slot, position)))
+    return sites
+
+
+def _calibrator(method: str, num_bins: int | None) -> Any:
+    from qdq.calib import HistogramCalibrator, MaxCalibrator
+
+    if method == "max":
+        return MaxCalibrator()
+    return HistogramCalibrator() if num_bins is None else HistogramCalibrator(num_bins=num_bins)
+
+
+def _batches(data: Any) -> Iterable[Any]:
+    if isinstance(data, np.ndarray):
+        return (data[i : i + 32] for i in range(0, len(data), 32))
+    return data
+
+
+def _inputs_of(batch: Any) -> Any:
+    if isinstance(batch, tuple) and len(batch) in (2, 3):
+        return batch[0]
+    return batch
+
+
+def _collect(model: Any, tensors: list[Any], calibrators: dict[int, Any], data: Any, limit: int | None) -> int:
+    """Run the float model over the batches, feeding each site's calibrator; the number of batches."""
+    import torch
+
+    from qdq.keras._backend import keras
+    from qdq.keras.wrappers import wrappers_of
+
+    if isinstance(data, (str, bytes)) or not hasattr(_batches(data), "__iter__"):
+        raise QdqTypeError(f"calibrate needs an iterable of batches, got {type(data).__name__}.")
+    probe = keras().Model(model.inputs, tensors)
+    wrappers = wrappers_of(model)
+    for wrapper in wrappers:
+        wrapper.bypass = True
+    count = 0
+    try:
+        for batch in itertools.islice(_batches(data), limit):
+            outputs = probe.predict_on_batch(_inputs_of(batch))
+            outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
+            for tensor, value in zip(tensors, outputs):
+                calibrators[id(tensor)].collect(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+            count += 1
+    finally:
+        for wrapper in wrappers:
+            wrapper.bypass = False
+    return count
+
+
+def _forget_traced_functions(model: Any) -> None:
+    """Make Keras re-trace fit/predict/evaluate: the ranges are now static (read when a function is traced)."""
+    for name in ("train_function", "test_function", "predict_function"):
+        if hasattr(model, name):
+            setattr(model, name, None)

@@ -1,0 +1,194 @@
+"""Export of a quantized Keras model to a Q/DQ ONNX graph, for the same targets as the PyTorch path.
+
+``export_onnx(qmodel, "model.onnx", target="tensorrt")``:
+
+1. folds BatchNormalization into the quantized convs (:mod:`qdq.keras.fold`);
+2. converts with tf2onnx (``from_keras``, opset 13 by default) without its ``q_dq_optimizer`` and
+   ``const_dequantize_optimizer``, so every QuantizeLinear is directly followed by its DequantizeLinear
+   (what TensorRT's explicit quantization needs; NVIDIA's toolkit does the same);
+3. puts the layout ops tf2onnx writes on the Q/DQ paths out of the way, exactly: a weight's
+   ``Q -> DQ -> Reshape/Transpose -> Conv`` becomes one per-channel ``Q -> DQ -> Conv`` on the reshaped
+   kernel, and an activation's ``Q -> DQ -> Transpose`` becomes ``Transpose -> Q -> DQ`` (per-tensor
+   Q/DQ commutes with a transpose);
+4. finishes like every qdq export (:func:`qdq.export.onnx_export.finish_onnx`): ``input``/``output``
+   names, the target's rewrite (``"onnxruntime"``: int8 kernels of ONNX Runtime's CPU provider),
+   ``onnx.checker``, an atomic write.
+
+The ONNX model takes the Keras layout (NHWC images).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qdq.errors import QdqExportError
+from qdq.keras._backend import tf, tf2onnx
+from qdq.keras.graph import check_graph_model
+
+__all__ = ["export_onnx"]
+
+_DROPPED_OPTIMIZERS = ("q_dq_optimizer", "const_dequantize_optimizer")
+_LAYOUT_OPS = frozenset({"Reshape", "Transpose"})
+
+
+def export_onnx(
+    model: Any,
+    path: str | Path,
+    target: str = "tensorrt",
+    *,
+    opset: int = 13,
+    fold_bn: bool = True,
+) -> Path:
+    """Write the quantized Keras ``model`` as a Q/DQ ONNX file for ``target``.
+
+    Args:
+        model: a model from :func:`qdq.keras.quantize_model`, calibrated (:func:`qdq.keras.calibrate`).
+        path: the ``.onnx`` file (replaced atomically).
+        target: ``"tensorrt"`` or ``"onnxruntime"`` (any name in :mod:`qdq.targets`).
+        opset: ONNX opset, >= 13 (per-channel scales).
+        fold_bn: fold BatchNormalization into the quantized convs first (recommended).
+
+    Raises:
+        QdqExportError: an uncalibrated quantized input, an opset below 13, or a failed conversion.
+    """
+    from qdq.export.onnx_export import finish_onnx
+    from qdq.keras.fold import fold_batchnorms
+    from qdq.targets import get_target
+
+    check_graph_model(model, "export_onnx")
+    spec = get_target(target)
+    if opset < 13:
+        raise QdqExportError(f"per-channel Q/DQ needs ONNX opset >= 13, got opset={opset}.")
+    _check_calibrated(model)
+    exported = fold_batchnorms(model) if fold_bn else model
+    proto = _convert(exported, opset)
+    _weights_through_layout(proto)
+    _transposes_before_q(proto)
+    return finish_onnx(proto, path, spec, opset=opset)
+
+
+def _check_calibrated(model: Any) -> None:
+    from qdq.keras.wrappers import wrappers_of
+
+    missing = [w.name for w in wrappers_of(model) if w.input_amax and not w.calibrated]
+    if missing:
+        raise QdqExportError(
+            f"{len(missing)} quantized layer(s) have no calibrated input range (first: {missing[0]!r}); an "
+            "export needs static ranges. Run qdq.keras.calibrate(model, data) first."
+        )
+
+
+def _convert(model: Any, opset: int) -> Any:
+    converter = tf2onnx()
+    t = tf()
+    optimizers = {k: v for k, v in converter.optimizer._optimizers.items() if k not in _DROPPED_OPTIMIZERS}
+    signature = [
+        t.TensorSpec((None, *tensor.shape[1:]), tensor.dtype, name=f"input_{i}")
+        for i, tensor in enumerate(model.inputs)
+    ]
+    try:
+        proto, _ = converter.convert.from_keras(model, input_signature=signature, opset=opset, optimizers=optimizers)
+    except Exception as err:  # tf2onnx raises many types; one clear error with the cause attached
+        raise QdqExportError(f"tf2onnx could not convert model {model.name!r}: {type(err).__name__}: {err}") from err
+    return proto
+
+
+def _channel_axis(shape: tuple[int, ...], axis: int, ops: list[tuple[str, Any]]) -> int | None:
+    """Where channel ``axis`` of a tensor of ``shape`` ends up after ``ops``; None if it is split or merged."""
+    index = np.broadcast_to(np.arange(shape[axis]).reshape([-1 if d == axis else 1 for d in range(len(shape))]), shape)
+    for op, arg in ops:
+        index = index.reshape(arg) if op == "Reshape" else index.transpose(arg)
+    for k in range(index.ndim):
+        moved = np.moveaxis(index, k, 0).reshape(index.shape[k], -1)
+        if index.shape[k] == shape[axis] and (moved == np.arange(shape[axis])[:, None]).all():
+            return k
+    return None
+
+
+def _layout_chain(g: Any, dq: Any) -> tuple[list[Any], list[tuple[str, Any]]] | None:
+    """The Reshape/Transpose nodes after ``dq`` (single readers, constant shapes) and their numpy ops."""
+    from qdq.export.ort_target import _attr
+
+    nodes, ops, tensor = [], [], dq.output[0]
+    while True:
+        reader = g.single_reader(tensor)
+        if reader is None or reader.op_type not in _LAYOUT_OPS:
+            break
+        if reader.op_type == "Reshape":
+            shape = g.const_input(reader, 1)
+            if shape is None:
+                return None
+            ops.append(("Reshape", [int(s) for s in shape]))
+        else:
+            ops.append(("Transpose", list(_attr(reader, "perm"))))
+        nodes.append(reader)
+        tensor = reader.output[0]
+    return (nodes, ops) if nodes else None
+
+
+def _weights_through_layout(proto: Any) -> int:
+    """Constant weight ``Q -> DQ -> Reshape/Transpose...`` -> one ``Q -> DQ`` of the re-laid-out kernel."""
+    from qdq.export.graph import GraphIndex
+    from qdq.export.ort_target import _attr, _set_axis
+
+    g = GraphIndex(proto)
+    done = 0
+    for q in [n for n in g.nodes if n.op_type == "QuantizeLinear"]:
+        weight = g.const_input(q, 0)
+        dq = g.single_reader(q.output[0])
+        if weight is None or dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        found = _layout_chain(g, dq)
+        if found is None:
+            continue
+        nodes, ops = found
+        scale = g.const_input(q, 1)
+        axis = _attr(q, "axis", 1) if scale is not None and scale.ndim == 1 else None
+        new_axis = None if axis is None else _channel_axis(weight.shape, axis % weight.ndim, ops)
+        if axis is not None and new_axis is None:
+            continue
+        laid_out = weight
+        for op, arg in ops:
+            laid_out = laid_out.reshape(arg) if op == "Reshape" else laid_out.transpose(arg)
+        name = g.add_const("weight", np.ascontiguousarray(laid_out))
+        q.input[0] = name
+        for node in (q, dq):
+            _set_axis(node, new_axis)
+        g.rewire(nodes[-1].output[0], dq.output[0])
+        g.remove(nodes)
+        done += 1
+    return done
+
+
+def _transposes_before_q(proto: Any) -> int:
+    """Per-tensor ``Q -> DQ -> Transpose`` -> ``Transpose -> Q -> DQ`` (exact: the same values, moved)."""
+    from qdq.export.graph import GraphIndex
+
+    g = GraphIndex(proto)
+    moved = 0
+    for dq in [n for n in g.nodes if n.op_type == "DequantizeLinear"]:
+        q = g.producer.get(dq.input[0])
+        transpose = g.single_reader(dq.output[0])
+        scale = g.const_input(dq, 1)
+        if q is None or q.op_type != "QuantizeLinear" or transpose is None or transpose.op_type != "Transpose":
+            continue
+        if (
+            scale is None
+            or scale.ndim != 0
+            or g.single_reader(q.output[0]) is not dq
+            or g.const_input(q, 0) is not None
+        ):
+            continue
+        source, moved_name, result = q.input[0], g.unique("transposed"), transpose.output[0]
+        transpose.input[0], transpose.output[0] = source, moved_name
+        q.input[0], dq.output[0] = moved_name, result
+        node = type(transpose)()
+        node.CopyFrom(transpose)
+        g.graph.node.remove(transpose)
+        g.insert(q, node)
+        g.refresh()
+        moved += 1
+    return moved
