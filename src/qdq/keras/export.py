@@ -136,7 +136,8 @@ def _weights_through_layout(proto: Any) -> int:
 
     g = GraphIndex(proto)
     done = 0
-    for q in [n for n in g.nodes if n.op_type == "QuantizeLinear"]:
+    for q_name in [n.name for n in g.nodes if n.op_type == "QuantizeLinear"]:
+        q = _node(g, q_name)  # looked up again: removing nodes rebuilds the node list
         weight = g.const_input(q, 0)
         dq = g.single_reader(q.output[0])
         if weight is None or dq is None or dq.op_type != "DequantizeLinear":
@@ -163,13 +164,18 @@ def _weights_through_layout(proto: Any) -> int:
     return done
 
 
+def _node(g: Any, name: str) -> Any:
+    return next(node for node in g.nodes if node.name == name)
+
+
 def _transposes_before_q(proto: Any) -> int:
     """Per-tensor ``Q -> DQ -> Transpose`` -> ``Transpose -> Q -> DQ`` (exact: the same values, moved)."""
     from qdq.export.graph import GraphIndex
 
     g = GraphIndex(proto)
     moved = 0
-    for dq in [n for n in g.nodes if n.op_type == "DequantizeLinear"]:
+    for dq_name in [n.name for n in g.nodes if n.op_type == "DequantizeLinear"]:
+        dq = _node(g, dq_name)
         q = g.producer.get(dq.input[0])
         transpose = g.single_reader(dq.output[0])
         scale = g.const_input(dq, 1)
@@ -183,6 +189,10 @@ def _transposes_before_q(proto: Any) -> int:
         ):
             continue
         source, moved_name, result = q.input[0], g.unique("transposed"), transpose.output[0]
+        stale = {q.output[0], dq.output[0]}  # their recorded shapes were of the untransposed layout
+        kept = [v for v in g.graph.value_info if v.name not in stale]
+        del g.graph.value_info[:]
+        g.graph.value_info.extend(kept)
         transpose.input[0], transpose.output[0] = source, moved_name
         q.input[0], dq.output[0] = moved_name, result
         node = type(transpose)()

@@ -94,7 +94,8 @@ class QuantizeWrapper(keras.layers.Wrapper):
         #: identity on the inputs and float weights (set while calibrating: statistics of the float model)
         self.bypass = False
         self.input_amax: list[Any] = []
-        self._takes_training = "training" in inspect.signature(layer.call).parameters
+        parameters = inspect.signature(layer.call).parameters
+        self._takes_training, self._takes_mask = "training" in parameters, "mask" in parameters
 
     # -- structure ---------------------------------------------------------------------------------
     def quantized_positions(self, n_inputs: int) -> tuple[int, ...]:
@@ -120,7 +121,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self.built = True
 
     # -- forward -----------------------------------------------------------------------------------
-    def call(self, inputs: Any, training: Any = None) -> Any:
+    def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
         multi = isinstance(inputs, list | tuple)
         xs = list(inputs) if multi else [inputs]
         if not self.bypass:
@@ -132,7 +133,10 @@ class QuantizeWrapper(keras.layers.Wrapper):
             if self.quantize_weight and not self.bypass:
                 kernel = quantizer.fake_quant(kernel, self.weight_amax(), self.num_bits, self.kernel_axis())
             return self.compute(args, kernel)
-        return self.layer(args, training=training) if self._takes_training else self.layer(args)
+        options = {"training": training} if self._takes_training else {}
+        if self._takes_mask and mask is not None:
+            options["mask"] = mask
+        return self.layer(args, **options)
 
     def quantize_input(self, x: Any, amax: Any) -> Any:
         """Q/DQ of one input with its stored range (or, uncalibrated, the batch's own max)."""

@@ -1,0 +1,23 @@
+"""Keras tests skip cleanly where TensorFlow (or tf2onnx) is not installed."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+pytest.importorskip("tensorflow", reason="the Keras front end needs TensorFlow: pip install 'qdq[tf]'")
+pytest.importorskip("tf2onnx", reason="the Keras export needs tf2onnx: pip install 'qdq[tf]'")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import keras  # noqa: E402
+from keras_models import residual_cnn, trained  # noqa: E402
+
+
+@pytest.fixture
+def cnn():
+    keras.utils.set_random_seed(0)
+    return trained(residual_cnn())

@@ -1,0 +1,153 @@
+"""Export: Q/DQ placement in the ONNX graph, BN folded, and ONNX Runtime against Keras in quantization steps."""
+
+from collections import Counter
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from keras_models import residual_cnn, trained
+from onnx import numpy_helper
+
+import qdq
+import qdq.keras as qk
+from qdq.errors import QdqExportError
+
+
+def ops(path):
+    return Counter(node.op_type for node in onnx.load(path).graph.node)
+
+
+def run(path, x, extra_outputs=()):
+    model = onnx.load(path)
+    for name in extra_outputs:
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})
+
+
+@pytest.fixture
+def calibrated(cnn):
+    model, x, y = cnn
+    qmodel = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])
+    qk.calibrate(qmodel, x, method="percentile", percentile=99.9)
+    return qmodel, x, y
+
+
+def test_tensorrt_graph_has_qdq_pairs_on_inputs_and_weights_and_no_batchnorm(calibrated, tmp_path):
+    qmodel, x, _ = calibrated
+    path = qk.export_onnx(qmodel, tmp_path / "trt.onnx", target="tensorrt")
+    counts = ops(path)
+    # inputs: stem, block_conv, block_add[1] (shares block_conv's tensor: one pair), dw, pool, gap, head;
+    # weights: stem, block_conv, dw, head
+    assert counts["QuantizeLinear"] == counts["DequantizeLinear"] == 10
+    assert counts["Conv"] == 3 and counts["MatMul"] == 1
+    assert not {"Mul", "BatchNormalization"} & set(counts)  # BN folded into the convs
+    graph = onnx.load(path).graph
+    producer = {out: n for n in graph.node for out in n.output}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":  # Q directly followed by DQ, nothing in between
+            assert producer[node.input[0]].op_type == "QuantizeLinear"
+        if node.op_type == "Conv":  # weights: DQ of an int8 initializer feeds the Conv directly
+            weight_dq = producer[node.input[1]]
+            assert weight_dq.op_type == "DequantizeLinear"
+    metadata = {p.key: p.value for p in onnx.load(path).metadata_props}
+    assert metadata["qdq.target"] == "tensorrt"
+
+
+def test_onnxruntime_engine_matches_keras_within_one_output_step(calibrated, tmp_path):
+    qmodel, x, y = calibrated
+    qmodel.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    qmodel.fit(x, y, epochs=1, batch_size=16, verbose=0)  # QAT moves weights; the export follows them
+    for target in ("tensorrt", "onnxruntime"):
+        path = qk.export_onnx(qmodel, tmp_path / f"{target}.onnx", target=target)
+        result = qdq.verify(qk.fold_batchnorms(qmodel), path, [x[:32], x[32:]])
+        assert result.top1_agreement == 100.0, (target, str(result))
+        assert result.max_error_steps <= 1.0, (target, str(result))
+        unfolded = qdq.verify(qmodel, path, [x])  # against the training-form model (BN separate)
+        assert unfolded.top1_agreement == 100.0 and unfolded.max_error_steps <= 1.0, str(unfolded)
+
+
+def test_quantize_linear_codes_equal_keras_levels_within_one(tmp_path):
+    """The integers ORT computes at the input Q equal round(keras_fake_quant / step), off by one on ~1e-6."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((32, 32, 4))
+    model = keras.Model(inputs, keras.layers.Conv2D(8, 3, name="conv")(inputs))
+    qmodel = qk.quantize_model(model)
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(16, 32, 32, 4)) * 2).astype(np.float32)
+    ranges = qk.calibrate(qmodel, x, method="mse")
+    path = qk.export_onnx(qmodel, tmp_path / "one.onnx")
+    graph = onnx.load(path).graph
+    transpose = next(n for n in graph.node if n.op_type == "Transpose" and n.input[0] == "input")  # NHWC -> NCHW
+    q_input = next(n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == transpose.output[0])
+    scale = numpy_helper.to_array(next(t for t in graph.initializer if t.name == q_input.input[1]))
+    amax = np.float32(ranges["quant_conv/input_0"])
+    assert scale == amax / np.float32(127)  # y_scale is the float32 step of the calibrated range
+    codes = run(path, x, [q_input.output[0]])[1].astype(np.int32).transpose(0, 2, 3, 1)
+    from qdq.keras.quantizer import fake_quant
+
+    levels = np.rint(fake_quant(x, amax).numpy() / scale).astype(np.int32)
+    off = np.abs(codes - levels)
+    assert off.max() <= 1 and (off > 0).mean() < 1e-4
+
+
+def test_export_needs_calibrated_ranges_and_opset_13(cnn, tmp_path):
+    model, _, _ = cnn
+    qmodel = qk.quantize_model(model)
+    with pytest.raises(QdqExportError, match="no calibrated input range.*qdq.keras.calibrate"):
+        qk.export_onnx(qmodel, tmp_path / "m.onnx")
+    with pytest.raises(QdqExportError, match="opset >= 13"):
+        qk.export_onnx(qmodel, tmp_path / "m.onnx", opset=11)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_bn_folding_keeps_the_keras_outputs(calibrated):
+    qmodel, x, _ = calibrated
+    folded = qk.fold_batchnorms(qmodel)
+    assert not any(type(layer).__name__ == "BatchNormalization" for layer in folded.layers)
+    a, b = qmodel.predict_on_batch(x), folded.predict_on_batch(x)
+    assert np.abs(a - b).max() <= 0.02 * np.abs(a).max()  # float32 rounding of w * k, a level here and there
+    assert (a.argmax(1) == b.argmax(1)).mean() == 1.0
+
+
+def test_calibration_methods_order_ranges_as_expected(cnn):
+    model, x, _ = cnn
+    ranges = {}
+    for method in ("max", "percentile", "entropy", "mse"):
+        qmodel = qk.quantize_model(model)
+        ranges[method] = qk.calibrate(qmodel, x, method=method)
+    for key, value in ranges["max"].items():
+        assert max(ranges[m][key] for m in ("percentile", "entropy", "mse")) <= value + 1e-6
+    stem = ranges["max"]["quant_stem/input_0"]
+    assert stem == pytest.approx(float(np.abs(x).max()))  # the model input: max calibration is max|x|
+
+
+def test_calibrate_rejects_bad_input(cnn):
+    model, x, _ = cnn
+    qmodel = qk.quantize_model(model)
+    with pytest.raises(qdq.QdqConfigError, match="unknown calibration method 'entropi'.*entropy"):
+        qk.calibrate(qmodel, x, method="entropi")
+    with pytest.raises(qdq.QdqConfigError, match="no data"):
+        qk.calibrate(qmodel, [])
+    with pytest.raises(qdq.QdqConfigError, match="no quantized inputs"):
+        qk.calibrate(residual_cnn(), x)
+
+
+def test_a_model_with_unfused_ops_still_matches(tmp_path):
+    """Concatenate and MaxPool quantized through the spec; exported and run."""
+    inputs = keras.Input((12, 12, 3))
+    a = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="a")(inputs)
+    b = keras.layers.Conv2D(4, 1, name="b")(inputs)
+    c = keras.layers.Concatenate(name="cat")([a, b])
+    c = keras.layers.MaxPooling2D(name="maxpool")(c)
+    out = keras.layers.Dense(3, name="head")(keras.layers.Flatten()(c))
+    model, x, _ = trained(keras.Model(inputs, out))
+    spec = qk.QuantizationSpec()
+    spec.add(["Concatenate", "MaxPooling2D"], is_keras_class=True)
+    qmodel = qk.quantize_model(model, quantization_spec=spec)
+    qk.calibrate(qmodel, x)
+    path = qk.export_onnx(qmodel, tmp_path / "cat.onnx")
+    result = qdq.verify(qmodel, path, [x])
+    assert result.top1_agreement == 100.0 and result.max_error_steps <= 1.0, str(result)
