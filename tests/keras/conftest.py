@@ -13,8 +13,9 @@ pytest.importorskip("tf2onnx", reason="the Keras export needs tf2onnx: pip insta
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import keras  # noqa: E402
-from keras_models import residual_cnn, trained  # noqa: E402
+from keras_models import residual_cnn, trained
+
+import keras
 
 
 @pytest.fixture

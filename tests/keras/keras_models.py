@@ -1,7 +1,8 @@
 """Small Keras models and data for the Keras tests."""
 
-import keras
 import numpy as np
+
+import keras
 
 
 def residual_cnn(size: int = 16, classes: int = 10) -> keras.Model:

@@ -3,7 +3,6 @@ each network quantizes, trains a step, exports and runs in ONNX Runtime matching
 
 from collections import Counter
 
-import keras
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -11,6 +10,7 @@ import pytest
 from keras_models import set_batchnorm_statistics
 from onnx import numpy_helper
 
+import keras
 import qdq
 import qdq.keras as qk
 from qdq.keras.quantizer import fake_quant
@@ -94,7 +94,11 @@ def activation_codes_agree(path, x, amaxes):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "case"),
-    [("ResNet50", qk.ResNetV1QDQCase), ("MobileNetV2", qk.MobileNetQDQCase), ("EfficientNetB0", qk.EfficientNetQDQCase)],
+    [
+        ("ResNet50", qk.ResNetV1QDQCase),
+        ("MobileNetV2", qk.MobileNetQDQCase),
+        ("EfficientNetB0", qk.EfficientNetQDQCase),
+    ],
 )
 def test_network_quantizes_trains_exports_and_matches_onnxruntime(name, case, tmp_path):
     rng = np.random.default_rng(0)
@@ -112,7 +116,7 @@ def test_network_quantizes_trains_exports_and_matches_onnxruntime(name, case, tm
     path = qk.export_onnx(qmodel, tmp_path / f"{name}.onnx")
     graph = onnx.load(path).graph
     counts = Counter(n.op_type for n in graph.node)
-    assert "BatchNormalization" not in counts and "Mul" not in counts or name == "EfficientNetB0"  # SE/swish Muls
+    assert ("BatchNormalization" not in counts and "Mul" not in counts) or name == "EfficientNetB0"  # SE/swish Muls
     producer = {out: n for n in graph.node for out in n.output}
     for conv in (n for n in graph.node if n.op_type == "Conv"):
         assert producer[conv.input[1]].op_type == "DequantizeLinear", conv.name  # int8 weights, per channel

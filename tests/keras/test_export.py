@@ -2,7 +2,6 @@
 
 from collections import Counter
 
-import keras
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -10,6 +9,7 @@ import pytest
 from keras_models import residual_cnn, trained
 from onnx import numpy_helper
 
+import keras
 import qdq
 import qdq.keras as qk
 from qdq.errors import QdqExportError
@@ -36,7 +36,7 @@ def calibrated(cnn):
 
 
 def test_tensorrt_graph_has_qdq_pairs_on_inputs_and_weights_and_no_batchnorm(calibrated, tmp_path):
-    qmodel, x, _ = calibrated
+    qmodel, _, _ = calibrated
     path = qk.export_onnx(qmodel, tmp_path / "trt.onnx", target="tensorrt")
     counts = ops(path)
     # inputs: stem, block_conv, block_add[1] (shares block_conv's tensor: one pair), dw, pool, gap, head;
@@ -96,7 +96,7 @@ def test_quantize_linear_codes_equal_keras_levels_within_one(tmp_path):
 def test_export_needs_calibrated_ranges_and_opset_13(cnn, tmp_path):
     model, _, _ = cnn
     qmodel = qk.quantize_model(model)
-    with pytest.raises(QdqExportError, match="no calibrated input range.*qdq.keras.calibrate"):
+    with pytest.raises(QdqExportError, match=r"no calibrated input range.*qdq.keras.calibrate"):
         qk.export_onnx(qmodel, tmp_path / "m.onnx")
     with pytest.raises(QdqExportError, match="opset >= 13"):
         qk.export_onnx(qmodel, tmp_path / "m.onnx", opset=11)
@@ -127,7 +127,7 @@ def test_calibration_methods_order_ranges_as_expected(cnn):
 def test_calibrate_rejects_bad_input(cnn):
     model, x, _ = cnn
     qmodel = qk.quantize_model(model)
-    with pytest.raises(qdq.QdqConfigError, match="unknown calibration method 'entropi'.*entropy"):
+    with pytest.raises(qdq.QdqConfigError, match=r"unknown calibration method 'entropi'.*entropy"):
         qk.calibrate(qmodel, x, method="entropi")
     with pytest.raises(qdq.QdqConfigError, match="no data"):
         qk.calibrate(qmodel, [])

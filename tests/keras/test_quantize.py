@@ -1,10 +1,10 @@
 """quantize_model: which layers get Q/DQ, the original stays untouched, bad input gets one clear error."""
 
-import keras
 import numpy as np
 import pytest
 from keras_models import residual_cnn
 
+import keras
 import qdq.keras as qk
 from qdq.errors import QdqConfigError, QdqTypeError
 
@@ -84,7 +84,7 @@ class Subclassed(keras.Model):
 def test_subclassed_model_raises_naming_its_class():
     model = Subclassed()
     model(np.zeros((1, 4), np.float32))
-    with pytest.raises(QdqConfigError, match="'Subclassed' is a subclassed model.*Functional API"):
+    with pytest.raises(QdqConfigError, match=r"'Subclassed' is a subclassed model.*Functional API"):
         qk.quantize_model(model)
 
 
@@ -98,10 +98,30 @@ def _spec(*entries):
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        (_spec((("block_cnv",), {}),), "no layer of that name.*block_conv"),
-        (_spec((("stem_relu",), {}),), "layer 'stem_relu' of class ReLU, which qdq has no quantized wrapper"),
-        (_spec((("LSTM",), {"is_keras_class": True}),), "Keras class 'LSTM', which qdq has no quantized wrapper"),
-        (_spec((("block_add",), {"quantization_index": [2]}),), "'block_add' has 2 input.*\\[2\\] is out of range"),
+        (
+            _spec(
+                (("block_cnv",), {}),
+            ),
+            "no layer of that name.*block_conv",
+        ),
+        (
+            _spec(
+                (("stem_relu",), {}),
+            ),
+            "layer 'stem_relu' of class ReLU, which qdq has no quantized wrapper",
+        ),
+        (
+            _spec(
+                (("LSTM",), {"is_keras_class": True}),
+            ),
+            "Keras class 'LSTM', which qdq has no quantized wrapper",
+        ),
+        (
+            _spec(
+                (("block_add",), {"quantization_index": [2]}),
+            ),
+            "'block_add' has 2 input.*\\[2\\] is out of range",
+        ),
     ],
 )
 def test_bad_specs_raise_one_clear_error_naming_the_layer(spec, match):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from reference import quant_np
 
 from qdq.keras.quantizer import dynamic_amax, fake_quant, weight_amax
+from reference import quant_np
 
 
 def tf_oracle(x, amax, num_bits=8):

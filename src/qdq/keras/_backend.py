@@ -48,7 +48,7 @@ def tf2onnx() -> Any:
     try:
         import tf2onnx as module
         import tf2onnx.convert
-        import tf2onnx.optimizer  # noqa: F401  (submodules used by the export)
+        import tf2onnx.optimizer
     except ImportError as err:
         raise QdqBackendUnavailable(f"qdq.keras export needs tf2onnx, which is not installed: {_HINT}.") from err
     return module
