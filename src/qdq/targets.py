@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.registry import Registry
 
 __all__ = [
@@ -124,21 +125,41 @@ class Target:
         if self.fusion is not None and not isinstance(self.fusion, FusionFacts):
             raise QdqTypeError(f"target {self.name!r}: fusion must be a FusionFacts or None.")
 
-    def rewrite_onnx(self, model: Any) -> dict[str, int]:
-        """Apply the target's ONNX rewrite to ``model`` (an ``onnx.ModelProto``) in place; counts of edits."""
+    def rewrite_onnx(self, model: Any, **options: Any) -> dict[str, int]:
+        """Apply the target's ONNX rewrite to ``model`` (an ``onnx.ModelProto``) in place; counts of edits.
+
+        ``options`` are the rewrite's keyword options (``"onnxruntime"``: ``weights``); one it does not take
+        raises ``QdqConfigError`` naming those it does.
+        """
         if self.onnx_rewrite is None:
+            if options:
+                raise QdqConfigError(f"target {self.name!r} has no ONNX rewrite, so no options: {sorted(options)}.")
             return {}
         rewrite = self.onnx_rewrite
         if isinstance(rewrite, str):
             module, _, function = rewrite.partition(":")
             rewrite = getattr(importlib.import_module(module), function)
-        return rewrite(model)
+        _check_options(self.name, rewrite, options)
+        return rewrite(model, **options)
 
     def require_fusion(self) -> FusionFacts:
         """The target's fusion facts; raises when it has none."""
         if self.fusion is None:
             raise QdqConfigError(f"target {self.name!r} records no fusion facts.")
         return self.fusion
+
+
+def _check_options(target: str, rewrite: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    """Refuse options the rewrite function has no keyword-only parameter for."""
+    if not options:
+        return
+    accepted = [p.name for p in inspect.signature(rewrite).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise QdqConfigError(
+            f"target {target!r} takes the export options {accepted or 'none'}; got unknown {unknown}."
+            f"{did_you_mean(unknown[0], accepted)}"
+        )
 
 
 _ORT_INT8_KERNELS = {"QLinearConv", "ConvInteger", "QGemm", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat",

@@ -38,16 +38,15 @@ def calibrate_max(model: nn.Module, *inputs: torch.Tensor) -> None:
 
 
 def ort_session(path: Path | str, optimize: bool = True, optimized_path: Path | None = None):
-    import onnxruntime as ort
+    """One-thread ORT session, int8 weights run as uint8 where this CPU's int8 kernels saturate (qdq.runtime)."""
+    from qdq.runtime.ort import inference_session, session_options
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    level = ort.GraphOptimizationLevel
-    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
-    if optimized_path is not None:
-        options.optimized_model_filepath = str(optimized_path)
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    options = session_options(
+        threads=1,
+        optimization_level="all" if optimize else "disable",
+        optimized_model_path=None if optimized_path is None else str(optimized_path),
+    )
+    return inference_session(path, options)
 
 
 def run_ort(path: Path | str, x: torch.Tensor, optimize: bool = True) -> np.ndarray:
@@ -93,8 +92,8 @@ def quantizer_outputs(model: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray
     return outputs
 
 
-def onnx_quantizer_outputs(path: Path | str, x: torch.Tensor, optimize: bool = False) -> dict[str, np.ndarray]:
-    """ONNX Runtime value of every Q/DQ pair's output, by quantizer name (every merged name listed)."""
+def _onnx_site_values(path: Path | str, x: torch.Tensor, optimize: bool) -> tuple[list, dict[str, np.ndarray]]:
+    """The Q/DQ sites of the file and ONNX Runtime's value of each site's input and output tensor."""
     import onnx
     import onnxruntime as ort
 
@@ -103,18 +102,46 @@ def onnx_quantizer_outputs(path: Path | str, x: torch.Tensor, optimize: bool = F
     model = onnx.load(str(path))
     sites = qdq_sites(model)
     existing = {o.name for o in model.graph.output}
-    for site in sites:
-        if site.output not in existing:
-            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(site.output))
-            existing.add(site.output)
+    constants = {t.name for t in model.graph.initializer}
+    for name in [t for site in sites for t in (site.input, site.output)]:
+        if name not in existing and name not in constants:
+            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+            existing.add(name)
     options = ort.SessionOptions()
     level = ort.GraphOptimizationLevel
     options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    values = dict(zip(names, session.run(None, {"input": x.numpy()})))
+    return sites, dict(zip(names, session.run(None, {"input": x.numpy()})))
+
+
+def onnx_quantizer_outputs(path: Path | str, x: torch.Tensor, optimize: bool = False) -> dict[str, np.ndarray]:
+    """ONNX Runtime value of every Q/DQ pair's output, by quantizer name (every merged name listed)."""
+    sites, values = _onnx_site_values(path, x, optimize)
     result: dict[str, np.ndarray] = {}
     for site in sites:
         for name in site.quantizers:
             result.setdefault(name, values[site.output])
     return result
+
+
+def teacher_forced_mismatches(model: nn.Module, path: Path | str, x: torch.Tensor) -> dict[str, int]:
+    """Each activation Q/DQ pair of the file run by ONNX Runtime (reference kernels) against the PyTorch
+    quantizer applied to the *same* input (the one ORT computed): elements that differ, by quantizer name.
+
+    Float ops between quantizers (convolutions) may round differently in ORT and PyTorch, and one value
+    that lands on the other side of a rounding boundary moves everything after it; this compares the
+    quantizers themselves, whatever happened before them."""
+    sites, values = _onnx_site_values(path, x, optimize=False)
+    modules = dict(model.named_modules())
+    bad: dict[str, int] = {}
+    for site in sites:
+        if site.input not in values:  # a weight stored as integers
+            continue
+        for name in site.quantizers:
+            with torch.no_grad():
+                expected = modules[name](torch.from_numpy(values[site.input])).numpy()
+            wrong = int(np.count_nonzero(expected != values[site.output]))
+            if wrong:
+                bad[name] = wrong
+    return bad

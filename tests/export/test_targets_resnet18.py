@@ -4,8 +4,12 @@
   20 Convs is a ``QLinearConv`` (none left as Conv / FusedConv), the 8 residual adds are ``QLinearAdd`` and
   the classifier a ``QGemm``; the output stays within a few steps of the PyTorch model (BatchNorm folded
   into the int8 weights' scales and int32 biases change float rounding, not the grid).
-* target "tensorrt": every Q/DQ pair's value equals the PyTorch quantizer's output bit for bit, every
-  Q/DQ is int8 with zero point 0, and the pairs are exactly the model's enabled quantizers.
+* target "tensorrt": every Q/DQ pair computes the PyTorch quantizer's function bit for bit (teacher forced:
+  the quantizer applied to the input ORT computed), the first one sees the same input and gives the same
+  values, every Q/DQ is int8 with zero point 0, and the pairs are exactly the model's enabled quantizers.
+  End to end, float convolutions that round differently in ORT and PyTorch move one value across a rounding
+  boundary now and then (CPU dependent: 1 of 32768 at the second quantizer on an AVX2 CPU), and 20 layers
+  amplify that to a few output steps: the output is checked to a few steps, with the same top-1.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from export_helpers import (
     quantizer_outputs,
     run_ort,
     steps_apart,
+    teacher_forced_mismatches,
 )
 
 import qdq
@@ -61,10 +66,15 @@ def test_onnxruntime_target_runs_every_conv_in_int8(tmp_path):
 def test_tensorrt_target_is_bit_exact_at_every_quantizer(tmp_path):
     model = placed_resnet18("tensorrt")
     path = export_onnx(model, X, tmp_path / "r18.onnx", target="tensorrt", dynamo=False)
-    assert inexact_quantizers(quantizer_outputs(model, X), onnx_quantizer_outputs(path, X)) == {}
+    assert teacher_forced_mismatches(model, path, X) == {}
+    first = "conv1._input_quantizer"
+    assert first not in inexact_quantizers(quantizer_outputs(model, X), onnx_quantizer_outputs(path, X))
     sites = qdq_sites(onnx.load(str(path)))
     enabled = [n for n, m in model.named_modules() if isinstance(m, TensorQuantizer) and m.is_enabled]
     assert sorted(n for s in sites for n in s.quantizers) == sorted(enabled)
     assert all(s.zero_point.dtype == np.int8 and not s.zero_point.any() for s in sites)
     with torch.no_grad():
-        assert steps_apart(model(X).numpy(), run_ort(path, X)) <= 1.0
+        reference = model(X).numpy()
+    engine = run_ort(path, X)
+    assert steps_apart(reference, engine) <= 8.0
+    assert (reference.argmax(1) == engine.argmax(1)).all()

@@ -41,7 +41,8 @@ def test_fp32_model_runs_f32(fp32_onnx: Path) -> None:
 
 @pytest.mark.parametrize("model", ["u8_onnx", "trt_onnx"])
 def test_int8_models_run_every_convolution_in_int8(model: str, request: pytest.FixtureRequest) -> None:
-    report = precision_report(request.getfixturevalue(model), threads=1)
+    # uint8_weights=False: the file as it is, also on a CPU whose int8 kernels saturate (see test_saturation)
+    report = precision_report(request.getfixturevalue(model), threads=1, uint8_weights=False)
     counts = report.counts("Convolution")
     assert set(counts) <= {"u8", "i8"}, counts
     assert sum(counts.values()) == rt_models.TinyCnn.n_convs

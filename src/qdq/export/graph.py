@@ -45,6 +45,7 @@ __all__ = [
     "record_merged",
     "remove_nodes",
     "rename_io",
+    "set_metadata",
     "tidy",
 ]
 
@@ -383,6 +384,16 @@ def rename_io(model: onnx.ModelProto, inputs: Iterable[str], outputs: Iterable[s
             node.input[i] = mapping.get(name, name)
         for i, name in enumerate(node.output):
             node.output[i] = mapping.get(name, name)
+
+
+def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    """Set the model metadata entry ``key`` (``metadata_props``) to ``value``, replacing an earlier one."""
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    prop = model.metadata_props.add()
+    prop.key, prop.value = key, value
 
 
 def atomic_save(model: onnx.ModelProto, path: Path) -> None:

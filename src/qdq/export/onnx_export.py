@@ -17,9 +17,10 @@ one requested; :func:`onnx_opset` reads it back.
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,8 @@ def export_onnx(
     opset: int | None = None,
     dynamic_batch: bool = True,
     dynamo: bool = True,
+    *,
+    target_options: Mapping[str, Any] | None = None,
 ) -> Path:
     """Export a quantized model as a Q/DQ ONNX graph for ``target``.
 
@@ -73,6 +76,9 @@ def export_onnx(
             13 or more.
         dynamic_batch: make dimension 0 of inputs and outputs symbolic (``batch``).
         dynamo: use torch's ``torch.export``-based exporter (default); False uses the TorchScript exporter.
+        target_options: options of the target's ONNX rewrite. ``"onnxruntime"``: ``{"weights": "auto" |
+            "int8" | "uint8"}``, the weight encoding (:func:`qdq.export.ort_target.rewrite_for_onnxruntime`;
+            ``"auto"``, the default, picks uint8 on an x86 CPU without VNNI, where int8 kernels saturate).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -97,7 +103,7 @@ def export_onnx(
             proto = _run_exporter(model, args, opset, dynamic_batch, dynamo)
     finally:
         model.train(was_training)
-    return _finish(proto, specs, path, spec, opset)
+    return _finish(proto, specs, path, spec, opset, target_options)
 
 
 def _target_for(model: nn.Module, requested: str | None) -> Target:
@@ -122,8 +128,10 @@ def _finish(
     path: Path,
     target: Target,
     opset: int | None,
+    target_options: Mapping[str, Any] | None,
 ) -> Path:
-    return finish_onnx(proto, path, target, opset=opset, annotate=lambda p: _annotate(p, specs))
+    annotate = functools.partial(_annotate, specs=specs)
+    return finish_onnx(proto, path, target, opset=opset, annotate=annotate, target_options=target_options)
 
 
 def finish_onnx(
@@ -133,13 +141,15 @@ def finish_onnx(
     *,
     opset: int | None = None,
     annotate: Callable[[onnx.ModelProto], None] | None = None,
+    target_options: Mapping[str, Any] | None = None,
 ) -> Path:
     """The common end of every qdq export, whatever the framework that traced ``proto``.
 
     Renames inputs/outputs to ``input`` / ``output`` (``input_0``, ... for several), tidies the graph,
     runs the target's ONNX rewrite, records the target in the metadata, checks the model with
     ``onnx.checker`` (full check) and writes it atomically to ``path``. ``annotate`` (the PyTorch
-    exporter's quantizer names) runs on the tidied graph, before the rewrite.
+    exporter's quantizer names) runs on the tidied graph, before the rewrite; ``target_options`` are the
+    rewrite's options.
 
     Raises:
         QdqExportError: the graph fails ``onnx.checker``.
@@ -151,7 +161,7 @@ def finish_onnx(
     graph.tidy(proto)
     if annotate is not None:
         annotate(proto)
-    target.rewrite_onnx(proto)
+    target.rewrite_onnx(proto, **dict(target_options or {}))
     _set_metadata(proto, target.name)
     _warn_opset(proto, opset)
     try:
@@ -316,10 +326,8 @@ def _merged(spec: QdqSpec, other: QdqSpec) -> bool:
 def _set_metadata(proto: onnx.ModelProto, target: str) -> None:
     from qdq import __version__
 
-    props = {p.key: p for p in proto.metadata_props}
-    for key, value in (("qdq.target", target), ("qdq.version", __version__)):
-        prop = props.get(key) or proto.metadata_props.add()
-        prop.key, prop.value = key, value
+    graph.set_metadata(proto, "qdq.target", target)
+    graph.set_metadata(proto, "qdq.version", __version__)
 
 
 def _warn_opset(proto: onnx.ModelProto, requested: int | None) -> None:

@@ -19,6 +19,7 @@ The ONNX model takes the Keras layout (NHWC images).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ def export_onnx(
     *,
     opset: int = 13,
     fold_bn: bool = True,
+    target_options: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the quantized Keras ``model`` as a Q/DQ ONNX file for ``target``.
 
@@ -50,6 +52,8 @@ def export_onnx(
         target: ``"tensorrt"`` or ``"onnxruntime"`` (any name in :mod:`qdq.targets`).
         opset: ONNX opset, >= 13 (per-channel scales).
         fold_bn: fold BatchNormalization into the quantized convs first (recommended).
+        target_options: options of the target's ONNX rewrite, as in :func:`qdq.export.export_onnx`
+            (``"onnxruntime"``: ``{"weights": "auto" | "int8" | "uint8"}``).
 
     Raises:
         QdqExportError: an uncalibrated quantized input, an opset below 13, or a failed conversion.
@@ -67,7 +71,7 @@ def export_onnx(
     proto = _convert(exported, opset)
     _weights_through_layout(proto)
     _transposes_before_q(proto)
-    return finish_onnx(proto, path, spec, opset=opset)
+    return finish_onnx(proto, path, spec, opset=opset, target_options=target_options)
 
 
 def _check_calibrated(model: Any) -> None:

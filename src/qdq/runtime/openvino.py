@@ -15,6 +15,8 @@ timed:
 
 from __future__ import annotations
 
+import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ from qdq.runtime._text import first_line
 from qdq.runtime.base import Runtime, check_common_options, import_backend
 from qdq.runtime.model_info import ModelInfo, read_model_info
 from qdq.runtime.ov_precision import LayerPrecision, PrecisionReport
+from qdq.runtime.saturation import saturation_safe_model
 
 if TYPE_CHECKING:
     import openvino
@@ -84,6 +87,7 @@ class OpenVinoRuntime(Runtime):
         batch: int | None = None,
         precision: str | None = "f32",
         device: str = "CPU",
+        uint8_weights: bool | None = None,
     ) -> OpenVinoRuntime:
         """Read and compile ``onnx_path``.
 
@@ -95,12 +99,16 @@ class OpenVinoRuntime(Runtime):
             precision: ``INFERENCE_PRECISION_HINT``: "f32" (default, true FP32), "bf16", "f16", or
                 None for the device's default (bf16 on CPUs that support it).
             device: OpenVINO device name.
+            uint8_weights: store int8 weights of more than 64 levels as uint8 before compiling (the same
+                values; OpenVINO then runs those layers in float). None (default): on a CPU whose int8 dot
+                products saturate (:mod:`qdq.runtime.saturation`), where OpenVINO's int8 kernels would give
+                wrong results for them; a warning says how many layers that moves to float.
         """
         check_common_options(threads, batch)
         config = _compile_config(threads, precision)
         info = read_model_info(onnx_path)
         core = _ov().Core()
-        model = core.read_model(str(info.path))
+        model = _read_model(core, info.path, uint8_weights)
         if batch is not None:
             _fix_batch(model, batch)
         try:
@@ -138,11 +146,38 @@ class OpenVinoRuntime(Runtime):
 
 
 def precision_report(
-    onnx_path: str | Path, *, precision: str | None = "f32", threads: int | None = None, batch: int | None = None
+    onnx_path: str | Path,
+    *,
+    precision: str | None = "f32",
+    threads: int | None = None,
+    batch: int | None = None,
+    uint8_weights: bool | None = None,
 ) -> PrecisionReport:
-    """Compile ``onnx_path`` with OpenVINO and return the runtime precision of each layer."""
-    with OpenVinoRuntime.load(onnx_path, precision=precision, threads=threads, batch=batch) as runtime:
+    """Compile ``onnx_path`` with OpenVINO (options as :meth:`OpenVinoRuntime.load`) and return the runtime
+    precision of each layer."""
+    with OpenVinoRuntime.load(
+        onnx_path, precision=precision, threads=threads, batch=batch, uint8_weights=uint8_weights
+    ) as runtime:
         return runtime.precision_report()
+
+
+def _read_model(core: openvino.Core, path: Path, uint8_weights: bool | None) -> openvino.Model:
+    """Read ``path``, with its saturating int8 weights as uint8 where asked or needed (a temporary copy)."""
+    safe, count = saturation_safe_model(path, uint8_weights)
+    if safe is None:
+        return core.read_model(str(path))
+    if uint8_weights is None:
+        warnings.warn(
+            f"{path.name}: {count} int8 weight(s) have more than 64 levels, which this CPU's int8 kernels (x86 "
+            "without VNNI) saturate on; OpenVINO runs those layers in float to stay exact. Quantize weights to 7 "
+            "bits (weight_bits=7) to keep them in int8 on this CPU, or pass uint8_weights=False to run them as "
+            "they are.",
+            stacklevel=3,
+        )
+    with tempfile.TemporaryDirectory(prefix="qdq-ov-") as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_bytes(safe.SerializeToString())
+        return core.read_model(str(copy))
 
 
 def _compile_config(threads: int | None, precision: str | None) -> dict[str, Any]:

@@ -18,11 +18,12 @@ from qdq.runtime._text import first_line
 from qdq.runtime.base import Runtime, check_common_options, import_backend
 from qdq.runtime.fusion import FusionReport, analyse_fusion
 from qdq.runtime.model_info import ModelInfo, load_onnx, read_model_info
+from qdq.runtime.saturation import saturation_safe_model
 
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["OPTIMIZATION_LEVELS", "OrtRuntime", "fusion_report", "session_options"]
+__all__ = ["OPTIMIZATION_LEVELS", "OrtRuntime", "fusion_report", "inference_session", "session_options"]
 
 OPTIMIZATION_LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -85,6 +86,8 @@ class OrtRuntime(Runtime):
         super().__init__(info, threads=threads, batch=batch)
         self.session: onnxruntime.InferenceSession | None = session
         self.optimization_level = optimization_level
+        #: int8 weights the session runs as uint8 (``load``'s ``uint8_weights``)
+        self.reencoded_weights = 0
 
     @classmethod
     def load(
@@ -94,6 +97,7 @@ class OrtRuntime(Runtime):
         threads: int | None = None,
         batch: int | None = None,
         optimization_level: str = "all",
+        uint8_weights: bool | None = None,
     ) -> OrtRuntime:
         """Create a CPU session for ``onnx_path``.
 
@@ -102,12 +106,19 @@ class OrtRuntime(Runtime):
             threads: intra-op threads (None: ORT's default, one per physical core).
             batch: recorded only; ORT sessions accept any batch the graph allows.
             optimization_level: "disable", "basic", "extended", "layout" or "all" (default).
+            uint8_weights: run int8 Conv/Gemm/MatMul weights as uint8 (zero point + 128: the same values,
+                ORT's exact U8U8 kernels; the file is not changed). None (default): when this CPU's int8 dot
+                products saturate (:func:`qdq.cpu.int8_dot_saturates`: x86 without VNNI), where the U8S8
+                kernels would compute wrong results. ``reencoded_weights`` tells how many were re-encoded.
         """
         check_common_options(threads, batch)
         info = read_model_info(onnx_path)
         options = session_options(threads=threads, optimization_level=optimization_level)
-        session = _create_session(info.path, options)
-        return cls(info, session, threads=threads, batch=batch, optimization_level=optimization_level)
+        source, reencoded = _session_source(info.path, uint8_weights)
+        session = _create_session(info.path, options, source)
+        runtime = cls(info, session, threads=threads, batch=batch, optimization_level=optimization_level)
+        runtime.reencoded_weights = reencoded
+        return runtime
 
     @property
     def precision(self) -> str:
@@ -128,30 +139,57 @@ class OrtRuntime(Runtime):
 
 
 def fusion_report(
-    onnx_path: str | Path, *, threads: int | None = None, optimization_level: str = "all"
+    onnx_path: str | Path,
+    *,
+    threads: int | None = None,
+    optimization_level: str = "all",
+    uint8_weights: bool | None = None,
 ) -> FusionReport:
     """Build a session for ``onnx_path``, save ORT's optimized graph, and report what it fused.
 
     The optimized graph is written to a temporary directory (``optimized_model_filepath``) and
-    deleted afterwards. See :mod:`qdq.runtime.fusion` for how the report is read.
+    deleted afterwards. See :mod:`qdq.runtime.fusion` for how the report is read. ``uint8_weights`` as in
+    :meth:`OrtRuntime.load`: the graph reported is the one a runtime would run.
     """
     check_common_options(threads, None)
-    source = load_onnx(onnx_path)
+    path = Path(onnx_path)
+    source = saturation_safe_model(path, uint8_weights)[0] or load_onnx(path)
     with tempfile.TemporaryDirectory(prefix="qdq-ort-") as tmp:
         optimized_path = str(Path(tmp) / "optimized.onnx")
         options = session_options(
             threads=threads, optimization_level=optimization_level, optimized_model_path=optimized_path
         )
-        session = _create_session(Path(onnx_path), options)
+        session = _create_session(path, options, source.SerializeToString())
         del session
         optimized = load_onnx(optimized_path, external_data=False)
-    return analyse_fusion(source, optimized, model=Path(onnx_path).name, optimization_level=optimization_level)
+    return analyse_fusion(source, optimized, model=path.name, optimization_level=optimization_level)
 
 
-def _create_session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
+def inference_session(
+    onnx_path: str | Path,
+    options: onnxruntime.SessionOptions | None = None,
+    *,
+    uint8_weights: bool | None = None,
+) -> onnxruntime.InferenceSession:
+    """An ONNX Runtime CPU session for ``onnx_path`` (``options``: :func:`session_options` by default), with
+    its int8 weights run as uint8 where this CPU needs it (``uint8_weights`` as in :meth:`OrtRuntime.load`)."""
+    path = Path(onnx_path)
+    source, _ = _session_source(path, uint8_weights)
+    return _create_session(path, options or session_options(), source)
+
+
+def _session_source(path: Path, uint8_weights: bool | None) -> tuple[str | bytes, int]:
+    """What the session loads: the file, or its bytes with the saturating weights as uint8; and how many."""
+    model, count = saturation_safe_model(path, uint8_weights)
+    return (str(path), 0) if model is None else (model.SerializeToString(), count)
+
+
+def _create_session(
+    path: Path, options: onnxruntime.SessionOptions, source: str | bytes | None = None
+) -> onnxruntime.InferenceSession:
     ort = _ort()
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=_PROVIDERS)
+        return ort.InferenceSession(source or str(path), sess_options=options, providers=_PROVIDERS)
     except _ort_errors() as err:
         raise QdqConfigError(f"onnxruntime cannot load {path}: {first_line(err)}") from None
 

@@ -1,0 +1,60 @@
+"""Running int8 weights exactly on CPUs whose int8 dot products saturate (x86 without VNNI, :mod:`qdq.cpu`).
+
+There, ONNX Runtime's U8S8 kernels and OpenVINO's int8 convolutions add pairs of ``u8 * s8`` products in
+int16 with saturation, and a weight of more than 64 levels can make them silently compute something else
+(seen on an AVX2 EPYC: ORT 35 output steps off on a small CNN, OpenVINO 15 % of the output range off).
+Before a backend compiles a model on such a CPU, :func:`saturation_safe_model` re-encodes those weights
+as uint8 with zero point 128 (:func:`qdq.export.ort_target.encode_weights_uint8`): the same dequantized
+values. ONNX Runtime runs them in its U8U8 kernels (int8 still, exact, somewhat slower); OpenVINO has no
+u8-weight int8 kernel and runs those layers in float (exact, without the int8 speed-up). Weights of at
+most 64 levels (``weight_bits <= 7``) stay int8 and run in the fast kernels, exactly, on both.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qdq.runtime.model_info import load_onnx
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["needs_uint8_weights", "saturation_safe_model"]
+
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+def needs_uint8_weights(uint8_weights: bool | None) -> bool:
+    """``uint8_weights``, or when None, whether this CPU's int8 dot products saturate."""
+    from qdq.cpu import int8_dot_saturates
+
+    return int8_dot_saturates() if uint8_weights is None else bool(uint8_weights)
+
+
+def saturation_safe_model(path: str | Path, uint8_weights: bool | None) -> tuple[onnx.ModelProto | None, int]:
+    """The model at ``path`` with its saturating int8 weights stored as uint8, and how many were; ``(None,
+    0)`` when the file runs as it is (nothing to re-encode, not asked to, or over protobuf's 2 GB limit).
+
+    Args:
+        path: an ONNX file.
+        uint8_weights: True: re-encode; False: never; None: when this CPU saturates.
+    """
+    if not needs_uint8_weights(uint8_weights):
+        return None, 0
+    from qdq.export.ort_target import encode_weights_uint8
+
+    model = load_onnx(path, external_data=True)
+    count = encode_weights_uint8(model)
+    if count == 0:
+        return None, 0
+    if model.ByteSize() >= _PROTOBUF_LIMIT:  # cannot be serialized in one piece
+        warnings.warn(
+            f"{Path(path).name} is over 2 GB, so its {count} saturating int8 weights are not re-encoded as uint8 "
+            "in memory, and this CPU's int8 kernels may saturate on them. Export it re-encoded instead: "
+            "export_onnx(..., target_options={'weights': 'uint8'}).",
+            stacklevel=3,
+        )
+        return None, 0
+    return model, count

@@ -1,0 +1,171 @@
+"""int8 weights stored as uint8 (zero point 128) for CPUs whose int8 dot products saturate.
+
+On an x86 CPU without VNNI, ONNX Runtime's U8S8 kernels add pairs of ``u8 * s8`` products in int16 with
+saturation. The graph below makes every pair saturate: activations at 255, weights at 127 (``255 * 127 * 2 =
+64770 > 32767``); its exact output is worked out by hand. Stored as uint8 (U8U8 kernels) it is exact on every
+CPU; as int8 it is exact only where the CPU has VNNI.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import qdq.cpu
+from qdq.errors import QdqConfigError
+from qdq.export.graph import GraphIndex
+from qdq.export.ort_target import WEIGHTS_METADATA_KEY, encode_weights_uint8, rewrite_for_onnxruntime
+from qdq.runtime.ort import inference_session, session_options
+from qdq.targets import get_target
+
+X_SCALE, W_SCALE, Y_SCALE = 1 / 255, 0.01, 0.5
+CHANNELS = 8  # 3x3 kernel over 8 channels: 72 products per output, 36 pairs
+
+
+def saturating_conv(weight_value: int = 127, *, float_weight: bool = False) -> onnx.ModelProto:
+    """``x -> Q(u8) -> DQ -> Conv(DQ(int8 weights)) -> Q(u8) -> DQ -> y``; with ``float_weight`` the weight is
+    ``Q(float) -> DQ`` (the tensorrt target's form) instead of a stored int8 initializer."""
+    w_int = np.full((2, CHANNELS, 3, 3), weight_value, np.int8)
+    constants = {
+        "x_scale": np.array(X_SCALE, np.float32), "x_zero": np.array(0, np.uint8),
+        "w_scale": np.array(W_SCALE, np.float32), "w_zero": np.array(0, np.int8),
+        "y_scale": np.array(Y_SCALE, np.float32), "y_zero": np.array(0, np.uint8),
+    }  # fmt: skip
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"]),
+    ]
+    if float_weight:
+        constants["w_float"] = w_int.astype(np.float32) * np.float32(W_SCALE)
+        nodes.append(helper.make_node("QuantizeLinear", ["w_float", "w_scale", "w_zero"], ["w_int"]))
+    else:
+        constants["w_int"] = w_int
+    nodes += [
+        helper.make_node("DequantizeLinear", ["w_int", "w_scale", "w_zero"], ["wd"]),
+        helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("QuantizeLinear", ["c", "y_scale", "y_zero"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "y_scale", "y_zero"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "saturating_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in constants.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+X = np.ones((1, CHANNELS, 4, 4), np.float32)  # quantized to 255 everywhere
+# Centre pixels see all 72 products: 255 * 127 * 72 * (1/255 * 0.01) = 91.44 -> Q at step 0.5: 183 -> 91.5.
+CENTRE = np.float32(183 * Y_SCALE)
+
+
+def run(model: onnx.ModelProto, *, optimize: bool = True, optimized: str | None = None) -> np.ndarray:
+    """ORT on the model as given (optimize: its int8 kernels; else the reference kernels); ``optimized``: where
+    to save the graph ORT ran."""
+    import onnxruntime as ort
+
+    level = "all" if optimize else "disable"
+    options = session_options(threads=1, optimization_level=level, optimized_model_path=optimized)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": X})[0]
+
+
+def test_hand_computed_value_from_the_reference_kernels():
+    out = run(saturating_conv(), optimize=False)
+    assert out[0, 0, 1, 1] == CENTRE and out[0, 1, 2, 2] == CENTRE
+
+
+@pytest.mark.parametrize("float_weight", [False, True], ids=["int8-initializer", "quantize-float"])
+def test_uint8_weights_are_exact_in_the_int8_kernels_of_every_cpu(float_weight, tmp_path):
+    model = saturating_conv(float_weight=float_weight)
+    reference = run(model, optimize=False)
+    encode_weights_uint8(model)
+    np.testing.assert_array_equal(run(model, optimized=str(tmp_path / "ran.onnx")), reference)
+    assert [n.op_type for n in onnx.load(str(tmp_path / "ran.onnx")).graph.node].count("QLinearConv") == 1
+
+
+@pytest.mark.skipif(not qdq.cpu.int8_dot_saturates(), reason="this CPU's int8 dot products do not saturate (VNNI)")
+def test_int8_weights_saturate_on_this_cpu():
+    # Why the encoding exists: the same graph with int8 weights, run by ORT's U8S8 kernels.
+    out = run(saturating_conv())
+    assert out[0, 0, 1, 1] < CENTRE * 0.75
+
+
+def test_encoding_keeps_every_dequantized_weight():
+    model = saturating_conv()
+    before = GraphIndex(model).array("w_int").astype(np.int32)
+    assert encode_weights_uint8(model) == 1
+    g = GraphIndex(model)
+    (dq,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and g.array(n.input[0]) is not None]
+    stored, zero = g.array(dq.input[0]), g.array(dq.input[2])
+    assert stored.dtype == zero.dtype == np.uint8 and int(zero) == 128
+    np.testing.assert_array_equal(stored.astype(np.int32) - 128, before)  # 127 -> 255 with zero point 128
+    assert g.array("w_zero") is None  # the int8 zero point is no longer used
+
+
+def test_the_quantize_form_gets_a_uint8_zero_point_on_both_nodes():
+    model = saturating_conv(float_weight=True)
+    assert encode_weights_uint8(model) == 1
+    g = GraphIndex(model)
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "w_float")
+    (dq,) = g.consumers[q.output[0]]
+    assert q.input[2] == dq.input[2] and g.array(q.input[2]).dtype == np.uint8 and int(g.array(q.input[2])) == 128
+
+
+def test_weights_within_64_levels_stay_int8():
+    # |w| <= 64: a pair sums to at most 255 * 128 = 32640, which fits int16 (7-bit and 4-bit weights)
+    model = saturating_conv(weight_value=64)
+    assert encode_weights_uint8(model) == 0
+    assert GraphIndex(model).array("w_int").dtype == np.int8
+    assert encode_weights_uint8(saturating_conv(weight_value=-65)) == 1
+    assert encode_weights_uint8(saturating_conv(weight_value=64), only_saturating=False) == 1
+
+
+def test_activations_are_left_alone():
+    model = saturating_conv()
+    encode_weights_uint8(model)
+    g = GraphIndex(model)
+    assert g.array("x_zero").dtype == np.uint8 and int(g.array("x_zero")) == 0
+    assert g.array("y_zero").dtype == np.uint8 and int(g.array("y_zero")) == 0
+
+
+@pytest.mark.parametrize(("weights", "dtype"), [("int8", np.int8), ("uint8", np.uint8)])
+def test_the_rewrite_option_sets_and_records_the_encoding(weights, dtype):
+    model = saturating_conv()
+    counts = rewrite_for_onnxruntime(model, weights=weights)
+    assert counts["uint8_weights"] == int(weights == "uint8")
+    g = GraphIndex(model)
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    assert g.array(g.producer[conv.input[1]].input[0]).dtype == dtype
+    assert {p.key: p.value for p in model.metadata_props}[WEIGHTS_METADATA_KEY] == weights
+
+
+def test_auto_follows_this_cpu(monkeypatch):
+    for saturates, expected in ((True, "uint8"), (False, "int8")):
+        monkeypatch.setattr(qdq.cpu, "int8_dot_saturates", lambda s=saturates: s)
+        model = saturating_conv()
+        rewrite_for_onnxruntime(model)
+        assert {p.key: p.value for p in model.metadata_props}[WEIGHTS_METADATA_KEY] == expected
+
+
+def test_bad_options_raise_one_clear_error():
+    with pytest.raises(QdqConfigError, match="weights must be one of"):
+        rewrite_for_onnxruntime(saturating_conv(), weights="u8")
+    with pytest.raises(QdqConfigError, match=r"takes the export options \['weights'\].*'wieghts'"):
+        get_target("onnxruntime").rewrite_onnx(saturating_conv(), wieghts="int8")
+    with pytest.raises(QdqConfigError, match="no ONNX rewrite"):
+        get_target("tensorrt").rewrite_onnx(saturating_conv(), weights="int8")
+
+
+def test_runtime_session_reencodes_in_memory(tmp_path):
+    path = tmp_path / "sat.onnx"
+    onnx.save(saturating_conv(), str(path))
+    session = inference_session(path, session_options(threads=1), uint8_weights=True)
+    out = session.run(None, {"x": X})[0]
+    assert out[0, 0, 1, 1] == CENTRE
+    assert GraphIndex(onnx.load(str(path))).array("w_int").dtype == np.int8  # the file is not changed
