@@ -8,7 +8,13 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-pytest.importorskip("tensorflow", reason="the Keras front end needs TensorFlow: pip install 'qdq[tf]'")
+from qdq.errors import QdqBackendUnavailable
+from qdq.keras import _backend
+
+try:
+    _backend.tf()  # imports Triton first where it is installed: imported after TensorFlow it crashes
+except QdqBackendUnavailable:
+    pytest.skip("the Keras front end needs TensorFlow: pip install 'qdq[tf]'", allow_module_level=True)
 pytest.importorskip("tf2onnx", reason="the Keras export needs tf2onnx: pip install 'qdq[tf]'")
 
 sys.path.insert(0, str(Path(__file__).parent))

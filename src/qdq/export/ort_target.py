@@ -9,6 +9,8 @@ quantized value of the model and changes only the encoding:
    eps)`` multiplies the weight *scale* (the int8 weights are unchanged; negated where ``k < 0``), and the
    bias becomes ``(b - mean) * k + beta``. This is what TensorRT does internally; it is exact up to float32
    rounding of ``scale * k`` (one ulp), not bit for bit. Channels with ``k = 0`` get zero int8 weights instead.
+   Likewise an ``Add`` of one constant per output channel right after a Conv (a bias tf2onnx wrote apart)
+   becomes the Conv's bias.
 3. **Zero masks after a Conv**: a quantizer with ``amax <= 2**-24`` gives zeros; its export multiplies the
    input by a 0/1 mask before the Q (``mode.py``). A constant mask Mul right after a Conv (possibly through a
    Relu, or a Clip whose range holds 0) is folded into the Conv: the masked output channels get zero int8
@@ -32,7 +34,10 @@ quantized value of the model and changes only the encoding:
    runs as ``QLinearGlobalAveragePool`` between a DQ and a Q (it has no int8 ReduceMean). Exact up to the
    float summation order. A ``Flatten`` after it (the TorchScript exporter's) becomes the equal ``Reshape``,
    which ORT moves the next Q across.
-8. **Weights on CPUs whose int8 dot products saturate**: on x86 without VNNI, ORT's U8S8 kernels add pairs
+8. **Dense layers**: ``MatMul(x, DQ(W [K, N])) [+ constant bias]`` with a 2-D ``x`` (how Keras writes Dense)
+   becomes ``Gemm(x, DQ(W.T), bias, transB=1)``, ORT's ``QGemm`` pattern (step 5 then makes its bias int32).
+   The same product; the transposed weight keeps its integers and scales.
+9. **Weights on CPUs whose int8 dot products saturate**: on x86 without VNNI, ORT's U8S8 kernels add pairs
    of ``u8 * s8`` products in int16 with saturation and silently compute something else (:mod:`qdq.cpu`).
    With ``weights="uint8"`` (chosen by ``"auto"`` on such a CPU) every int8 weight whose integers leave
    ``[-64, 64]`` is stored as uint8 with zero point 128: the same dequantized values, run by ORT's U8U8
@@ -192,6 +197,44 @@ def _fold_batchnorms(g: GraphIndex) -> int:
             continue
         if _fold_bn(g, conv, bn, dq):
             done.append(bn)
+    g.remove(done)
+    return len(done)
+
+
+def _channel_constant(value: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
+    """``value`` as one number per channel (axis 1 of a rank-``rank`` tensor), when it broadcasts that way."""
+    if value.ndim > rank:
+        return None
+    shape = (1,) * (rank - value.ndim) + value.shape
+    if shape[0] != 1 or any(n != 1 for n in shape[2:]) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1), (channels,))
+
+
+def _fold_bias_adds(g: GraphIndex) -> int:
+    """``Conv -> Add(constant, one value per output channel)`` becomes the Conv's bias (tf2onnx writes the
+    bias of a Conv on 1x1 feature maps as such an Add); ORT fuses only a Conv whose bias is an input."""
+    done = []
+    for conv in list(g.graph.node):
+        add = g.single_reader(conv.output[0]) if conv.op_type == "Conv" else None
+        dq = _weight_dq(g, conv) if add is not None and add.op_type == "Add" else None
+        others = [name for name in add.input if name != conv.output[0]] if dq is not None else []
+        value = g.array(others[0]) if len(others) == 1 else None
+        bias = g.const_input(conv, 2) if len(conv.input) > 2 and conv.input[2] else None
+        if value is None or (len(conv.input) > 2 and conv.input[2] and bias is None):
+            continue
+        weight = g.array(dq.input[0])  # type: ignore[union-attr]
+        per_channel = _channel_constant(value, weight.ndim, weight.shape[0])  # type: ignore[union-attr]
+        if per_channel is None:
+            continue
+        total = per_channel.astype(np.float32) + (0 if bias is None else bias.astype(np.float32))
+        name = g.add_const(conv.name + "_bias_folded", total.astype(np.float32))
+        if len(conv.input) > 2:
+            conv.input[2] = name
+        else:
+            conv.input.append(name)
+        conv.output[0] = add.output[0]
+        done.append(add)
     g.remove(done)
     return len(done)
 
@@ -556,7 +599,75 @@ def _flatten_pools(g: GraphIndex) -> int:
     return count
 
 
-# ------------------------------------------------------------ 8. weights on CPUs whose int8 dot saturates
+# ------------------------------------------------------------------------------- 8. dense layers
+def _inferred_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Rank of every tensor ONNX shape inference can tell (on a copy; the model keeps its value_info)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, RuntimeError):
+        return {}
+    return _ranks(GraphIndex(inferred))
+
+
+def _dense_weight(g: GraphIndex, matmul: Any) -> tuple[Any, np.ndarray] | None:
+    """The DQ of a 2-D int8 constant ``[K, N]`` read only by ``matmul`` (per tensor or per column N), and it."""
+    dq = g.producer.get(matmul.input[1])
+    if dq is None or dq.op_type != "DequantizeLinear" or g.single_reader(dq.output[0]) is not matmul:
+        return None
+    w, scale = g.const_input(dq, 0), g.const_input(dq, 1)
+    if w is None or scale is None or w.ndim != 2 or w.dtype not in (np.int8, np.uint8):
+        return None
+    if scale.ndim == 1 and _attr(dq, "axis", 1) % 2 != 1:
+        return None
+    return dq, w
+
+
+def _bias_add(g: GraphIndex, matmul: Any, columns: int) -> tuple[Any, str] | None:
+    """The ``Add`` of a constant ``[N]`` bias that alone reads ``matmul``'s output, and the bias's name."""
+    add = g.single_reader(matmul.output[0])
+    if add is None or add.op_type != "Add":
+        return None
+    other = [name for name in add.input if name != matmul.output[0]]
+    bias = g.array(other[0]) if len(other) == 1 else None
+    return (add, other[0]) if bias is not None and bias.shape == (columns,) else None
+
+
+def _matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
+    """``MatMul(x, DQ(W [K, N])) [+ bias]`` with a 2-D ``x`` becomes ``Gemm(x, DQ(W.T), bias, transB=1)``.
+
+    The same product, written as ORT's QGemm pattern (Keras Dense layers export as MatMul + Add; QGemm takes
+    a float output where no Q follows, like the classifier). The transposed weight keeps its integers, and its
+    per-column scales move to axis 0.
+    """
+    from onnx import helper
+
+    matmuls = [n for n in g.graph.node if n.op_type == "MatMul"]
+    ranks = _inferred_ranks(model) if matmuls else {}
+    done = []
+    for matmul in matmuls:
+        found = _dense_weight(g, matmul) if ranks.get(matmul.input[0]) == 2 else None
+        if found is None:
+            continue
+        dq, w = found
+        dq.input[0] = g.add_const(dq.input[0] + "_transposed", np.ascontiguousarray(w.T))
+        if g.array(dq.input[1]).ndim == 1:  # type: ignore[union-attr]
+            _set_axis(dq, 0)
+        inputs, output = [matmul.input[0], dq.output[0]], matmul.output[0]
+        bias = _bias_add(g, matmul, w.shape[1])
+        if bias is not None:
+            inputs.append(bias[1])
+            output = bias[0].output[0]
+            done.append(bias[0])
+        gemm = helper.make_node("Gemm", inputs, [output], name=(matmul.name or "matmul") + "/Gemm", transB=1)
+        g.insert(matmul, gemm)
+        done.append(matmul)
+    g.remove(done)
+    return len(done) - sum(n.op_type == "Add" for n in done)
+
+
+# ------------------------------------------------------------ 9. weights on CPUs whose int8 dot saturates
 #: the ``weights`` option of :func:`rewrite_for_onnxruntime`
 WEIGHT_ENCODINGS = ("auto", "int8", "uint8")
 #: ops whose constant input ORT multiplies as an int8 weight (QLinearConv, QGemm, QLinearMatMul)
@@ -705,16 +816,16 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = "auto") ->
 
     Args:
         model: the exported Q/DQ graph.
-        weights: how weights are stored (step 8): ``"int8"`` (U8S8 kernels: the fastest on CPUs with VNNI
+        weights: how weights are stored (step 9): ``"int8"`` (U8S8 kernels: the fastest on CPUs with VNNI
             and on ARM, saturating on other x86 CPUs), ``"uint8"`` (U8U8: exact on every CPU), or ``"auto"``
             (default): ``"uint8"`` when the CPU doing the export saturates (:func:`qdq.cpu.int8_dot_saturates`).
             The choice is recorded as model metadata ``qdq.ort_weights``; :mod:`qdq.runtime` re-encodes an
             int8 file in memory when it runs on a CPU that saturates.
 
     Returns:
-        How many of each rewrite were made: ``pools``, ``weights``, ``batchnorms``, ``masks``, ``uint8``,
-        ``biases``, ``duplicates``, ``requantizations``, ``float_biases``, ``uint8_weights``; and
-        ``float_convs``, the Convs ORT cannot fuse (warned).
+        How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
+        ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
+        ``uint8_weights``; and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = _resolve_weights(weights)
     tidy(model)
@@ -722,7 +833,9 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = "auto") ->
     counts = {
         "pools": _global_pools(g) + _flatten_pools(g),
         "weights": _fold_weight_quantizers(g),
+        "gemms": _matmuls_to_gemm(model, g),
         "batchnorms": _fold_batchnorms(g),
+        "bias_adds": _fold_bias_adds(g),
         "masks": _fold_zero_masks(g) + _drop_masks_of_zeros(g),
         "duplicates": _merge_duplicate_pairs(g),
         "uint8": _activations_to_uint8(g),
@@ -749,9 +862,10 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = "auto") ->
         if unquantized:
             warnings.warn(
                 f"{len(unquantized)} Conv(s) will run in float on ONNX Runtime (e.g. {unquantized[0]}): their "
-                "output has no quantizer (or their input/weight none). Quantize the model with "
-                "model = qdq.quantize_model(model, qdq.QuantConfig(target='onnxruntime')) before calibrating to "
-                "run every Conv in int8.",
+                "output has no quantizer (or their input/weight none). Quantize the model for this target before "
+                "calibrating to run every Conv in int8: model = qdq.quantize_model(model, "
+                "qdq.QuantConfig(target='onnxruntime')), or for Keras qdq.keras.quantize_model(model, "
+                "target='onnxruntime').",
                 stacklevel=3,
             )
     counts["uint8_weights"] = encode_weights_uint8(model) if encoding == "uint8" else 0

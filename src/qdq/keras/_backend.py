@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.util
 import os
+import sys
 from typing import Any
 
 from qdq.errors import QdqBackendUnavailable
@@ -11,10 +14,21 @@ from qdq.errors import QdqBackendUnavailable
 _HINT = "install the TensorFlow extra: pip install 'qdq[tf]' (TensorFlow >= 2.16 with Keras 3, and tf2onnx)"
 
 
+def _import_triton_first() -> None:
+    """Import Triton now if it is installed (it comes with torch's CUDA builds): imported *after* TensorFlow,
+    loading its native library crashes the process (segmentation fault, seen with TensorFlow 2.21 and Triton
+    3.x), and torch imports it late (``torch.compile``, torchvision's ops)."""
+    if importlib.util.find_spec("triton") is not None:
+        with contextlib.suppress(Exception):  # a broken Triton is torch's business; TensorFlow does not need it
+            import triton  # noqa: F401
+
+
 @functools.cache
 def tf() -> Any:
     """The ``tensorflow`` module (Keras 3 on the TensorFlow backend)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner, not errors
+    if "tensorflow" not in sys.modules:
+        _import_triton_first()
     try:
         import tensorflow
     except ImportError as err:

@@ -62,20 +62,22 @@ def calibrate(
     if not sites:
         raise QdqConfigError("calibrate found no quantized inputs: quantize the model with qdq.keras.quantize_model.")
     tensors = list({id(t): t for t, _ in sites}.values())
-    calibrators = {id(t): _calibrator(method, num_bins) for t in tensors}
+    # one calibrator per tensor and grid: a tensor two wrappers read the same way gets one range
+    calibrators = {_key(t, w, p): _calibrator(method, num_bins, *_key(t, w, p)[1:]) for t, (w, _, p) in sites}
     n_batches = _collect(model, tensors, calibrators, data, num_batches)
     if n_batches == 0:
         raise QdqConfigError("calibrate got no data: pass at least one batch.")
     options = {"percentile": percentile} if method == "percentile" else {}
-    ranges: dict[int, float] = {}
+    ranges: dict[tuple[int, int, bool], float] = {}
     for key, cal in calibrators.items():
         amax = cal.compute_amax(method, **options) if method != "max" else cal.compute_amax()
         ranges[key] = float(amax)
     result = {}
     for tensor, (wrapper, slot, position) in sites:
-        wrapper.input_amax[slot].assign(ranges[id(tensor)])
+        amax = ranges[_key(tensor, wrapper, position)]
+        wrapper.input_amax[slot].assign(amax)
         wrapper.calibrated = True
-        result[f"{wrapper.name}/input_{position}"] = ranges[id(tensor)]
+        result[f"{wrapper.name}/input_{position}"] = amax
     _forget_traced_functions(model)
     return result
 
@@ -91,12 +93,18 @@ def _sites(model: Any, wrappers: list[Any]) -> list[tuple[Any, tuple[Any, int, i
     return sites
 
 
-def _calibrator(method: str, num_bins: int | None) -> Any:
+def _key(tensor: Any, wrapper: Any, position: int) -> tuple[int, int, bool]:
+    """The calibrator of a site: its tensor, its bit width and whether it is unsigned."""
+    return id(tensor), wrapper.num_bits, position in wrapper.unsigned_indices
+
+
+def _calibrator(method: str, num_bins: int | None, num_bits: int, unsigned: bool) -> Any:
     from qdq.calib import HistogramCalibrator, MaxCalibrator
 
     if method == "max":
-        return MaxCalibrator()
-    return HistogramCalibrator() if num_bins is None else HistogramCalibrator(num_bins=num_bins)
+        return MaxCalibrator(num_bits, unsigned=unsigned)
+    bins = {} if num_bins is None else {"num_bins": num_bins}
+    return HistogramCalibrator(num_bits, unsigned=unsigned, **bins)
 
 
 def _batches(data: Any) -> Iterable[Any]:
@@ -111,7 +119,7 @@ def _inputs_of(batch: Any) -> Any:
     return batch
 
 
-def _collect(model: Any, tensors: list[Any], calibrators: dict[int, Any], data: Any, limit: int | None) -> int:
+def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data: Any, limit: int | None) -> int:
     """Run the float model over the batches, feeding each site's calibrator; the number of batches."""
     import torch
 
@@ -121,6 +129,9 @@ def _collect(model: Any, tensors: list[Any], calibrators: dict[int, Any], data: 
     if isinstance(data, (str, bytes)) or not hasattr(_batches(data), "__iter__"):
         raise QdqTypeError(f"calibrate needs an iterable of batches, got {type(data).__name__}.")
     probe = keras().Model(model.inputs, tensors)
+    by_tensor: dict[int, list[tuple]] = {}
+    for key in calibrators:
+        by_tensor.setdefault(key[0], []).append(key)
     wrappers = wrappers_of(model)
     for wrapper in wrappers:
         wrapper.bypass = True
@@ -130,7 +141,9 @@ def _collect(model: Any, tensors: list[Any], calibrators: dict[int, Any], data: 
             outputs = probe.predict_on_batch(_inputs_of(batch))
             outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
             for tensor, value in zip(tensors, outputs):
-                calibrators[id(tensor)].collect(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+                batch_values = torch.from_numpy(np.asarray(value, dtype=np.float32))
+                for key in by_tensor[id(tensor)]:
+                    calibrators[key].collect(batch_values)
             count += 1
     finally:
         for wrapper in wrappers:

@@ -8,9 +8,11 @@
    (what TensorRT's explicit quantization needs; NVIDIA's toolkit does the same);
 3. puts the layout ops tf2onnx writes on the Q/DQ paths out of the way, exactly: a weight's
    ``Q -> DQ -> Reshape/Transpose -> Conv`` becomes one per-channel ``Q -> DQ -> Conv`` on the reshaped
-   kernel, and an activation's ``Q -> DQ -> Transpose`` becomes ``Transpose -> Q -> DQ`` (per-tensor
-   Q/DQ commutes with a transpose);
-4. finishes like every qdq export (:func:`qdq.export.onnx_export.finish_onnx`): ``input``/``output``
+   kernel, and an activation's ``Q -> DQ -> Transpose`` (or ``Reshape``, which tf2onnx writes for a
+   transpose of 1x1 feature maps) becomes ``Transpose -> Q -> DQ`` (per-tensor Q/DQ commutes with both);
+4. drops Reshapes that leave their input's shape unchanged (tf2onnx writes them for transposes of 1x1
+   feature maps; between a Conv and its Q/DQ they would keep ONNX Runtime from fusing the Conv);
+5. finishes like every qdq export (:func:`qdq.export.onnx_export.finish_onnx`): ``input``/``output``
    names, the target's rewrite (``"onnxruntime"``: int8 kernels of ONNX Runtime's CPU provider),
    ``onnx.checker``, an atomic write.
 
@@ -38,7 +40,7 @@ _LAYOUT_OPS = frozenset({"Reshape", "Transpose"})
 def export_onnx(
     model: Any,
     path: str | Path,
-    target: str = "tensorrt",
+    target: str | None = None,
     *,
     opset: int = 13,
     fold_bn: bool = True,
@@ -49,29 +51,48 @@ def export_onnx(
     Args:
         model: a model from :func:`qdq.keras.quantize_model`, calibrated (:func:`qdq.keras.calibrate`).
         path: the ``.onnx`` file (replaced atomically).
-        target: ``"tensorrt"`` or ``"onnxruntime"`` (any name in :mod:`qdq.targets`).
+        target: ``"tensorrt"`` or ``"onnxruntime"`` (any name in :mod:`qdq.targets`). None (default): the
+            target the model was quantized for (``quantize_model(target=...)``), else ``"tensorrt"``.
         opset: ONNX opset, >= 13 (per-channel scales).
         fold_bn: fold BatchNormalization into the quantized convs first (recommended).
         target_options: options of the target's ONNX rewrite, as in :func:`qdq.export.export_onnx`
             (``"onnxruntime"``: ``{"weights": "auto" | "int8" | "uint8"}``).
 
     Raises:
-        QdqExportError: an uncalibrated quantized input, an opset below 13, or a failed conversion.
+        QdqExportError: an uncalibrated quantized input, an opset below 13, a target other than the one the
+            model was quantized for, or a failed conversion.
     """
     from qdq.export.onnx_export import finish_onnx
     from qdq.keras.fold import fold_batchnorms
     from qdq.targets import get_target
 
     check_graph_model(model, "export_onnx")
-    spec = get_target(target)
+    spec = get_target(_target_for(model, target))
     if opset < 13:
         raise QdqExportError(f"per-channel Q/DQ needs ONNX opset >= 13, got opset={opset}.")
     _check_calibrated(model)
     exported = fold_batchnorms(model) if fold_bn else model
     proto = _convert(exported, opset)
     _weights_through_layout(proto)
-    _transposes_before_q(proto)
+    _drop_identity_reshapes(proto)
+    _layout_before_q(proto)
     return finish_onnx(proto, path, spec, opset=opset, target_options=target_options)
+
+
+def _target_for(model: Any, requested: str | None) -> str:
+    from qdq.keras.placement import placed_target
+    from qdq.targets import DEFAULT_TARGET
+
+    placed = placed_target(model)
+    if requested is None:
+        return placed or DEFAULT_TARGET
+    if placed is not None and placed != requested:
+        raise QdqExportError(
+            f"model {model.name!r} was quantized for target {placed!r} and cannot be exported for {requested!r}: "
+            f"its Q/DQ are where {placed} needs them. Export it with target={placed!r} (or no target), or "
+            f"quantize the float model again with qdq.keras.quantize_model(model, target={requested!r})."
+        )
+    return requested
 
 
 def _check_calibrated(model: Any) -> None:
@@ -172,8 +193,55 @@ def _node(g: Any, name: str) -> Any:
     return next(node for node in g.nodes if node.name == name)
 
 
-def _transposes_before_q(proto: Any) -> int:
-    """Per-tensor ``Q -> DQ -> Transpose`` -> ``Transpose -> Q -> DQ`` (exact: the same values, moved)."""
+def _static_shapes(proto: Any) -> dict[str, list[int | None]]:
+    """Shape of every tensor shape inference can tell (None for a symbolic dimension)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except (onnx.shape_inference.InferenceError, RuntimeError):
+        return {}
+    shapes = {}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tensor_type = value.type.tensor_type
+        if tensor_type.HasField("shape"):
+            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+    return shapes
+
+
+def _keeps_shape(shape: list[int | None], target: np.ndarray) -> bool:
+    """Does ``Reshape(x, target)`` return ``x`` as it is, for ``x`` of ``shape`` (None: unknown size)?"""
+    if len(shape) != target.size or int(np.sum(target == -1)) > 1:
+        return False
+    return all(t in (0, -1) or (d is not None and d == t) for d, t in zip(shape, target.tolist()))
+
+
+def _drop_identity_reshapes(proto: Any) -> int:
+    """Remove each Reshape whose constant target is its input's own shape (rewire its readers)."""
+    from qdq.export.graph import GraphIndex
+
+    g = GraphIndex(proto)
+    reshapes = [n for n in g.nodes if n.op_type == "Reshape" and n.output[0] not in g.outputs]
+    shapes = _static_shapes(proto) if reshapes else {}
+    done = []
+    for node in reshapes:
+        target, shape = g.const_input(node, 1), shapes.get(node.input[0])
+        if target is not None and shape is not None and not _attr_allowzero(node) and _keeps_shape(shape, target):
+            g.rewire(node.output[0], node.input[0])
+            done.append(node)
+    g.remove(done)
+    return len(done)
+
+
+def _attr_allowzero(node: Any) -> bool:
+    from qdq.export.ort_target import _attr
+
+    return bool(_attr(node, "allowzero", 0))
+
+
+def _layout_before_q(proto: Any) -> int:
+    """Per-tensor ``Q -> DQ -> Transpose/Reshape`` -> ``Transpose/Reshape -> Q -> DQ`` (exact: the same values,
+    moved), so that a Conv reads its DQ directly."""
     from qdq.export.graph import GraphIndex
 
     g = GraphIndex(proto)
@@ -181,9 +249,9 @@ def _transposes_before_q(proto: Any) -> int:
     for dq_name in [n.name for n in g.nodes if n.op_type == "DequantizeLinear"]:
         dq = _node(g, dq_name)
         q = g.producer.get(dq.input[0])
-        transpose = g.single_reader(dq.output[0])
+        layout = g.single_reader(dq.output[0])
         scale = g.const_input(dq, 1)
-        if q is None or q.op_type != "QuantizeLinear" or transpose is None or transpose.op_type != "Transpose":
+        if q is None or q.op_type != "QuantizeLinear" or layout is None or layout.op_type not in _LAYOUT_OPS:
             continue
         if (
             scale is None
@@ -192,16 +260,16 @@ def _transposes_before_q(proto: Any) -> int:
             or g.const_input(q, 0) is not None
         ):
             continue
-        source, moved_name, result = q.input[0], g.unique("transposed"), transpose.output[0]
-        stale = {q.output[0], dq.output[0]}  # their recorded shapes were of the untransposed layout
+        source, moved_name, result = q.input[0], g.unique("laid_out"), layout.output[0]
+        stale = {q.output[0], dq.output[0]}  # their recorded shapes were of the other layout
         kept = [v for v in g.graph.value_info if v.name not in stale]
         del g.graph.value_info[:]
         g.graph.value_info.extend(kept)
-        transpose.input[0], transpose.output[0] = source, moved_name
+        layout.input[0], layout.output[0] = source, moved_name
         q.input[0], dq.output[0] = moved_name, result
-        node = type(transpose)()
-        node.CopyFrom(transpose)
-        g.graph.node.remove(transpose)
+        node = type(layout)()
+        node.CopyFrom(layout)
+        g.graph.node.remove(layout)
         g.insert(q, node)
         g.refresh()
         moved += 1

@@ -21,6 +21,9 @@ from qdq.keras.graph import consumers, producers
 __all__ = ["fold_batchnorms", "foldable_pairs"]
 
 _FOLDABLE = ("Conv2DQuantizeWrapper", "DepthwiseConv2DQuantizeWrapper")
+# what a QuantizeWrapper's config holds besides the layer (its constructor's parameters)
+_WRAPPER_SETTINGS = ("quantize_inputs", "input_indices", "quantize_weight", "num_bits", "calibrated",
+                     "unsigned_indices", "target")  # fmt: skip
 
 
 def _folded_placeholder(name: str) -> Any:
@@ -74,12 +77,8 @@ def _folded_conv(wrapper: Any, bn: Any) -> Any:
     bias = np.asarray(inner.bias.numpy(), np.float64) if inner.use_bias else 0.0
     layer.kernel.assign(kernel.astype(np.float32))
     layer.bias.assign((bias * factor + shift).astype(np.float32))
-    config = wrapper.get_config()
-    folded = type(wrapper)(
-        layer, config["quantize_inputs"], config["input_indices"], config["quantize_weight"],
-        num_bits=config["num_bits"], calibrated=config["calibrated"], name=wrapper.name,
-    )  # fmt: skip
-    return folded
+    settings = {k: v for k, v in wrapper.get_config().items() if k in _WRAPPER_SETTINGS}
+    return type(wrapper)(layer, name=wrapper.name, **settings)
 
 
 def fold_batchnorms(model: Any) -> Any:

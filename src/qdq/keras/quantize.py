@@ -19,24 +19,18 @@ return entries that are added after the user's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.keras.graph import check_graph_model, producers
+from qdq.keras.placement import LayerPlan, apply_rules, split_activations
 from qdq.keras.spec import LayerConfig, QuantizationSpec
+from qdq.targets import get_target
 from qdq.validate import check_num_bits
 
 __all__ = ["QUANTIZATION_MODES", "quantize_model"]
 
 QUANTIZATION_MODES = ("full", "partial")
-
-
-@dataclass(frozen=True)
-class _Plan:
-    quantize_inputs: bool
-    input_indices: tuple[int, ...] | None
-    quantize_weight: bool
 
 
 def quantize_model(
@@ -46,6 +40,7 @@ def quantize_model(
     custom_qdq_cases: Sequence[Any] | None = None,
     *,
     num_bits: int = 8,
+    target: str | None = None,
 ) -> Any:
     """A copy of ``model`` with Q/DQ wrappers on the layers the mode, spec and cases select.
 
@@ -56,6 +51,11 @@ def quantize_model(
         custom_qdq_cases: :class:`~qdq.keras.cases.CustomQDQInsertionCase` instances, e.g.
             ``[ResNetV1QDQCase()]`` for TensorRT's residual fusion.
         num_bits: width of the signed integer grid (8 for int8; 4 to simulate int4).
+        target: the runtime the model is quantized for (:mod:`qdq.targets`): ``"tensorrt"`` (the toolkit's
+            placement: Q/DQ on inputs and weights only, residual adds by the cases) or ``"onnxruntime"``
+            (also the conv outputs, every input of adds, unsigned post-ReLU ranges: what ORT's int8 kernels
+            need, :mod:`qdq.keras.placement`). The model remembers it; :func:`qdq.keras.export_onnx` exports
+            for it. None (default): the toolkit's placement, exportable for any target.
 
     Returns:
         The quantized model. Calibrate it (:func:`qdq.keras.calibrate`) before training or export.
@@ -68,6 +68,8 @@ def quantize_model(
 
     check_graph_model(model, "quantize_model")
     check_num_bits(num_bits)
+    if target is not None:
+        get_target(target)  # an unknown target raises, listing the registered ones
     if quantization_mode not in QUANTIZATION_MODES:
         raise QdqConfigError(
             f"quantization_mode must be one of {QUANTIZATION_MODES}, got {quantization_mode!r}."
@@ -77,8 +79,12 @@ def quantize_model(
     if quantization_mode == "partial" and not len(spec):
         raise QdqConfigError("quantization_mode='partial' quantizes only the layers a spec or case names; give one.")
     _validate(model, spec, wrapper_for)
+    if target is not None and "conv_output" in get_target(target).placement_rules:
+        model = split_activations(model)
     plans = _plans(model, spec, quantization_mode, wrapper_for)
-    return _wrapped_copy(model, plans, num_bits, wrapper_for)
+    if target is not None:
+        plans = apply_rules(model, plans, target)
+    return _wrapped_copy(model, plans, num_bits, target)
 
 
 def _combined_spec(model: Any, user: QuantizationSpec | None, cases: Sequence[Any] | None) -> QuantizationSpec:
@@ -143,11 +149,11 @@ def _is_float_entry(entry: LayerConfig) -> bool:
     return not entry.quantize_input and not entry.quantize_weight and entry.quantization_index is None
 
 
-def _plans(model: Any, spec: QuantizationSpec, mode: str, wrapper_for: Any) -> dict[str, _Plan]:
+def _plans(model: Any, spec: QuantizationSpec, mode: str, wrapper_for: Any) -> dict[str, LayerPlan]:
     from qdq.keras.wrappers import OFF_BY_DEFAULT
 
     named, classes = spec.by_name(), spec.classes()
-    plans: dict[str, _Plan] = {}
+    plans: dict[str, LayerPlan] = {}
     for layer in model.layers:
         wrapper = wrapper_for(layer)
         if wrapper is None:
@@ -157,27 +163,30 @@ def _plans(model: Any, spec: QuantizationSpec, mode: str, wrapper_for: Any) -> d
         if entry is not None:
             if _is_float_entry(entry):
                 continue
-            plans[layer.name] = _Plan(
-                entry.quantize_input or entry.quantization_index is not None,
-                entry.quantization_index,
-                entry.quantize_weight,
+            indices = None if entry.quantization_index is None else tuple(entry.quantization_index)
+            plans[layer.name] = LayerPlan(
+                entry.quantize_input or entry.quantization_index is not None, indices, entry.quantize_weight
             )
         elif class_name in classes or (mode == "full" and class_name not in OFF_BY_DEFAULT):
-            plans[layer.name] = _Plan(True, None, True)
+            plans[layer.name] = LayerPlan(True, None, True)
     return plans
 
 
-def _wrapped_copy(model: Any, plans: dict[str, _Plan], num_bits: int, wrapper_for: Any) -> Any:
+def _wrapped_copy(model: Any, plans: dict[str, LayerPlan], num_bits: int, target: str | None) -> Any:
     """Clone ``model`` with new layers (wrapped where planned), then copy every layer's weights."""
     from qdq.keras._backend import keras
+    from qdq.keras.wrappers import QuantizeWrapper, wrapper_for
 
     def clone(layer: Any) -> Any:
         fresh = type(layer).from_config(layer.get_config())
         plan = plans.get(layer.name)
         if plan is None:
             return fresh
-        wrapper = wrapper_for(layer)
-        return wrapper(fresh, plan.quantize_inputs, plan.input_indices, plan.quantize_weight, num_bits=num_bits)
+        wrapper = wrapper_for(layer) or QuantizeWrapper  # the placement rules may quantize any layer's input
+        return wrapper(
+            fresh, plan.quantize_inputs, plan.input_indices, plan.quantize_weight, num_bits=num_bits,
+            unsigned_indices=sorted(plan.unsigned), target=target,
+        )  # fmt: skip
 
     quantized = keras().models.clone_model(model, clone_function=clone)
     originals = {layer.name: layer for layer in model.layers}

@@ -29,15 +29,20 @@ __all__ = ["AMAX_EPSILON", "dynamic_amax", "fake_quant", "weight_amax"]
 AMAX_EPSILON = 2.0**-24
 
 
-def fake_quant(x: Any, amax: Any, num_bits: int = 8, axis: int | None = None) -> Any:
-    """Quantize-dequantize ``x`` with range ``amax`` (scalar, or 1-D along non-negative ``axis``)."""
+def fake_quant(x: Any, amax: Any, num_bits: int = 8, axis: int | None = None, *, unsigned: bool = False) -> Any:
+    """Quantize-dequantize ``x`` with range ``amax`` (scalar, or 1-D along non-negative ``axis``).
+
+    ``unsigned`` (per tensor only): the grid ``step * [0, 2**num_bits - 1]`` with ``step = amax / (2**num_bits -
+    1)``, negative values to 0; tf2onnx writes it as uint8 Q/DQ with zero point 0.
+    """
     t = tf()
     dtype = x.dtype
     x32 = x if dtype == t.float32 else t.cast(x, t.float32)
     amax = t.maximum(t.cast(amax, t.float32), AMAX_EPSILON)
     if axis is None:
+        low = t.zeros_like(amax) if unsigned else -amax
         y = t.quantization.quantize_and_dequantize_v2(
-            x32, -amax, amax, num_bits=num_bits, signed_input=True, range_given=True, narrow_range=False
+            x32, low, amax, num_bits=num_bits, signed_input=not unsigned, range_given=True, narrow_range=False
         )
     else:
         y = t.raw_ops.QuantizeAndDequantizeV3(
@@ -47,10 +52,11 @@ def fake_quant(x: Any, amax: Any, num_bits: int = 8, axis: int | None = None) ->
     return y if dtype == t.float32 else t.cast(y, dtype)
 
 
-def dynamic_amax(x: Any) -> Any:
-    """``max|x|`` of this batch, without gradient (the range of an uncalibrated activation)."""
+def dynamic_amax(x: Any, unsigned: bool = False) -> Any:
+    """``max|x|`` (``max(x, 0)`` if ``unsigned``) of this batch, without gradient (an uncalibrated range)."""
     t = tf()
-    return t.stop_gradient(t.reduce_max(t.abs(t.cast(x, t.float32))))
+    x = t.cast(x, t.float32)
+    return t.stop_gradient(t.reduce_max(t.nn.relu(x) if unsigned else t.abs(x)))
 
 
 def weight_amax(kernel: Any, axis: int) -> Any:

@@ -68,8 +68,11 @@ class QuantizeWrapper(keras.layers.Wrapper):
         quantize_inputs: Q/DQ on the inputs.
         input_indices: positions of the inputs to quantize (multi-input layers); None: all.
         quantize_weight: Q/DQ on the kernel (weighted layers).
-        num_bits: bits of the signed integer grid (8: int8).
+        num_bits: bits of the integer grid (8: int8, or uint8 for unsigned inputs).
         calibrated: the input ranges are stored (else each batch uses its own max).
+        unsigned_indices: input positions quantized unsigned (``[0, amax]``, step ``amax / (2**num_bits - 1)``):
+            inputs that are non-negative by construction, for ONNX Runtime (:mod:`qdq.keras.placement`).
+        target: the target whose placement put this wrapper (None: the toolkit's placement, any target).
     """
 
     weighted = False
@@ -82,6 +85,8 @@ class QuantizeWrapper(keras.layers.Wrapper):
         quantize_weight: bool = True,
         num_bits: int = 8,
         calibrated: bool = False,
+        unsigned_indices: Sequence[int] = (),
+        target: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"quant_{layer.name}")
@@ -91,6 +96,8 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self.quantize_weight = bool(quantize_weight) and self.weighted
         self.num_bits = int(num_bits)
         self.calibrated = bool(calibrated)
+        self.unsigned_indices = tuple(int(i) for i in unsigned_indices)
+        self.target = target
         #: identity on the inputs and float weights (set while calibrating: statistics of the float model)
         self.bypass = False
         self.input_amax: list[Any] = []
@@ -126,7 +133,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         xs = list(inputs) if multi else [inputs]
         if not self.bypass:
             for amax, position in zip(self.input_amax, self.quantized_positions(len(xs))):
-                xs[position] = self.quantize_input(xs[position], amax)
+                xs[position] = self.quantize_input(xs[position], amax, position in self.unsigned_indices)
         args = xs if multi else xs[0]
         if self.weighted:
             kernel = self.kernel
@@ -138,9 +145,10 @@ class QuantizeWrapper(keras.layers.Wrapper):
             options["mask"] = mask
         return self.layer(args, **options)
 
-    def quantize_input(self, x: Any, amax: Any) -> Any:
+    def quantize_input(self, x: Any, amax: Any, unsigned: bool = False) -> Any:
         """Q/DQ of one input with its stored range (or, uncalibrated, the batch's own max)."""
-        return quantizer.fake_quant(x, amax if self.calibrated else quantizer.dynamic_amax(x), self.num_bits)
+        amax = amax if self.calibrated else quantizer.dynamic_amax(x, unsigned)
+        return quantizer.fake_quant(x, amax, self.num_bits, unsigned=unsigned)
 
     @property
     def kernel(self) -> Any:
@@ -168,6 +176,8 @@ class QuantizeWrapper(keras.layers.Wrapper):
             quantize_weight=self.quantize_weight,
             num_bits=self.num_bits,
             calibrated=self.calibrated,
+            unsigned_indices=list(self.unsigned_indices),
+            target=self.target,
         )
         return config
 
