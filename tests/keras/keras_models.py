@@ -47,7 +47,7 @@ def set_batchnorm_statistics(model: keras.Model, x: np.ndarray) -> keras.Model:
         if type(layer).__name__ != "BatchNormalization":
             continue
         probe = keras.Model(model.inputs, layer.input)
-        value = np.asarray(probe.predict_on_batch(x), np.float64)
+        value = np.asarray(probe(x, training=False), np.float64)  # eager: no tf.function traced per BN
         axes = tuple(range(value.ndim - 1))
         layer.moving_mean.assign(value.mean(axis=axes).astype(np.float32))
         layer.moving_variance.assign(value.var(axis=axes).astype(np.float32))

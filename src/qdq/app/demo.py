@@ -1,10 +1,12 @@
 """``qdq demo``: the whole recipe, offline, on scikit-learn's bundled digits, in a few minutes on 2 cores.
 
 Two small CNNs are trained from scratch (a ResNet-style one and a MobileNet/EfficientNet-style one with
-depthwise convolutions and SiLU). Each goes through W8A8, W4A8 and W4A4 quantization (W4A4 is the setting
-hard enough on this data for PTQ to lose accuracy and QAT to win it back): PTQ with every calibrator (one
-pass), QAT with the seed's schedule, Q/DQ export, and the INT8 engines on ONNX Runtime and OpenVINO. One
-table compares accuracy (FP32, PTQ, QAT, each engine) and latency; each run writes its report.
+depthwise convolutions and SiLU), and where TensorFlow is installed the ResNet-style one written in Keras 3
+(:mod:`qdq.app.keras_digits`), through the same job. Each goes through W8A8, W4A8 and W4A4 quantization
+(W4A4 is the setting hard enough on this data for PTQ to lose accuracy and QAT to win it back): PTQ with
+every calibrator (one pass), QAT with the seed's schedule, Q/DQ export, and the INT8 engines on ONNX Runtime
+and OpenVINO. One table compares accuracy (FP32, PTQ, QAT, each engine) and latency; each run writes its
+report.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from qdq.app.keras_digits import KERAS_MODEL
 from qdq.app.pipeline import PipelineConfig, run_pipeline
 from qdq.atomic import write_text_atomic
 from qdq.markdown import markdown_table
@@ -38,7 +41,7 @@ class DemoSettings:
     bench_iters: int = 30
     eval_batches: int | None = None
     runtimes: tuple[str, ...] = ("onnxruntime", "openvino")
-    models: tuple[str, ...] = ("digits_resnet", "digits_mobilenet")
+    models: tuple[str, ...] = ("digits_resnet", "digits_mobilenet", KERAS_MODEL)
     schemes: tuple[tuple[str, int, int], ...] = (("W8A8", 8, 8), ("W4A8", 4, 8), ("W4A4", 4, 4))
 
     @classmethod
@@ -67,6 +70,9 @@ def run_demo(out: str | Path = "qdq-demo", quick: bool = False, progress: bool =
     started = time.perf_counter()
     runs: dict[str, Any] = {}
     for name in settings.models:
+        if name == KERAS_MODEL:
+            runs.update(_keras_runs(settings, out))
+            continue
         model = _train(name, settings, progress)
         for scheme, weight_bits, activation_bits in settings.schemes:
             cfg = PipelineConfig(
@@ -81,6 +87,22 @@ def run_demo(out: str | Path = "qdq-demo", quick: bool = False, progress: bool =
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str))
     write_text_atomic(out / "README.md", "# qdq demo\n\n" + summary["table"] + "\n")
     return summary
+
+
+def _keras_runs(settings: DemoSettings, out: Path) -> dict[str, Any]:
+    """The Keras digits runs, or none (with a note) where TensorFlow is not installed."""
+    from qdq.errors import QdqBackendUnavailable
+
+    try:
+        from qdq.keras._backend import keras
+
+        keras()
+    except QdqBackendUnavailable as err:
+        print(f"qdq demo: skipping the Keras run ({err})")
+        return {}
+    from qdq.app.keras_digits import keras_demo_runs
+
+    return keras_demo_runs(settings, out, TRAIN_LR, BATCH_SIZE)
 
 
 def demo_table(runs: dict[str, Any]) -> str:

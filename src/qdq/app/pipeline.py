@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -25,7 +26,7 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.targets import get_target
 from qdq.workflow import distributed as dist
 
-__all__ = ["PipelineConfig", "run_pipeline"]
+__all__ = ["PipelineConfig", "measure_engines", "run_pipeline"]
 
 _log = logging.getLogger(__name__)
 _CALIB = ("all", "max", "entropy", "mse", "percentile")
@@ -226,25 +227,49 @@ def _export_fp32(job: _Job, float_model: nn.Module) -> None:
 
 
 def _engines(job: _Job) -> None:
+    def evaluate(predict: Callable[[np.ndarray], np.ndarray]) -> float:
+        return job.evaluate(lambda x: torch.from_numpy(predict(x.numpy())))
+
+    batches = _limited(job.test_loader, job.cfg.eval_batches)
+    job.summary["engines"], job.summary["latency"] = measure_engines(
+        job.cfg, job.model, job.out / "model.onnx", job.out / "model_fp32.onnx", batches, evaluate
+    )
+    for runtime, engine in job.summary["engines"].items():
+        job.summary["accuracy"][f"INT8 engine ({runtime})"] = engine["accuracy"]
+
+
+def measure_engines(
+    cfg: PipelineConfig,
+    model: Any,
+    int8: Path,
+    fp32: Path,
+    batches: list[Any],
+    evaluate: Callable[[Callable[[np.ndarray], np.ndarray]], float],
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The INT8 engine on each of ``cfg.runtimes``: its accuracy (``evaluate(predict)``, ``predict`` mapping an
+    input batch to logits), its fidelity to ``model`` (:func:`qdq.verify` on ``batches``, a PyTorch or Keras
+    model) and the latency of ``fp32`` and ``int8`` at each of ``cfg.bench_batches``.
+
+    Returns:
+        ``({runtime: {"accuracy", **verify's record}}, [latency rows])``.
+    """
     from qdq.runtime import benchmark_model, load_runtime
     from qdq.workflow.verification import verify
 
-    cfg, int8 = job.cfg, job.out / "model.onnx"
-    job.summary["engines"], job.summary["latency"] = {}, []
+    engines, latency = {}, []
     for runtime in cfg.runtimes:
         with load_runtime(int8, runtime, threads=cfg.threads) as engine:
-            accuracy = job.evaluate(lambda x, e=engine: torch.from_numpy(e.run(x.numpy())[0]))
-        fidelity = verify(job.model, int8, _limited(job.test_loader, cfg.eval_batches), runtime, threads=cfg.threads)
-        job.summary["engines"][runtime] = {"accuracy": accuracy, **fidelity.to_dict()}
-        job.summary["accuracy"][f"INT8 engine ({runtime})"] = accuracy
+            accuracy = evaluate(lambda x, e=engine: e.run(x)[0])
+        fidelity = verify(model, int8, batches, runtime, threads=cfg.threads)
+        engines[runtime] = {"accuracy": accuracy, **fidelity.to_dict()}
         for batch in cfg.bench_batches:
-            for label, path in (("FP32", job.out / "model_fp32.onnx"), ("INT8", int8)):
+            for label, path in (("FP32", fp32), ("INT8", int8)):
                 options = {"precision": "f32"} if runtime == "openvino" else {}
                 result = benchmark_model(path, runtime, label=label, batch=batch, threads=cfg.threads,
                                          iters=cfg.bench_iters, warmup=5, **options)  # fmt: skip
-                job.summary["latency"].append({"runtime": runtime, "variant": label, "batch": batch,
-                                               "threads": cfg.threads, "min_ms": result.min_ms,
-                                               "median_ms": result.median_ms})  # fmt: skip
+                latency.append({"runtime": runtime, "variant": label, "batch": batch, "threads": cfg.threads,
+                                "min_ms": result.min_ms, "median_ms": result.median_ms})  # fmt: skip
+    return engines, latency
 
 
 def _limited(loader: Any, count: int | None) -> list[Any]:

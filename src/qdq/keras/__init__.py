@@ -5,7 +5,11 @@ PyTorch path.
     qmodel = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])  # model is left untouched
     qk.calibrate(qmodel, calibration_batches, method="entropy")              # static activation ranges
     qmodel.compile(...); qmodel.fit(...)                                     # QAT (optional)
-    qk.export_onnx(qmodel, "model.onnx", target="onnxruntime")               # or "tensorrt"
+    qk.export_onnx(qmodel, "model.onnx", target="tensorrt")
+
+For ONNX Runtime's int8 kernels quantize with ``qk.quantize_model(model, target="onnxruntime")`` (conv
+outputs, every input of residual adds, unsigned post-ReLU ranges); the model remembers its target and
+``export_onnx`` exports for it.
     qdq.verify(qmodel, "model.onnx", batches)                                # the engine vs Keras
 
 Importing ``qdq.keras`` imports nothing; TensorFlow is imported when a name below is first used (install
@@ -23,8 +27,16 @@ _LAZY = {
     "QuantizationSpec": "qdq.keras.spec",
     "LayerConfig": "qdq.keras.spec",
     "calibrate": "qdq.keras.calibration",
+    "collect_stats": "qdq.keras.calibration",
+    "CalibrationStats": "qdq.keras.calibration",
+    "set_ranges": "qdq.keras.calibration",
+    "ptq": "qdq.keras.post_training",
+    "bypassed": "qdq.keras.post_training",
+    "qat": "qdq.keras.fine_tuning",
     "export_onnx": "qdq.keras.export",
     "fold_batchnorms": "qdq.keras.fold",
+    "split_activations": "qdq.keras.placement",
+    "placed_target": "qdq.keras.placement",
     "fake_quant": "qdq.keras.quantizer",
     "QuantizeWrapper": "qdq.keras.wrappers",
     "register_wrapper": "qdq.keras.wrappers",

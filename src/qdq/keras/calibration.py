@@ -2,9 +2,10 @@
 
 ``calibrate(qmodel, data, method)`` runs the float computation (every wrapper bypassed) over the data,
 feeds each quantized input tensor to a :class:`~qdq.calib.MaxCalibrator` or
-:class:`~qdq.calib.HistogramCalibrator`, and stores the range each method picks in the wrappers'
-``input_amax`` variables. The algorithms (max, entropy, mse, percentile on power-of-two histograms) are
-the PyTorch path's, bit for bit: one implementation for both front ends.
+:class:`~qdq.calib.HistogramCalibrator` (with the wrapper's bit width and sign), and stores the range the
+method picks in the wrappers' ``input_amax`` variables. The algorithms (max, entropy, mse, percentile on
+power-of-two histograms) are the PyTorch path's, bit for bit: one implementation for both front ends.
+``collect_stats`` + ``CalibrationStats.load`` split the two steps (one pass, several methods: :func:`ptq`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import numpy as np
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.keras.graph import check_graph_model
 
-__all__ = ["CALIBRATION_METHODS", "calibrate"]
+__all__ = [
+    "CALIBRATION_METHODS",
+    "CalibrationStats",
+    "calibrate",
+    "collect_stats",
+    "forget_traced_functions",
+    "set_ranges",
+]
 
 CALIBRATION_METHODS = ("max", "entropy", "mse", "percentile")
 
@@ -50,36 +58,110 @@ def calibrate(
         QdqConfigError: an unknown method, no data, or a model without quantize wrappers.
         QdqCalibrationError: NaN/Inf in the activations.
     """
+    _check_method(method)
+    stats = collect_stats(model, data, "max" if method == "max" else "histogram", num_batches=num_batches,
+                          num_bins=num_bins)  # fmt: skip
+    options = {"percentile": percentile} if method == "percentile" else {}
+    return stats.load(method, **options)
+
+
+class CalibrationStats:
+    """The statistics :func:`collect_stats` gathered: one calibrator per quantized tensor and grid.
+
+    :meth:`load` sets the model's ranges by one method; call it again with another method to compare (what
+    :func:`qdq.keras.ptq` does), the statistics stay.
+    """
+
+    def __init__(self, model: Any, sites: list[tuple[Any, tuple[Any, int, int]]], calibrators: dict) -> None:
+        self.model = model
+        self._sites = sites
+        self.calibrators = calibrators
+
+    def ranges(self, method: str, **options: Any) -> dict[str, float]:
+        """``{"<wrapper>/input_<i>": amax}`` by ``method`` (``"max"``, ``"entropy"``, ``"mse"``,
+        ``"percentile"`` with ``percentile=``), without setting them."""
+        _check_method(method)
+        by_key = {}
+        for key, cal in self.calibrators.items():
+            amax = cal.compute_amax() if method == "max" else cal.compute_amax(method, **options)
+            by_key[key] = float(amax)
+        return {f"{w.name}/input_{p}": by_key[_key(t, w, p)] for t, (w, _, p) in self._sites}
+
+    def load(self, method: str, **options: Any) -> dict[str, float]:
+        """Set the model's ranges by ``method`` (see :meth:`ranges`) and mark its wrappers calibrated."""
+        return set_ranges(self.model, self.ranges(method, **options))
+
+    def histograms(self) -> dict[str, Any]:
+        """The histogram calibrator of each quantized input, by ``"<wrapper>/input_<i>"`` (histogram stats)."""
+        return {f"{w.name}/input_{p}": self.calibrators[_key(t, w, p)] for t, (w, _, p) in self._sites}
+
+
+def collect_stats(
+    model: Any,
+    data: Iterable[Any],
+    calibrator: str = "histogram",
+    *,
+    num_batches: int | None = None,
+    num_bins: int | None = None,
+) -> CalibrationStats:
+    """Run the float computation of ``model`` (wrappers bypassed) over ``data`` and gather the statistics
+    of every quantized input with ``calibrator`` (``"max"`` or ``"histogram"``, which serves every method).
+
+    Raises:
+        QdqConfigError: an unknown calibrator, no data, or a model without quantize wrappers.
+    """
     from qdq.keras.wrappers import wrappers_of
 
     check_graph_model(model, "calibrate")
-    if method not in CALIBRATION_METHODS:
-        raise QdqConfigError(
-            f"unknown calibration method {method!r}; choose one of {CALIBRATION_METHODS}."
-            f"{did_you_mean(str(method), CALIBRATION_METHODS)}"
-        )
+    if calibrator not in ("max", "histogram"):
+        raise QdqConfigError(f"calibrator must be 'max' or 'histogram', got {calibrator!r}.")
     sites = _sites(model, wrappers_of(model))
     if not sites:
         raise QdqConfigError("calibrate found no quantized inputs: quantize the model with qdq.keras.quantize_model.")
     tensors = list({id(t): t for t, _ in sites}.values())
     # one calibrator per tensor and grid: a tensor two wrappers read the same way gets one range
-    calibrators = {_key(t, w, p): _calibrator(method, num_bins, *_key(t, w, p)[1:]) for t, (w, _, p) in sites}
+    calibrators = {_key(t, w, p): _calibrator(calibrator, num_bins, *_key(t, w, p)[1:]) for t, (w, _, p) in sites}
     n_batches = _collect(model, tensors, calibrators, data, num_batches)
     if n_batches == 0:
         raise QdqConfigError("calibrate got no data: pass at least one batch.")
-    options = {"percentile": percentile} if method == "percentile" else {}
-    ranges: dict[tuple[int, int, bool], float] = {}
-    for key, cal in calibrators.items():
-        amax = cal.compute_amax(method, **options) if method != "max" else cal.compute_amax()
-        ranges[key] = float(amax)
-    result = {}
-    for tensor, (wrapper, slot, position) in sites:
-        amax = ranges[_key(tensor, wrapper, position)]
+    return CalibrationStats(model, sites, calibrators)
+
+
+def set_ranges(model: Any, ranges: dict[str, float]) -> dict[str, float]:
+    """Set input ranges by ``"<wrapper>/input_<i>"`` (as :func:`calibrate` returns them); those wrappers are
+    marked calibrated. Returns ``ranges``.
+
+    Raises:
+        QdqConfigError: a name that is no quantized input of ``model``.
+    """
+    from qdq.keras.wrappers import wrappers_of
+
+    slots = {}
+    for wrapper in wrappers_of(model):
+        n_inputs = len(wrapper._inbound_nodes[0].input_tensors)
+        for slot, position in enumerate(wrapper.quantized_positions(n_inputs)):
+            slots[f"{wrapper.name}/input_{position}"] = (wrapper, slot)
+    unknown = [name for name in ranges if name not in slots]
+    if unknown:
+        hint = did_you_mean(unknown[0], slots)
+        raise QdqConfigError(f"no quantized input {unknown[0]!r} in model {model.name!r}.{hint}")
+    newly_static = False
+    for name, amax in ranges.items():
+        wrapper, slot = slots[name]
         wrapper.input_amax[slot].assign(amax)
+        newly_static |= not wrapper.calibrated
         wrapper.calibrated = True
-        result[f"{wrapper.name}/input_{position}"] = amax
-    _forget_traced_functions(model)
-    return result
+    if newly_static:  # traced functions read the ranges' values at run time, but whether they are static at trace time
+        forget_traced_functions(model)
+    return dict(ranges)
+
+
+def _check_method(method: str) -> None:
+    if method not in CALIBRATION_METHODS:
+        raise QdqConfigError(
+            f"unknown calibration method {method!r}; choose one of {CALIBRATION_METHODS}."
+            f"{did_you_mean(str(method), CALIBRATION_METHODS)}"
+        )
 
 
 def _sites(model: Any, wrappers: list[Any]) -> list[tuple[Any, tuple[Any, int, int]]]:
@@ -98,10 +180,10 @@ def _key(tensor: Any, wrapper: Any, position: int) -> tuple[int, int, bool]:
     return id(tensor), wrapper.num_bits, position in wrapper.unsigned_indices
 
 
-def _calibrator(method: str, num_bins: int | None, num_bits: int, unsigned: bool) -> Any:
+def _calibrator(kind: str, num_bins: int | None, num_bits: int, unsigned: bool) -> Any:
     from qdq.calib import HistogramCalibrator, MaxCalibrator
 
-    if method == "max":
+    if kind == "max":
         return MaxCalibrator(num_bits, unsigned=unsigned)
     bins = {} if num_bins is None else {"num_bins": num_bins}
     return HistogramCalibrator(num_bits, unsigned=unsigned, **bins)
@@ -151,8 +233,9 @@ def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data
     return count
 
 
-def _forget_traced_functions(model: Any) -> None:
-    """Make Keras re-trace fit/predict/evaluate: the ranges are now static (read when a function is traced)."""
+def forget_traced_functions(model: Any) -> None:
+    """Make Keras re-trace fit/predict/evaluate: wrapper settings read at trace time (static ranges, bypass)
+    changed."""
     for name in ("train_function", "test_function", "predict_function"):
         if hasattr(model, name):
             setattr(model, name, None)

@@ -23,7 +23,7 @@ __all__ = ["fold_batchnorms", "foldable_pairs"]
 _FOLDABLE = ("Conv2DQuantizeWrapper", "DepthwiseConv2DQuantizeWrapper")
 # what a QuantizeWrapper's config holds besides the layer (its constructor's parameters)
 _WRAPPER_SETTINGS = ("quantize_inputs", "input_indices", "quantize_weight", "num_bits", "calibrated",
-                     "unsigned_indices", "target")  # fmt: skip
+                     "unsigned_indices", "target", "weight_bits")  # fmt: skip
 
 
 def _folded_placeholder(name: str) -> Any:

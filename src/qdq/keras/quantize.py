@@ -40,6 +40,7 @@ def quantize_model(
     custom_qdq_cases: Sequence[Any] | None = None,
     *,
     num_bits: int = 8,
+    weight_bits: int | None = None,
     target: str | None = None,
 ) -> Any:
     """A copy of ``model`` with Q/DQ wrappers on the layers the mode, spec and cases select.
@@ -50,7 +51,9 @@ def quantize_model(
         quantization_spec: layers to add (``"full"``) or to quantize (``"partial"``), or to keep float.
         custom_qdq_cases: :class:`~qdq.keras.cases.CustomQDQInsertionCase` instances, e.g.
             ``[ResNetV1QDQCase()]`` for TensorRT's residual fusion.
-        num_bits: width of the signed integer grid (8 for int8; 4 to simulate int4).
+        num_bits: width of the integer grids, 2..8 (8: int8; 4 simulates int4 and exports as int8 Q/DQ behind
+            a clip to the 16 levels, as the PyTorch export does).
+        weight_bits: width of the kernels' grid when it differs (W4A8: ``num_bits=8, weight_bits=4``).
         target: the runtime the model is quantized for (:mod:`qdq.targets`): ``"tensorrt"`` (the toolkit's
             placement: Q/DQ on inputs and weights only, residual adds by the cases) or ``"onnxruntime"``
             (also the conv outputs, every input of adds, unsigned post-ReLU ranges: what ORT's int8 kernels
@@ -67,7 +70,9 @@ def quantize_model(
     from qdq.keras.wrappers import wrapper_for
 
     check_graph_model(model, "quantize_model")
-    check_num_bits(num_bits)
+    for bits in (num_bits, num_bits if weight_bits is None else weight_bits):
+        if check_num_bits(bits) > 8:
+            raise QdqConfigError(f"qdq.keras quantizes to at most 8 bits (int8 / uint8 Q/DQ in ONNX), got {bits}.")
     if target is not None:
         get_target(target)  # an unknown target raises, listing the registered ones
     if quantization_mode not in QUANTIZATION_MODES:
@@ -84,7 +89,7 @@ def quantize_model(
     plans = _plans(model, spec, quantization_mode, wrapper_for)
     if target is not None:
         plans = apply_rules(model, plans, target)
-    return _wrapped_copy(model, plans, num_bits, target)
+    return _wrapped_copy(model, plans, (num_bits, num_bits if weight_bits is None else weight_bits), target)
 
 
 def _combined_spec(model: Any, user: QuantizationSpec | None, cases: Sequence[Any] | None) -> QuantizationSpec:
@@ -172,7 +177,7 @@ def _plans(model: Any, spec: QuantizationSpec, mode: str, wrapper_for: Any) -> d
     return plans
 
 
-def _wrapped_copy(model: Any, plans: dict[str, LayerPlan], num_bits: int, target: str | None) -> Any:
+def _wrapped_copy(model: Any, plans: dict[str, LayerPlan], bits: tuple[int, int], target: str | None) -> Any:
     """Clone ``model`` with new layers (wrapped where planned), then copy every layer's weights."""
     from qdq.keras._backend import keras
     from qdq.keras.wrappers import QuantizeWrapper, wrapper_for
@@ -184,8 +189,8 @@ def _wrapped_copy(model: Any, plans: dict[str, LayerPlan], num_bits: int, target
             return fresh
         wrapper = wrapper_for(layer) or QuantizeWrapper  # the placement rules may quantize any layer's input
         return wrapper(
-            fresh, plan.quantize_inputs, plan.input_indices, plan.quantize_weight, num_bits=num_bits,
-            unsigned_indices=sorted(plan.unsigned), target=target,
+            fresh, plan.quantize_inputs, plan.input_indices, plan.quantize_weight, num_bits=bits[0],
+            weight_bits=bits[1], unsigned_indices=sorted(plan.unsigned), target=target,
         )  # fmt: skip
 
     quantized = keras().models.clone_model(model, clone_function=clone)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qdq.errors import QdqConfigError
 from qdq.keras._backend import tf
 
 __all__ = ["AMAX_EPSILON", "dynamic_amax", "fake_quant", "weight_amax"]
@@ -34,22 +35,48 @@ def fake_quant(x: Any, amax: Any, num_bits: int = 8, axis: int | None = None, *,
 
     ``unsigned`` (per tensor only): the grid ``step * [0, 2**num_bits - 1]`` with ``step = amax / (2**num_bits -
     1)``, negative values to 0; tf2onnx writes it as uint8 Q/DQ with zero point 0.
+
+    Below 8 bits the values are first clipped to the ``num_bits`` levels, then quantized on the 8-bit grid of
+    the same step: the same result, and the form ONNX has for it (``Clip -> QuantizeLinear -> DequantizeLinear``
+    with that step, as the PyTorch export writes it; tf2onnx would otherwise give any width an 8-bit scale).
     """
     t = tf()
+    if not 2 <= num_bits <= 8:
+        raise QdqConfigError(f"qdq.keras quantizes to 2..8 bits (int8 / uint8 Q/DQ in ONNX), got num_bits={num_bits}.")
     dtype = x.dtype
     x32 = x if dtype == t.float32 else t.cast(x, t.float32)
     amax = t.maximum(t.cast(amax, t.float32), AMAX_EPSILON)
+    low, high = (t.zeros_like(amax), amax) if unsigned else (-amax, amax)
+    if num_bits < 8:
+        x32, low, high = _on_the_8bit_grid(x32, amax, num_bits, axis, unsigned)
     if axis is None:
-        low = t.zeros_like(amax) if unsigned else -amax
         y = t.quantization.quantize_and_dequantize_v2(
-            x32, low, amax, num_bits=num_bits, signed_input=not unsigned, range_given=True, narrow_range=False
+            x32, low, high, num_bits=8, signed_input=not unsigned, range_given=True, narrow_range=False
         )
     else:
         y = t.raw_ops.QuantizeAndDequantizeV3(
-            input=x32, input_min=-amax, input_max=amax, num_bits=t.constant(num_bits), signed_input=True,
+            input=x32, input_min=low, input_max=high, num_bits=t.constant(8), signed_input=True,
             range_given=True, narrow_range=False, axis=axis,
         )  # fmt: skip
     return y if dtype == t.float32 else t.cast(y, dtype)
+
+
+def _on_the_8bit_grid(x: Any, amax: Any, num_bits: int, axis: int | None, unsigned: bool) -> tuple[Any, Any, Any]:
+    """``x`` clipped to the ``num_bits`` levels of ``step = amax / qmax``, and the 8-bit range of that step.
+
+    The 8-bit range's step must come out as ``step`` in TensorFlow and in tf2onnx, which both take
+    ``max(low / -128, high / 127)``: ``low = -128 * step`` is exact, and ``high`` is put a few ulps below
+    ``127 * step`` so that its side never wins by a rounding.
+    """
+    t = tf()
+    qmax = 2**num_bits - 1 if unsigned else 2 ** (num_bits - 1) - 1
+    qmin = 0 if unsigned else -qmax - 1
+    step = amax / float(qmax)
+    bound = step if axis is None else t.reshape(step, [-1 if d == axis else 1 for d in range(len(x.shape))])
+    clipped = t.clip_by_value(x, float(qmin) * bound, float(qmax) * bound)
+    if unsigned:
+        return clipped, t.zeros_like(step), 255.0 * step
+    return clipped, -128.0 * step, 127.0 * step * (1.0 - 2.0**-22)
 
 
 def dynamic_amax(x: Any, unsigned: bool = False) -> Any:

@@ -73,6 +73,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         unsigned_indices: input positions quantized unsigned (``[0, amax]``, step ``amax / (2**num_bits - 1)``):
             inputs that are non-negative by construction, for ONNX Runtime (:mod:`qdq.keras.placement`).
         target: the target whose placement put this wrapper (None: the toolkit's placement, any target).
+        weight_bits: bits of the kernel's signed grid (default ``num_bits``; W4A8: 4 here, 8 there).
     """
 
     weighted = False
@@ -87,6 +88,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         calibrated: bool = False,
         unsigned_indices: Sequence[int] = (),
         target: str | None = None,
+        weight_bits: int | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"quant_{layer.name}")
@@ -98,6 +100,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self.calibrated = bool(calibrated)
         self.unsigned_indices = tuple(int(i) for i in unsigned_indices)
         self.target = target
+        self.weight_bits = int(weight_bits) if weight_bits is not None else self.num_bits
         #: identity on the inputs and float weights (set while calibrating: statistics of the float model)
         self.bypass = False
         self.input_amax: list[Any] = []
@@ -138,7 +141,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         if self.weighted:
             kernel = self.kernel
             if self.quantize_weight and not self.bypass:
-                kernel = quantizer.fake_quant(kernel, self.weight_amax(), self.num_bits, self.kernel_axis())
+                kernel = quantizer.fake_quant(kernel, self.weight_amax(), self.weight_bits, self.kernel_axis())
             return self.compute(args, kernel)
         options = {"training": training} if self._takes_training else {}
         if self._takes_mask and mask is not None:
@@ -178,6 +181,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
             calibrated=self.calibrated,
             unsigned_indices=list(self.unsigned_indices),
             target=self.target,
+            weight_bits=self.weight_bits,
         )
         return config
 

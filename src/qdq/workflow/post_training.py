@@ -20,7 +20,16 @@ from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, named_quantizers
 
-__all__ = ["MethodResult", "PTQResult", "disabled_quantizers", "ptq", "restore_amax", "snapshot_amax"]
+__all__ = [
+    "DEFAULT_PERCENTILES",
+    "MethodResult",
+    "PTQResult",
+    "disabled_quantizers",
+    "method_grid",
+    "ptq",
+    "restore_amax",
+    "snapshot_amax",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -94,7 +103,8 @@ def disabled_quantizers(model: nn.Module) -> Iterator[nn.Module]:
                 quantizer.enable()
 
 
-def _method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tuple[str, dict[str, Any]]]:
+def method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tuple[str, dict[str, Any]]]:
+    """``(method, options)`` for each method to try; ``"percentile"`` once per percentile."""
     grid: list[tuple[str, dict[str, Any]]] = []
     for method in methods:
         if method == "percentile":
@@ -129,7 +139,7 @@ def ptq(
     Returns:
         A :class:`PTQResult`; the model is left with the best method's ranges loaded.
     """
-    grid = _method_grid(methods, percentiles)
+    grid = method_grid(methods, percentiles)
     with disabled_quantizers(model):
         float_score = float(eval_fn(model))
     collect_stats(model, calib_data, num_batches=num_batches, calibrator="histogram",

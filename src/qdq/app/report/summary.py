@@ -80,8 +80,13 @@ def _ptq_summary(ptq: PTQResult | None) -> dict[str, Any] | None:
         "methods": {r.label: r.score for r in ptq.results},
         "options": {r.label: {"method": r.method, **r.options} for r in ptq.results},
         "best": ptq.best.label,
-        "scalar_amax": {r.label: {n: float(a) for n, a in r.amax.items() if a.numel() == 1} for r in ptq.results},
+        "scalar_amax": {r.label: {n: float(a) for n, a in r.amax.items() if _one_value(a)} for r in ptq.results},
     }
+
+
+def _one_value(amax: Any) -> bool:
+    """A per-tensor range: a one-element tensor (PyTorch PTQ) or a number (Keras PTQ)."""
+    return amax.numel() == 1 if hasattr(amax, "numel") else np.ndim(amax) == 0
 
 
 def _sensitivity_summary(result: SensitivityResult | None) -> dict[str, Any] | None:
