@@ -65,8 +65,9 @@ def activation_codes_agree(path, x, amaxes):
     input and output, and compare its integers with the Keras op applied to that same input.
 
     Returns the number of activation quantizers checked. Asserts: each scale is ``amax / 127`` (float32)
-    of a calibrated Keras range, and the integers agree to one level, on fewer than 1e-4 of the values
-    (TensorFlow multiplies by ``127 / amax`` where ONNX divides by the step). End-to-end outputs are not
+    of a calibrated Keras range, and the integers agree, but for values on a rounding boundary (``x / step =
+    k + 1/2`` to float32 precision), which may go one level apart (TensorFlow multiplies by ``127 / amax``
+    where ONNX divides by the step). End-to-end outputs are not
     compared on these random networks: their quantization noise grows layer after layer (the quantized
     network is far from the float one too), so a single level that float summation order puts on the
     other side of a rounding boundary changes the logits - that is the network, not the engine.
@@ -87,7 +88,10 @@ def activation_codes_agree(path, x, amaxes):
         codes = values[node.output[0]].astype(np.int32) - zero
         keras_levels = np.rint(fake_quant(values[node.input[0]], by_scale[scale[()]]).numpy() / scale).astype(np.int32)
         off = np.abs(codes - keras_levels)
-        assert off.max() <= 1 and (off > 0).mean() < 1e-4, node.name
+        assert off.max() <= 1, node.name
+        # each disagreement is a value on a rounding boundary (to float32 precision): x / step = k + 1/2
+        ratio = values[node.input[0]][off > 0].astype(np.float64) / np.float64(scale[()])
+        assert np.all(np.abs(np.abs(ratio - np.floor(ratio)) - 0.5) < 1e-5), node.name
     return len(sites)
 
 

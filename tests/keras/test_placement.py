@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
-from keras_models import residual_cnn, set_batchnorm_statistics, trained
+from keras_models import set_batchnorm_statistics
 from onnx import numpy_helper
 
 import keras
@@ -75,7 +75,7 @@ def ort_model(cnn, tmp_path):
 
 
 def test_every_weighted_layer_runs_in_int8_and_matches_keras(ort_model, tmp_path):
-    qmodel, x, y, ranges = ort_model
+    qmodel, x, y, _ = ort_model
     qmodel.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     qmodel.fit(x, y, epochs=1, batch_size=16, verbose=0)  # QAT with unsigned quantizers
     path = qk.export_onnx(qmodel, tmp_path / "ort.onnx")  # the model's own target
