@@ -6,6 +6,7 @@ m uses the range [0, 2**k) with 2**(k-1) <= m < 2**k, split into num_bins bins o
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -323,21 +324,37 @@ def test_gpu_matches_cpu():
             assert torch.equal(cpu.compute_amax(method), gpu.compute_amax(method).cpu()), method
 
 
+@pytest.mark.parametrize("kernel", ["_histogram_bincount", "_histogram_histc"])
 @pytest.mark.parametrize("skip_zeros", [False, True])
 @pytest.mark.parametrize("unsigned", [False, True])
-def test_histc_path_equals_scatter_path(monkeypatch, skip_zeros, unsigned):
+def test_per_tensor_kernels_equal_the_scatter_path(monkeypatch, kernel, skip_zeros, unsigned):
     from qdq.calib import binning
 
     g = torch.Generator().manual_seed(3)
     batches = [torch.randn(64, 32, generator=g).relu() * s for s in (0.5, 3.0)]
     batches.append(torch.tensor([0.0, 2.0**-30, 1.0 - 2.0**-24, 1.0, -1.0]))  # zeros, tiny, bin edges
     with monkeypatch.context() as patch:
-        patch.setattr(binning, "_use_histc", lambda x, channels, num_bins: False)
+        patch.setattr(binning, "_per_tensor_kernel", lambda x, channels, num_bins: None)
         reference = collected(*batches, unsigned=unsigned, skip_zeros=skip_zeros, num_bins=4096)
+    monkeypatch.setattr(binning, "_per_tensor_kernel", lambda x, channels, num_bins: getattr(binning, kernel))
     monkeypatch.setattr(binning, "_DEVICE_CHUNK", 1000)  # several chunks per batch
-    via_histc = collected(*batches, unsigned=unsigned, skip_zeros=skip_zeros, num_bins=4096)
-    assert torch.equal(reference.bin_counts, via_histc.bin_counts)
-    bad = torch.tensor([1.0, float("nan"), float("inf")])
-    via_histc.collect(bad)  # bad data must not crash the histogram kernels; it is reported when used
+    via_kernel = collected(*batches, unsigned=unsigned, skip_zeros=skip_zeros, num_bins=4096)
+    assert torch.equal(reference.bin_counts, via_kernel.bin_counts)
+    bad = torch.tensor([1.0, float("nan"), float("inf"), -float("inf")])
+    via_kernel.collect(bad)  # bad data must not crash the histogram kernels; it is reported when used
     with pytest.raises(QdqCalibrationError, match="batch 4 of 4"):
-        via_histc.compute_amax()
+        via_kernel.compute_amax()
+
+
+def test_the_cpu_kernel_also_bins_counts_that_are_not_a_power_of_two():
+    from qdq.calib import binning
+
+    # range [0, 2): bin = floor(fl32(m * 500)); 0.7 (0.69999999 in float32) times 500 rounds to 350.0 in float32
+    x = torch.tensor([0.0, 0.3, 0.7, 0.999, 1.0, 1.5, 1.999])
+    assert binning._per_tensor_kernel(x, 1, 1000) is binning._histogram_bincount
+    cal = collected(x, num_bins=1000)
+    expected = torch.zeros(1000, dtype=torch.int64)
+    for m in x.numpy():
+        expected[min(int(np.floor(np.float32(m) * np.float32(500))), 999)] += 1
+    assert expected[350] == 1 and expected[349] == 0
+    assert torch.equal(cal.bin_counts.reshape(-1), expected)

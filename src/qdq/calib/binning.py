@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -97,8 +98,9 @@ def histogram(
     stride = num_bins + int(skip_zeros)  # with skip_zeros, zeros go to an extra bin that is dropped
     bshape = layout.shape if layout.rank is not None else ()
     scale = (_pow2(-exponent.to(x.device)) * num_bins).float().reshape(bshape)
-    if _use_histc(x, channels, num_bins):
-        return _histogram_histc(x, scale.reshape(()), num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
+    kernel = _per_tensor_kernel(x, channels, num_bins)
+    if kernel is not None:
+        return kernel(x, scale.reshape(()), num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
     offsets = None
     if channels > 1:
         offsets = (torch.arange(channels, device=x.device) * stride).reshape(bshape)
@@ -118,12 +120,38 @@ def histogram(
     return counts.view(channels, stride)[:, :num_bins].contiguous()
 
 
-def _use_histc(x: torch.Tensor, channels: int, num_bins: int) -> bool:
-    """Per-tensor histograms use ``torch.histc``: one pass with no int64 index tensor (on the CPU about
-    20 % less time than ``scatter_add_``); on accelerators it bins in block-local shared memory where
-    ``scatter_add_`` would make every element an atomic add on a few global bins (half the elements of a
-    post-ReLU tensor on bin 0). Per-channel histograms need the scatter (one offset per channel)."""
-    return channels == 1 and num_bins & (num_bins - 1) == 0
+def _per_tensor_kernel(x: torch.Tensor, channels: int, num_bins: int) -> Any:
+    """The kernel of a per-tensor histogram, or None for the per-channel scatter (one offset per channel).
+
+    On the CPU ``torch.bincount`` of int32 indices. On accelerators ``torch.histc`` (power-of-two bins): it bins
+    in block-local shared memory where ``scatter_add_`` or ``bincount`` would make every element an atomic
+    add on a few global bins (half the elements of a post-ReLU tensor on bin 0).
+    """
+    if channels != 1:
+        return None
+    if x.device.type == "cpu":
+        return _histogram_bincount
+    return _histogram_histc if num_bins & (num_bins - 1) == 0 else None
+
+
+def _histogram_bincount(
+    x: torch.Tensor, scale: torch.Tensor, num_bins: int, *, unsigned: bool, skip_zeros: bool
+) -> torch.Tensor:
+    """Per-tensor histogram on the CPU: the bin index ``floor(fl32(m * scale))`` as int32 (truncation), then
+    ``torch.bincount`` (measured on a 2-core AVX2 VM: about 3 ns per value against 9 for ``histc``, 11 for
+    ``scatter_add_``). Indices are clamped to ``[0, num_bins - 1]`` (only NaN/Inf, reported later, fall
+    outside); excluded zeros (``skip_zeros``) go to an extra bin that is dropped."""
+    counts = torch.zeros(num_bins + 1, dtype=torch.int64)
+    flat = x.reshape(-1)
+    scale_value = float(scale)  # a CPU tensor: no device read
+    for start in range(0, flat.numel(), _DEVICE_CHUNK):
+        chunk = flat[start : start + _DEVICE_CHUNK]
+        mag = chunk.clamp(min=0) if unsigned else chunk.abs()
+        index = mag.mul(scale_value).to(torch.int32).clamp_(0, num_bins - 1)
+        if skip_zeros:
+            index.masked_fill_(mag == 0, num_bins)
+        counts += torch.bincount(index, minlength=num_bins + 1)
+    return counts[:num_bins].reshape(1, num_bins)
 
 
 def _histogram_histc(

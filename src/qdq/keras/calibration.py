@@ -202,10 +202,15 @@ def _inputs_of(batch: Any) -> Any:
 
 
 def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data: Any, limit: int | None) -> int:
-    """Run the float model over the batches, feeding each site's calibrator; the number of batches."""
+    """Run the float model over the batches, feeding each site's calibrator; the number of batches.
+
+    The forward pass is one traced function that returns the quantized inputs as TensorFlow tensors; each is
+    handed to the calibrators as a torch tensor over the same memory (DLPack, no copy), so the statistics
+    are :mod:`qdq.calib`'s own, computed by the code the PyTorch path runs.
+    """
     import torch
 
-    from qdq.keras._backend import keras
+    from qdq.keras._backend import keras, tf
     from qdq.keras.wrappers import wrappers_of
 
     if isinstance(data, (str, bytes)) or not hasattr(_batches(data), "__iter__"):
@@ -214,18 +219,22 @@ def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data
     by_tensor: dict[int, list[tuple]] = {}
     for key in calibrators:
         by_tensor.setdefault(key[0], []).append(key)
+
+    @tf().function(reduce_retracing=True)
+    def forward(inputs: Any) -> list[Any]:
+        outputs = probe(inputs, training=False)
+        return list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+
     wrappers = wrappers_of(model)
     for wrapper in wrappers:
         wrapper.bypass = True
     count = 0
     try:
         for batch in itertools.islice(_batches(data), limit):
-            outputs = probe.predict_on_batch(_inputs_of(batch))
-            outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
-            for tensor, value in zip(tensors, outputs):
-                batch_values = torch.from_numpy(np.asarray(value, dtype=np.float32))
+            for tensor, value in zip(tensors, forward(_inputs_of(batch))):
+                shared = torch.from_dlpack(tf().experimental.dlpack.to_dlpack(tf().cast(value, tf().float32)))
                 for key in by_tensor[id(tensor)]:
-                    calibrators[key].collect(batch_values)
+                    calibrators[key].collect(shared)
             count += 1
     finally:
         for wrapper in wrappers:
