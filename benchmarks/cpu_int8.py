@@ -14,6 +14,12 @@ generated data, at batch 1 and 8, 2 threads, one session alive at a time:
   OpenVINO's default on CPUs with bf16). This is the row the OpenVINO ratio columns use: it is what a user
   of such a CPU deploys, and it compares like with like against "OV bf16" (float parts in bf16 in both).
 
+On an x86 CPU without VNNI (:mod:`qdq.cpu`) ONNX Runtime's U8S8 kernels saturate: there "ORT quantize_static"
+runs as ORT writes it (int8 weights, fast but not exact), "ORT quantize_static reduce_range" is ORT's own remedy
+(7-bit weights), "qdq INT8 on ORT" is exported with uint8 weights (exact, ORT's U8U8 kernels), and "qdq W7 on
+ORT" quantizes weights to 7 bits (exact in the U8S8 kernels). Without bf16 support the OpenVINO bf16 rows are
+left out.
+
 With ``--profile`` it also prints, per model and batch, OpenVINO's own per-kernel timing (PERF_COUNT) of
 "OV bf16" and "qdq INT8+bf16 on OV", summed by layer and kernel type: where an INT8 graph is not faster,
 this shows which kernels are to blame.
@@ -35,6 +41,7 @@ import torch
 import torchvision
 
 import qdq
+from qdq.cpu import int8_dot_saturates
 from qdq.export import export_onnx
 from qdq.markdown import markdown_table
 from qdq.placement import apply_placement
@@ -46,7 +53,9 @@ from qdq.workflow.calibration import calibrate
 VARIANTS = (
     "ORT FP32",
     "ORT quantize_static",
+    "ORT quantize_static reduce_range",
     "qdq INT8 on ORT",
+    "qdq W7 on ORT",
     "OV FP32 (f32)",
     "OV bf16",
     "qdq INT8 on OV",
@@ -60,14 +69,17 @@ def _calib_batches(size: int, count: int = 4, batch: int = 8) -> list[torch.Tens
     return [torch.randn(batch, 3, size, size, generator=g) for _ in range(count)]
 
 
-def _qdq_model(float_model: torch.nn.Module, target: str, data: list[torch.Tensor]) -> torch.nn.Module:
-    model = qdq.quantize_model(copy.deepcopy(float_model))
+def _qdq_model(
+    float_model: torch.nn.Module, target: str, data: list[torch.Tensor], weight_bits: int = 8
+) -> torch.nn.Module:
+    config = qdq.QuantConfig(quant_desc_weight=qdq.QuantDescriptor(num_bits=weight_bits, axis=0))
+    model = qdq.quantize_model(copy.deepcopy(float_model), config)
     model = apply_placement(model, target=target)
     calibrate(model, data, method="max", progress=False)
     return model
 
 
-def _ort_quantize_static(fp32: Path, out: Path, data: list[torch.Tensor]) -> Path:
+def _ort_quantize_static(fp32: Path, out: Path, data: list[torch.Tensor], reduce_range: bool = False) -> Path:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -81,7 +93,8 @@ def _ort_quantize_static(fp32: Path, out: Path, data: list[torch.Tensor]) -> Pat
     prep = out.with_name(out.stem + "_prep.onnx")
     quant_pre_process(str(fp32), str(prep))
     quantize_static(str(prep), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    reduce_range=reduce_range)  # fmt: skip
     return out
 
 
@@ -98,19 +111,28 @@ def _build(name: str, folder: Path, size: int) -> dict[str, Path]:
     for target in ("onnxruntime", "tensorrt"):
         paths[target] = export_onnx(_qdq_model(model, target, data), example, folder / f"{name}_{target}.onnx",
                                     target=target)  # fmt: skip
+    if int8_dot_saturates():
+        paths["ort_static_rr"] = _ort_quantize_static(paths["fp32"], folder / f"{name}_ort_rr.onnx", data, True)
+        paths["w7"] = export_onnx(_qdq_model(model, "onnxruntime", data, weight_bits=7), example,
+                                  folder / f"{name}_w7.onnx", target="onnxruntime")  # fmt: skip
     return paths
 
 
 def _cases(paths: dict[str, Path]) -> list[tuple[str, Path, str, dict]]:
-    return [
+    as_written = {"uint8_weights": False}  # the peer's file as ORT wrote it, also where its kernels saturate
+    cases = [
         ("ORT FP32", paths["fp32"], "onnxruntime", {}),
-        ("ORT quantize_static", paths["ort_static"], "onnxruntime", {}),
+        ("ORT quantize_static", paths["ort_static"], "onnxruntime", as_written),
+        ("ORT quantize_static reduce_range", paths.get("ort_static_rr"), "onnxruntime", as_written),
         ("qdq INT8 on ORT", paths["onnxruntime"], "onnxruntime", {}),
+        ("qdq W7 on ORT", paths.get("w7"), "onnxruntime", {}),
         ("OV FP32 (f32)", paths["fp32"], "openvino", {"precision": "f32"}),
         ("OV bf16", paths["fp32"], "openvino", {"precision": "bf16"}),
         ("qdq INT8 on OV", paths["tensorrt"], "openvino", {"precision": "f32"}),
         ("qdq INT8+bf16 on OV", paths["tensorrt"], "openvino", {"precision": "bf16"}),
     ]
+    bf16 = "bf16" in supported_precisions()
+    return [case for case in cases if case[1] is not None and (bf16 or "bf16" not in case[0])]
 
 
 def _measure(
@@ -121,14 +143,14 @@ def _measure(
     from elsewhere on the machine hits one round of one variant, not the ratio."""
     rows = []
     for batch in batches:
-        medians: dict[str, list[float]] = {label: [] for label in VARIANTS}
+        medians: dict[str, list[float]] = {label: [] for label, *_ in _cases(paths)}
         for _ in range(args.rounds):
             for label, path, runtime, options in _cases(paths):
                 result = benchmark_model(path, runtime, label=label, batch=batch, threads=args.threads,
                                          iters=args.iters, warmup=args.warmup, **options)  # fmt: skip
                 medians[label].append(result.median_ms)
         rows.append({"model": name, "batch": batch, "times": {k: min(v) for k, v in medians.items()}})
-        print(f"measured {name} batch {batch}: " + " | ".join(_row_cells(rows[-1])[1:]), flush=True)
+        print(f"measured {name} batch {batch}: " + " | ".join(_row_cells(rows[-1], list(medians))[1:]), flush=True)
         if args.profile:
             notes += _profile_lines(name, paths, batch, args.threads)
     return rows
@@ -161,7 +183,10 @@ def _ov_profile(path: Path, batch: int, threads: int, iters: int = 20) -> dict[t
 
 def _profile_lines(name: str, paths: dict[str, Path], batch: int, threads: int) -> list[str]:
     lines = []
-    for label, path in (("OV bf16", paths["fp32"]), (QDQ_OV, paths["tensorrt"])):
+    labels = (("OV bf16", paths["fp32"]), (QDQ_OV, paths["tensorrt"]))
+    if "bf16" not in supported_precisions():
+        return []
+    for label, path in labels:
         totals = _ov_profile(path, batch, threads)
         top = sorted(((ms, kind) for kind, ms in totals.items() if ms >= 0.01), reverse=True)[:6]
         kernels = ", ".join(f"{node} {kernel} {ms:.2f}" for ms, (node, kernel) in top)
@@ -169,24 +194,26 @@ def _profile_lines(name: str, paths: dict[str, Path], batch: int, threads: int) 
     return lines
 
 
-def _row_cells(row: dict) -> list[str]:
+def _row_cells(row: dict, labels: list[str]) -> list[str]:
     times = row["times"]
     base, peer = times["ORT FP32"], times["ORT quantize_static"]
     cells = [f"{row['model']} b{row['batch']}"]
-    for label in VARIANTS:
+    for label in labels:
         med = times[label]
         cells.append(f"{med:.2f} ({base / med:.2f}x)")
-    ort_vs_peer = times["qdq INT8 on ORT"] / peer
-    ov_vs_peer = times[QDQ_OV] / peer
-    ov_vs_bf16 = times[QDQ_OV] / times["OV bf16"]
-    cells += [f"{ort_vs_peer:.2f}", f"{ov_vs_peer:.2f}", f"{ov_vs_bf16:.2f}"]
+    ov = QDQ_OV if QDQ_OV in times else "qdq INT8 on OV"
+    cells += [f"{times['qdq INT8 on ORT'] / peer:.2f}", f"{times[ov] / peer:.2f}"]
+    if "OV bf16" in times:
+        cells.append(f"{times[QDQ_OV] / times['OV bf16']:.2f}")
     return cells
 
 
 def _table(rows: list[dict]) -> str:
-    cols = ["model", *[f"{v} ms (vs ORT FP32)" for v in VARIANTS],
-            "qdq-ORT / ORT-static", "qdq-OV / ORT-static", "qdq-OV / OV bf16"]  # fmt: skip
-    return markdown_table(cols, [_row_cells(row) for row in rows])
+    labels = [label for label in VARIANTS if label in rows[0]["times"]]
+    cols = ["model", *[f"{v} ms (vs ORT FP32)" for v in labels], "qdq-ORT / ORT-static", "qdq-OV / ORT-static"]
+    if "OV bf16" in labels:
+        cols.append("qdq-OV / OV bf16")
+    return markdown_table(cols, [_row_cells(row, labels) for row in rows])
 
 
 def main() -> None:
@@ -200,16 +227,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--profile", action="store_true", help="print OpenVINO's per-kernel times")
     args = parser.parse_args()
-    if "bf16" not in supported_precisions():
-        raise SystemExit(
-            "cpu_int8: this CPU has no bf16 support in OpenVINO; the benchmark compares against "
-            "OpenVINO bf16 and needs it (run it on an AVX512-BF16 or AMX machine)"
-        )
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     print(
         f"ms per inference: best of {args.rounds} interleaved round medians, each of {args.iters} runs after "
-        f"{args.warmup} warm-up, {args.threads} threads; "
+        f"{args.warmup} warm-up, {args.threads} threads; int8 dot products saturate on this CPU: "
+        f"{int8_dot_saturates()}; "
         "ratio = ORT FP32 / this (> 1 is faster); last columns: latency ratios (< 1 is faster)"
     )
     notes: list[str] = []
