@@ -255,15 +255,6 @@ def _meta(node: Any, key: str) -> str | None:
     return None
 
 
-def _set_meta(node: Any, key: str, value: str) -> None:
-    for prop in node.metadata_props:
-        if prop.key == key:
-            prop.value = value
-            return
-    prop = node.metadata_props.add()
-    prop.key, prop.value = key, value
-
-
 def _take_tags(model: onnx.ModelProto) -> None:
     """Turn the TorchScript path's ``qdq::QuantizerTag`` marker nodes into metadata on their Q/DQ pair."""
     index = GraphIndex(model)
@@ -272,10 +263,10 @@ def _take_tags(model: onnx.ModelProto) -> None:
         tag = next(a.s.decode() for a in marker.attribute if a.name == "quantizer")
         dq = index.producer[marker.input[0]]
         dq.output[0] = marker.output[0]  # the marker was the DQ output's only reader
-        _set_meta(dq, QUANTIZER_KEY, tag)
+        set_metadata(dq, QUANTIZER_KEY, tag)
         q = index.producer.get(dq.input[0])
         if q is not None and q.op_type == "QuantizeLinear":
-            _set_meta(q, QUANTIZER_KEY, tag)
+            set_metadata(q, QUANTIZER_KEY, tag)
     remove_nodes(model, markers)
     imports = [o for o in model.opset_import if o.domain != TAG_DOMAIN]
     del model.opset_import[:]
@@ -309,7 +300,7 @@ def add_quantizer_names(node: Any, names: Iterable[str]) -> None:
     """Append ``names`` to the quantizers a tagged node stands for."""
     merged = list(dict.fromkeys([*quantizer_names(node), *names]))
     if merged:
-        _set_meta(node, MERGED_KEY, ",".join(merged))
+        set_metadata(node, MERGED_KEY, ",".join(merged))
 
 
 def record_merged(model: onnx.ModelProto, merged: Mapping[str, Iterable[str]]) -> None:
@@ -386,13 +377,14 @@ def rename_io(model: onnx.ModelProto, inputs: Iterable[str], outputs: Iterable[s
             node.output[i] = mapping.get(name, name)
 
 
-def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
-    """Set the model metadata entry ``key`` (``metadata_props``) to ``value``, replacing an earlier one."""
-    for prop in model.metadata_props:
+def set_metadata(proto: Any, key: str, value: str) -> None:
+    """Set the metadata entry ``key`` (``metadata_props``) of a model or node to ``value``, replacing an earlier
+    one."""
+    for prop in proto.metadata_props:
         if prop.key == key:
             prop.value = value
             return
-    prop = model.metadata_props.add()
+    prop = proto.metadata_props.add()
     prop.key, prop.value = key, value
 
 

@@ -153,13 +153,14 @@ def fusion_report(
     """
     check_common_options(threads, None)
     path = Path(onnx_path)
-    source = saturation_safe_model(path, uint8_weights)[0] or load_onnx(path)
+    reencoded, _ = saturation_safe_model(path, uint8_weights)
+    source = reencoded or load_onnx(path)
     with tempfile.TemporaryDirectory(prefix="qdq-ort-") as tmp:
         optimized_path = str(Path(tmp) / "optimized.onnx")
         options = session_options(
             threads=threads, optimization_level=optimization_level, optimized_model_path=optimized_path
         )
-        session = _create_session(path, options, source.SerializeToString())
+        session = _create_session(path, options, None if reencoded is None else reencoded.SerializeToString())
         del session
         optimized = load_onnx(optimized_path, external_data=False)
     return analyse_fusion(source, optimized, model=path.name, optimization_level=optimization_level)
