@@ -856,7 +856,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = "auto") ->
             warnings.warn(
                 f"{len(clamped)} Conv(s) will run in float on ONNX Runtime (e.g. {clamped[0]}): their output is "
                 "clamped to a sub-8-bit range before its QuantizeLinear, and ORT has no kernel for sub-8-bit "
-                "activations. The numbers are those of the PyTorch model; only the int8 speed-up is lost.",
+                "activations. The numbers are those of the quantized model; only the int8 speed-up is lost.",
                 stacklevel=3,
             )
         if unquantized:

@@ -220,7 +220,7 @@ def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data
     for key in calibrators:
         by_tensor.setdefault(key[0], []).append(key)
 
-    @tf().function(reduce_retracing=True)
+    @tf().function(reduce_retracing=True, autograph=False)  # a Keras graph: nothing for AutoGraph to convert
     def forward(inputs: Any) -> list[Any]:
         outputs = probe(inputs, training=False)
         return list(outputs) if isinstance(outputs, list | tuple) else [outputs]
