@@ -332,6 +332,7 @@ def test_per_tensor_kernels_equal_the_scatter_path(monkeypatch, kernel, skip_zer
 
     g = torch.Generator().manual_seed(3)
     batches = [torch.randn(64, 32, generator=g).relu() * s for s in (0.5, 3.0)]
+    batches.append(torch.randn(64, 32, generator=g) * 2)  # negatives: bin 0 (unsigned) or |x| (signed)
     batches.append(torch.tensor([0.0, 2.0**-30, 1.0 - 2.0**-24, 1.0, -1.0]))  # zeros, tiny, bin edges
     with monkeypatch.context() as patch:
         patch.setattr(binning, "_per_tensor_kernel", lambda x, channels, num_bins: None)
@@ -342,7 +343,7 @@ def test_per_tensor_kernels_equal_the_scatter_path(monkeypatch, kernel, skip_zer
     assert torch.equal(reference.bin_counts, via_kernel.bin_counts)
     bad = torch.tensor([1.0, float("nan"), float("inf"), -float("inf")])
     via_kernel.collect(bad)  # bad data must not crash the histogram kernels; it is reported when used
-    with pytest.raises(QdqCalibrationError, match="batch 4 of 4"):
+    with pytest.raises(QdqCalibrationError, match="batch 5 of 5"):
         via_kernel.compute_amax()
 
 

@@ -109,6 +109,22 @@ def test_ptq_ranges_are_those_of_qdq_calib_on_the_same_values(cnn):
     assert stats.ranges("entropy")["quant_head/input_0"] == float(reference.compute_amax("entropy"))
 
 
+def test_a_calibrator_error_inside_the_traced_pass_reaches_the_caller_as_itself(cnn, monkeypatch):
+    # collection runs in a tf.py_function: TensorFlow would wrap the error in its own; the user gets qdq's
+    from qdq.errors import QdqCalibrationError
+
+    model, x, _ = cnn
+    qmodel = qk.quantize_model(model)
+
+    def refuse(self, x):
+        raise QdqCalibrationError("refused on purpose")
+
+    monkeypatch.setattr(HistogramCalibrator, "collect", refuse)
+    with pytest.raises(QdqCalibrationError, match="refused on purpose"):
+        qk.collect_stats(qmodel, [x], "histogram")
+    assert not any(w.bypass for w in qk.wrappers_of(qmodel))  # the wrappers quantize again
+
+
 def test_qat_follows_the_seed_schedule_and_records_each_epoch():
     keras.utils.set_random_seed(0)
     model, x, y = trained(residual_cnn(), epochs=3)

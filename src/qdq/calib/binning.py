@@ -146,10 +146,12 @@ def _histogram_bincount(
     flat = x.reshape(-1)
     for start in range(0, flat.numel(), _DEVICE_CHUNK):
         chunk = flat[start : start + _DEVICE_CHUNK]
-        mag = chunk.clamp(min=0) if unsigned else chunk.abs()
-        index = mag.mul_(scale).to(torch.int32).clamp_(0, num_bins - 1)
+        # unsigned: a negative value truncates to a bin <= 0 and the clamp puts it in bin 0, where
+        # clamping it to zero first would have put it; no separate clamp pass
+        scaled = chunk.mul(scale) if unsigned else chunk.abs().mul_(scale)
+        index = scaled.to(torch.int32).clamp_(0, num_bins - 1)
         if skip_zeros:
-            index.masked_fill_(mag == 0, num_bins)
+            index.masked_fill_(chunk <= 0 if unsigned else chunk == 0, num_bins)
         counts += torch.bincount(index, minlength=num_bins + 1)
     return counts[:num_bins].reshape(1, num_bins)
 

@@ -204,26 +204,33 @@ def _inputs_of(batch: Any) -> Any:
 def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data: Any, limit: int | None) -> int:
     """Run the float model over the batches, feeding each site's calibrator; the number of batches.
 
-    The forward pass is one traced function that returns the quantized inputs as TensorFlow tensors; each is
-    handed to the calibrators as a torch tensor over the same memory (DLPack, no copy), so the statistics
-    are :mod:`qdq.calib`'s own, computed by the code the PyTorch path runs.
+    The forward pass is one traced function in which every quantized input, once computed, goes to its
+    calibrators through a ``tf.py_function`` as a torch tensor over the same memory (DLPack, no copy): the
+    statistics are :mod:`qdq.calib`'s own, computed by the code the PyTorch path runs. Collecting inside
+    the graph lets TensorFlow free each activation after use and go on with the next layers while a
+    histogram is counted (returning the 55 activations of a ResNet50 and counting them afterwards was
+    measured 0.4-0.7 s slower per batch of 32 at 224x224 on 2 cores).
     """
-    import torch
-
     from qdq.keras._backend import keras, tf
     from qdq.keras.wrappers import wrappers_of
 
     if isinstance(data, (str, bytes)) or not hasattr(_batches(data), "__iter__"):
         raise QdqTypeError(f"calibrate needs an iterable of batches, got {type(data).__name__}.")
     probe = keras().Model(model.inputs, tensors)
-    by_tensor: dict[int, list[tuple]] = {}
-    for key in calibrators:
-        by_tensor.setdefault(key[0], []).append(key)
+    by_tensor: dict[int, list[Any]] = {}
+    for key, calibrator in calibrators.items():
+        by_tensor.setdefault(key[0], []).append(calibrator)
+    failures: list[BaseException] = []
+    feeds = [_feeder(by_tensor[id(tensor)], failures) for tensor in tensors]
 
     @tf().function(reduce_retracing=True, autograph=False)  # a Keras graph: nothing for AutoGraph to convert
     def forward(inputs: Any) -> list[Any]:
         outputs = probe(inputs, training=False)
-        return list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+        outputs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+        return [
+            tf().py_function(feed, [tf().cast(value, tf().float32)], tf().int32)
+            for feed, value in zip(feeds, outputs)
+        ]
 
     wrappers = wrappers_of(model)
     for wrapper in wrappers:
@@ -231,15 +238,36 @@ def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data
     count = 0
     try:
         for batch in itertools.islice(_batches(data), limit):
-            for tensor, value in zip(tensors, forward(_inputs_of(batch))):
-                shared = torch.from_dlpack(tf().experimental.dlpack.to_dlpack(tf().cast(value, tf().float32)))
-                for key in by_tensor[id(tensor)]:
-                    calibrators[key].collect(shared)
+            try:
+                forward(_inputs_of(batch))
+            except Exception:
+                if failures:  # a calibrator's own error, not TensorFlow's wrapping of it
+                    raise failures[0] from None
+                raise
             count += 1
     finally:
         for wrapper in wrappers:
             wrapper.bypass = False
     return count
+
+
+def _feeder(targets: list[Any], failures: list[BaseException]) -> Any:
+    """The eager function a ``tf.py_function`` calls with one activation: collect it into ``targets``."""
+    import torch
+
+    from qdq.keras._backend import tf
+
+    def feed(value: Any) -> Any:
+        try:
+            shared = torch.from_dlpack(tf().experimental.dlpack.to_dlpack(value))
+            for calibrator in targets:
+                calibrator.collect(shared)
+        except BaseException as error:
+            failures.append(error)
+            raise
+        return np.int32(0)
+
+    return feed
 
 
 def forget_traced_functions(model: Any) -> None:
