@@ -109,6 +109,25 @@ def test_ptq_ranges_are_those_of_qdq_calib_on_the_same_values(cnn):
     assert stats.ranges("entropy")["quant_head/input_0"] == float(reference.compute_amax("entropy"))
 
 
+def test_a_second_pass_reuses_the_traced_probe_and_sees_the_same_float_values(cnn):
+    import torch
+
+    from qdq.keras.calibration import _PROBE_ATTRIBUTE
+
+    model, x, _ = cnn
+    qmodel = qk.quantize_model(model)
+    first = qk.collect_stats(qmodel, [x[:32], x[32:]], "histogram").histograms()
+    probe = getattr(qmodel, _PROBE_ATTRIBUTE)[1]
+    traced = probe.forward.experimental_get_tracing_count()
+    qk.calibrate(qmodel, [x[:32]], method="max")  # static ranges now: the probe must still see float values
+    second = qk.collect_stats(qmodel, [x[:32], x[32:]], "histogram").histograms()
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name].bin_counts, second[name].bin_counts), name
+    assert getattr(qmodel, _PROBE_ATTRIBUTE)[1] is probe
+    assert probe.forward.experimental_get_tracing_count() == traced  # nothing traced again
+
+
 def test_a_calibrator_error_inside_the_traced_pass_reaches_the_caller_as_itself(cnn, monkeypatch):
     # collection runs in a tf.py_function: TensorFlow would wrap the error in its own; the user gets qdq's
     from qdq.errors import QdqCalibrationError

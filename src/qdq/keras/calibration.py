@@ -202,36 +202,17 @@ def _inputs_of(batch: Any) -> Any:
 
 
 def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data: Any, limit: int | None) -> int:
-    """Run the float model over the batches, feeding each site's calibrator; the number of batches.
-
-    The forward pass is one traced function in which every quantized input, once computed, goes to its
-    calibrators through a ``tf.py_function`` as a torch tensor over the same memory (DLPack, no copy): the
-    statistics are :mod:`qdq.calib`'s own, computed by the code the PyTorch path runs. Collecting inside
-    the graph lets TensorFlow free each activation after use and go on with the next layers while a
-    histogram is counted (returning the 55 activations of a ResNet50 and counting them afterwards was
-    measured 0.4-0.7 s slower per batch of 32 at 224x224 on 2 cores).
-    """
-    from qdq.keras._backend import keras, tf
+    """Run the float model over the batches, feeding each site's calibrator; the number of batches."""
     from qdq.keras.wrappers import wrappers_of
 
     if isinstance(data, (str, bytes)) or not hasattr(_batches(data), "__iter__"):
         raise QdqTypeError(f"calibrate needs an iterable of batches, got {type(data).__name__}.")
-    probe = keras().Model(model.inputs, tensors)
+    probe = _probe_of(model, tensors)
     by_tensor: dict[int, list[Any]] = {}
     for key, calibrator in calibrators.items():
         by_tensor.setdefault(key[0], []).append(calibrator)
-    failures: list[BaseException] = []
-    feeds = [_feeder(by_tensor[id(tensor)], failures) for tensor in tensors]
-
-    @tf().function(reduce_retracing=True, autograph=False)  # a Keras graph: nothing for AutoGraph to convert
-    def forward(inputs: Any) -> list[Any]:
-        outputs = probe(inputs, training=False)
-        outputs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
-        return [
-            tf().py_function(feed, [tf().cast(value, tf().float32)], tf().int32)
-            for feed, value in zip(feeds, outputs)
-        ]
-
+    probe.targets = [by_tensor[id(tensor)] for tensor in tensors]
+    probe.failures = []
     wrappers = wrappers_of(model)
     for wrapper in wrappers:
         wrapper.bypass = True
@@ -239,35 +220,82 @@ def _collect(model: Any, tensors: list[Any], calibrators: dict[tuple, Any], data
     try:
         for batch in itertools.islice(_batches(data), limit):
             try:
-                forward(_inputs_of(batch))
+                probe.forward(_inputs_of(batch))
             except Exception:
-                if failures:  # a calibrator's own error, not TensorFlow's wrapping of it
-                    raise failures[0] from None
+                if probe.failures:  # a calibrator's own error, not TensorFlow's wrapping of it
+                    raise probe.failures[0] from None
                 raise
             count += 1
     finally:
+        probe.targets = []
         for wrapper in wrappers:
             wrapper.bypass = False
     return count
 
 
-def _feeder(targets: list[Any], failures: list[BaseException]) -> Any:
-    """The eager function a ``tf.py_function`` calls with one activation: collect it into ``targets``."""
-    import torch
+class _Probe:
+    """The traced float forward of a quantized model that hands every quantized input to its calibrators.
 
-    from qdq.keras._backend import tf
+    One traced function in which every quantized input, once computed, goes to the calibrators of the
+    current pass (``targets``, one list per tensor) through a ``tf.py_function`` as a torch tensor over
+    the same memory (DLPack, no copy): the statistics are :mod:`qdq.calib`'s own, computed by the code the
+    PyTorch path runs. Collecting inside the graph lets TensorFlow free each activation after use and go
+    on with the next layers while a histogram is counted (returning the 55 activations of a ResNet50 and
+    counting them afterwards was measured 0.4-0.7 s slower per batch of 32 at 224x224 on 2 cores). The
+    probe is kept on the model (:func:`_probe_of`), so later passes do not trace again; it runs with every
+    wrapper bypassed, so nothing it traced depends on the ranges.
+    """
 
-    def feed(value: Any) -> Any:
-        try:
-            shared = torch.from_dlpack(tf().experimental.dlpack.to_dlpack(value))
-            for calibrator in targets:
-                calibrator.collect(shared)
-        except BaseException as error:
-            failures.append(error)
-            raise
-        return np.int32(0)
+    def __init__(self, model: Any, tensors: list[Any]) -> None:
+        from qdq.keras._backend import keras, tf
 
-    return feed
+        self.targets: list[list[Any]] = []
+        self.failures: list[BaseException] = []
+        probe = keras().Model(model.inputs, tensors)
+        feeds = [self._feeder(index) for index in range(len(tensors))]
+
+        @tf().function(reduce_retracing=True, autograph=False)  # a Keras graph: nothing for AutoGraph to convert
+        def forward(inputs: Any) -> list[Any]:
+            outputs = probe(inputs, training=False)
+            outputs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+            return [
+                tf().py_function(feed, [tf().cast(value, tf().float32)], tf().int32)
+                for feed, value in zip(feeds, outputs)
+            ]
+
+        self.forward = forward
+
+    def _feeder(self, index: int) -> Any:
+        """The eager function a ``tf.py_function`` calls with activation ``index``: collect it."""
+        import torch
+
+        from qdq.keras._backend import tf
+
+        def feed(value: Any) -> Any:
+            try:
+                shared = torch.from_dlpack(tf().experimental.dlpack.to_dlpack(value))
+                for calibrator in self.targets[index]:
+                    calibrator.collect(shared)
+            except BaseException as error:
+                self.failures.append(error)
+                raise
+            return np.int32(0)
+
+        return feed
+
+
+_PROBE_ATTRIBUTE = "_qdq_calibration_probe"
+
+
+def _probe_of(model: Any, tensors: list[Any]) -> _Probe:
+    """The model's calibration probe over ``tensors``, built (and traced) on first use."""
+    key = tuple(id(tensor) for tensor in tensors)
+    cached = getattr(model, _PROBE_ATTRIBUTE, None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    probe = _Probe(model, tensors)
+    object.__setattr__(model, _PROBE_ATTRIBUTE, (key, probe))  # not a Keras-tracked attribute: never saved
+    return probe
 
 
 def forget_traced_functions(model: Any) -> None:
