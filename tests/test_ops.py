@@ -55,6 +55,48 @@ def test_operator_is_registered_with_fake_and_autograd():
     assert fake.shape == (2, 5)
 
 
+@pytest.mark.parametrize(("qmin", "qmax"), [(-128, 127), (0, 255), (-8, 7)])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_eager_entry_point_equals_the_operator_in_value_and_gradient(qmin, qmax, per_channel):
+    g = torch.Generator().manual_seed(qmax)
+    x = torch.randn(6, 4, 5, generator=g) * 3
+    amax = torch.rand(6, 1, 1, generator=g) * 4 if per_channel else torch.tensor(2.5)
+    grad = torch.randn(6, 4, 5, generator=g)
+    results = []
+    for fn in (ops.quantize_ste, torch.ops.qdq.quantize):
+        xg = x.clone().requires_grad_(True)
+        out = fn(xg, amax, qmin, qmax, True)
+        out.backward(grad)
+        results.append((out.detach(), xg.grad, type(out.grad_fn).__name__))
+    (eager, eager_grad, eager_node), (op, op_grad, op_node) = results
+    assert torch.equal(eager, op) and torch.equal(eager_grad, op_grad)
+    lo = 0.0 if qmin == 0 else -amax
+    assert torch.equal(eager_grad, grad * ((x >= lo) & (x <= amax)))  # the straight-through mask, inclusive
+    assert eager_node == "_StraightThroughBackward" and eager_node != op_node  # eager skips the op's dispatch
+    with torch.no_grad():
+        assert ops.quantize_ste(x.requires_grad_(True), amax, qmin, qmax, True).grad_fn is None
+
+
+@pytest.mark.parametrize(("num_bits", "unsigned"), [(2, False), (8, False), (8, True), (16, False), (16, True)])
+def test_round_to_grid_equals_numpy_at_the_edges_of_the_rounding_trick(num_bits, unsigned):
+    # the rounding constant 1.5 * 2**23 is added before the clamp: quotients beyond +-2**22 (where the sum
+    # leaves [2**23, 2**24)), ties, signed zeros and non-finite values must still give QuantizeLinear's codes
+    qmin, qmax = quant_bounds(num_bits, unsigned)
+    step = np.float32(0.5)
+    edges = [2.0**22, 2.0**23, 2.0**24, 3.0 * 2**22, 1e30, np.inf, qmax, qmax + 0.5, qmin - 0.5, 0.5, 1.5]
+    edges = np.array(edges, np.float32)
+    inward = np.nextafter(edges, np.float32(0))
+    x = np.concatenate([edges, -edges, inward, -inward, np.float32([0.0, -0.0])]) * step
+    rng = np.random.default_rng(num_bits)
+    x = np.concatenate([x, (rng.integers(qmin - 3, qmax + 3, 5000) + 0.5).astype(np.float32) * step])
+    got = ops.round_to_grid(torch.from_numpy(x), torch.tensor(step), qmin, qmax).numpy()
+    expected = np.clip(np.rint(x / step), qmin, qmax).astype(np.float32)
+    np.testing.assert_array_equal(got, expected)
+    assert not np.signbit(got[got == 0]).any()  # +0 for -0 and small negatives, as QuantizeLinear gives
+    nan = ops.round_to_grid(torch.tensor([float("nan")]), torch.tensor(step), qmin, qmax)
+    assert torch.isnan(nan).all()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernels_match_aten_bit_for_bit_under_the_interpreter():
     script = Path(__file__).with_name("_triton_interpret_check.py")
@@ -106,13 +148,18 @@ def test_cuda_step_equals_numpy_and_channels_last_works():
 
 
 @pytest.mark.gpu
-def test_cuda_uses_the_triton_kernel():
-    if ops._triton_module() is None:
+def test_cuda_uses_the_triton_kernels_in_both_directions(monkeypatch):
+    kernels = ops._triton_module()
+    if kernels is None:
         pytest.skip("triton is not installed")
-    x = torch.randn(1000, device="cuda")
-    assert ops._triton_layout(x, torch.tensor(1.0, device="cuda")) == 1000
+    calls = []
+    for name in ("quantize_triton", "quantize_backward_triton"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    x = torch.randn(1000, device="cuda", requires_grad=True)
+    amax = torch.tensor(1.5, device="cuda")
+    out = fake_tensor_quant(x, amax)
+    out.backward(torch.ones_like(out))
+    assert calls == ["quantize_triton", "quantize_backward_triton"]
     qmin, qmax = quant_bounds(8)
-    assert torch.equal(
-        ops._quantize_cuda(x, torch.tensor(1.5, device="cuda"), qmin, qmax, True),
-        ops._quantize_aten(x, torch.tensor(1.5, device="cuda"), qmin, qmax, True),
-    )
+    assert torch.equal(out.detach(), ops._quantize_aten(x.detach(), amax, qmin, qmax, True))

@@ -12,9 +12,11 @@
 
 Both are ``torch.library`` custom operators with a fake (meta) implementation and a registered
 autograd formula, so ``torch.compile`` traces a quantized model without graph breaks and nothing here
-reads a device value on the host. Kernels:
+reads a device value on the host. Callers use :func:`quantize_ste`, which is the operator when traced and
+calls the same kernels without the operator's dispatch in eager mode. Kernels:
 
-* CPU, and any device without another kernel: ATen operations (four passes over ``x``).
+* CPU, and any device without another kernel: ATen operations (five passes over ``x`` forward, three
+  backward).
 * CUDA: one Triton kernel per direction (:mod:`qdq.triton_kernels`) when triton is installed and the
   layout is simple (dense ``x``; per tensor, or ``amax`` varying along one axis of a contiguous ``x``);
   the ATen operations otherwise. Both compute the same bits.
@@ -31,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AMAX_EPSILON", "quant_step", "quantize", "quantize_grad", "round_to_grid"]
+__all__ = ["AMAX_EPSILON", "quant_step", "quantize", "quantize_grad", "quantize_ste", "round_to_grid"]
 
 #: amax at or below this quantizes to exact zeros (the smallest fp16 subnormal, as in the seed).
 AMAX_EPSILON = 2.0**-24
@@ -48,8 +50,14 @@ def quant_step(amax: torch.Tensor, max_bound: int) -> torch.Tensor:
     CUDA computes a division by a Python number as a multiplication by its reciprocal, one ulp off for
     a few percent of ranges.
     """
+    return _step_and_tiny(amax, max_bound)[0]
+
+
+def _step_and_tiny(amax: torch.Tensor, max_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quant_step` and the mask of tiny ranges (``amax <= AMAX_EPSILON``) it set to 1."""
     amax = amax.float()
-    return torch.where(amax <= AMAX_EPSILON, torch.ones_like(amax), amax / torch.full_like(amax, max_bound))
+    tiny = amax <= AMAX_EPSILON
+    return torch.div(amax, torch.full_like(amax, max_bound)).masked_fill_(tiny, 1.0), tiny
 
 
 _ROUNDER = 1.5 * 2.0**23
@@ -63,16 +71,17 @@ def round_to_grid(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int) -> 
     ``[-2**15, 2**15]``, where the float32 addition itself rounds to the nearest integer, ties to even
     (zero comes out as +0, as from QuantizeLinear). The Triton kernels round the same way. On the CPU
     it also avoids ``round_``, whose kernel opens a parallel region from a few thousand elements, which
-    can stall for a scheduler tick on a busy 2-core machine.
+    can stall for a scheduler tick on a busy 2-core machine. (``addcdiv`` would fold the division and
+    the addition into one pass, but its CPU kernel does not vectorise a broadcast scalar step: 7x slower.)
     """
     return torch.div(x.float(), step.float()).clamp_(qmin, qmax).add_(_ROUNDER).sub_(_ROUNDER)
 
 
 def _quantize_aten(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
-    step, tiny = quant_step(amax, qmax), amax <= AMAX_EPSILON
+    step, tiny = _step_and_tiny(amax, qmax)
     q = round_to_grid(x, step, qmin, qmax)
     # Multiplying by 0 (rather than masking) zeroes tiny channels without testing whether there are any.
-    q = q.mul_(torch.where(tiny, torch.zeros_like(step), step) if dequantize else (~tiny).float())
+    q = q.mul_(step.masked_fill(tiny, 0.0) if dequantize else tiny.logical_not().float())
     return q.to(x.dtype)
 
 
@@ -119,22 +128,35 @@ def _triton_layout(x: torch.Tensor, amax: torch.Tensor) -> int | None:
     return math.prod(x.shape[varying[0] + 1 :])
 
 
+# -- kernels: the device's implementation, shared by the operators and the eager path ------------------
+
+
+def _quantize_kernel(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
+    """Triton on CUDA where the layout allows (:func:`_triton_layout`), ATen otherwise; the same bits."""
+    if x.is_cuda:
+        kernels = _triton_module()
+        inner = None if kernels is None else _triton_layout(x, amax)
+        if inner is not None:
+            return kernels.quantize_triton(x, amax.float().contiguous(), inner, qmin, qmax, dequantize)
+    return _quantize_aten(x, amax, qmin, qmax, dequantize)
+
+
+def _quantize_grad_kernel(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
+    if x.is_cuda and grad.stride() == x.stride() and grad.dtype != torch.float64:
+        kernels = _triton_module()
+        inner = None if kernels is None else _triton_layout(x, amax)
+        if inner is not None:
+            return kernels.quantize_backward_triton(grad, x, amax.float().contiguous(), inner, unsigned)
+    return _quantize_grad_aten(grad, x, amax, unsigned)
+
+
 # -- operators ----------------------------------------------------------------------------------------
 
 
 @torch.library.custom_op("qdq::quantize", mutates_args=())
 def quantize(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
     """Quantize ``x`` to the integer grid ``[qmin, qmax]`` of range ``amax`` (see the module docstring)."""
-    return _quantize_aten(x, amax, qmin, qmax, dequantize)
-
-
-@quantize.register_kernel("cuda")
-def _quantize_cuda(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
-    kernels = _triton_module()
-    inner = None if kernels is None else _triton_layout(x, amax)
-    if inner is None:
-        return _quantize_aten(x, amax, qmin, qmax, dequantize)
-    return kernels.quantize_triton(x, amax.float().contiguous(), inner, qmin, qmax, dequantize)
+    return _quantize_kernel(x, amax, qmin, qmax, dequantize)
 
 
 @quantize.register_fake
@@ -145,16 +167,7 @@ def _quantize_fake(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, de
 @torch.library.custom_op("qdq::quantize_grad", mutates_args=())
 def quantize_grad(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
     """Straight-through gradient of :func:`quantize`: ``grad`` inside the range, 0 outside."""
-    return _quantize_grad_aten(grad, x, amax, unsigned)
-
-
-@quantize_grad.register_kernel("cuda")
-def _quantize_grad_cuda(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
-    kernels = _triton_module()
-    inner = None if kernels is None else _triton_layout(x, amax)
-    if inner is None or grad.stride() != x.stride() or grad.dtype == torch.float64:
-        return _quantize_grad_aten(grad, x, amax, unsigned)
-    return kernels.quantize_backward_triton(grad, x, amax.float().contiguous(), inner, unsigned)
+    return _quantize_grad_kernel(grad, x, amax, unsigned)
 
 
 @quantize_grad.register_fake
@@ -172,9 +185,43 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     x, amax = ctx.saved_tensors
     if not ctx.needs_input_grad[0]:
         return None, None, None, None, None
-    # On the CPU, ATen directly: the custom-op dispatch costs more than the operation on small tensors.
+    # Traced (torch.compile): on CUDA the Triton kernel as one opaque op; on the CPU the ATen formula,
+    # which the compiler fuses with its neighbours.
     grad_fn = quantize_grad if x.is_cuda else _quantize_grad_aten
     return grad_fn(grad, x, amax, ctx.unsigned), None, None, None, None
 
 
 quantize.register_autograd(_backward, setup_context=_setup_context)
+
+
+# -- the entry point ----------------------------------------------------------------------------------
+
+
+class _StraightThrough(torch.autograd.Function):
+    """:func:`quantize` and its gradient in eager mode: the same kernels, without the custom-op dispatch."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
+        ctx.save_for_backward(x, amax)
+        ctx.unsigned = qmin == 0
+        return _quantize_kernel(x, amax, qmin, qmax, dequantize)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, amax = ctx.saved_tensors
+        return _quantize_grad_kernel(grad, x, amax, ctx.unsigned), None, None, None, None
+
+
+def quantize_ste(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
+    """:func:`quantize` with its straight-through gradient: what every caller in qdq uses.
+
+    Traced by ``torch.compile``, it is the custom operator (one node, no graph break). In eager mode it
+    calls the same kernels through a plain ``autograd.Function``, or directly when no gradient is needed:
+    the custom-op dispatch costs about 70 us of host time per call with autograd (measured on the CPU),
+    which on a GPU is time the host is not queuing kernels.
+    """
+    if torch.compiler.is_compiling():
+        return quantize(x, amax, qmin, qmax, dequantize)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _StraightThrough.apply(x, amax, qmin, qmax, dequantize)
+    return _quantize_kernel(x, amax, qmin, qmax, dequantize)

@@ -188,7 +188,7 @@ def fake_quant_unchecked(
 ) -> torch.Tensor:
     """:func:`fake_tensor_quant` without argument validation, for callers that validated once (quantizers)."""
     qmin, qmax = quant_bounds(num_bits, unsigned, narrow_range)
-    return ops.quantize(inputs, amax, qmin, qmax, True)
+    return ops.quantize_ste(inputs, amax, qmin, qmax, True)
 
 
 def tensor_quant_unchecked(
@@ -196,7 +196,7 @@ def tensor_quant_unchecked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`tensor_quant` without argument validation."""
     qmin, qmax = quant_bounds(num_bits, unsigned, narrow_range)
-    q = ops.quantize(inputs, amax, qmin, qmax, False)
+    q = ops.quantize_ste(inputs, amax, qmin, qmax, False)
     return q, quant_scale(amax, num_bits, unsigned).to(inputs.dtype)
 
 
