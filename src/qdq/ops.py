@@ -131,23 +131,30 @@ def _triton_layout(x: torch.Tensor, amax: torch.Tensor) -> int | None:
 # -- kernels: the device's implementation, shared by the operators and the eager path ------------------
 
 
+def _triton_for(x: torch.Tensor, amax: torch.Tensor) -> tuple[Any, int] | None:
+    """:mod:`qdq.triton_kernels` and the ``inner`` block size for ``x`` on CUDA, or None for the ATen path."""
+    if not x.is_cuda:
+        return None
+    kernels = _triton_module()
+    inner = None if kernels is None else _triton_layout(x, amax)
+    return None if inner is None else (kernels, inner)
+
+
 def _quantize_kernel(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
     """Triton on CUDA where the layout allows (:func:`_triton_layout`), ATen otherwise; the same bits."""
-    if x.is_cuda:
-        kernels = _triton_module()
-        inner = None if kernels is None else _triton_layout(x, amax)
-        if inner is not None:
-            return kernels.quantize_triton(x, amax.float().contiguous(), inner, qmin, qmax, dequantize)
-    return _quantize_aten(x, amax, qmin, qmax, dequantize)
+    triton = _triton_for(x, amax)
+    if triton is None:
+        return _quantize_aten(x, amax, qmin, qmax, dequantize)
+    kernels, inner = triton
+    return kernels.quantize_triton(x, amax.float().contiguous(), inner, qmin, qmax, dequantize)
 
 
 def _quantize_grad_kernel(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
-    if x.is_cuda and grad.stride() == x.stride() and grad.dtype != torch.float64:
-        kernels = _triton_module()
-        inner = None if kernels is None else _triton_layout(x, amax)
-        if inner is not None:
-            return kernels.quantize_backward_triton(grad, x, amax.float().contiguous(), inner, unsigned)
-    return _quantize_grad_aten(grad, x, amax, unsigned)
+    triton = None if grad.stride() != x.stride() or grad.dtype == torch.float64 else _triton_for(x, amax)
+    if triton is None:
+        return _quantize_grad_aten(grad, x, amax, unsigned)
+    kernels, inner = triton
+    return kernels.quantize_backward_triton(grad, x, amax.float().contiguous(), inner, unsigned)
 
 
 # -- operators ----------------------------------------------------------------------------------------
@@ -202,9 +209,9 @@ class _StraightThrough(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:
-        ctx.save_for_backward(x, amax)
-        ctx.unsigned = qmin == 0
-        return _quantize_kernel(x, amax, qmin, qmax, dequantize)
+        out = _quantize_kernel(x, amax, qmin, qmax, dequantize)
+        _setup_context(ctx, (x, amax, qmin, qmax, dequantize), out)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
