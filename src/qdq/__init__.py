@@ -12,8 +12,7 @@ Entry points:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from qdq.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -54,17 +53,6 @@ _SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "descriptor", "qu
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"qdq.{name}")
-    module = _LAZY.get(name)
-    if module is None:
-        if name in _RENAMED:
-            raise AttributeError(f"qdq.{name} was renamed qdq.{_RENAMED[name]}.")
-        raise AttributeError(f"module 'qdq' has no attribute {name!r}")
-    attr = "tensor_quant" if name == "tensor_quant_fn" else name
-    return getattr(importlib.import_module(module), attr)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(
+    __name__, _LAZY, submodules=_SUBMODULES, aliases={"tensor_quant_fn": "tensor_quant"}, renamed=_RENAMED
+)

@@ -11,8 +11,7 @@ it without paying for torch, torchvision or scikit-learn until a command needs t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from qdq.lazy import lazy_names
 
 _LAZY = {
     # data
@@ -52,12 +51,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'qdq.app' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

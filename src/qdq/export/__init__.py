@@ -15,8 +15,7 @@ Importing this package does not import ``onnx``; the functions do, when called.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from qdq.lazy import lazy_names
 
 _LAZY = {
     "export_onnx": "qdq.export.onnx_export",
@@ -40,12 +39,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'qdq.export' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -18,8 +18,7 @@ it with ``pip install 'qdq[tf]'``).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from qdq.lazy import lazy_names
 
 _LAZY = {
     "quantize_model": "qdq.keras.quantize",
@@ -56,14 +55,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'qdq.keras' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -22,8 +22,7 @@ reports) lives in :mod:`qdq.app`.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from qdq.lazy import lazy_names
 
 _LAZY = {
     "calibrate": "qdq.workflow.calibration",
@@ -46,19 +45,9 @@ _SUBMODULES = ("calibration", "distributed", "fine_tuning", "post_training", "se
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        return getattr(importlib.import_module(module), name)
-    if name in _SUBMODULES:
-        return importlib.import_module(f"qdq.workflow.{name}")
-    if name == "compute_amax":
-        raise AttributeError(
-            "qdq.workflow.compute_amax was renamed qdq.workflow.load_amax (it loads ranges into a model; "
-            "a calibrator's compute_amax() returns one)."
-        )
-    raise AttributeError(f"module 'qdq.workflow' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*__all__, *_SUBMODULES])
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    _LAZY,
+    submodules=_SUBMODULES,
+    renamed={"compute_amax": "load_amax (it loads ranges into a model; a calibrator's compute_amax() returns one)"},
+)

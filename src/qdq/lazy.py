@@ -1,0 +1,56 @@
+"""The one lazy-import helper: a package whose public names resolve on first access.
+
+qdq's packages import nothing heavy when imported (``import qdq`` imports no torch, ``import qdq.keras`` no
+TensorFlow): their ``__init__.py`` lists where each public name lives and hands the list to
+:func:`lazy_names`, which returns the package's ``__getattr__`` and ``__dir__``::
+
+    __getattr__, __dir__ = lazy_names(__name__, {"export_onnx": "qdq.export.onnx_export"})
+
+A name is looked up in its module each time it is read (the module is imported once): a name whose value
+changes (``qdq.export.TARGETS``, the registered target names) stays current.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+__all__ = ["lazy_names"]
+
+
+def lazy_names(
+    package: str,
+    names: Mapping[str, str],
+    *,
+    submodules: Iterable[str] = (),
+    aliases: Mapping[str, str] | None = None,
+    renamed: Mapping[str, str] | None = None,
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``, resolving its public names lazily.
+
+    Args:
+        package: the package's ``__name__``.
+        names: public name -> the module defining it (imported on first access).
+        submodules: submodules also reachable as attributes (``qdq.workflow.calibration``).
+        aliases: public name -> the attribute of its module it stands for, when they differ.
+        renamed: old name -> what it was renamed to; reading it raises ``AttributeError`` saying so.
+    """
+    subs = frozenset(submodules)
+    alias = dict(aliases or {})
+    moved = dict(renamed or {})
+
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is not None:
+            return getattr(importlib.import_module(module), alias.get(name, name))
+        if name in subs:
+            return importlib.import_module(f"{package}.{name}")
+        if name in moved:
+            raise AttributeError(f"{package}.{name} was renamed {package}.{moved[name]}.")
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted({*names, *subs})
+
+    return __getattr__, __dir__
