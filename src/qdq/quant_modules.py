@@ -19,30 +19,21 @@ from typing import Any
 
 import torch
 
-from qdq import nn as qnn
 from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.nn.registry import QUANT_MODULES, default_float_types
 
 __all__ = ["QuantPatch", "deactivate", "enable_onnx_export", "initialize", "is_active"]
 
-# (namespace, attribute name, quantized class): the seed's default map.
-_DEFAULT_QUANT_MAP: list[tuple[types.ModuleType, str, type]] = [
-    (torch.nn, "Conv1d", qnn.QuantConv1d),
-    (torch.nn, "Conv2d", qnn.QuantConv2d),
-    (torch.nn, "Conv3d", qnn.QuantConv3d),
-    (torch.nn, "ConvTranspose1d", qnn.QuantConvTranspose1d),
-    (torch.nn, "ConvTranspose2d", qnn.QuantConvTranspose2d),
-    (torch.nn, "ConvTranspose3d", qnn.QuantConvTranspose3d),
-    (torch.nn, "Linear", qnn.QuantLinear),
-    (torch.nn, "AvgPool1d", qnn.QuantAvgPool1d),
-    (torch.nn, "AvgPool2d", qnn.QuantAvgPool2d),
-    (torch.nn, "AvgPool3d", qnn.QuantAvgPool3d),
-    (torch.nn, "AdaptiveAvgPool1d", qnn.QuantAdaptiveAvgPool1d),
-    (torch.nn, "AdaptiveAvgPool2d", qnn.QuantAdaptiveAvgPool2d),
-    (torch.nn, "AdaptiveAvgPool3d", qnn.QuantAdaptiveAvgPool3d),
-]
-for _name in ("LSTM", "LSTMCell"):
-    if hasattr(qnn, f"Quant{_name}"):
-        _DEFAULT_QUANT_MAP.append((torch.nn, _name, getattr(qnn, f"Quant{_name}")))
+
+
+def _default_map() -> list[tuple[types.ModuleType, str, type]]:
+    """``(torch.nn, "Conv2d", QuantConv2d)``...: the ``torch.nn`` classes quantized by default (the seed's map,
+    read from :data:`qdq.nn.registry.QUANT_MODULES`)."""
+    return [
+        (torch.nn, float_cls.__name__, QUANT_MODULES.get(float_cls))
+        for float_cls in default_float_types()
+        if float_cls.__module__.startswith("torch.nn")
+    ]
 
 
 class QuantPatch:
@@ -80,12 +71,13 @@ _PATCH = QuantPatch()
 def _entries(
     float_module_list: Sequence[str] | None, custom_quant_modules: Iterable[tuple[Any, str, type]] | None
 ) -> list[tuple[types.ModuleType, str, type]]:
+    defaults = _default_map()
     skip = set(float_module_list or ())
-    known = {name for _, name, _ in _DEFAULT_QUANT_MAP}
+    known = {name for _, name, _ in defaults}
     unknown = skip - known
     if unknown:
         raise QdqConfigError(f"float_module_list names {sorted(unknown)} that are not patched; known: {sorted(known)}.")
-    entries = [e for e in _DEFAULT_QUANT_MAP if e[1] not in skip]
+    entries = [e for e in defaults if e[1] not in skip]
     for entry in custom_quant_modules or ():
         if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[1], str)):
             raise QdqTypeError(

@@ -42,7 +42,10 @@ from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.utils.reduce_amax import amax_over
 from qdq.validate import check_range
 
-__all__ = ["TensorQuantizer"]
+__all__ = ["ROLES", "TensorQuantizer"]
+
+#: What a quantizer can be for (:attr:`TensorQuantizer.role`).
+ROLES = ("input", "weight", "output")
 
 _log = logging.getLogger(__name__)
 _BUFFERS = ("_amax", "_pre_quant_scale")
@@ -57,6 +60,10 @@ class TensorQuantizer(nn.Module):
         if_quant: quantize in forward.
         if_clip: clip to the learned range in forward (only with ``learn_amax``).
         if_calib: feed the calibrator in forward.
+        role: what the quantizer is for: ``"input"`` (an activation a module reads), ``"weight"`` (a
+            parameter, calibrated from its values) or ``"output"`` (an activation a module or a placement rule
+            quantizes where it is produced); set by the module or rule that creates it, None when unknown.
+            Calibration, weight calibration and export read it (:data:`ROLES`).
 
     ``amax`` is a float32 buffer, always registered so ``state_dict`` keys never change; an empty buffer
     means "no stored range" (dynamic).
@@ -73,8 +80,10 @@ class TensorQuantizer(nn.Module):
         if_quant: bool = True,
         if_clip: bool = False,
         if_calib: bool = False,
+        role: str | None = None,
     ) -> None:
         super().__init__()
+        self.role = role
         desc = QuantDescriptor() if quant_desc is None else quant_desc
         if not isinstance(desc, QuantDescriptor):
             raise QdqConfigError(f"quant_desc must be a QuantDescriptor, got {type(desc).__name__}.")
@@ -102,6 +111,22 @@ class TensorQuantizer(nn.Module):
             self.enable_clip()
         if if_clip:
             self.enable_clip()
+
+    @property
+    def role(self) -> str | None:
+        """``"input"``, ``"weight"``, ``"output"`` (:data:`ROLES`), or None when its creator did not say."""
+        return self.__dict__.get("_role")  # a quantizer pickled before roles existed has none
+
+    @role.setter
+    def role(self, value: str | None) -> None:
+        if value is not None and value not in ROLES:
+            raise QdqConfigError(f"a quantizer's role is one of {ROLES} or None, got {value!r}.")
+        self._role = value
+
+    @property
+    def is_weight(self) -> bool:
+        """It quantizes a weight (``role == "weight"``)."""
+        return self.role == "weight"
 
     # ---------------------------------------------------------------------------------------- modes
     def enable(self) -> None:

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from qdq import nn as qnn
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.nn.base import QuantInputMixin, QuantMixin, float_class_of
-from qdq.registry import Registry
+from qdq.nn.registry import QUANT_MODULES, default_float_types
 
 __all__ = [
     "QUANT_MODULES",
@@ -32,46 +31,8 @@ __all__ = [
     "unregister_quant_module",
 ]
 
-#: float module type -> quantized module class.
-QUANT_MODULES: Registry[type, type] = Registry("quantized module for")
-
-_DEFAULT_PAIRS = [
-    (nn.Conv1d, qnn.QuantConv1d),
-    (nn.Conv2d, qnn.QuantConv2d),
-    (nn.Conv3d, qnn.QuantConv3d),
-    (nn.ConvTranspose1d, qnn.QuantConvTranspose1d),
-    (nn.ConvTranspose2d, qnn.QuantConvTranspose2d),
-    (nn.ConvTranspose3d, qnn.QuantConvTranspose3d),
-    (nn.Linear, qnn.QuantLinear),
-    (nn.MaxPool1d, qnn.QuantMaxPool1d),
-    (nn.MaxPool2d, qnn.QuantMaxPool2d),
-    (nn.MaxPool3d, qnn.QuantMaxPool3d),
-    (nn.AvgPool1d, qnn.QuantAvgPool1d),
-    (nn.AvgPool2d, qnn.QuantAvgPool2d),
-    (nn.AvgPool3d, qnn.QuantAvgPool3d),
-    (nn.AdaptiveAvgPool1d, qnn.QuantAdaptiveAvgPool1d),
-    (nn.AdaptiveAvgPool2d, qnn.QuantAdaptiveAvgPool2d),
-    (nn.AdaptiveAvgPool3d, qnn.QuantAdaptiveAvgPool3d),
-    (nn.InstanceNorm1d, qnn.QuantInstanceNorm1d),
-    (nn.InstanceNorm2d, qnn.QuantInstanceNorm2d),
-    (nn.InstanceNorm3d, qnn.QuantInstanceNorm3d),
-]
-for _float, _quant in _DEFAULT_PAIRS:
-    QUANT_MODULES.register(_float, _quant)
-for _name in ("LSTM", "LSTMCell"):
-    if hasattr(qnn, f"Quant{_name}"):
-        QUANT_MODULES.register(getattr(nn, _name), getattr(qnn, f"Quant{_name}"))
-
-# MaxPool does not need quantizing for TensorRT (it commutes with Q/DQ), and the seed leaves it and
-# InstanceNorm float; replace_modules follows the seed unless a filter asks for them.
-_SEED_DEFAULT_EXCLUDED: tuple[type, ...] = (
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.MaxPool3d,
-    nn.InstanceNorm1d,
-    nn.InstanceNorm2d,
-    nn.InstanceNorm3d,
-)
+# The map itself lives next to the quantized classes (``@quantizes(nn.Conv2d)`` in ``qdq/nn``); MaxPool (it
+# commutes with Q/DQ) and InstanceNorm are registered but swapped only when a filter names them, as in the seed.
 
 
 def register_quant_module(float_cls: type, quant_cls: type | None = None, *, override: bool = False):
@@ -155,7 +116,7 @@ class ModuleFilter:
         if self.include_types:
             if kind not in self.include_types:
                 return False
-        elif kind in _SEED_DEFAULT_EXCLUDED:
+        elif kind in QUANT_MODULES and kind not in default_float_types():
             return False
         if kind in self.exclude_types:
             return False

@@ -189,3 +189,46 @@ def test_backward_reaches_weights_and_input():
     x = torch.randn(2, 3, 6, 6, requires_grad=True)
     module(x).sum().backward()
     assert module.weight.grad is not None and x.grad is not None and x.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------ what each module declares (QuantModule)
+@pytest.mark.parametrize(
+    ("module", "roles", "arguments"),
+    [
+        (quant_nn.QuantConv2d(3, 4, 3), {"_input_quantizer": "input", "_weight_quantizer": "weight"}, 1),
+        (quant_nn.QuantLinear(3, 4), {"_input_quantizer": "input", "_weight_quantizer": "weight"}, 1),
+        (quant_nn.QuantAvgPool2d(2), {"_input_quantizer": "input"}, 1),
+        (quant_nn.QuantAdd(), {"input_quantizers.0": "input", "input_quantizers.1": "input"}, 2),
+        (quant_nn.QuantConcat(1), {"input_quantizer": "input"}, 1),
+        (quant_nn.QuantMatMul(), {"input_quantizers.0": "input", "input_quantizers.1": "input"}, 2),
+        (
+            quant_nn.QuantLSTM(3, 4, bidirectional=True),
+            {f"_{kind}_quantizers.{i}": kind for kind in ("input", "weight") for i in range(2)},
+            0,
+        ),
+    ],
+    ids=["conv", "linear", "pool", "add", "concat", "matmul", "lstm"],
+)
+def test_every_module_lists_its_quantizers_and_what_each_is_for(module, roles, arguments):
+    assert {name: q.role for name, q in module.quantizers().items()} == roles
+    argument_quantizers = [q for q in module.argument_quantizers() if q is not None]
+    assert len(argument_quantizers) == arguments  # the LSTM reads cat([x_t, h]), not its argument, quantized
+    assert all(q.role == "input" for q in argument_quantizers)
+
+
+def test_a_role_is_one_of_three():
+    q = quant_nn.TensorQuantizer(role="weight")
+    assert q.is_weight and quant_nn.TensorQuantizer().role is None
+    with pytest.raises(QdqConfigError, match="role"):
+        quant_nn.TensorQuantizer(role="bias")
+
+
+def test_the_float_to_quantized_map_is_the_one_the_classes_registered():
+    from qdq.nn.registry import QUANT_MODULES, default_float_types
+    from qdq.quant_modules import _default_map
+
+    for float_cls, quant_cls in QUANT_MODULES.items():
+        assert issubclass(quant_cls, float_cls), quant_cls
+    patched = {name for _, name, _ in _default_map()}
+    assert patched == {cls.__name__ for cls in default_float_types()}
+    assert not patched & {"MaxPool2d", "InstanceNorm2d"} and {"Conv2d", "LSTM", "AvgPool2d"} <= patched

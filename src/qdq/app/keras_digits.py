@@ -17,6 +17,7 @@ import numpy as np
 
 from qdq.app.pipeline import PipelineConfig, measure_engines
 from qdq.atomic import write_text_atomic
+from qdq.calib.registry import CALIBRATION_METHODS
 
 __all__ = ["KERAS_MODEL", "digits_arrays", "keras_demo_runs", "keras_digits_resnet", "run_keras_job", "train_keras"]
 
@@ -111,7 +112,7 @@ def run_keras_job(
     qk.export_onnx(model, out / "model_fp32.onnx", target="tensorrt")  # no wrappers: the float graph
     qmodel = qk.quantize_model(model, num_bits=cfg.activation_bits, weight_bits=cfg.weight_bits, target=cfg.target)
     calib = [x_train[i : i + cfg.batch_size] for i in range(0, cfg.calib_batches * cfg.batch_size, cfg.batch_size)]
-    methods = ("max", "entropy", "mse", "percentile") if cfg.calib == "all" else (cfg.calib,)
+    methods = CALIBRATION_METHODS if cfg.calib == "all" else (cfg.calib,)
     ptq = qk.ptq(qmodel, calib, evaluate, methods)
     summary["ptq"] = ptq.to_dict()
     summary["accuracy"]["PTQ " + ptq.best.label] = ptq.best.score

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from qdq.atomic import write_text_atomic
+from qdq.calib.registry import CALIBRATION_METHODS
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.targets import get_target
 from qdq.workflow import distributed as dist
@@ -29,7 +30,7 @@ from qdq.workflow import distributed as dist
 __all__ = ["PipelineConfig", "measure_engines", "run_pipeline"]
 
 _log = logging.getLogger(__name__)
-_CALIB = ("all", "max", "entropy", "mse", "percentile")
+_CALIB = ("all", *CALIBRATION_METHODS)
 
 
 @dataclass
@@ -175,7 +176,7 @@ def _calibrate(job: _Job) -> None:
     calib = list(itertools.islice(iter(job.train_loader), cfg.calib_batches))
     if dist.is_distributed():  # each rank calibrates on its share; statistics are all-reduced
         calib = calib[dist.rank() :: dist.world_size()]
-    methods = ("max", "entropy", "mse", "percentile") if cfg.calib == "all" else (cfg.calib,)
+    methods = CALIBRATION_METHODS if cfg.calib == "all" else (cfg.calib,)
     result = ptq(job.model, calib, job.evaluate, methods, progress=job.progress)
     job.extras["ptq"] = result
     job.summary["ptq"] = result.to_dict()

@@ -18,7 +18,16 @@ from .base import Calibrator
 from .histogram import DEFAULT_NUM_BINS, HistogramCalibrator
 from .max import MaxCalibrator
 
-__all__ = ["calibrator_names", "make_calibrator", "register_calibrator", "unregister_calibrator"]
+__all__ = [
+    "CALIBRATION_METHODS",
+    "WEIGHT_METHODS",
+    "calibrator_names",
+    "check_method",
+    "make_calibrator",
+    "register_calibrator",
+    "statistics_calibrator",
+    "unregister_calibrator",
+]
 
 CalibratorFactory = Callable[..., Calibrator]
 F = TypeVar("F", bound=CalibratorFactory)
@@ -57,9 +66,33 @@ _BUILTINS: dict[str, CalibratorFactory] = {
     "histogram": HistogramCalibrator,
     **{m: _histogram_with(m) for m in ("entropy", "mse", "percentile")},
 }
+#: The calibration methods, in the order post-training quantization tries them: every built-in calibrator but
+#: the plain histogram (which needs a method): ``"max"``, then the histogram methods.
+CALIBRATION_METHODS: tuple[str, ...] = tuple(name for name in _BUILTINS if name != "histogram")
+#: The methods that set a weight's range (entropy compares activation distributions; it is not one).
+WEIGHT_METHODS: tuple[str, ...] = tuple(name for name in CALIBRATION_METHODS if name != "entropy")
 _registry: Registry[str, CalibratorFactory] = Registry("calibrator")
 for _name, _factory in _BUILTINS.items():
     _registry.register(_name, _factory)
+
+
+def statistics_calibrator(method: str) -> str:
+    """The calibrator whose statistics ``method`` computes a range from: ``"max"`` for max, else ``"histogram"``."""
+    return "max" if method == "max" else "histogram"
+
+
+def check_method(method: str, *, who: str = "") -> str:
+    """``method`` when it is one of :data:`CALIBRATION_METHODS`; else one clear error (``who``: its prefix).
+
+    Raises:
+        QdqConfigError: an unknown method, with the accepted ones and the closest.
+    """
+    if method not in CALIBRATION_METHODS:
+        raise QdqConfigError(
+            f"{who}unknown calibration method {method!r}; choose one of {list(CALIBRATION_METHODS)}."
+            f"{did_you_mean(str(method), CALIBRATION_METHODS)}"
+        )
+    return method
 
 
 def register_calibrator(name: str, factory: F | None = None, *, override: bool = False) -> F | Callable[[F], F]:

@@ -14,10 +14,10 @@ from qdq.errors import QdqCalibrationError, QdqConfigError, QdqError, QdqTypeErr
 from .base import Calibrator
 from .histogram import DEFAULT_NUM_BINS, HistogramCalibrator
 from .max import MaxCalibrator
+from .registry import WEIGHT_METHODS
 
 __all__ = ["calibrate_weights"]
 
-_METHODS = ("max", "percentile", "mse")
 
 
 def calibrate_weights(
@@ -93,10 +93,10 @@ def _quantized_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor, A
 def _check_arguments(model: object, method: str) -> None:
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"calibrate_weights expects an nn.Module, got {type(model).__name__}.")
-    if method not in _METHODS:
+    if method not in WEIGHT_METHODS:
         raise QdqConfigError(
-            f"calibrate_weights: unknown method {method!r}; choose one of {list(_METHODS)}."
-            f"{did_you_mean(str(method), _METHODS)}"
+            f"calibrate_weights: unknown method {method!r}; choose one of {list(WEIGHT_METHODS)}."
+            f"{did_you_mean(str(method), WEIGHT_METHODS)}"
         )
 
 

@@ -60,7 +60,7 @@ class QdqSpec:
         upper: broadcastable float32 upper bound (``qmax * step``, below 8 bits), or None.
         mask: broadcastable float32 0/1 mask zeroing channels with amax <= 2**-24, or None.
         amax: the effective float32 range (for calibration caches), same shape as ``scale``.
-        is_constant: the quantizer quantizes a parameter (a weight), not an activation.
+        is_constant: the quantizer quantizes a weight (its role), not an activation.
         ranks: ranks of the inputs the quantizer was called on.
         traced: the (traced) tensors it was called on during the last export; lets the exporter tell a
             quantizer merged into an identical one (same input, same parameters) from a lost one.
@@ -139,7 +139,7 @@ class _Seen:
 
 
 def _probe(model: nn.Module, quantizers: dict[TensorQuantizer, str], args: tuple) -> dict[TensorQuantizer, _Seen]:
-    """Run ``model`` once; record, per quantizer, the input ranks and a parameter input (a weight)."""
+    """Run ``model`` once; record, per quantizer, the input ranks and, for a weight quantizer, the weight."""
     seen: dict[TensorQuantizer, _Seen] = {q: _Seen() for q in quantizers}
 
     def hook(module: nn.Module, inputs: tuple) -> None:
@@ -147,7 +147,7 @@ def _probe(model: nn.Module, quantizers: dict[TensorQuantizer, str], args: tuple
         x = inputs[0]
         record.calls += 1
         record.ranks.add(x.dim())
-        if isinstance(x, nn.Parameter):
+        if module.is_weight:  # type: ignore[union-attr]
             record.constant = x.detach()
 
     handles = [q.register_forward_pre_hook(hook) for q in quantizers]

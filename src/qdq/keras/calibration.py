@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from qdq.calib.registry import CALIBRATION_METHODS, check_method
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.keras.graph import check_graph_model
 
@@ -28,7 +29,6 @@ __all__ = [
     "set_ranges",
 ]
 
-CALIBRATION_METHODS = ("max", "entropy", "mse", "percentile")
 
 
 def calibrate(
@@ -58,7 +58,7 @@ def calibrate(
         QdqConfigError: an unknown method, no data, or a model without quantize wrappers.
         QdqCalibrationError: NaN/Inf in the activations.
     """
-    _check_method(method)
+    check_method(method)
     stats = collect_stats(model, data, "max" if method == "max" else "histogram", num_batches=num_batches,
                           num_bins=num_bins)  # fmt: skip
     options = {"percentile": percentile} if method == "percentile" else {}
@@ -80,7 +80,7 @@ class CalibrationStats:
     def ranges(self, method: str, **options: Any) -> dict[str, float]:
         """``{"<wrapper>/input_<i>": amax}`` by ``method`` (``"max"``, ``"entropy"``, ``"mse"``,
         ``"percentile"`` with ``percentile=``), without setting them."""
-        _check_method(method)
+        check_method(method)
         by_key = {}
         for key, cal in self.calibrators.items():
             amax = cal.compute_amax() if method == "max" else cal.compute_amax(method, **options)
@@ -154,14 +154,6 @@ def set_ranges(model: Any, ranges: dict[str, float]) -> dict[str, float]:
     if newly_static:  # traced functions read the ranges' values at run time, but whether they are static at trace time
         forget_traced_functions(model)
     return dict(ranges)
-
-
-def _check_method(method: str) -> None:
-    if method not in CALIBRATION_METHODS:
-        raise QdqConfigError(
-            f"unknown calibration method {method!r}; choose one of {CALIBRATION_METHODS}."
-            f"{did_you_mean(str(method), CALIBRATION_METHODS)}"
-        )
 
 
 def _sites(model: Any, wrappers: list[Any]) -> list[tuple[Any, tuple[Any, int, int]]]:

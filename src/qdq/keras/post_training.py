@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from qdq.calib.registry import CALIBRATION_METHODS
 from qdq.keras.calibration import collect_stats, forget_traced_functions, set_ranges
 from qdq.workflow.post_training import DEFAULT_PERCENTILES, MethodResult, PTQResult, method_grid
 
@@ -38,7 +39,7 @@ def ptq(
     model: Any,
     calib_data: Iterable[Any],
     eval_fn: Callable[[Any], float],
-    methods: Sequence[str] = ("max", "entropy", "mse", "percentile"),
+    methods: Sequence[str] = CALIBRATION_METHODS,
     *,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     num_batches: int | None = None,

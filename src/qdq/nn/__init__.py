@@ -5,7 +5,7 @@ seed's short aliases (``quant_nn.Conv2d`` is ``QuantConv2d``).
 """
 
 from qdq.clip import Clip
-from qdq.nn.base import InputQuantized, QuantInputMixin, QuantMixin, pop_quant_desc_in_kwargs
+from qdq.nn.base import InputQuantized, QuantInputMixin, QuantMixin, QuantModule, pop_quant_desc_in_kwargs
 from qdq.nn.conv import (
     QuantConv1d,
     QuantConv2d,
@@ -56,5 +56,5 @@ __all__ = [
     "QuantConvTranspose3d", "QuantInputMixin", "QuantInstanceNorm1d", "QuantInstanceNorm2d",
     "QuantInstanceNorm3d", "QuantLSTM", "QuantLSTMCell", "QuantLinear", "QuantMatMul",
     "QuantMaxPool1d", "QuantMaxPool2d",
-    "QuantMaxPool3d", "QuantMixin", "TensorQuantizer", "pop_quant_desc_in_kwargs",
+    "QuantMaxPool3d", "QuantMixin", "QuantModule", "TensorQuantizer", "pop_quant_desc_in_kwargs",
 ]  # fmt: skip

@@ -1,13 +1,23 @@
-"""Mixins shared by every quantized module: quantizer slots, per-class defaults, ``from_float``.
+"""The bases of every quantized module: what it declares about its quantizers, its ``__init__``, ``from_float``.
 
-A quantized module subclasses the torch module it replaces (``QuantConv2d(QuantMixin, nn.Conv2d)``), so
-``isinstance(m, nn.Conv2d)`` holds, every torch constructor argument is accepted, and ``state_dict`` keys
-are the float module's plus the quantizers' ``_amax`` buffers.
+:class:`QuantModule` is what every quantized module says about itself, so that no caller assumes an attribute
+name (an LSTM has one input quantizer per layer and direction, an add one per operand):
+
+* :meth:`QuantModule.quantizers`: each of its quantizers by name, each with its
+  :attr:`~qdq.quantizer.TensorQuantizer.role` (``"input"``, ``"weight"`` or ``"output"``);
+* :meth:`QuantModule.argument_quantizers`: the quantizer each argument of ``forward`` is read through (what
+  placement rules ask: "does this module quantize the tensor it reads?").
+
+A quantized layer subclasses the torch module it replaces (``QuantConv2d(QuantMixin, nn.Conv2d)``), so
+``isinstance(m, nn.Conv2d)`` holds, every torch constructor argument is accepted (plus ``quant_desc_input=``
+and, with a weight, ``quant_desc_weight=``: the one ``__init__`` of :class:`QuantInputMixin`), and
+``state_dict`` keys are the float module's plus the quantizers' ``_amax`` buffers.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -17,7 +27,14 @@ from qdq.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.quantizer import TensorQuantizer
 
-__all__ = ["InputQuantized", "QuantInputMixin", "QuantMixin", "float_class_of", "pop_quant_desc_in_kwargs"]
+__all__ = [
+    "InputQuantized",
+    "QuantInputMixin",
+    "QuantMixin",
+    "QuantModule",
+    "float_class_of",
+    "pop_quant_desc_in_kwargs",
+]
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -30,10 +47,37 @@ def _check_desc(desc: Any, what: str) -> QuantDescriptor:
     return desc
 
 
-class QuantInputMixin:
-    """Adds one input quantizer, ``_input_quantizer``, configured by a per-class default descriptor."""
+class QuantModule:
+    """What every quantized module declares: its quantizers and the quantizer each ``forward`` argument is
+    read through."""
+
+    def quantizers(self) -> dict[str, TensorQuantizer]:
+        """Each quantizer of this module by its name in the module (``"_input_quantizer"``,
+        ``"_weight_quantizers.1"``...); :attr:`~qdq.quantizer.TensorQuantizer.role` says what each is for."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, TensorQuantizer)}  # type: ignore[attr-defined]
+
+    def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
+        """The quantizer applied to each positional argument of ``forward`` as it is read, None where the
+        argument is read as it is (or only through something derived from it); positions past the end are
+        read as they are. A sequence argument (``QuantConcat``'s tensors) has each element quantized."""
+        return ()
+
+
+class QuantInputMixin(QuantModule):
+    """Adds one input quantizer, ``_input_quantizer``, configured by a per-class default descriptor.
+
+    Its ``__init__`` is the one of every quantized layer: the torch module's own, then
+    :meth:`init_quantizer` with the descriptors named in ``_descriptor_arguments`` (``quant_desc_input``,
+    and ``quant_desc_weight`` for :class:`QuantMixin`; None: the class defaults).
+    """
 
     default_quant_desc_input: ClassVar[QuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
+    _descriptor_arguments: ClassVar[tuple[str, ...]] = ("quant_desc_input",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        descriptors = [kwargs.pop(name, None) for name in self._descriptor_arguments]
+        super().__init__(*args, **kwargs)
+        self.init_quantizer(*descriptors)
 
     @classmethod
     def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
@@ -42,11 +86,14 @@ class QuantInputMixin:
 
     def init_quantizer(self, quant_desc_input: QuantDescriptor | None = None) -> None:
         desc = self.default_quant_desc_input if quant_desc_input is None else quant_desc_input
-        self._input_quantizer = TensorQuantizer(_check_desc(desc, "quant_desc_input"))
+        self._input_quantizer = TensorQuantizer(_check_desc(desc, "quant_desc_input"), role="input")
 
     @property
     def input_quantizer(self) -> TensorQuantizer:
         return self._input_quantizer
+
+    def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
+        return (self._input_quantizer,)
 
     @classmethod
     def from_float(cls: type[M], module: nn.Module, quant_desc_input: QuantDescriptor | None = None, **_: Any) -> M:
@@ -59,10 +106,6 @@ class QuantInputMixin:
 class InputQuantized(QuantInputMixin):
     """Base of modules that quantize their input and then run the float module (pooling, norms)."""
 
-    def __init__(self, *args: Any, quant_desc_input: QuantDescriptor | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.init_quantizer(quant_desc_input)
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return super().forward(self._input_quantizer(input))
 
@@ -71,6 +114,7 @@ class QuantMixin(QuantInputMixin):
     """Adds an input quantizer and a weight quantizer, ``_weight_quantizer``."""
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
+    _descriptor_arguments: ClassVar[tuple[str, ...]] = ("quant_desc_input", "quant_desc_weight")
 
     @classmethod
     def set_default_quant_desc_weight(cls, value: QuantDescriptor) -> None:
@@ -82,11 +126,16 @@ class QuantMixin(QuantInputMixin):
     ) -> None:
         super().init_quantizer(quant_desc_input)
         desc = self.default_quant_desc_weight if quant_desc_weight is None else quant_desc_weight
-        self._weight_quantizer = TensorQuantizer(_check_desc(desc, "quant_desc_weight"))
+        self._weight_quantizer = TensorQuantizer(_check_desc(desc, "quant_desc_weight"), role="weight")
 
     @property
     def weight_quantizer(self) -> TensorQuantizer:
         return self._weight_quantizer
+
+    def quantized_weights(self) -> Iterator[tuple[str, torch.Tensor, TensorQuantizer]]:
+        """``(name suffix, weight, its quantizer)`` for each weight this module quantizes: ``("", weight,
+        weight quantizer)``; what :func:`qdq.calib.calibrate_weights` calibrates."""
+        yield "", self.weight.detach(), self._weight_quantizer  # type: ignore[attr-defined]
 
     @classmethod
     def from_float(

@@ -14,6 +14,7 @@ from torch import nn
 from qdq import descriptor as d
 from qdq.descriptor import QuantDescriptor
 from qdq.nn.base import QuantMixin
+from qdq.nn.registry import quantizes
 
 __all__ = [
     "QuantConv1d",
@@ -26,34 +27,27 @@ __all__ = [
 
 
 class _QuantConvNd(QuantMixin):
-    def __init__(
-        self,
-        *args: Any,
-        quant_desc_input: QuantDescriptor | None = None,
-        quant_desc_weight: QuantDescriptor | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         quant_input = self._input_quantizer(input)
         quant_weight = self._weight_quantizer(self.weight)
         return self._conv_forward(quant_input, quant_weight, self.bias)
 
 
+@quantizes(nn.Conv1d)
 class QuantConv1d(_QuantConvNd, nn.Conv1d):
     """``nn.Conv1d`` with quantized input and weight."""
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
 
 
+@quantizes(nn.Conv2d)
 class QuantConv2d(_QuantConvNd, nn.Conv2d):
     """``nn.Conv2d`` with quantized input and weight."""
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
 
 
+@quantizes(nn.Conv3d)
 class QuantConv3d(_QuantConvNd, nn.Conv3d):
     """``nn.Conv3d`` with quantized input and weight."""
 
@@ -77,6 +71,7 @@ class _QuantConvTransposeNd(_QuantConvNd):
         )
 
 
+@quantizes(nn.ConvTranspose1d)
 class QuantConvTranspose1d(_QuantConvTransposeNd, nn.ConvTranspose1d):
     """``nn.ConvTranspose1d`` with quantized input and weight (weight per input channel, axis 0)."""
 
@@ -85,6 +80,7 @@ class QuantConvTranspose1d(_QuantConvTransposeNd, nn.ConvTranspose1d):
     _spatial_dims = 1
 
 
+@quantizes(nn.ConvTranspose2d)
 class QuantConvTranspose2d(_QuantConvTransposeNd, nn.ConvTranspose2d):
     """``nn.ConvTranspose2d`` with quantized input and weight (weight per input channel, axis 0)."""
 
@@ -93,6 +89,7 @@ class QuantConvTranspose2d(_QuantConvTransposeNd, nn.ConvTranspose2d):
     _spatial_dims = 2
 
 
+@quantizes(nn.ConvTranspose3d)
 class QuantConvTranspose3d(_QuantConvTransposeNd, nn.ConvTranspose3d):
     """``nn.ConvTranspose3d`` with quantized input and weight (weight per input channel, axis 0)."""
 

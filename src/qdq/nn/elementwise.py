@@ -15,6 +15,7 @@ from torch import nn
 
 from qdq.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 from qdq.errors import QdqConfigError
+from qdq.nn.base import QuantModule
 from qdq.quantizer import TensorQuantizer
 
 __all__ = ["QuantAdd", "QuantConcat", "QuantMatMul"]
@@ -24,7 +25,7 @@ def _desc(desc: QuantDescriptor | None) -> QuantDescriptor:
     return QUANT_DESC_8BIT_PER_TENSOR if desc is None else desc
 
 
-class QuantAdd(nn.Module):
+class QuantAdd(QuantModule, nn.Module):
     """``a + b`` with each input quantized by its own quantizer.
 
     Args:
@@ -39,22 +40,29 @@ class QuantAdd(nn.Module):
         super().__init__()
         if len(quantize) != 2:
             raise QdqConfigError(f"quantize needs one flag per input (2), got {tuple(quantize)}.")
-        self.input_quantizers = nn.ModuleList(TensorQuantizer(_desc(quant_desc_input)) for _ in range(2))
+        self.input_quantizers = nn.ModuleList(TensorQuantizer(_desc(quant_desc_input), role="input") for _ in range(2))
         for quantizer, on in zip(self.input_quantizers, quantize):
             if not on:
                 quantizer.disable()
+
+    def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
+        return tuple(self.input_quantizers)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.input_quantizers[0](a) + self.input_quantizers[1](b)
 
 
-class QuantConcat(nn.Module):
+class QuantConcat(QuantModule, nn.Module):
     """``torch.cat(tensors, dim)`` with one quantizer shared by every input (one scale, as TensorRT needs)."""
 
     def __init__(self, dim: int = 1, quant_desc_input: QuantDescriptor | None = None) -> None:
         super().__init__()
         self.dim = dim
-        self.input_quantizer = TensorQuantizer(_desc(quant_desc_input))
+        self.input_quantizer = TensorQuantizer(_desc(quant_desc_input), role="input")
+
+    def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
+        """The shared quantizer, for every tensor of the sequence argument."""
+        return (self.input_quantizer,)
 
     def forward(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         # One scale for all inputs, so quantizing the concatenation equals concatenating the quantized
@@ -65,12 +73,15 @@ class QuantConcat(nn.Module):
         return f"dim={self.dim}"
 
 
-class QuantMatMul(nn.Module):
+class QuantMatMul(QuantModule, nn.Module):
     """``a @ b`` with both operands quantized (per tensor by default)."""
 
     def __init__(self, quant_desc_input: QuantDescriptor | None = None) -> None:
         super().__init__()
-        self.input_quantizers = nn.ModuleList(TensorQuantizer(_desc(quant_desc_input)) for _ in range(2))
+        self.input_quantizers = nn.ModuleList(TensorQuantizer(_desc(quant_desc_input), role="input") for _ in range(2))
+
+    def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
+        return tuple(self.input_quantizers)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(self.input_quantizers[0](a), self.input_quantizers[1](b))

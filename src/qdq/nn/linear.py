@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -11,24 +11,16 @@ from torch import nn
 from qdq import descriptor as d
 from qdq.descriptor import QuantDescriptor
 from qdq.nn.base import QuantMixin
+from qdq.nn.registry import quantizes
 
 __all__ = ["QuantLinear"]
 
 
+@quantizes(nn.Linear)
 class QuantLinear(QuantMixin, nn.Linear):
     """``nn.Linear`` with quantized input and weight."""
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
-
-    def __init__(
-        self,
-        *args: Any,
-        quant_desc_input: QuantDescriptor | None = None,
-        quant_desc_weight: QuantDescriptor | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.linear(self._input_quantizer(input), self._weight_quantizer(self.weight), self.bias)

@@ -16,7 +16,7 @@ time steps (no cuDNN), and keeps ``nn.LSTM``'s parameter names so state_dicts lo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ from qdq import descriptor as d
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.nn.base import QuantMixin, _adopt, _check_desc
+from qdq.nn.registry import quantizes
 from qdq.quantizer import TensorQuantizer
 
 __all__ = ["QuantLSTM", "QuantLSTMCell"]
@@ -76,6 +77,7 @@ def _reject_projection(module: nn.Module) -> None:
 
 
 # -------------------------------------------------------------------------------------- the cell
+@quantizes(nn.LSTMCell)
 class QuantLSTMCell(QuantMixin, nn.LSTMCell):
     """``nn.LSTMCell`` with the fused quantization of ``cat([x, h])`` and ``cat([W_ih, W_hh])``.
 
@@ -84,16 +86,6 @@ class QuantLSTMCell(QuantMixin, nn.LSTMCell):
     """
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
-
-    def __init__(
-        self,
-        *args: Any,
-        quant_desc_input: QuantDescriptor | None = None,
-        quant_desc_weight: QuantDescriptor | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
 
     def forward(self, input: torch.Tensor, hx: HiddenState | None = None) -> HiddenState:
         """``(h_1, c_1)`` for input ``(N, input_size)`` or ``(input_size,)``, like ``nn.LSTMCell``."""
@@ -109,6 +101,10 @@ class QuantLSTMCell(QuantMixin, nn.LSTMCell):
     def quantized_weights(self) -> Iterator[tuple[str, torch.Tensor, TensorQuantizer]]:
         """``("", cat([W_ih, W_hh]), weight quantizer)``: what :func:`qdq.calib.calibrate_weights` calibrates."""
         yield "", _fused_weight(self.weight_ih, self.weight_hh).detach(), self._weight_quantizer
+
+    def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
+        """None: the input quantizer reads ``cat([x, h])``, not the argument ``x`` itself."""
+        return (None,)
 
     def _initial_state(self, x: torch.Tensor, hx: HiddenState | None, is_batched: bool) -> HiddenState:
         if hx is None:
@@ -136,6 +132,7 @@ def _check_cell_dims(input: torch.Tensor, hx: HiddenState | None) -> bool:
 
 
 # ------------------------------------------------------------------------------------- the layer
+@quantizes(nn.LSTM)
 class QuantLSTM(QuantMixin, nn.LSTM):
     """``nn.LSTM`` with fused quantization per layer × direction, computed by a Python time loop.
 
@@ -148,16 +145,6 @@ class QuantLSTM(QuantMixin, nn.LSTM):
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 
-    def __init__(
-        self,
-        *args: Any,
-        quant_desc_input: QuantDescriptor | None = None,
-        quant_desc_weight: QuantDescriptor | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.init_quantizer(quant_desc_input, quant_desc_weight)
-
     def init_quantizer(
         self, quant_desc_input: QuantDescriptor | None = None, quant_desc_weight: QuantDescriptor | None = None
     ) -> None:
@@ -168,8 +155,12 @@ class QuantLSTM(QuantMixin, nn.LSTM):
         _check_desc(desc_input, "quant_desc_input")
         _check_desc(desc_weight, "quant_desc_weight")
         count = self.num_layers * self._num_directions
-        self._input_quantizers = nn.ModuleList(TensorQuantizer(desc_input) for _ in range(count))
-        self._weight_quantizers = nn.ModuleList(TensorQuantizer(desc_weight) for _ in range(count))
+        self._input_quantizers = nn.ModuleList(TensorQuantizer(desc_input, role="input") for _ in range(count))
+        self._weight_quantizers = nn.ModuleList(TensorQuantizer(desc_weight, role="weight") for _ in range(count))
+
+    def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
+        """None: each layer's input quantizer reads ``cat([x_t, h])``, not the argument itself."""
+        return (None,)
 
     @classmethod
     def from_float(

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq.calib.registry import check_method, statistics_calibrator
 from qdq.calib.weights import calibrate_weights
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
@@ -36,24 +37,18 @@ __all__ = ["calibrate", "collect_stats", "default_forward", "load_amax", "named_
 _log = logging.getLogger(__name__)
 
 ForwardFn = Callable[[nn.Module, Any], Any]
-_HISTOGRAM_METHODS = ("entropy", "mse", "percentile")
-_METHODS = ("max", *_HISTOGRAM_METHODS)
 
 
 def named_quantizers(model: nn.Module, weights: bool | None = None) -> list[tuple[str, TensorQuantizer]]:
-    """Enabled quantizers of ``model`` with their names; ``weights`` True/False keeps only weight/activation ones."""
+    """Enabled quantizers of ``model`` with their names; ``weights`` True/False keeps only the weight / the other
+    ones (by each quantizer's :attr:`~qdq.quantizer.TensorQuantizer.role`)."""
     found = []
     for name, module in model.named_modules():
         if not isinstance(module, TensorQuantizer) or not module.is_enabled:
             continue
-        if weights is None or _is_weight_quantizer(name) == weights:
+        if weights is None or module.is_weight == weights:
             found.append((name, module))
     return found
-
-
-def _is_weight_quantizer(name: str) -> bool:
-    last = name.rsplit(".", 1)[-1]
-    return "weight_quantizer" in last or "weight_quantizers." in name
 
 
 def default_forward(model: nn.Module, batch: Any) -> Any:
@@ -240,8 +235,7 @@ def load_amax(
     rank loads the same amax (a collective: every rank must call it; a quantizer that saw no data on any
     rank raises on every rank).
     """
-    if method not in _METHODS:
-        raise QdqConfigError(f"unknown calibration method {method!r}; choose one of {list(_METHODS)}.")
+    check_method(method)
     quantizers = [(n, q) for n, q in named_quantizers(unwrap(model), weights=False) if q._calibrator is not None]
     assert_same_across_ranks([n for n, _ in quantizers], "the quantizers to calibrate")
     for name, quantizer in quantizers:
@@ -292,9 +286,7 @@ def calibrate(
         >>> model = qdq.quantize_model(model)
         >>> qdq.calibrate(model, calib_loader, method="entropy", num_batches=8)
     """
-    if method not in _METHODS:
-        raise QdqConfigError(f"unknown calibration method {method!r}; choose one of {list(_METHODS)}.")
-    kind = "max" if method == "max" else "histogram"
+    kind = statistics_calibrator(check_method(method))
     collect_stats(model, data, num_batches=num_batches, calibrator=kind, forward_fn=forward_fn, progress=progress)
     options = {"percentile": percentile} if method == "percentile" else {}
     return load_amax(model, method, weight_method=weight_method, strict=strict, **options)

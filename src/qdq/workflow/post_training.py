@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qdq.errors import QdqConfigError
+from qdq.calib.registry import CALIBRATION_METHODS, check_method
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, named_quantizers
@@ -109,10 +109,8 @@ def method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tu
     for method in methods:
         if method == "percentile":
             grid += [("percentile", {"percentile": p}) for p in percentiles]
-        elif method in ("max", "entropy", "mse"):
-            grid.append((method, {}))
         else:
-            raise QdqConfigError(f"unknown calibration method {method!r}; use max, entropy, mse or percentile.")
+            grid.append((check_method(method), {}))
     return grid
 
 
@@ -120,7 +118,7 @@ def ptq(
     model: nn.Module,
     calib_data: Iterable[Any],
     eval_fn: EvalFn,
-    methods: Sequence[str] = ("max", "entropy", "mse", "percentile"),
+    methods: Sequence[str] = CALIBRATION_METHODS,
     *,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     num_batches: int | None = None,
