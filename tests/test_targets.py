@@ -37,7 +37,8 @@ from qdq.targets import (
 )
 
 X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(11))
-ORT_RULES = ("residual_add", "concat", "conv_output", "silu", "sigmoid_output", "mul_inputs", "unsigned_activations")
+ORT_RULES = ("float_recurrent", "residual_add", "concat", "conv_output", "silu", "sigmoid_output", "mul_inputs",
+             "unsigned_activations")  # fmt: skip
 
 
 class Residual(nn.Module):
@@ -78,19 +79,25 @@ def graph_target(path) -> str:
 def test_registered_targets_hold_their_facts():
     assert target_names() == ("tensorrt", "onnxruntime")
     trt, ort = get_target("tensorrt"), get_target("onnxruntime")
-    assert trt.placement_rules == ("residual_add", "concat") and trt.residual_add == "skip"
-    assert ort.placement_rules == ORT_RULES and ort.residual_add == "both"
+    assert trt.rule_names == ("residual_add", "concat") and trt.residual_add == "skip"
+    assert ort.rule_names == ORT_RULES and ort.residual_add == "both"
+    assert [r.frontends for r in ort.placement_rules] == [
+        ("torch",), ("torch", "keras"), ("torch", "keras"), ("torch", "keras"), ("torch",), ("torch",),
+        ("torch", "keras"), ("torch", "keras"),
+    ]  # fmt: skip
     assert trt.fusion is None and ort.fusion is ONNXRUNTIME_FUSION
     assert ort.fusion.folded_activations == {"Relu", "Clip"}
     assert ort.fusion.int8_forms["Conv"] == ("QLinearConv", (0, 1))
     assert ort.fusion.dequantized_inputs("Concat", 3) == (0, 1, 2)
     assert ort.fusion.dequantized_inputs("Where", 3) == (1, 2)
     assert not ort.fusion.fuses("Relu")
-    from qdq.export.ort_target import rewrite_for_onnxruntime
+    from qdq.targets.onnxruntime.rewrite import rewrite_for_onnxruntime
 
-    assert ort.onnx_rewrite == "qdq.export.ort_target:rewrite_for_onnxruntime"
-    module, _, function = ort.onnx_rewrite.partition(":")
-    assert getattr(__import__(module, fromlist=[function]), function) is rewrite_for_onnxruntime
+    assert ort.onnx_rewrite is rewrite_for_onnxruntime and trt.onnx_rewrite is None
+    assert dict(ort.export.options) == {"weights": "auto"} and ort.export.opset is None
+    assert {r.runtime: r.verdict for r in trt.runtimes} == {"tensorrt": "native", "openvino": "native",
+                                                            "onnxruntime": "runs"}  # fmt: skip
+    assert ort.support("tensorrt").verdict == "refuses" and ort.support("onnxruntime").verdict == "native"
     assert trt.rewrite_onnx(onnx.ModelProto()) == {}
     with pytest.raises(QdqConfigError, match="no fusion facts"):
         trt.require_fusion()
@@ -112,9 +119,11 @@ def test_unknown_target_raises_one_clear_error():
     [
         ({"name": ""}, QdqTypeError, "non-empty string"),
         ({"name": "t", "residual_add": "first"}, QdqConfigError, "residual_add"),
-        ({"name": "t", "onnx_rewrite": "no_colon"}, QdqConfigError, "module:function"),
+        ({"name": "t", "onnx_rewrite": "qdq.module:function"}, QdqTypeError, "callable"),
         ({"name": "t", "onnx_rewrite": 3}, QdqTypeError, "callable"),
         ({"name": "t", "placement_rules": (1,)}, QdqTypeError, "rule names"),
+        ({"name": "t", "placement_rules": ("residual_ad",)}, QdqConfigError, "Unknown placement rule.*residual_add"),
+        ({"name": "t", "runtimes": ("tensorrt",)}, QdqTypeError, "RuntimeSupport"),
         ({"name": "t", "fusion": {"Conv": 1}}, QdqTypeError, "FusionFacts"),
     ],
 )
@@ -134,17 +143,17 @@ def test_a_placement_rule_joins_the_targets_it_names():
     seen: list[str] = []
     with pytest.raises(QdqConfigError, match="Unknown target"):
         register_placement_rule("test_rule", lambda ctx: None, targets=("tensorrt", "tflite"))
-    assert "test_rule" not in get_target("tensorrt").placement_rules  # nothing registered on error
-    register_placement_rule("test_rule", lambda ctx: seen.append(ctx.target), targets=("onnxruntime",))
+    assert "test_rule" not in get_target("tensorrt").rule_names  # nothing registered on error
+    register_placement_rule("test_rule", lambda ctx: seen.append(ctx.target.name), targets=("onnxruntime",))
     try:
-        assert get_target("onnxruntime").placement_rules == (*ORT_RULES, "test_rule")
-        assert get_target("tensorrt").placement_rules == ("residual_add", "concat")
+        assert get_target("onnxruntime").rule_names == (*ORT_RULES, "test_rule")
+        assert get_target("tensorrt").rule_names == ("residual_add", "concat")
         apply_placement(qdq.quantize_model(fresh()), target="onnxruntime")
         apply_placement(qdq.quantize_model(fresh()), target="tensorrt")
         assert seen == ["onnxruntime"]
     finally:
         unregister_placement_rule("test_rule")
-    assert get_target("onnxruntime").placement_rules == ORT_RULES
+    assert get_target("onnxruntime").rule_names == ORT_RULES
 
 
 # ------------------------------------------------------------------------------- adding a target

@@ -109,4 +109,4 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
     quantized = replace_modules(model, config.module_filter, config.quant_desc_input, config.quant_desc_weight)
     if config.target is None:
         return quantized
-    return apply_placement(quantized, target=config.target, quant_desc=config.quant_desc_input)
+    return apply_placement(quantized, target=get_target(config.target), quant_desc=config.quant_desc_input)

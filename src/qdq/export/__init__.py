@@ -3,8 +3,10 @@
 * :func:`export_onnx` writes a Q/DQ ONNX graph for TensorRT (``target="tensorrt"``) or ONNX Runtime
   (``target="onnxruntime"``; any target registered in :mod:`qdq.targets`), by default for the target the
   model was placed for, with torch's dynamo exporter or the TorchScript one.
-* :func:`rewrite_for_onnxruntime`: the ``"onnxruntime"`` target's rewrite of a Q/DQ graph.
-* :class:`~qdq.export.graph.GraphIndex` (``qdq.export.graph``): the ONNX graph index every graph pass uses.
+* :func:`rewrite_for_onnxruntime`: the ``"onnxruntime"`` target's rewrite of a Q/DQ graph
+  (:mod:`qdq.targets.onnxruntime`).
+* :func:`annotate_quantizers` tags the Q/DQ nodes of a graph traced inside :func:`export_mode` with their
+  quantizers' names (the ONNX graph index every graph pass uses is :class:`qdq.graphs.onnx.GraphIndex`).
 * :func:`export_mode` is the context manager behind it (quantizers emit Q/DQ while exporting).
 * :func:`write_calibration_cache` / :func:`read_calibration_cache`: TensorRT's text calibration cache.
 * :func:`strip_qdq`: the float graph of a Q/DQ graph, same tensor names (TensorRT implicit mode).
@@ -24,14 +26,15 @@ _LAZY = {
     "export_mode": "qdq.export.mode",
     "quantizer_specs": "qdq.export.mode",
     "QdqSpec": "qdq.export.mode",
-    "qdq_sites": "qdq.export.graph",
-    "QdqSite": "qdq.export.graph",
+    "qdq_sites": "qdq.graphs.onnx",
+    "QdqSite": "qdq.graphs.onnx",
+    "annotate_quantizers": "qdq.graphs.onnx",
     "write_calibration_cache": "qdq.export.calib_cache",
     "read_calibration_cache": "qdq.export.calib_cache",
     "calibration_scales": "qdq.export.calib_cache",
     "strip_qdq": "qdq.export.calib_cache",
-    "rewrite_for_onnxruntime": "qdq.export.ort_target",
-    "unfusable_convs": "qdq.export.ort_target",
+    "rewrite_for_onnxruntime": "qdq.targets.onnxruntime.rewrite",
+    "unfusable_convs": "qdq.targets.onnxruntime.passes.float_convs",
     "dynamo_translation_table": "qdq.export._ops",
     "register_torchscript_symbolic": "qdq.export._ops",
 }

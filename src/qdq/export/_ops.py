@@ -11,7 +11,7 @@ per-tensor (0-d) ``scale``; ``zero_point`` has ``scale``'s shape and the quantiz
 is zero (qdq quantizes symmetrically; its dtype picks the integer grid).
 ``tag`` is the quantizer's module name. The dynamo translation stores it as node metadata
 (``qdq.quantizer``) on the Q and DQ nodes; the TorchScript symbolic cannot, so it appends a marker node
-``qdq::QuantizerTag`` that :func:`qdq.export.graph.annotate_quantizers` turns into the same metadata and
+``qdq::QuantizerTag`` that :func:`qdq.export.annotate_quantizers` turns into the same metadata and
 removes. Exporters name nodes after module scopes, which do not identify the quantizer reliably (a
 ``GraphModule`` calls leaf modules directly), hence the explicit tag.
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from qdq.export.graph import QUANTIZER_KEY as TAG_KEY
-from qdq.export.graph import TAG_DOMAIN, TAG_OP
+from qdq.graphs.onnx import QUANTIZER_KEY as TAG_KEY
+from qdq.graphs.onnx import TAG_DOMAIN, TAG_OP
 from qdq.ops import round_to_grid
 
 __all__ = [

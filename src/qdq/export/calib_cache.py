@@ -30,7 +30,7 @@ from torch import nn
 
 from qdq.atomic import write_text_atomic
 from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
-from qdq.export.graph import GraphIndex, QdqSite, atomic_save, qdq_sites, remove_nodes, tidy
+from qdq.graphs.onnx import GraphIndex, QdqSite, atomic_save, qdq_sites, remove_nodes, tidy
 from qdq.ops import quant_step
 from qdq.quantizer import TensorQuantizer
 

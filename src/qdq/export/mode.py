@@ -305,7 +305,7 @@ def export_mode(
     :func:`qdq.export.export_onnx` is the usual entry point; to call ``torch.onnx.export`` yourself inside
     the block, pass ``custom_translation_table=qdq.export.dynamo_translation_table()`` (dynamo) or call
     ``qdq.export.register_torchscript_symbolic()`` first and pass ``custom_opsets={"qdq": 1}``
-    (TorchScript); then tag the graph with ``qdq.export.graph.annotate_quantizers``.
+    (TorchScript); then tag the graph with ``qdq.export.annotate_quantizers``.
     """
     if specs is None:
         specs = quantizer_specs(model, *example_inputs)

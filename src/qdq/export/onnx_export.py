@@ -7,7 +7,8 @@ Conventions of the written file:
 * one ``QuantizeLinear -> DequantizeLinear`` pair per quantizer call, exactly where the PyTorch model
   quantizes, tagged with the quantizer's module name (node metadata ``qdq.quantizer``);
 * model metadata ``qdq.target`` and ``qdq.version``; weights inside the file (no external data);
-* for a target with an ONNX rewrite (:mod:`qdq.targets`; ``"onnxruntime"``), the graph rewritten for it;
+* for a target with an ONNX rewrite (:mod:`qdq.targets`; ``"onnxruntime"``), the graph rewritten for it with
+  the target's export options (the weight encoding is recorded as ``qdq.weights``);
 * ``onnx.checker`` clean (full check, with shape inference).
 
 The dynamo exporter (torch's default) cannot write opsets below 18: asking for less gives a file at opset
@@ -28,8 +29,9 @@ import torch
 from torch import nn
 
 from qdq.errors import QdqExportError, QdqTypeError
-from qdq.export import _ops, graph
+from qdq.export import _ops
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
+from qdq.graphs import onnx as graph
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import DEFAULT_TARGET, Target, check_not_superseded, get_target, placed_target, target_names
 
@@ -70,15 +72,16 @@ def export_onnx(
             for (``QuantConfig(target=...)``), else ``"tensorrt"``. ``"tensorrt"``: signed int8, zero point 0,
             Q/DQ exactly at the model's quantizers (what TensorRT's explicit quantization wants).
             ``"onnxruntime"``: the same values rewritten for ONNX Runtime's CPU int8 kernels (see
-            :mod:`qdq.export.ort_target`); quantize the model with ``QuantConfig(target="onnxruntime")`` for
+            :mod:`qdq.targets.onnxruntime`); quantize the model with ``QuantConfig(target="onnxruntime")`` for
             every Conv to run in int8.
-        opset: ONNX opset; None uses the exporter's default (18 for dynamo). Per-channel quantizers need
-            13 or more.
+        opset: ONNX opset; None uses the target's default (:class:`~qdq.targets.ExportDefaults`), and where
+            that is None too the exporter's (18 for dynamo). Per-channel quantizers need 13 or more.
         dynamic_batch: make dimension 0 of inputs and outputs symbolic (``batch``).
         dynamo: use torch's ``torch.export``-based exporter (default); False uses the TorchScript exporter.
-        target_options: options of the target's ONNX rewrite. ``"onnxruntime"``: ``{"weights": "auto" |
-            "int8" | "uint8"}``, the weight encoding (:func:`qdq.export.ort_target.rewrite_for_onnxruntime`;
-            ``"auto"``, the default, picks uint8 on an x86 CPU without VNNI, where int8 kernels saturate).
+        target_options: options of the target's ONNX rewrite, over the target's defaults. ``"onnxruntime"``:
+            ``{"weights": "auto" | "int8" | "uint8"}``, the weight encoding, decided here once and recorded in
+            the file (:func:`qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime`; ``"auto"``, the default,
+            picks uint8 on an x86 CPU without VNNI, where int8 kernels saturate).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -92,6 +95,7 @@ def export_onnx(
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"export_onnx needs an nn.Module, got {type(model).__name__}.")
     spec = _target_for(model, target)
+    opset = spec.export.opset if opset is None else opset
     args = _as_args(example_input)
     path = Path(path)
     was_training = model.training
@@ -146,7 +150,8 @@ def finish_onnx(
     """The common end of every qdq export, whatever the framework that traced ``proto``.
 
     Renames inputs/outputs to ``input`` / ``output`` (``input_0``, ... for several), tidies the graph,
-    runs the target's ONNX rewrite, records the target in the metadata, checks the model with
+    runs the target's ONNX rewrite (with the target's export options, overridden by ``target_options``),
+    records the target in the metadata, checks the model with
     ``onnx.checker`` (full check) and writes it atomically to ``path``. ``annotate`` (the PyTorch
     exporter's quantizer names) runs on the tidied graph, before the rewrite; ``target_options`` are the
     rewrite's options.
@@ -161,7 +166,7 @@ def finish_onnx(
     graph.tidy(proto)
     if annotate is not None:
         annotate(proto)
-    target.rewrite_onnx(proto, **dict(target_options or {}))
+    target.rewrite_onnx(proto, **target.export_options(target_options))
     _set_metadata(proto, target.name)
     _warn_opset(proto, opset)
     try:

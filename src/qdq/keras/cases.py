@@ -4,9 +4,11 @@ A case looks at the original (float) model and the user's spec and returns a new
 :class:`~qdq.keras.spec.QuantizationSpec` with entries for the layers it treats specially; layers the user
 named are left to the user. The built-in cases (the NVIDIA TF2 toolkit's rules):
 
-* :class:`ResidualConnectionQDQCase`: on each ``Add``, Q/DQ on every input except the first one that
-  comes from a Conv (directly, or through BatchNormalization / Activation / Dropout) and feeds nothing
-  else, so TensorRT fuses Conv(+BN)+Add(+ReLU) into one int8 convolution with a residual input;
+* :class:`ResidualConnectionQDQCase`: on each ``Add``, Q/DQ on every input except the one TensorRT fuses: of
+  the inputs that come from a Conv or Dense (directly, or through BatchNormalization / Activation / Dropout)
+  and feed nothing else, the deepest branch (the toolkit took the first in argument order; the choice is now
+  the ``residual_add`` rule's, the same on the PyTorch path), so TensorRT fuses Conv(+BN)+Add(+ReLU) into one
+  int8 convolution with a residual input;
 * :class:`BNQDQCase`: Q/DQ on the input of every BatchNormalization that does not follow a Conv (the
   pre-activation BN of ResNet-v2, which TensorRT cannot fold);
 * :class:`MaxPoolQDQCase`: Q/DQ on the input of every MaxPooling2D (horizontal fusion of branches);
@@ -20,7 +22,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from qdq.keras.graph import consumers, producers
+from qdq.keras.graph import producers
 from qdq.keras.spec import QuantizationSpec
 
 __all__ = [
@@ -34,8 +36,6 @@ __all__ = [
     "ResNetV2QDQCase",
     "ResidualConnectionQDQCase",
 ]
-
-_PASS_THROUGH = ("BatchNormalization", "Activation", "ReLU", "Dropout")
 
 
 class CustomQDQInsertionCase(abc.ABC):
@@ -62,31 +62,23 @@ def _is_conv(layer: Any) -> bool:
     return "Conv" in type(layer).__name__
 
 
-def _conv_branch(model: Any, layer: Any) -> bool:
-    """``layer`` is a Conv, or reaches one through BN / activation / dropout layers, and each layer on the
-    way (the Conv included) has no other consumer."""
-    seen = 0
-    while True:
-        if len(consumers(model, layer)) != 1:
-            return False
-        if _is_conv(layer):
-            return True
-        if type(layer).__name__ not in _PASS_THROUGH or seen > 4:
-            return False
-        parents = producers(layer)
-        if len(parents) != 1:
-            return False
-        layer, seen = parents[0], seen + 1
-
-
 class ResidualConnectionQDQCase(CustomQDQInsertionCase):
-    """Q/DQ on the residual (skip) inputs of every Add; the Conv branch stays float for TensorRT's fusion."""
+    """Q/DQ on the residual inputs of every Add; the input TensorRT fuses into its conv stays float."""
 
     def case(self, keras_model: Any, qspec: QuantizationSpec) -> QuantizationSpec:
+        """Every input of each Add but the one TensorRT fuses (every input when none comes from a weighted
+        layer): the choice of the ``residual_add`` placement rule, :func:`qdq.targets.common.residual.fused_input`
+        (of two weighted inputs, the deeper branch is fused: the shortcut of a projection block is quantized)."""
+        from qdq.graphs.keras import KerasPlacement
+        from qdq.targets.common.residual import fused_input
+
+        graph = KerasPlacement(keras_model, {}, None)
         spec = QuantizationSpec()
         for add in _layers_of(keras_model, "Add", qspec):
             inputs = producers(add)
-            fused = next((i for i, p in enumerate(inputs) if _conv_branch(keras_model, p)), None)
+            fused = fused_input(
+                [graph.follows_weighted(p) for p in inputs], lambda i, xs=inputs: graph.weighted_depth(xs[i])
+            )
             index = [i for i in range(len(inputs)) if i != fused]
             if index:
                 spec.add(add.name, quantize_input=True, quantize_weight=False, quantization_index=index)

@@ -135,7 +135,7 @@ def _channel_axis(shape: tuple[int, ...], axis: int, ops: list[tuple[str, Any]])
 
 def _layout_chain(g: Any, dq: Any) -> tuple[list[Any], list[tuple[str, Any]]] | None:
     """The Reshape/Transpose nodes after ``dq`` (single readers, constant shapes) and their numpy ops."""
-    from qdq.export.ort_target import _attr
+    from qdq.graphs.onnx import attribute as _attr
 
     nodes, ops, tensor = [], [], dq.output[0]
     while True:
@@ -156,8 +156,9 @@ def _layout_chain(g: Any, dq: Any) -> tuple[list[Any], list[tuple[str, Any]]] | 
 
 def _weights_through_layout(proto: Any) -> int:
     """Constant weight ``Q -> DQ -> Reshape/Transpose...`` -> one ``Q -> DQ`` of the re-laid-out kernel."""
-    from qdq.export.graph import GraphIndex
-    from qdq.export.ort_target import _attr, _set_axis
+    from qdq.graphs.onnx import GraphIndex
+    from qdq.graphs.onnx import attribute as _attr
+    from qdq.graphs.onnx import set_axis as _set_axis
 
     g = GraphIndex(proto)
     done = 0
@@ -218,7 +219,7 @@ def _keeps_shape(shape: list[int | None], target: np.ndarray) -> bool:
 
 def _drop_identity_reshapes(proto: Any) -> int:
     """Remove each Reshape whose constant target is its input's own shape (rewire its readers)."""
-    from qdq.export.graph import GraphIndex
+    from qdq.graphs.onnx import GraphIndex
 
     g = GraphIndex(proto)
     reshapes = [n for n in g.nodes if n.op_type == "Reshape" and n.output[0] not in g.outputs]
@@ -234,7 +235,7 @@ def _drop_identity_reshapes(proto: Any) -> int:
 
 
 def _attr_allowzero(node: Any) -> bool:
-    from qdq.export.ort_target import _attr
+    from qdq.graphs.onnx import attribute as _attr
 
     return bool(_attr(node, "allowzero", 0))
 
@@ -242,7 +243,7 @@ def _attr_allowzero(node: Any) -> bool:
 def _layout_before_q(proto: Any) -> int:
     """Per-tensor ``Q -> DQ -> Transpose/Reshape`` -> ``Transpose/Reshape -> Q -> DQ`` (exact: the same values,
     moved), so that a Conv reads its DQ directly."""
-    from qdq.export.graph import GraphIndex
+    from qdq.graphs.onnx import GraphIndex
 
     g = GraphIndex(proto)
     moved = 0

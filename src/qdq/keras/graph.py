@@ -1,10 +1,12 @@
-"""Walking a Functional/Sequential Keras 3 model's layer graph (producers and consumers of a layer)."""
+"""Checking and searching a Functional/Sequential Keras 3 model (the layer graph walk, ``producers`` and
+``consumers``, is :mod:`qdq.graphs.keras`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.graphs.keras import consumers, producers
 from qdq.keras._backend import keras
 
 __all__ = ["check_graph_model", "consumers", "find_layer", "producers"]
@@ -40,27 +42,3 @@ def find_layer(model: Any, name: str) -> Any:
             return layer
     hint = did_you_mean(name, [layer.name for layer in model.layers])
     raise QdqConfigError(f"model {model.name!r} has no layer named {name!r}.{hint}")
-
-
-def _first_node(layer: Any) -> Any | None:
-    nodes = getattr(layer, "_inbound_nodes", [])
-    return nodes[0] if nodes else None
-
-
-def producers(layer: Any) -> list[Any]:
-    """The layers whose outputs feed ``layer``, one per input position (first call of ``layer``)."""
-    node = _first_node(layer)
-    if node is None:
-        return []
-    return [tensor._keras_history.operation for tensor in node.input_tensors]
-
-
-def consumers(model: Any, layer: Any) -> list[Any]:
-    """The layers of ``model`` that take an output of ``layer`` (each once, in model order)."""
-    members = {id(candidate) for candidate in model.layers}
-    found: dict[int, Any] = {}
-    for node in getattr(layer, "_outbound_nodes", []):
-        operation = node.operation
-        if id(operation) in members:
-            found.setdefault(id(operation), operation)
-    return list(found.values())

@@ -54,11 +54,13 @@ def quantize_model(
         num_bits: width of the integer grids, 2..8 (8: int8; 4 simulates int4 and exports as int8 Q/DQ behind
             a clip to the 16 levels, as the PyTorch export does).
         weight_bits: width of the kernels' grid when it differs (W4A8: ``num_bits=8, weight_bits=4``).
-        target: the runtime the model is quantized for (:mod:`qdq.targets`): ``"tensorrt"`` (the toolkit's
-            placement: Q/DQ on inputs and weights only, residual adds by the cases) or ``"onnxruntime"``
-            (also the conv outputs, every input of adds, unsigned post-ReLU ranges: what ORT's int8 kernels
-            need, :mod:`qdq.keras.placement`). The model remembers it; :func:`qdq.keras.export_onnx` exports
-            for it. None (default): the toolkit's placement, exportable for any target.
+        target: the runtime the model is quantized for (:mod:`qdq.targets`): its placement rules' Keras forms run
+            on the toolkit's plan (:mod:`qdq.keras.placement`). ``"tensorrt"``: Q/DQ on inputs and weights, and
+            on the inputs of each residual add but the one TensorRT fuses (the same choice as the PyTorch path
+            and as :class:`~qdq.keras.cases.ResidualConnectionQDQCase`); ``"onnxruntime"``: also the conv
+            outputs, every input of adds, unsigned post-ReLU ranges (what ORT's int8 kernels need). The model
+            remembers it; :func:`qdq.keras.export_onnx` exports for it. None (default): the toolkit's placement
+            alone (the spec and the cases), exportable for any target.
 
     Returns:
         The quantized model. Calibrate it (:func:`qdq.keras.calibrate`) before training or export.
@@ -73,8 +75,7 @@ def quantize_model(
     for bits in (num_bits, num_bits if weight_bits is None else weight_bits):
         if check_num_bits(bits) > 8:
             raise QdqConfigError(f"qdq.keras quantizes to at most 8 bits (int8 / uint8 Q/DQ in ONNX), got {bits}.")
-    if target is not None:
-        get_target(target)  # an unknown target raises, listing the registered ones
+    spec_target = get_target(target) if target is not None else None  # an unknown name raises, listing them
     if quantization_mode not in QUANTIZATION_MODES:
         raise QdqConfigError(
             f"quantization_mode must be one of {QUANTIZATION_MODES}, got {quantization_mode!r}."
@@ -84,11 +85,12 @@ def quantize_model(
     if quantization_mode == "partial" and not len(spec):
         raise QdqConfigError("quantization_mode='partial' quantizes only the layers a spec or case names; give one.")
     _validate(model, spec, wrapper_for)
-    if target is not None and "conv_output" in get_target(target).placement_rules:
-        model = split_activations(model)
+    if spec_target is not None and any(r.separates_activations for r in spec_target.rules_for("keras")):
+        fusion = spec_target.fusion
+        model = split_activations(model, fusion.folded_activations) if fusion is not None else split_activations(model)
     plans = _plans(model, spec, quantization_mode, wrapper_for)
-    if target is not None:
-        plans = apply_rules(model, plans, target)
+    if spec_target is not None:
+        plans = apply_rules(model, plans, spec_target)
     return _wrapped_copy(model, plans, (num_bits, num_bits if weight_bits is None else weight_bits), target)
 
 

@@ -102,6 +102,19 @@ class QuantInputMixin(QuantModule):
         new.init_quantizer(quant_desc_input)
         return new
 
+    def to_float(self) -> nn.Module:
+        """The float module this one replaces (``float_class_of``), sharing its parameters, buffers and hooks,
+        without the quantizers: what :meth:`from_float` was given."""
+        float_cls = float_class_of(type(self))
+        new = float_cls.__new__(float_cls)
+        new.__dict__.update(self.__dict__)
+        for name, value in self.__dict__.items():
+            if isinstance(value, dict | set | list):
+                new.__dict__[name] = value.copy()
+        for name in {path.split(".", 1)[0] for path in self.quantizers()}:
+            new._modules.pop(name, None)
+        return new
+
 
 class InputQuantized(QuantInputMixin):
     """Base of modules that quantize their input and then run the float module (pooling, norms)."""

@@ -59,6 +59,8 @@ class Runtime(ABC):
         self.info = info
         self.threads = threads
         self.batch = batch
+        #: what the file's target says about running it here (:func:`qdq.runtime.target_check.target_advice`)
+        self.advice: str | None = None
         self._closed = False
 
     @classmethod
@@ -177,6 +179,7 @@ class BenchmarkResult:
     p90_ms: float
     mean_ms: float
     times_ms: tuple[float, ...] = field(default=(), repr=False)
+    note: str = field(default="", compare=False)
 
     @classmethod
     def from_times(
@@ -189,8 +192,10 @@ class BenchmarkResult:
         batch: int,
         threads: int | None,
         warmup: int,
+        note: str = "",
     ) -> BenchmarkResult:
-        """Summarise per-inference wall times (ms) into min / median / p90 / mean."""
+        """Summarise per-inference wall times (ms) into min / median / p90 / mean; ``note``: the runtime's
+        advice on the file (:attr:`Runtime.advice`)."""
         if not times_ms:
             raise QdqConfigError("no timings to summarise: iterations must be >= 1")
         times = np.asarray(times_ms, dtype=np.float64)
@@ -207,6 +212,7 @@ class BenchmarkResult:
             p90_ms=float(np.percentile(times, 90)),
             mean_ms=float(times.mean()),
             times_ms=tuple(float(t) for t in times),
+            note=note,
         )
 
     def speedup_over(self, baseline: BenchmarkResult, stat: str = "median") -> float:

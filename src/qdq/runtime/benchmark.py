@@ -74,6 +74,7 @@ def benchmark(
         batch=_batch_of(inputs),
         threads=runtime.threads,
         warmup=warmup,
+        note=runtime.advice or "",
     )
 
 

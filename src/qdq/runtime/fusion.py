@@ -19,9 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from qdq.export.graph import GraphIndex
+from qdq.graphs.onnx import GraphIndex
 from qdq.runtime._text import markdown_table
-from qdq.targets import ONNXRUNTIME_FUSION, FusionFacts, get_target
+from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+from qdq.targets.target import FusionFacts
 
 if TYPE_CHECKING:
     import onnx
@@ -149,7 +150,7 @@ def analyse_fusion(
     source: onnx.ModelProto, optimized: onnx.ModelProto, *, model: str = "", optimization_level: str = ""
 ) -> FusionReport:
     """Compare ORT's ``optimized`` graph of a model with its ``source`` graph."""
-    facts = get_target("onnxruntime").require_fusion()
+    facts = ONNXRUNTIME_FUSION
     explainer = _Explainer(optimized, facts)
     unfused = tuple(explainer.explain(node) for node in optimized.graph.node if node.op_type in (_Q, _DQ))
     return FusionReport(

@@ -2,15 +2,16 @@
 
 :func:`read_model_info` checks that a path is a readable ONNX model (a missing file or a file that is
 not ONNX raises :class:`~qdq.errors.QdqConfigError`, so the CLI can report it in one line), and returns
-the graph's inputs, outputs and whether it is quantized. :func:`random_inputs` makes a feed for those
-inputs at a chosen batch size, for benchmarks and smoke tests.
+the graph's inputs, outputs, whether it is quantized and its metadata (the target a qdq export was made
+for). :func:`random_inputs` makes a feed for those inputs at a chosen batch size, for benchmarks and
+smoke tests.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,10 @@ from qdq.runtime._text import first_line
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["ModelInfo", "TensorSpec", "load_onnx", "random_inputs", "read_model_info"]
+__all__ = ["TARGET_KEY", "ModelInfo", "TensorSpec", "load_onnx", "random_inputs", "read_model_info"]
+
+#: the metadata entry of a qdq export naming the target it was made for
+TARGET_KEY = "qdq.target"
 
 Dim = int | str | None
 """One dimension of an input: a fixed size, a named dynamic size (``"batch"``), or unknown (``None``)."""
@@ -85,6 +89,12 @@ class ModelInfo:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[str, ...]
     op_counts: Mapping[str, int]
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str | None:
+        """The target the file was exported for (its ``qdq.target`` metadata), None for a file qdq did not write."""
+        return self.metadata.get(TARGET_KEY)
 
     @property
     def quantized(self) -> bool:
@@ -113,7 +123,8 @@ def read_model_info(path: str | Path) -> ModelInfo:
     inputs = tuple(_spec(vi) for vi in model.graph.input if vi.name not in initializers)
     outputs = tuple(vi.name for vi in model.graph.output)
     op_counts = Counter(node.op_type for node in model.graph.node)
-    return ModelInfo(Path(path), inputs, outputs, dict(op_counts))
+    metadata = {prop.key: prop.value for prop in model.metadata_props}
+    return ModelInfo(Path(path), inputs, outputs, dict(op_counts), metadata)
 
 
 def load_onnx(path: str | Path, *, external_data: bool = False) -> onnx.ModelProto:

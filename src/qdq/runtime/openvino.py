@@ -28,6 +28,7 @@ from qdq.runtime.base import Runtime, check_common_options, import_backend
 from qdq.runtime.model_info import ModelInfo, read_model_info
 from qdq.runtime.ov_precision import LayerPrecision, PrecisionReport
 from qdq.runtime.saturation import saturation_safe_model
+from qdq.runtime.target_check import target_advice
 
 if TYPE_CHECKING:
     import openvino
@@ -107,6 +108,7 @@ class OpenVinoRuntime(Runtime):
         check_common_options(threads, batch)
         config = _compile_config(threads, precision)
         info = read_model_info(onnx_path)
+        advice = target_advice(info, cls.name)
         core = _ov().Core()
         model = _read_model(core, info.path, uint8_weights)
         if batch is not None:
@@ -115,7 +117,9 @@ class OpenVinoRuntime(Runtime):
             compiled = core.compile_model(model, device, config)
         except RuntimeError as err:
             raise QdqConfigError(f"OpenVINO cannot compile {info.path.name}: {_last_line(err)}") from None
-        return cls(info, compiled, threads=threads, batch=batch)
+        runtime = cls(info, compiled, threads=threads, batch=batch)
+        runtime.advice = advice
+        return runtime
 
     @property
     def precision(self) -> str:

@@ -19,6 +19,7 @@ from qdq.runtime.base import Runtime, check_common_options, import_backend
 from qdq.runtime.fusion import FusionReport, analyse_fusion
 from qdq.runtime.model_info import ModelInfo, load_onnx, read_model_info
 from qdq.runtime.saturation import saturation_safe_model
+from qdq.runtime.target_check import target_advice
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -113,11 +114,13 @@ class OrtRuntime(Runtime):
         """
         check_common_options(threads, batch)
         info = read_model_info(onnx_path)
+        advice = _advice(info)
         options = session_options(threads=threads, optimization_level=optimization_level)
         source, reencoded = _session_source(info.path, uint8_weights)
         session = _create_session(info.path, options, source)
         runtime = cls(info, session, threads=threads, batch=batch, optimization_level=optimization_level)
         runtime.reencoded_weights = reencoded
+        runtime.advice = advice
         return runtime
 
     @property
@@ -177,6 +180,18 @@ def inference_session(
     path = Path(onnx_path)
     source, _ = _session_source(path, uint8_weights)
     return _create_session(path, options or session_options(), source)
+
+
+def _advice(info: ModelInfo) -> str | None:
+    """The file's target's caveat for ONNX Runtime, with how many of its Convs stay float here."""
+    advice = target_advice(info, OrtRuntime.name)
+    if advice is None:
+        return None
+    from qdq.targets.onnxruntime.passes.float_convs import unfusable_convs
+
+    convs = info.op_counts.get("Conv", 0)
+    floats = len(unfusable_convs(load_onnx(info.path)))
+    return f"{floats} of {convs} Convs run in float on ONNX Runtime. {advice}"
 
 
 def _session_source(path: Path, uint8_weights: bool | None) -> tuple[str | bytes, int]:

@@ -4,10 +4,15 @@ There, ONNX Runtime's U8S8 kernels and OpenVINO's int8 convolutions add pairs of
 int16 with saturation, and a weight of more than 64 levels can make them silently compute something else
 (seen on an AVX2 EPYC: ORT 35 output steps off on a small CNN, OpenVINO 15 % of the output range off).
 Before a backend compiles a model on such a CPU, :func:`saturation_safe_model` re-encodes those weights
-as uint8 with zero point 128 (:func:`qdq.export.ort_target.encode_weights_uint8`): the same dequantized
-values. ONNX Runtime runs them in its U8U8 kernels (int8 still, exact, somewhat slower); OpenVINO has no
+as uint8 with zero point 128
+(:func:`qdq.targets.onnxruntime.passes.weight_encoding.encode_weights_uint8`): the same dequantized values.
+ONNX Runtime runs them in its U8U8 kernels (int8 still, exact, somewhat slower); OpenVINO has no
 u8-weight int8 kernel and runs those layers in float (exact, without the int8 speed-up). Weights of at
 most 64 levels (``weight_bits <= 7``) stay int8 and run in the fast kernels, exactly, on both.
+
+The export decides the encoding once and records it in the file (``qdq.weights``); a file that records
+``"uint8"`` is loaded as it is. A file that records ``"int8"``, or says nothing (one qdq did not write), is
+re-encoded in memory where this CPU saturates: the user who loads a foreign int8 file stays protected.
 """
 
 from __future__ import annotations
@@ -39,13 +44,16 @@ def saturation_safe_model(path: str | Path, uint8_weights: bool | None) -> tuple
 
     Args:
         path: an ONNX file.
-        uint8_weights: True: re-encode; False: never; None: when this CPU saturates.
+        uint8_weights: True: re-encode; False: never; None: when this CPU saturates, unless the file records
+            uint8 weights.
     """
     if not needs_uint8_weights(uint8_weights):
         return None, 0
-    from qdq.export.ort_target import encode_weights_uint8
+    from qdq.targets.onnxruntime.passes.weight_encoding import encode_weights_uint8, recorded_weights
 
     model = load_onnx(path, external_data=True)
+    if uint8_weights is None and recorded_weights(model) == "uint8":
+        return None, 0  # the export stored them as uint8 already
     count = encode_weights_uint8(model)
     if count == 0:
         return None, 0

@@ -21,6 +21,7 @@ import numpy as np
 from qdq.errors import QdqBackendUnavailable, QdqConfigError, QdqError
 from qdq.runtime.base import Inputs, Runtime, check_common_options, import_backend
 from qdq.runtime.model_info import ModelInfo, read_model_info
+from qdq.runtime.target_check import target_advice
 
 if TYPE_CHECKING:
     import tensorrt
@@ -100,10 +101,13 @@ class TensorRtRuntime(Runtime):
         """
         check_common_options(threads, batch)
         info = read_model_info(onnx_path)
+        advice = target_advice(info, cls.name)  # an onnxruntime-target graph is refused before any GPU work
         _trt()
         _cuda_torch()
         plan = build_engine(info.path, batch=batch or 1, workspace_mib=workspace_mib)
-        return cls(info, plan, batch=batch)
+        runtime = cls(info, plan, batch=batch)
+        runtime.advice = advice
+        return runtime
 
     @property
     def precision(self) -> str:

@@ -1,4 +1,4 @@
-"""The ONNX Runtime rewrite (qdq.export.ort_target), one pass at a time, on small graphs built by hand.
+"""The ONNX Runtime rewrite (qdq.targets.onnxruntime.passes), one pass at a time, on small graphs built by hand.
 
 Each pass runs on a graph made with ``onnx.helper``; the tests check the structure it leaves and the numbers
 it writes against values worked out by hand (in the comments), then run both graphs in ONNX Runtime (graph
@@ -16,22 +16,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.export.graph import GraphIndex, add_quantizer_names, quantizer_names
-from qdq.export.ort_target import (
-    _activations_to_uint8,
-    _bias_after_float_convs,
-    _drop_masks_of_zeros,
-    _flatten_pools,
-    _fold_batchnorms,
-    _fold_weight_quantizers,
-    _fold_zero_masks,
-    _global_pools,
-    _merge_duplicate_pairs,
-    _quantize_biases,
-    _remove_requantization,
-    rewrite_for_onnxruntime,
-    unfusable_convs,
-)
+from qdq.graphs.onnx import GraphIndex, add_quantizer_names, quantizer_names
+from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
+from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
+from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, remove_requantization
+from qdq.targets.onnxruntime.passes.float_convs import unfusable_convs
+from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
+from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
+from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
+from qdq.targets.onnxruntime.passes.zero_masks import drop_masks_of_zeros, fold_zero_masks
+from qdq.targets.onnxruntime.rewrite import rewrite_for_onnxruntime
 
 F32 = np.float32
 
@@ -103,7 +97,7 @@ def test_weight_quantizers_become_int8_initializers():
     w = np.array([0.25, 0.75, -0.25, 100.0, -100.0, 1.0], F32).reshape(6, 1, 1, 1)
     model = weight_graph(w, 0.5, np.int8(0))
     before = run(model, x=np.ones((1, 1, 1, 1), F32))
-    assert _fold_weight_quantizers(GraphIndex(model)) == 1
+    assert fold_weight_quantizers(GraphIndex(model)) == 1
     assert ops(model) == ["DequantizeLinear", "Conv"]
     dq = node(model, "DequantizeLinear")
     folded = value(model, dq.input[0])
@@ -115,16 +109,16 @@ def test_per_channel_weights_use_their_channel_step():
     # 0.75 / 0.5 = 1.5 -> 2 (even); 0.75 / 0.25 = 3
     w = np.full((2, 1, 1, 1), 0.75, F32)
     model = weight_graph(w, [0.5, 0.25], np.zeros(2, np.int8), axis=0)
-    _fold_weight_quantizers(GraphIndex(model))
+    fold_weight_quantizers(GraphIndex(model))
     assert value(model, node(model, "DequantizeLinear").input[0]).reshape(-1).tolist() == [2, 3]
 
 
 def test_weights_with_a_zero_point_or_read_as_output_stay():
     model = weight_graph(np.ones((1, 1, 1, 1), F32), 0.5, np.int8(3))
-    assert _fold_weight_quantizers(GraphIndex(model)) == 0 and "QuantizeLinear" in ops(model)
+    assert fold_weight_quantizers(GraphIndex(model)) == 0 and "QuantizeLinear" in ops(model)
     model = weight_graph(np.ones((1, 1, 1, 1), F32), 0.5, np.int8(0))
     model.graph.output.append(helper.make_tensor_value_info("wq", TensorProto.INT8, [1, 1, 1, 1]))
-    assert _fold_weight_quantizers(GraphIndex(model)) == 0
+    assert fold_weight_quantizers(GraphIndex(model)) == 0
 
 
 # ----------------------------------------------------------------------------------- 2. BatchNorm
@@ -153,7 +147,7 @@ def test_batchnorm_folds_into_the_weight_scale_and_bias():
     # bias * k + shift = [0.5, -2.5, 0.5]
     model = bn_graph(np.array([[1, -2], [3, 4], [5, 6]]).reshape(3, 2, 1, 1))
     before = run(model, x=X4)
-    assert _fold_batchnorms(GraphIndex(model)) == 1
+    assert fold_batchnorms(GraphIndex(model)) == 1
     assert ops(model) == ["DequantizeLinear", "Conv"]
     dq, conv = node(model, "DequantizeLinear"), node(model, "Conv")
     assert conv.output[0] == "y"
@@ -165,7 +159,7 @@ def test_batchnorm_folds_into_the_weight_scale_and_bias():
 
 def test_batchnorm_is_not_folded_when_a_negated_weight_overflows():
     model = bn_graph(np.array([[1, -2], [-128, 4], [5, 6]]).reshape(3, 2, 1, 1))  # -(-128) is no int8
-    assert _fold_batchnorms(GraphIndex(model)) == 0
+    assert fold_batchnorms(GraphIndex(model)) == 0
     assert "BatchNormalization" in ops(model)
 
 
@@ -194,7 +188,7 @@ def mask_graph(mask: list[float]) -> onnx.ModelProto:
 def test_a_channel_mask_after_a_conv_folds_into_its_weights_and_bias():
     model = mask_graph([1.0, 0.0, 1.0])
     before = run(model, x=X4)
-    assert _fold_zero_masks(GraphIndex(model)) == 1
+    assert fold_zero_masks(GraphIndex(model)) == 1
     assert ops(model) == ["DequantizeLinear", "Conv", "Relu", "QuantizeLinear", "DequantizeLinear"]
     conv, q = node(model, "Conv"), node(model, "QuantizeLinear")
     assert q.input[0] == "r"
@@ -207,7 +201,7 @@ def test_a_channel_mask_after_a_conv_folds_into_its_weights_and_bias():
 def test_a_mask_of_every_channel_also_drops_the_activation():
     model = mask_graph([0.0, 0.0, 0.0])
     before = run(model, x=X4)
-    _fold_zero_masks(GraphIndex(model))
+    fold_zero_masks(GraphIndex(model))
     assert ops(model) == ["DequantizeLinear", "Conv", "QuantizeLinear", "DequantizeLinear"]
     assert node(model, "QuantizeLinear").input[0] == "c"
     np.testing.assert_array_equal(run(model, x=X4), before)
@@ -233,7 +227,7 @@ def test_a_mask_of_a_tensor_that_is_zero_anyway_is_removed():
     }
     model = build(nodes, [("x", [2, 2, 3, 3])], [("y", [2, 3, 1, 1])], constants)
     before = run(model, x=X4)
-    assert _drop_masks_of_zeros(GraphIndex(model)) == 1
+    assert drop_masks_of_zeros(GraphIndex(model)) == 1
     assert "Mul" not in ops(model) and node(model, "QuantizeLinear").input[0] == "p"
     np.testing.assert_array_equal(run(model, x=X4), before)
 
@@ -251,7 +245,7 @@ def test_signed_activations_become_uint8_with_zero_point_128_and_the_same_values
     model = build(nodes, [("x", [2, 2, 3, 3])], [("y", [2, 2, 3, 3])], constants)
     x = (X4 * 2).astype(F32)  # beyond +-2.54: saturates on both grids alike
     before = run(model, x=x)
-    assert _activations_to_uint8(GraphIndex(model)) == 1
+    assert activations_to_uint8(GraphIndex(model)) == 1
     q1, dq1 = model.graph.node[0], model.graph.node[1]
     assert q1.input[2] == dq1.input[2] and value(model, q1.input[2]) == np.uint8(128)
     assert value(model, q1.input[1]) == F32(0.02)  # the scale is unchanged
@@ -287,7 +281,7 @@ def bias_graph(bias: list[float], quantize_output: bool = True) -> onnx.ModelPro
 def test_conv_bias_becomes_int32_at_input_step_times_weight_step():
     # s_x * s_w = 0.5 * [0.25, 0.125] = [0.125, 0.0625]; [1.0, -0.3] / that = [8, -4.8] -> [8, -5]
     model = bias_graph([1.0, -0.3])
-    assert _quantize_biases(GraphIndex(model), []) == 1
+    assert quantize_biases(GraphIndex(model), []) == 1
     conv = node(model, "Conv")
     bias_dq = next(n for n in model.graph.node if n.output[0] == conv.input[2])
     assert bias_dq.op_type == "DequantizeLinear"
@@ -300,7 +294,7 @@ def test_conv_bias_becomes_int32_at_input_step_times_weight_step():
 def test_a_bias_on_the_int32_grid_keeps_the_outputs_bit_for_bit():
     model = bias_graph([0.25, -0.5])  # [2, -8] steps exactly
     before = run(model, x=X4)
-    _quantize_biases(GraphIndex(model), [])
+    quantize_biases(GraphIndex(model), [])
     np.testing.assert_array_equal(run(model, x=X4), before)
 
 
@@ -309,7 +303,7 @@ def test_a_float_conv_gets_its_bias_as_an_add_after_it():
     before = run(model, x=X4)
     index = GraphIndex(model)
     conv = node(model, "Conv")
-    assert _bias_after_float_convs(index, [conv]) == 1
+    assert bias_after_float_convs(index, [conv]) == 1
     assert ops(model)[-2:] == ["Conv", "Add"] and len(conv.input) == 2
     add = node(model, "Add")
     assert add.output[0] == "y" and add.input[0] == conv.output[0]
@@ -335,7 +329,7 @@ def pairs_graph(second_scale: float) -> onnx.ModelProto:
 def test_equal_pairs_on_one_tensor_merge_and_keep_both_names():
     model = pairs_graph(0.1)
     before = run(model, x=X4)
-    assert _merge_duplicate_pairs(GraphIndex(model)) == 1
+    assert merge_duplicate_pairs(GraphIndex(model)) == 1
     assert ops(model).count("QuantizeLinear") == 1 and node(model, "Sigmoid").input[0] == "da"
     assert quantizer_names(node(model, "QuantizeLinear")) == ["a", "b"]
     assert quantizer_names(node(model, "DequantizeLinear")) == ["a", "b"]
@@ -344,7 +338,7 @@ def test_equal_pairs_on_one_tensor_merge_and_keep_both_names():
 
 def test_pairs_with_different_scales_stay():
     model = pairs_graph(0.2)
-    assert _merge_duplicate_pairs(GraphIndex(model)) == 0 and ops(model).count("QuantizeLinear") == 2
+    assert merge_duplicate_pairs(GraphIndex(model)) == 0 and ops(model).count("QuantizeLinear") == 2
 
 
 def test_a_requantization_with_equal_parameters_is_removed():
@@ -356,7 +350,7 @@ def test_a_requantization_with_equal_parameters_is_removed():
     ]
     model = build(nodes, [("x", [2, 2, 3, 3])], [("y", [2, 2, 3, 3])], {"s": np.float32(0.1), "z": np.int8(0)})
     before = run(model, x=X4)
-    assert _remove_requantization(GraphIndex(model)) == 2  # the second Q and the DQ it alone read
+    assert remove_requantization(GraphIndex(model)) == 2  # the second Q and the DQ it alone read
     assert ops(model) == ["QuantizeLinear", "DequantizeLinear"]
     assert node(model, "DequantizeLinear").input[0] == "q1"
     np.testing.assert_array_equal(run(model, x=X4), before)
@@ -375,7 +369,7 @@ def test_a_spatial_mean_becomes_global_average_pool_and_its_flatten_a_reshape():
     model = pool_graph([2, 3])
     before = run(model, x=X4)
     index = GraphIndex(model)
-    assert _global_pools(index) == 1 and _flatten_pools(index) == 1
+    assert global_pools(index) == 1 and flatten_pools(index) == 1
     pool, reshape = model.graph.node
     assert (pool.op_type, list(pool.input), list(pool.attribute)) == ("GlobalAveragePool", ["x"], [])
     assert reshape.op_type == "Reshape" and value(model, reshape.input[1]).tolist() == [0, -1]
@@ -385,7 +379,7 @@ def test_a_spatial_mean_becomes_global_average_pool_and_its_flatten_a_reshape():
 @pytest.mark.parametrize(("axes", "keepdims"), [([1], 1), ([2], 1), ([2, 3], 0)])
 def test_other_means_stay(axes, keepdims):
     model = pool_graph(axes, keepdims)
-    assert _global_pools(GraphIndex(model)) == 0 and ops(model)[0] == "ReduceMean"
+    assert global_pools(GraphIndex(model)) == 0 and ops(model)[0] == "ReduceMean"
 
 
 # ------------------------------------------------------------------------------------ fusability

@@ -1,4 +1,4 @@
-"""The ONNX graph index (qdq.export.graph.GraphIndex) and node removal, on a small hand-built graph."""
+"""The ONNX graph index (qdq.graphs.onnx.GraphIndex) and node removal, on a small hand-built graph."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.export.graph import GraphIndex, remove_nodes, tidy
+from qdq.graphs.onnx import GraphIndex, remove_nodes, tidy
 
 
 def graph() -> onnx.ModelProto:

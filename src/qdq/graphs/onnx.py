@@ -38,6 +38,7 @@ __all__ = [
     "add_quantizer_names",
     "annotate_quantizers",
     "atomic_save",
+    "attribute",
     "consumers",
     "initializer_map",
     "qdq_sites",
@@ -45,6 +46,7 @@ __all__ = [
     "record_merged",
     "remove_nodes",
     "rename_io",
+    "set_axis",
     "set_metadata",
     "tidy",
 ]
@@ -239,6 +241,27 @@ def _array(tables: Mapping[str, Any], name: str) -> np.ndarray:
     if name not in tables:
         raise KeyError(f"Q/DQ parameter {name!r} is not a constant")
     return numpy_helper.to_array(tables[name])
+
+
+def attribute(node: Any, name: str, default: Any = None) -> Any:
+    """The value of ``node``'s attribute ``name`` (ints, floats, lists...), or ``default``."""
+    from onnx import helper
+
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+def set_axis(node: Any, axis: int | None) -> None:
+    """Set (or, with None, remove) ``node``'s ``axis`` attribute."""
+    kept = [a for a in node.attribute if a.name != "axis"]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    if axis is not None:
+        from onnx import helper
+
+        node.attribute.append(helper.make_attribute("axis", axis))
 
 
 def _axis(node: Any) -> int | None:

@@ -15,8 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qdq.cpu
 from qdq.errors import QdqConfigError
-from qdq.export.graph import GraphIndex
-from qdq.export.ort_target import WEIGHTS_METADATA_KEY, encode_weights_uint8, rewrite_for_onnxruntime
+from qdq.graphs.onnx import GraphIndex
+from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8
+from qdq.targets.onnxruntime.rewrite import rewrite_for_onnxruntime
 from qdq.runtime.ort import inference_session, session_options
 from qdq.targets import get_target
 

@@ -1,0 +1,58 @@
+"""Q/DQ placement for PyTorch: where a quantized model needs quantizers beyond its Conv/Linear inputs and weights.
+
+``quantize_model`` quantizes the inputs and weights of weighted modules. A runtime needs a few more
+quantizers, at places torch writes as *functions* in ``forward`` (``out += identity``, ``torch.cat``), which
+module replacement cannot reach, and some runtimes more (ONNX Runtime's int8 kernels need quantized conv
+outputs). :func:`apply_placement` traces the model with ``torch.fx``, runs the PyTorch rules of a target on the
+graph (:class:`~qdq.graphs.fx.PlacementContext`) and returns the rewritten model (a ``torch.fx.GraphModule``
+with the same parameters, buffers and ``state_dict`` keys, plus the added quantizers)::
+
+    model = quantize_model(torchvision.models.resnet18())
+    model = apply_placement(model, target="tensorrt")   # then calibrate, fine-tune, export
+
+The rules belong to their targets: what each decides, and why, is documented in the target packages
+(:mod:`qdq.targets.tensorrt`, :mod:`qdq.targets.onnxruntime`, and the shared :mod:`qdq.targets.common`).
+
+The placed model remembers its target (:func:`qdq.targets.placed_target`; ``export_onnx`` defaults to it).
+When placement builds a new model, the one passed in is marked stale: running or exporting it raises, so the
+returned model is the one to use.
+
+Extending: :func:`register_placement_rule` adds a rule (the counterpart of the TF toolkit's
+``CustomQDQInsertionCase``): a function ``rule(ctx: PlacementContext) -> None`` that edits
+``ctx.graph_module.graph`` with the context's helpers. :func:`function_inputs_rule` builds the common case
+"quantize inputs of every call to these functions" (e.g. the squeeze-excitation ``mul`` of EfficientNet).
+
+Fallback: when ``torch.fx`` cannot trace the whole model (data-dependent control flow), each child module
+is placed on its own, recursively, with a warning; adds in the untraceable ``forward`` itself stay float
+(use :class:`~qdq.nn.QuantAdd` there by hand).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qdq.graphs.fx import PlacementContext
+from qdq.placement.apply import apply_placement
+from qdq.placement.extend import (
+    function_inputs_rule,
+    placement_rules,
+    register_placement_rule,
+    unregister_placement_rule,
+)
+from qdq.targets import PLACEMENT_RULES, target_names
+
+__all__ = [  # and TARGETS, the registered target names (module __getattr__)
+    "PLACEMENT_RULES",
+    "PlacementContext",
+    "apply_placement",
+    "function_inputs_rule",
+    "placement_rules",
+    "register_placement_rule",
+    "unregister_placement_rule",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TARGETS":  # the registered target names, as a tuple (qdq.targets holds the registry)
+        return target_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

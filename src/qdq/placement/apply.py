@@ -1,0 +1,165 @@
+"""``apply_placement``: trace a quantized PyTorch model and run a target's placement rules on it."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+from torch import fx, nn
+
+from qdq.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
+from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.graphs.fx import PlacementContext
+from qdq.graphs.fx_ops import LEAF_CLASS_NAMES, QDQ_LEAVES
+from qdq.nn.base import QuantInputMixin
+from qdq.targets import (
+    DEFAULT_TARGET,
+    PLACEMENT_RULES,
+    PlacementRule,
+    Target,
+    check_not_superseded,
+    mark_placed,
+    mark_superseded,
+    placed_target,
+    resolve_target,
+)
+
+__all__ = ["apply_placement"]
+
+
+class _Tracer(fx.Tracer):
+    """Keeps torch.nn modules, qdq's quantized modules and the given classes as leaves."""
+
+    def __init__(self, leaf_modules: tuple[type, ...] = ()) -> None:
+        super().__init__()
+        self._extra_leaves = leaf_modules
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, QDQ_LEAVES + self._extra_leaves) or type(m).__name__ in LEAF_CLASS_NAMES:
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def _trace(module: nn.Module, leaf_modules: tuple[type, ...]) -> fx.GraphModule:
+    tracer = _Tracer(leaf_modules)
+    graph = tracer.trace(module)
+    gm = fx.GraphModule(tracer.root, graph, class_name=type(module).__name__)
+    gm.train(module.training)
+    return gm
+
+
+def _default_desc(model: nn.Module) -> QuantDescriptor:
+    """Per-tensor descriptor matching the model's first input quantizer (bits, calibrator)."""
+    for module in model.modules():
+        if not isinstance(module, QuantInputMixin):
+            continue
+        q = next((q for q in module.quantizers().values() if q.role == "input"), None)
+        if q is not None:
+            return QuantDescriptor(num_bits=q.num_bits, calib_method=q.calib_method, narrow_range=q.narrow_range)
+    return QUANT_DESC_8BIT_PER_TENSOR
+
+
+class _Placement:
+    """One placement: the target, the descriptor of the added quantizers, the rules, the extra leaves."""
+
+    def __init__(
+        self, target: Target, desc: QuantDescriptor, rules: tuple[PlacementRule, ...], leaves: tuple[type, ...]
+    ) -> None:
+        self.target, self.desc, self.rules, self.leaves = target, desc, rules, leaves
+
+    def place(self, module: nn.Module, path: str) -> tuple[nn.Module, list[str]]:
+        try:
+            gm = _trace(module, self.leaves)
+        except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
+            return self.place_children(module, path, err)
+        ctx = PlacementContext(gm, self.target, self.desc)
+        for rule in self.rules:
+            rule.torch(ctx)  # type: ignore[misc]  # rules_for("torch") keeps those with a torch function
+        if not ctx.changes:
+            return module, []
+        gm.graph.lint()
+        gm.recompile()
+        prefix = f"{path}: " if path else ""
+        return gm, [prefix + line for line in ctx.changes]
+
+    def place_children(self, module: nn.Module, path: str, err: Exception) -> tuple[nn.Module, list[str]]:
+        warnings.warn(
+            f"torch.fx cannot trace {path or type(module).__name__} ({type(err).__name__}: {err}); placing "
+            "quantizers inside its children instead. Additions written in its own forward stay float: use "
+            "qdq.nn.QuantAdd / QuantConcat there, or register it as a leaf (leaf_modules=...).",
+            stacklevel=5,
+        )
+        changes: list[str] = []
+        for name, child in list(module.named_children()):
+            if isinstance(child, QDQ_LEAVES + self.leaves):
+                continue
+            child_path = f"{path}.{name}" if path else name
+            new, lines = self.place(child, child_path)
+            if new is not child:
+                setattr(module, name, new)
+            changes += lines
+        return module, changes
+
+
+def apply_placement(
+    model: nn.Module,
+    target: str | Target = DEFAULT_TARGET,
+    *,
+    quant_desc: QuantDescriptor | None = None,
+    rules: Sequence[str] | None = None,
+    leaf_modules: Sequence[type] = (),
+    verbose: bool = False,
+) -> nn.Module:
+    """Add the quantizers ``target`` needs beyond Conv/Linear inputs and weights (see :mod:`qdq.placement`).
+
+    Usually called by :func:`qdq.quantize_model` (``QuantConfig(target=...)``); call it yourself after
+    ``quantize_model`` and before calibration (the added quantizers are ordinary
+    :class:`~qdq.quantizer.TensorQuantizer` modules, calibrated like the others). Use the returned model:
+    when it is a new one, ``model`` is marked stale and raises when run or exported.
+
+    Args:
+        model: a model quantized with ``quantize_model`` (float modules are fine too).
+        target: a registered target's name (``"tensorrt"``, ``"onnxruntime"``) or a :class:`~qdq.targets.Target`;
+            the model computes what that target's export runs.
+        quant_desc: descriptor of the added quantizers; default 8-bit per tensor with the calibrator of the
+            model's first input quantizer.
+        rules: names of the rules to apply (default: the target's PyTorch rules, in its order).
+        leaf_modules: module classes not to trace into (kept as calls).
+        verbose: print one line per change.
+
+    Returns:
+        A ``torch.fx.GraphModule`` computing the placed model (same parameters, same ``state_dict`` keys
+        plus the added quantizers), or ``model`` itself when no rule changed anything. When the model
+        cannot be traced, ``model`` with its traceable children replaced. Either way it remembers
+        the target's name (:func:`qdq.targets.placed_target`).
+
+    Raises:
+        QdqConfigError: an unknown target or rule, a rule with no PyTorch implementation, a model already
+            placed for another target, or a stale model (one a previous placement replaced).
+    """
+    spec = resolve_target(target)
+    if not isinstance(model, nn.Module):
+        raise QdqTypeError(f"apply_placement needs an nn.Module, got {type(model).__name__}.")
+    check_not_superseded(model)
+    previous = placed_target(model)
+    if previous is not None and previous != spec.name:
+        raise QdqConfigError(
+            f"this model is already placed for target {previous!r}; placing it for {spec.name!r} too would mix "
+            "both. Quantize a fresh copy of the float model for the other target."
+        )
+    chosen = spec.rules_for("torch") if rules is None else tuple(_torch_rule(name) for name in rules)
+    desc = _default_desc(model) if quant_desc is None else quant_desc
+    placed, changes = _Placement(spec, desc, chosen, tuple(leaf_modules)).place(model, "")
+    mark_placed(placed, spec.name)
+    if placed is not model:
+        mark_superseded(model, spec.name)
+    if verbose:
+        print("\n".join(changes) if changes else "apply_placement: no change")
+    return placed
+
+
+def _torch_rule(name: str) -> PlacementRule:
+    rule = PLACEMENT_RULES.get(name)  # unknown names raise with a suggestion
+    if not rule.supports("torch"):
+        raise QdqConfigError(f"placement rule {name!r} has no PyTorch implementation (front ends: {rule.frontends}).")
+    return rule

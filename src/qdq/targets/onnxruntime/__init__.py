@@ -1,0 +1,64 @@
+"""The ``"onnxruntime"`` target: ONNX Runtime's CPU int8 kernels (``QLinearConv``, ``QGemm``, ``QLinearAdd``...).
+
+ONNX Runtime turns a ``DQ -> op -> Q`` group into an int8 kernel only when every data input is dequantized
+*and* the output quantized (:mod:`~qdq.targets.onnxruntime.fusion`; notes: ort-int8-notes.md). So this
+target quantizes more than TensorRT's inputs and weights, and the PyTorch / Keras model carries those
+quantizers, so that what is calibrated and trained is what ONNX Runtime computes. Its rules, in order:
+
+* ``float_recurrent`` (:mod:`.rules.recurrent`): LSTM / GRU layers stay float (ORT's float LSTM kernel);
+* ``residual_add`` with ``residual_add="both"`` and ``concat`` (:mod:`qdq.targets.common`);
+* ``conv_output`` (:mod:`.rules.conv_output`): every conv output quantized, after BN and a folded ReLU;
+* ``silu``, ``sigmoid_output`` (:mod:`.rules.sigmoid`), ``mul_inputs`` (:mod:`.rules.mul_inputs`): SiLU and
+  squeeze-excitation gates as ``QLinearSigmoid`` / ``QLinearMul``;
+* ``unsigned_activations`` (:mod:`.rules.unsigned`): non-negative tensors quantized as uint8, zero point 0.
+
+The exported graph is rewritten by :func:`~qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime` (one
+pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``.
+
+Adding a rule: a module in ``rules/`` defining a :class:`~qdq.targets.rules.PlacementRule`, listed in
+``RULES`` below at its place. Adding a pass: see :mod:`qdq.targets.onnxruntime.rewrite`.
+"""
+
+from __future__ import annotations
+
+from qdq.targets.common.concat import CONCAT
+from qdq.targets.common.residual import RESIDUAL_ADD
+from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+from qdq.targets.onnxruntime.rewrite import DEFAULT_WEIGHTS, rewrite_for_onnxruntime
+from qdq.targets.onnxruntime.rules.conv_output import CONV_OUTPUT
+from qdq.targets.onnxruntime.rules.mul_inputs import MUL_INPUTS
+from qdq.targets.onnxruntime.rules.recurrent import FLOAT_RECURRENT
+from qdq.targets.onnxruntime.rules.sigmoid import SIGMOID_OUTPUT, SILU
+from qdq.targets.onnxruntime.rules.unsigned import UNSIGNED_ACTIVATIONS
+from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
+
+__all__ = ["ONNXRUNTIME", "ONNXRUNTIME_FUSION", "RULES", "RUNTIMES"]
+
+RULES = (FLOAT_RECURRENT, RESIDUAL_ADD, CONCAT, CONV_OUTPUT, SILU, SIGMOID_OUTPUT, MUL_INPUTS, UNSIGNED_ACTIVATIONS)
+
+RUNTIMES = (
+    RuntimeSupport("onnxruntime", "native"),
+    RuntimeSupport(
+        "openvino",
+        "runs",
+        "the graph is written for ONNX Runtime's kernels (uint8 activations, int32 biases, quantized conv "
+        "outputs); OpenVINO runs the tensorrt target's graph with every convolution in u8",
+    ),
+    RuntimeSupport(
+        "tensorrt",
+        "refuses",
+        "TensorRT builds signed int8 Q/DQ only, and this graph has uint8 activations and int32 biases written "
+        "for ONNX Runtime's kernels",
+    ),
+)
+
+ONNXRUNTIME = Target(
+    name="onnxruntime",
+    description="ONNX Runtime CPU int8 kernels (QLinearConv, QGemm, QLinearAdd, ...)",
+    placement_rules=RULES,
+    residual_add="both",
+    onnx_rewrite=rewrite_for_onnxruntime,
+    fusion=ONNXRUNTIME_FUSION,
+    export=ExportDefaults(opset=None, options={"weights": DEFAULT_WEIGHTS}),
+    runtimes=RUNTIMES,
+)

@@ -1,0 +1,87 @@
+"""The check after the passes: which Convs ONNX Runtime cannot run as ``QLinearConv`` (an input or the weight is
+not dequantized, or the output is not read by exactly one QuantizeLinear, through at most one activation ORT
+folds), and the one warning that says why."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdq.graphs.onnx import GraphIndex
+from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+from qdq.targets.onnxruntime.passes._graph import dq_params
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["unfusable_conv_nodes", "unfusable_convs", "warn_float_convs"]
+
+def unfusable_convs(model: onnx.ModelProto) -> list[str]:
+    """Convs ONNX Runtime cannot run as ``QLinearConv``: an input or the weight is not dequantized, or the
+    output is not read by exactly one QuantizeLinear (through at most one activation ORT folds, Relu/Clip,
+    which it removes only when the Q's zero point is the type's minimum, i.e. uint8 with zero point 0)."""
+    return [conv.name for conv in unfusable_conv_nodes(GraphIndex(model))]
+
+
+def clamped_before_q(g: GraphIndex, conv: Any) -> bool:
+    """Does the Conv's output reach a QuantizeLinear through a clamp (Clip/Min/Max, after at most its bias Add
+    and a Relu)?
+    That is how a sub-8-bit quantizer is exported (``mode.py``)."""
+    node = g.single_reader(conv.output[0])
+    if node is not None and node.op_type == "Add" and g.array(node.input[1]) is not None:  # its bias, moved
+        node = g.single_reader(node.output[0])
+    if node is not None and node.op_type == "Relu":
+        node = g.single_reader(node.output[0])
+    seen_clamp = False
+    while node is not None and node.op_type in ("Clip", "Min", "Max"):
+        seen_clamp = True
+        node = g.single_reader(node.output[0])
+    return seen_clamp and node is not None and node.op_type == "QuantizeLinear"
+
+
+def unfusable_conv_nodes(g: GraphIndex) -> list[Any]:
+    fusion = ONNXRUNTIME_FUSION
+    nodes = []
+    for conv in g.graph.node:
+        if conv.op_type != "Conv":
+            continue
+        data = fusion.dequantized_inputs(conv.op_type, len(conv.input))
+        inputs_ok = all(dq_params(g, conv.input[i]) is not None for i in data)
+        out = g.single_reader(conv.output[0])
+        through_activation = out is not None and out.op_type in fusion.folded_activations
+        if through_activation:
+            out = g.single_reader(out.output[0])
+        fused = inputs_ok and out is not None and out.op_type == "QuantizeLinear"
+        if fused and through_activation:  # ORT drops a Relu/Clip only before a Q whose zero point is the minimum
+            zp = g.array(out.input[2])
+            fused = zp is not None and np.all(zp == np.iinfo(zp.dtype).min)
+        if not fused:
+            nodes.append(conv)
+    return nodes
+
+
+def warn_float_convs(g: GraphIndex, convs: list[Any]) -> None:
+    """One warning per cause for ``convs``, the Convs that will run in float on ONNX Runtime."""
+    if not convs:
+        return
+    is_clamped = [clamped_before_q(g, conv) for conv in convs]
+    clamped = [conv.name for conv, c in zip(convs, is_clamped, strict=True) if c]
+    unquantized = [conv.name for conv, c in zip(convs, is_clamped, strict=True) if not c]
+    if clamped:
+        warnings.warn(
+            f"{len(clamped)} Conv(s) will run in float on ONNX Runtime (e.g. {clamped[0]}): their output is "
+            "clamped to a sub-8-bit range before its QuantizeLinear, and ORT has no kernel for sub-8-bit "
+            "activations. The numbers are those of the quantized model; only the int8 speed-up is lost.",
+            stacklevel=4,
+        )
+    if unquantized:
+        warnings.warn(
+            f"{len(unquantized)} Conv(s) will run in float on ONNX Runtime (e.g. {unquantized[0]}): their "
+            "output has no quantizer (or their input/weight none). Quantize the model for this target before "
+            "calibrating to run every Conv in int8: model = qdq.quantize_model(model, "
+            "qdq.QuantConfig(target='onnxruntime')), or for Keras qdq.keras.quantize_model(model, "
+            "target='onnxruntime').",
+            stacklevel=4,
+        )

@@ -1,0 +1,135 @@
+"""Pass 9, the weight encoding, for CPUs whose int8 dot products saturate.
+
+On x86 without VNNI, ORT's U8S8 kernels add pairs of ``u8 * s8`` products in int16 with saturation and silently
+compute something else (:mod:`qdq.cpu`). With ``weights="uint8"`` every int8 weight whose integers leave
+``[-64, 64]`` is stored as uint8 with zero point 128: the same dequantized values, run by ORT's U8U8 kernels,
+which widen to int16 first and are exact. (ORT's own quantizer offers ``reduce_range``, 7-bit weights,
+instead: a different model from the one trained.) The export records the encoding in the file
+(:data:`WEIGHTS_METADATA_KEY`); :mod:`qdq.runtime` re-encodes in memory only a file that does not say
+``"uint8"``, on a CPU that saturates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdq.errors import QdqConfigError
+from qdq.graphs.onnx import GraphIndex, attribute, tidy
+from qdq.targets.onnxruntime.passes._graph import quantize_weight
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["WEIGHTS_METADATA_KEY", "WEIGHT_ENCODINGS", "encode_weights_uint8", "recorded_weights", "resolve_weights"]
+
+#: model metadata key recording how the export stored the weights (``"int8"`` or ``"uint8"``)
+WEIGHTS_METADATA_KEY = "qdq.weights"
+_LEGACY_KEYS = ("qdq.ort_weights",)  # what files of earlier qdq versions record
+
+
+def recorded_weights(model: onnx.ModelProto) -> str | None:
+    """The weight encoding the file records (``"int8"``, ``"uint8"``), or None (not a qdq file, or none said)."""
+    found = {p.key: p.value for p in model.metadata_props}
+    return next((found[key] for key in (WEIGHTS_METADATA_KEY, *_LEGACY_KEYS) if key in found), None)
+
+
+#: the ``weights`` option of :func:`rewrite_for_onnxruntime`
+WEIGHT_ENCODINGS = ("auto", "int8", "uint8")
+
+
+#: ops whose constant input ORT multiplies as an int8 weight (QLinearConv, QGemm, QLinearMatMul)
+_WEIGHT_READERS = frozenset({"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"})
+
+
+def _as_uint8(values: np.ndarray) -> np.ndarray:
+    """int8 -> uint8 with the zero point moved by 128: ``q_u8 - zp_u8 == q_s8 - zp_s8`` for every value."""
+    return (values.astype(np.int16) + 128).astype(np.uint8)
+
+
+def _weight_reader_only(g: GraphIndex, dq: Any) -> bool:
+    readers = g.consumers.get(dq.output[0], [])
+    return bool(readers) and dq.output[0] not in g.outputs and all(r.op_type in _WEIGHT_READERS for r in readers)
+
+
+def _int8_zero_point(g: GraphIndex, node: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The node's int8 zero point (an omitted one is 0), or None when it is not a constant int8."""
+    if len(node.input) < 3 or not node.input[2]:
+        return np.zeros(shape, np.int8)
+    zp = g.const_input(node, 2)
+    return zp if zp is not None and zp.dtype == np.int8 else None
+
+
+def _set_zero_point(node: Any, name: str) -> None:
+    while len(node.input) < 3:
+        node.input.append("")
+    node.input[2] = name
+
+
+def _stored_weights(g: GraphIndex, dq: Any) -> tuple[np.ndarray, Any | None] | None:
+    """The int8 integers a weight DQ reads, and the QuantizeLinear making them (None: a stored initializer)."""
+    values = g.const_input(dq, 0)
+    if values is not None:
+        return (values, None) if values.dtype == np.int8 else None
+    q = g.producer.get(dq.input[0])
+    w, scale = (g.const_input(q, 0), g.const_input(q, 1)) if q is not None and q.op_type == "QuantizeLinear" else (
+        None, None)  # fmt: skip
+    zp = _int8_zero_point(g, q, np.shape(scale)) if w is not None and scale is not None else None
+    if zp is None or np.any(zp != 0) or len(g.consumers.get(q.output[0], [])) != 1:
+        return None
+    return quantize_weight(w, scale, np.dtype(np.int8), attribute(q, "axis", 1)), q
+
+
+def encode_weights_uint8(model: onnx.ModelProto, *, only_saturating: bool = True) -> int:
+    """Re-encode the int8 weights of Conv / Gemm / MatMul as uint8 with zero point + 128, in place.
+
+    The dequantized weights are bit for bit the same; ONNX Runtime then runs its U8U8 kernels, which never
+    saturate, instead of the U8S8 ones, which saturate on x86 CPUs without VNNI (:mod:`qdq.cpu`). With
+    ``only_saturating`` (default) a weight whose integers all lie in ``[-64, 64]`` stays int8 (it cannot
+    saturate, and U8S8 is faster): 4-bit weights, for example. Handles stored int8 initializers
+    (``int8 -> DQ``, the onnxruntime target) and ``Q(float weight) -> DQ`` (the tensorrt target).
+
+    Returns:
+        The number of weights re-encoded.
+    """
+    from qdq.cpu import SAFE_WEIGHT_MAGNITUDE
+
+    tidy(model)  # constants behind Identity nodes (TorchScript's shared zero points) become visible
+    g = GraphIndex(model)
+    count, retyped = 0, set()
+    for dq in list(g.graph.node):
+        if dq.op_type != "DequantizeLinear" or not _weight_reader_only(g, dq):
+            continue
+        found = _stored_weights(g, dq)
+        zp = _int8_zero_point(g, dq, np.shape(g.const_input(dq, 1))) if found is not None else None
+        if found is None or zp is None:
+            continue
+        values, q = found
+        if only_saturating and np.abs(values.astype(np.int16)).max(initial=0) <= SAFE_WEIGHT_MAGNITUDE:
+            continue
+        zp_name = g.add_const((dq.input[2] or "zero_point") + "_u8w", _as_uint8(zp))
+        if q is None:
+            dq.input[0] = g.add_const(dq.input[0] + "_u8", _as_uint8(values))
+        else:
+            _set_zero_point(q, zp_name)
+            retyped.add(q.output[0])
+        _set_zero_point(dq, zp_name)
+        count += 1
+    kept = [v for v in g.graph.value_info if v.name not in retyped]  # recorded as int8
+    del g.graph.value_info[:]
+    g.graph.value_info.extend(kept)
+    tidy(model)
+    return count
+
+
+def resolve_weights(weights: str) -> str:
+    if weights not in WEIGHT_ENCODINGS:
+        raise QdqConfigError(
+            f"weights must be one of {WEIGHT_ENCODINGS}, got {weights!r}: 'int8' for the fastest kernels on CPUs "
+            "with VNNI (and ARM), 'uint8' for exact results on every CPU, 'auto' for whichever this CPU needs."
+        )
+    if weights == "auto":
+        from qdq.cpu import int8_dot_saturates
+
+        return "uint8" if int8_dot_saturates() else "int8"
+    return weights

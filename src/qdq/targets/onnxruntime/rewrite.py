@@ -1,0 +1,92 @@
+"""The ``"onnxruntime"`` target's ONNX rewrite: a qdq Q/DQ graph in the form ONNX Runtime's CPU provider runs
+as int8 kernels.
+
+ORT replaces ``DQ(x) + DQ(w) [+ DQ(bias)] -> Conv -> Q`` by ``QLinearConv`` (and similar groups by ``QGemm``,
+``QLinearAdd``...; :mod:`qdq.targets.onnxruntime.fusion`). The rewrite keeps every quantized value of the model
+and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onnxruntime.passes`):
+
+1. ``weights``: ``Q(W) -> DQ`` becomes an int8 initializer ``-> DQ``;
+2. ``batchnorm`` / ``bias_adds``: a BatchNorm (a per-channel bias Add) after a Conv is folded into it;
+3. ``zero_masks``: the 0/1 masks of zero-range quantizers after a Conv are folded into its weights;
+4. ``uint8_activations``: int8 activations with zero point 0 become uint8 with zero point 128 (the same grid);
+5. ``biases``: Conv / Gemm biases become int32 at ``s_x * s_w``; a Conv ORT cannot fuse keeps a float bias;
+6. ``duplicates``: equal Q/DQ pairs on one tensor merge, ``DQ -> Q`` with equal parameters goes;
+7. ``pools``: a spatial ``ReduceMean`` becomes ``GlobalAveragePool``, a ``Flatten`` after it a ``Reshape``;
+8. ``gemm``: ``MatMul`` of a 2-D input by a dequantized weight (Keras Dense) becomes ``Gemm``;
+9. ``weight_encoding``: ``weights="uint8"`` stores weights as uint8 (exact on CPUs without VNNI).
+
+Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
+per cause. Only the top-level graph is rewritten.
+
+Adding a pass: a module in ``passes/`` with one function ``pass(g: GraphIndex) -> int`` (edits made), called
+from :func:`rewrite_for_onnxruntime` at its place in the order, and its count added to the result.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from qdq.graphs.onnx import GraphIndex, set_metadata, tidy
+from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
+from qdq.targets.onnxruntime.passes.bias_adds import fold_bias_adds
+from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
+from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, remove_requantization
+from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, warn_float_convs
+from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
+from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
+from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
+from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8, resolve_weights
+from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
+from qdq.targets.onnxruntime.passes.zero_masks import drop_masks_of_zeros, fold_zero_masks
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["DEFAULT_WEIGHTS", "rewrite_for_onnxruntime"]
+
+#: the weight encoding of an export that does not choose one: uint8 where the exporting CPU saturates
+DEFAULT_WEIGHTS = "auto"
+
+
+def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WEIGHTS) -> dict[str, int]:
+    """Rewrite ``model`` in place for ONNX Runtime's int8 kernels (see the module doc).
+
+    Args:
+        model: the exported Q/DQ graph.
+        weights: how weights are stored (pass 9): ``"int8"`` (U8S8 kernels: the fastest on CPUs with VNNI
+            and on ARM, saturating on other x86 CPUs), ``"uint8"`` (U8U8: exact on every CPU), or ``"auto"``
+            (default): ``"uint8"`` when the CPU doing the export saturates (:func:`qdq.cpu.int8_dot_saturates`).
+            The choice is made here, once, and recorded as model metadata ``qdq.weights``; :mod:`qdq.runtime`
+            adapts only a file that does not record ``"uint8"`` (re-encoding it in memory on a CPU that saturates).
+
+    Returns:
+        How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
+        ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
+        ``uint8_weights``; and ``float_convs``, the Convs ORT cannot fuse (warned).
+    """
+    encoding = resolve_weights(weights)
+    tidy(model)
+    g = GraphIndex(model)
+    counts = {
+        "pools": global_pools(g) + flatten_pools(g),
+        "weights": fold_weight_quantizers(g),
+        "gemms": matmuls_to_gemm(model, g),
+        "batchnorms": fold_batchnorms(g),
+        "bias_adds": fold_bias_adds(g),
+        "masks": fold_zero_masks(g) + drop_masks_of_zeros(g),
+        "duplicates": merge_duplicate_pairs(g),
+        "uint8": activations_to_uint8(g),
+    }
+    counts["requantizations"] = remove_requantization(g)
+    float_convs = unfusable_conv_nodes(g)
+    counts["float_biases"] = bias_after_float_convs(g, float_convs)
+    counts["biases"] = quantize_biases(g, float_convs)
+    tidy(model)
+    g = GraphIndex(model)
+    left = unfusable_conv_nodes(g)
+    counts["float_convs"] = len(left)
+    warn_float_convs(g, left)
+    counts["uint8_weights"] = encode_weights_uint8(model) if encoding == "uint8" else 0
+    set_metadata(model, WEIGHTS_METADATA_KEY, encoding)
+    del model.graph.value_info[:]  # stale types (int8 -> uint8); ONNX Runtime infers them again
+    return counts

@@ -1,0 +1,212 @@
+"""What a target is: everything qdq knows about one runtime's int8 execution, in one object.
+
+A :class:`Target` is built by its package (``qdq/targets/tensorrt/``, ``qdq/targets/onnxruntime/``) and
+passed, as an object, to whatever needs it: placement runs its rules, export runs its ONNX rewrite with its
+export defaults and records its name in the file, runtimes read that name back and ask it whether they run
+its graphs. No code looks a target up by its own name from inside, and no code outside a target's package
+asks which target it holds.
+
+This module imports neither torch nor onnx.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.targets.rules import PLACEMENT_RULES, PlacementRule
+
+__all__ = ["VERDICTS", "ExportDefaults", "FusionFacts", "RuntimeSupport", "Target"]
+
+_RESIDUAL_MODES = ("skip", "both")
+#: How a runtime runs a target's graphs (:class:`RuntimeSupport`): what the target is made for, runs it with a
+#: caveat (said to the user), cannot run it (loading it raises).
+VERDICTS = ("native", "runs", "refuses")
+
+
+@dataclass(frozen=True)
+class FusionFacts:
+    """How a runtime turns ``DequantizeLinear -> op -> QuantizeLinear`` groups into int8 kernels (ONNX op types).
+
+    Attributes:
+        int8_forms: float op -> ``(int8 kernel, indices of the inputs that must be dequantized)``; None
+            means every input. The op's output must be read by a QuantizeLinear.
+        int8_kernels: kernels that compute a Conv/Gemm/MatMul on integer data.
+        float_kernels: kernels a weighted op runs in when it is not fused (fused variants included).
+        folded_activations: activations dropped between an int8 op and its QuantizeLinear when that Q's zero
+            point is its type's minimum (asymmetric, e.g. uint8 with zero point 0).
+        int8_data_movers: ops run on int8 data directly when the DQ before and the Q after share parameters.
+        layout_ops: ops that only move data (the runtime adds them around its kernels); graph walks look
+            through them.
+    """
+
+    int8_forms: Mapping[str, tuple[str, tuple[int, ...] | None]]
+    int8_kernels: frozenset[str]
+    float_kernels: frozenset[str]
+    folded_activations: frozenset[str]
+    int8_data_movers: frozenset[str] = frozenset()
+    layout_ops: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "int8_forms", MappingProxyType(dict(self.int8_forms)))
+
+    def fuses(self, op_type: str) -> bool:
+        """Does the runtime have an int8 kernel for ``op_type`` between DQ and Q?"""
+        return op_type in self.int8_forms
+
+    def dequantized_inputs(self, op_type: str, n_inputs: int) -> tuple[int, ...]:
+        """Indices of the inputs of an ``op_type`` node (with ``n_inputs`` inputs) that must be dequantized."""
+        _, indices = self.int8_forms[op_type]
+        return tuple(range(n_inputs)) if indices is None else tuple(i for i in indices if i < n_inputs)
+
+
+@dataclass(frozen=True)
+class RuntimeSupport:
+    """How one runtime (a :mod:`qdq.runtime` backend name) runs a target's graphs.
+
+    Attributes:
+        runtime: the backend's name (``"tensorrt"``, ``"onnxruntime"``, ``"openvino"``).
+        verdict: ``"native"`` (what the target is made for), ``"runs"`` (it runs, with the caveat ``reason``,
+            which :mod:`qdq.runtime` reports), ``"refuses"`` (it cannot: loading the file raises with ``reason``).
+        reason: one sentence: why (for ``"runs"`` and ``"refuses"``).
+    """
+
+    runtime: str
+    verdict: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise QdqConfigError(f"runtime {self.runtime!r}: verdict must be one of {VERDICTS}, got {self.verdict!r}.")
+        if self.verdict != "native" and not self.reason:
+            raise QdqConfigError(f"runtime {self.runtime!r}: a {self.verdict!r} verdict needs its reason.")
+
+
+@dataclass(frozen=True)
+class ExportDefaults:
+    """What :func:`qdq.export.export_onnx` uses for a target when the call does not say.
+
+    Attributes:
+        opset: ONNX opset (None: the exporter's own default, 18 for dynamo).
+        options: the target's ONNX rewrite options (``"onnxruntime"``: ``{"weights": "auto"}``, the weight
+            encoding); the call's ``target_options`` override them one by one.
+    """
+
+    opset: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+
+Rewrite = Callable[..., dict[str, int]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One runtime a model can be quantized and exported for.
+
+    Attributes:
+        name: what users pass as ``QuantConfig(target=...)``, ``apply_placement(target=...)``,
+            ``export_onnx(target=...)``, and what the exported file records (``qdq.target``).
+        description: one line for listings.
+        placement_rules: the :class:`~qdq.targets.rules.PlacementRule` s applied in order (a registered rule's
+            name is accepted and replaced by the rule).
+        residual_add: which inputs of an add that follows a weighted op get quantized: ``"skip"`` (the ones
+            the runtime does not fuse into the weighted op), ``"both"``.
+        onnx_rewrite: ``rewrite(model: onnx.ModelProto, **options) -> {edit: count}``, run on the exported
+            graph (its options are keyword-only), or None.
+        fusion: which ONNX op groups the runtime turns into int8 kernels, or None when qdq records none.
+        export: the export defaults (:class:`ExportDefaults`).
+        runtimes: how each runtime runs this target's graphs (:class:`RuntimeSupport`); a runtime not listed
+            is not known to run them well or badly.
+    """
+
+    name: str
+    description: str = ""
+    placement_rules: tuple[PlacementRule, ...] = ()
+    residual_add: str = "skip"
+    onnx_rewrite: Rewrite | None = None
+    fusion: FusionFacts | None = field(default=None, repr=False)
+    export: ExportDefaults = field(default_factory=ExportDefaults, repr=False)
+    runtimes: tuple[RuntimeSupport, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise QdqTypeError(f"a target name is a non-empty string, got {self.name!r}.")
+        object.__setattr__(self, "placement_rules", tuple(_rule(self.name, r) for r in self.placement_rules))
+        if self.residual_add not in _RESIDUAL_MODES:
+            raise QdqConfigError(f"target {self.name!r}: residual_add must be one of {_RESIDUAL_MODES}.")
+        if self.onnx_rewrite is not None and not callable(self.onnx_rewrite):
+            raise QdqTypeError(
+                f"target {self.name!r}: onnx_rewrite must be a callable rewrite(model, **options), got "
+                f"{type(self.onnx_rewrite).__name__}."
+            )
+        if self.fusion is not None and not isinstance(self.fusion, FusionFacts):
+            raise QdqTypeError(f"target {self.name!r}: fusion must be a FusionFacts or None.")
+        if not isinstance(self.export, ExportDefaults):
+            raise QdqTypeError(f"target {self.name!r}: export must be an ExportDefaults.")
+        object.__setattr__(self, "runtimes", tuple(self.runtimes))
+        if not all(isinstance(r, RuntimeSupport) for r in self.runtimes):
+            raise QdqTypeError(f"target {self.name!r}: runtimes are RuntimeSupport entries.")
+
+    @property
+    def rule_names(self) -> tuple[str, ...]:
+        """The names of :attr:`placement_rules`, in order."""
+        return tuple(rule.name for rule in self.placement_rules)
+
+    def rules_for(self, frontend: str) -> tuple[PlacementRule, ...]:
+        """The rules with an implementation for ``frontend`` (``"torch"`` or ``"keras"``), in order."""
+        return tuple(rule for rule in self.placement_rules if rule.supports(frontend))
+
+    def support(self, runtime: str) -> RuntimeSupport | None:
+        """How ``runtime`` runs this target's graphs, or None when the target does not say."""
+        return next((entry for entry in self.runtimes if entry.runtime == runtime), None)
+
+    def export_options(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The rewrite options of an export: the target's defaults, overridden by ``given``."""
+        return {**self.export.options, **dict(given or {})}
+
+    def rewrite_onnx(self, model: Any, **options: Any) -> dict[str, int]:
+        """Apply the target's ONNX rewrite to ``model`` (an ``onnx.ModelProto``) in place; counts of edits.
+
+        ``options`` are the rewrite's keyword options (``"onnxruntime"``: ``weights``); one it does not take
+        raises ``QdqConfigError`` naming those it does.
+        """
+        if self.onnx_rewrite is None:
+            if options:
+                raise QdqConfigError(f"target {self.name!r} has no ONNX rewrite, so no options: {sorted(options)}.")
+            return {}
+        _check_options(self.name, self.onnx_rewrite, options)
+        return self.onnx_rewrite(model, **options)
+
+    def require_fusion(self) -> FusionFacts:
+        """The target's fusion facts; raises when it has none."""
+        if self.fusion is None:
+            raise QdqConfigError(f"target {self.name!r} records no fusion facts.")
+        return self.fusion
+
+
+def _rule(target: str, rule: PlacementRule | str) -> PlacementRule:
+    if isinstance(rule, PlacementRule):
+        return rule
+    if isinstance(rule, str):
+        return PLACEMENT_RULES.get(rule)  # an unknown name raises with the registered ones
+    raise QdqTypeError(f"target {target!r}: placement_rules are PlacementRule objects or rule names (strings).")
+
+
+def _check_options(target: str, rewrite: Callable[..., Any], options: Mapping[str, Any]) -> None:
+    """Refuse options the rewrite function has no keyword-only parameter for."""
+    if not options:
+        return
+    accepted = [p.name for p in inspect.signature(rewrite).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise QdqConfigError(
+            f"target {target!r} takes the export options {accepted or 'none'}; got unknown {unknown}."
+            f"{did_you_mean(unknown[0], accepted)}"
+        )
