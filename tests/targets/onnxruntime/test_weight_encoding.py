@@ -16,10 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 import qdq.cpu
 from qdq.errors import QdqConfigError
 from qdq.graphs.onnx import GraphIndex
-from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8
-from qdq.targets.onnxruntime.rewrite import rewrite_for_onnxruntime
 from qdq.runtime.ort import inference_session, session_options
 from qdq.targets import get_target
+from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8
+from qdq.targets.onnxruntime.rewrite import rewrite_for_onnxruntime
 
 X_SCALE, W_SCALE, Y_SCALE = 1 / 255, 0.01, 0.5
 CHANNELS = 8  # 3x3 kernel over 8 channels: 72 products per output, 36 pairs
