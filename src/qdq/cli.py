@@ -129,6 +129,9 @@ def run_bench(args: argparse.Namespace) -> int:
     print(_bench_title(args, runtime, baseline is not None))
     print()
     print(results_table(results, baseline))
+    notes = dict.fromkeys(f"note: {r.note}" for r in results if r.note)  # the file's target on this runtime
+    if notes:
+        print("\n" + "\n".join(notes))
     report = _backend_report(args, runtime)
     if report is not None:
         print()

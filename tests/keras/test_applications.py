@@ -43,6 +43,14 @@ def test_resnet50_v1_case_quantizes_only_the_shortcut_input_of_each_add():
     assert all(index == (0,) for index in adds.values()), adds
 
 
+def test_resnet50_for_tensorrt_quantizes_the_shortcut_by_the_placement_rule_alone():
+    """The tensorrt target's residual_add rule, without a case: the same 16 shortcut inputs as the case and as
+    the PyTorch path on torchvision's ResNet-50 (tests/targets/test_residual.py)."""
+    qmodel = qk.quantize_model(network("ResNet50"), target="tensorrt")
+    adds = {name: positions for name, positions in placement(qmodel).items() if name.endswith("_add")}
+    assert len(adds) == 16 and set(adds.values()) == {(0,)}, adds
+
+
 def test_resnet50_v2_case_adds_preactivation_batchnorms_and_maxpools():
     model = network("ResNet50V2")
     spec = qk.ResNetV2QDQCase().case(model, qk.QuantizationSpec())

@@ -232,6 +232,8 @@ def _run_exporter(
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            # TorchScript warns on every LSTM exported with a batch other than 1; qdq's exports take any batch
+            warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
             if dynamo:
                 return _export_dynamo(model, args, opset, dynamic_batch, names)
             return _export_torchscript(model, args, opset, dynamic_batch, names)

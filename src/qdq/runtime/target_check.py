@@ -38,7 +38,7 @@ def target_advice(info: ModelInfo, runtime: str) -> str | None:
         if natives
         else ""
     )
-    message = f"{info.path.name} was exported for target {info.target!r}: {support.reason}.{hint}"
+    why = f"was exported for target {info.target!r}: {support.reason}.{hint}"
     if support.verdict == "refuses":
-        raise QdqConfigError(f"{runtime} cannot run {message}")
-    return message
+        raise QdqConfigError(f"{runtime} cannot run {info.path.name}: it {why}")
+    return f"{info.path.name} {why}"

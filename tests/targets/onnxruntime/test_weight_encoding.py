@@ -170,3 +170,23 @@ def test_runtime_session_reencodes_in_memory(tmp_path):
     out = session.run(None, {"x": X})[0]
     assert out[0, 0, 1, 1] == CENTRE
     assert GraphIndex(onnx.load(str(path))).array("w_int").dtype == np.int8  # the file is not changed
+
+
+@pytest.mark.parametrize(
+    ("recorded", "reencoded"),
+    [(None, 1), ({"qdq.weights": "int8"}, 1), ({"qdq.weights": "uint8"}, 0), ({"qdq.ort_weights": "uint8"}, 0)],
+    ids=["foreign-file", "int8", "uint8", "uint8-earlier-key"],
+)
+def test_the_runtime_adapts_only_what_the_file_says(recorded, reencoded, tmp_path, monkeypatch):
+    """On a CPU that saturates, a file whose export recorded uint8 weights is loaded as it is (the export decided);
+    one that recorded int8, or a file qdq did not write, is re-encoded in memory (the user stays protected)."""
+    from qdq.graphs.onnx import set_metadata
+    from qdq.runtime import load_runtime
+
+    monkeypatch.setattr(qdq.cpu, "int8_dot_saturates", lambda: True)
+    model = saturating_conv()
+    for key, value in (recorded or {}).items():
+        set_metadata(model, key, value)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    with load_runtime(tmp_path / "m.onnx", "onnxruntime", threads=1) as runtime:
+        assert runtime.reencoded_weights == reencoded

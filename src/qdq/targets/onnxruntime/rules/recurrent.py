@@ -6,9 +6,11 @@ Q/DQ only cost time and keep the layer out of that kernel. So a quantized recurr
 module again (:meth:`~qdq.nn.base.QuantInputMixin.to_float`, the same parameters): the export writes one
 ``LSTM`` node, and the convs before it still run as ``QLinearConv`` (``conv_output`` quantizes their outputs).
 
-ONNX Runtime's int8 recurrent kernel, ``DynamicQuantizeLSTM`` (``quantize_dynamic``), quantizes activations
-per call from their own range, which a calibrated model cannot reproduce, and it does not pay on the CRNN
-of ``benchmarks/crnn_int8.py`` (see ``benchmarks/RESULTS.md``).
+ONNX Runtime also has an int8 recurrent kernel, ``DynamicQuantizeLSTM`` (what ``quantize_dynamic`` writes).
+It does pay on the CRNN of ``benchmarks/crnn_int8.py`` (``benchmarks/RESULTS.md``), but it quantizes the
+activations at run time from each call's own range (asymmetric uint8): no calibrated PyTorch model computes
+that, so a graph using it would no longer compute what the trained model computes. This target keeps the
+LSTMs float; ONNX Runtime's own ``quantize_static`` does the same.
 """
 
 from __future__ import annotations

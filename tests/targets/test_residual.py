@@ -1,0 +1,71 @@
+"""The residual-add rule: one choice of the input TensorRT fuses, the same on both front ends.
+
+Of the add inputs fed by a weighted op, the deepest branch is fused and the others are quantized, whatever
+order the model writes the operands in; on torchvision's ResNet-50 the 4 projection blocks (both inputs from a
+conv) quantize the shortcut, like the 12 identity blocks (``out += identity``: the shortcut is input 1). The
+Keras twin, keras.applications ResNet50 (``Add([shortcut, main])``), is tests/keras/test_applications.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import qdq
+from qdq import nn as qnn
+from qdq.targets.common.residual import fused_input
+
+
+@pytest.mark.parametrize(
+    ("follows", "depths", "fused"),
+    [
+        ([False, False], [0, 0], None),  # no weighted input: the add is left alone
+        ([True, False], [9, 0], 0),
+        ([False, True], [0, 1], 1),
+        ([True, True], [3, 1], 0),  # main branch written first (torchvision)
+        ([True, True], [1, 3], 1),  # shortcut written first (keras.applications)
+        ([True, True], [2, 2], 0),  # a tie: the first in argument order
+    ],
+)
+def test_the_deepest_weighted_input_is_fused(follows, depths, fused):
+    asked = []
+
+    def depth(i: int) -> int:
+        asked.append(i)
+        return depths[i]
+
+    assert fused_input(follows, depth) == fused
+    assert asked == ([0, 1] if all(follows) else [])  # depths are only computed to break a two-conv add
+
+
+class Projection(nn.Module):
+    """A residual block with a projection shortcut, written shortcut-first (as Keras writes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.shortcut = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shortcut(x) + self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("target", ["tensorrt", "onnxruntime"])
+def test_argument_order_does_not_decide(target):
+    placed = qdq.quantize_model(Projection(), qdq.QuantConfig(target=target))
+    (add,) = [m for m in placed.modules() if isinstance(m, qnn.QuantAdd)]
+    expected = [True, False] if target == "tensorrt" else [True, True]  # the shortcut (input 0) is quantized
+    assert [q.is_enabled for q in add.input_quantizers] == expected
+
+
+@pytest.mark.slow
+def test_torchvision_resnet50_quantizes_the_shortcut_of_every_block():
+    torch.manual_seed(0)
+    placed = qdq.quantize_model(torchvision.models.resnet50(num_classes=10), qdq.QuantConfig(target="tensorrt"))
+    adds = [m for m in placed.modules() if isinstance(m, qnn.QuantAdd)]
+    assert len(adds) == 16
+    assert all([q.is_enabled for q in add.input_quantizers] == [False, True] for add in adds)
+    blocks_with_projection = [n for n, m in placed.named_modules() if n.endswith("downsample.0")]
+    assert len(blocks_with_projection) == 4
