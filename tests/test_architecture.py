@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _contract_layers() -> list[set[str]]:
     """The contract's layers, lowest first, each as a set of module names (optional ones included)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["type"] == "layers" and c["containers"] == ["qdq"]]
     return [{name.strip().strip("()") for name in re.split(r"[|:]", layer)} for layer in reversed(contract["layers"])]
 
 

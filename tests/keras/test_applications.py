@@ -35,7 +35,7 @@ def placement(qmodel):
 def test_resnet50_v1_case_quantizes_only_the_shortcut_input_of_each_add():
     """keras.applications writes ``Add([shortcut, main])``. In the 4 projection blocks both inputs come from
     Conv-BN; the main branch (3 convs) is the one TensorRT fuses, so the shortcut (1 conv) is quantized, as in
-    every identity block and as on torchvision's ResNet (tests/test_placement.py)."""
+    every identity block and as on torchvision's ResNet (tests/targets/test_residual.py)."""
     model = network("ResNet50")
     spec = qk.ResNetV1QDQCase().case(model, qk.QuantizationSpec())
     adds = {entry.name: entry.quantization_index for entry in spec}
