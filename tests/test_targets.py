@@ -261,3 +261,17 @@ def test_the_returned_model_runs_and_differs_from_the_stale_one_by_the_added_qua
     assert added  # residual add inputs and the conv output quantizers: what the stale model lacks
     assert superseded_by(placed) is None
     assert placed(X).shape == (2, 4, 8, 8)
+
+
+def test_importing_the_targets_imports_neither_torch_nor_onnx():
+    """Runtimes read a file's target at load: the registry and every target package stay light (their rules
+    and passes import torch and onnx when they run)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, qdq.targets, qdq.targets.onnxruntime.rewrite; "
+        "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -47,7 +47,7 @@ _LAZY = {
 }
 _RENAMED = {"compute_amax": "load_amax (it loads ranges into a model; a calibrator's compute_amax() returns one)"}
 _SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "descriptor", "quantizer", "replace", "runtime",
-               "export", "placement", "workflow", "app", "utils", "optim", "errors", "registry", "targets",
+               "export", "placement", "workflow", "app", "utils", "optim", "errors", "registry", "targets", "graphs",
                "quantize"}  # fmt: skip
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
