@@ -26,7 +26,7 @@ from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqTypeError
 from qdq.placement import apply_placement
 from qdq.replace import ModuleFilter, Pattern, replace_modules
-from qdq.targets import check_not_superseded, get_target
+from qdq.targets import Target, check_not_superseded, resolve_target
 
 __all__ = ["QuantConfig", "quantize_model"]
 
@@ -46,7 +46,8 @@ class QuantConfig:
         include_types: float module types to quantize; empty means every registered type except
             MaxPool and InstanceNorm (the seed's default set).
         exclude_types: float module types left in float.
-        target: a registered target (:mod:`qdq.targets`: ``"tensorrt"``, ``"onnxruntime"``) also places Q/DQ
+        target: a registered target's name (:mod:`qdq.targets`: ``"tensorrt"``, ``"onnxruntime"``) or a
+            :class:`~qdq.targets.Target` also places Q/DQ
             for that runtime after the module swap (residual adds, concats, and for ONNX Runtime conv
             outputs; see :mod:`qdq.placement`). None (default) swaps modules only.
     """
@@ -57,7 +58,7 @@ class QuantConfig:
     exclude: tuple[Pattern, ...] = ()
     include_types: tuple[type, ...] = ()
     exclude_types: tuple[type, ...] = field(default=())
-    target: str | None = None
+    target: str | Target | None = None
 
     def __post_init__(self) -> None:
         selection = self.module_filter  # normalizes and checks the patterns
@@ -68,7 +69,7 @@ class QuantConfig:
             if desc is not None and not isinstance(desc, QuantDescriptor):
                 raise QdqTypeError(f"{desc_name} must be a QuantDescriptor or None, got {type(desc).__name__}.")
         if self.target is not None:
-            get_target(self.target)  # unknown names raise, listing the registered targets
+            resolve_target(self.target)  # unknown names raise, listing the registered targets
 
     @property
     def module_filter(self) -> ModuleFilter:
@@ -109,4 +110,4 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
     quantized = replace_modules(model, config.module_filter, config.quant_desc_input, config.quant_desc_weight)
     if config.target is None:
         return quantized
-    return apply_placement(quantized, target=get_target(config.target), quant_desc=config.quant_desc_input)
+    return apply_placement(quantized, target=resolve_target(config.target), quant_desc=config.quant_desc_input)

@@ -33,7 +33,15 @@ from qdq.export import _ops
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.graphs import onnx as graph
 from qdq.quantizer import TensorQuantizer
-from qdq.targets import DEFAULT_TARGET, Target, check_not_superseded, get_target, placed_target, target_names
+from qdq.targets import (
+    DEFAULT_TARGET,
+    Target,
+    check_not_superseded,
+    get_target,
+    placed_target,
+    resolve_target,
+    target_names,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -54,7 +62,7 @@ def export_onnx(
     model: nn.Module,
     example_input: torch.Tensor | Sequence[torch.Tensor],
     path: str | Path,
-    target: str | None = None,
+    target: str | Target | None = None,
     opset: int | None = None,
     dynamic_batch: bool = True,
     dynamo: bool = True,
@@ -110,13 +118,14 @@ def export_onnx(
     return _finish(proto, specs, path, spec, opset, target_options)
 
 
-def _target_for(model: nn.Module, requested: str | None) -> Target:
+def _target_for(model: nn.Module, requested: str | Target | None) -> Target:
     """The target to export ``model`` for: ``requested``, which must match the one it was placed for."""
     check_not_superseded(model, QdqExportError)
     placed = placed_target(model)
     if requested is None:
         return get_target(placed or DEFAULT_TARGET)
-    target = get_target(requested)
+    target = resolve_target(requested)
+    requested = target.name
     if placed is not None and placed != requested:
         raise QdqExportError(
             f"this model was placed for target {placed!r} and cannot be exported for {requested!r}: its "
