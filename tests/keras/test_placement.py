@@ -164,3 +164,16 @@ def test_applications_run_every_weighted_layer_in_int8(name, tmp_path):
     with load_runtime(path, "onnxruntime") as runtime:
         engine = runtime.run(x)[0]
     assert (engine.argmax(1) == reference.argmax(1)).mean() >= 0.75
+
+
+def test_a_pytorch_only_rule_on_every_target_leaves_keras_as_it_was(cnn):
+    """register_placement_rule adds a PyTorch-only rule to every target; the Keras front end skips it."""
+    from qdq.placement import register_placement_rule, unregister_placement_rule
+
+    model = cnn[0]
+    before = placement(qk.quantize_model(model, target="onnxruntime"))
+    register_placement_rule("test_torch_only", lambda ctx: None)
+    try:
+        assert placement(qk.quantize_model(model, target="onnxruntime")) == before
+    finally:
+        unregister_placement_rule("test_torch_only")

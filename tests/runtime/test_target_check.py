@@ -14,6 +14,7 @@ import onnx
 import pytest
 import rt_models
 import torch
+from backends import requires_openvino
 
 import qdq
 from qdq.cli import main
@@ -67,3 +68,13 @@ def test_files_without_a_known_target_load_as_they_are(exported, fp32_onnx, tmp_
     onnx.save(foreign, str(tmp_path / "npu.onnx"))
     with load_runtime(tmp_path / "npu.onnx", "onnxruntime", threads=1) as runtime:
         assert runtime.info.target == "an_npu_registered_elsewhere" and runtime.advice is None
+
+
+@requires_openvino
+@pytest.mark.parametrize("target", ["tensorrt", "onnxruntime"])
+def test_openvino_runs_both_targets_graphs_with_int8_convolutions(exported, target):
+    from qdq.runtime import precision_report
+
+    with load_runtime(exported[target], "openvino", threads=1) as runtime:
+        assert runtime.advice is None
+    assert set(precision_report(exported[target], threads=1).counts("Convolution")) <= {"u8", "i8"}
