@@ -308,5 +308,43 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [add_bench_parser, add_quantize_parse
 """Functions that each add one subcommand to the ``qdq`` parser."""
 
 
+# --- qdq check -----------------------------------------------------------------------------------------
+
+_CHECK_TARGETS = ("tensorrt",)
+
+
+def add_check_parser(subparsers: Any) -> None:
+    """Declare ``qdq check MODEL.onnx --target tensorrt [--json]``."""
+    p = subparsers.add_parser(
+        "check",
+        help="check an ONNX file against a runtime's rules (TensorRT: explicit quantization, strong typing)",
+        description="Check MODEL against TensorRT's explicit-quantization and strong-typing rules and print "
+        "one row per rule (PASS/FAIL) and one row per violation (node, rule, problem). Exit code 0 when every "
+        "rule passes, 1 when one is broken.",
+    )
+    p.add_argument("model", metavar="MODEL.onnx", type=Path, help="the ONNX file to check")
+    p.add_argument("--target", default="tensorrt", help="the runtime whose rules apply: tensorrt (default)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Handler of ``qdq check``: 0 when the graph follows every rule, 1 otherwise."""
+    import json
+
+    from qdq.errors import did_you_mean
+    from qdq.export.trt_check import check_tensorrt
+
+    if args.target not in _CHECK_TARGETS:
+        hint = did_you_mean(args.target, _CHECK_TARGETS)
+        raise QdqConfigError(f"qdq check knows the rules of {list(_CHECK_TARGETS)}, not {args.target!r}.{hint}")
+    report = check_tensorrt(args.model)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0 if report.ok else 1
+
+
+SUBCOMMANDS.append(add_check_parser)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

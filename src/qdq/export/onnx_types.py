@@ -28,6 +28,7 @@ __all__ = [
     "TensorTypes",
     "default_opset",
     "float_slots",
+    "input_types",
     "type_name",
 ]
 
@@ -153,7 +154,7 @@ def _type_enum(type_str: str) -> int | None:
         return None
     name = type_str[len("tensor(") : -1]
     name = {"float": "FLOAT", "double": "DOUBLE"}.get(name, name.upper())
-    return TensorProto.DataType.Value(name) if name in TensorProto.DataType.keys() else None
+    return TensorProto.DataType.Value(name) if name in TensorProto.DataType.keys() else None  # noqa: SIM118 (a protobuf enum)
 
 
 def float_slots(node: Any, opset: int, types: TensorTypes | None = None) -> FloatSlots:
@@ -183,3 +184,27 @@ def float_slots(node: Any, opset: int, types: TensorTypes | None = None) -> Floa
         outputs=tuple(i for i in _bound(schema.outputs, len(node.output), param) if node.output[i]),
         allowed=allowed[param],
     )
+
+
+def input_types(node: Any, opset: int) -> list[frozenset[int]]:
+    """For each actual input of ``node``, the element types its schema allows in ``opset`` (empty if unknown)."""
+    from onnx import defs
+    from onnx.defs import OpSchema
+
+    try:
+        schema = defs.get_schema(node.op_type, opset, "") if node.domain in ("", "ai.onnx") else None
+    except Exception:  # an unknown op: nothing is known about its inputs
+        schema = None
+    if schema is None or not schema.inputs:
+        return [frozenset()] * len(node.input)
+    allowed = {c.type_param_str: frozenset(filter(None, map(_type_enum, c.allowed_type_strs)))
+               for c in schema.type_constraints}  # fmt: skip
+    found = []
+    for index in range(len(node.input)):
+        formal = schema.inputs[min(index, len(schema.inputs) - 1)]
+        if index >= len(schema.inputs) and formal.option != OpSchema.FormalParameterOption.Variadic:
+            found.append(frozenset())
+            continue
+        fixed = _type_enum(formal.type_str)
+        found.append(frozenset({fixed}) if fixed is not None else allowed.get(formal.type_str, frozenset()))
+    return found

@@ -77,12 +77,45 @@ _WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 #: Ops TensorRT moves a DequantizeLinear forward across (shape only): a weight may reach its op through them.
 _LAYOUT = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 #: Ops that run on int8 data between a DQ and a Q with one scale (they commute with quantization).
-_DATA_MOVERS = frozenset({"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
-                          "Identity", "Split", "Pad", "DepthToSpace", "SpaceToDepth", "Resize"})  # fmt: skip
-_INTEGER_OPS = frozenset({"QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm", "QLinearAdd",
-                          "QLinearMul", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
-                          "QLinearGlobalAveragePool", "QLinearAveragePool", "DynamicQuantizeLinear",
-                          "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention"})  # fmt: skip
+_DATA_MOVERS = frozenset(
+    {
+        "MaxPool",
+        "Reshape",
+        "Transpose",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Gather",
+        "Identity",
+        "Split",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Resize",
+    }
+)
+_INTEGER_OPS = frozenset(
+    {
+        "QLinearConv",
+        "ConvInteger",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "QGemm",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearConcat",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearSoftmax",
+        "QLinearGlobalAveragePool",
+        "QLinearAveragePool",
+        "DynamicQuantizeLinear",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+        "QAttention",
+    }
+)
 _NOT_COMPUTE = frozenset({_Q, _DQ, "Cast", "CastLike", "Constant", "Identity", "Shape", "Size"})
 _QUANT_TYPES = frozenset({3, 17, 22, 23})  # INT8, FLOAT8E4M3FN, INT4, FLOAT4E2M1 (onnx.TensorProto)
 _UINT8 = 2
@@ -184,7 +217,11 @@ def run_rules(facts: GraphFacts) -> list[Violation]:
 
 
 # ----------------------------------------------------------------------------------- explicit quantization
-@_rule("qdq-pair", "each Q is read only by DQs; each DQ reads a Q or a constant", "TensorRT dev guide: Explicit Quantization")
+@_rule(
+    "qdq-pair",
+    "each Q is read only by DQs; each DQ reads a Q or a constant",
+    "TensorRT dev guide: Explicit Quantization",
+)
 def _qdq_pairs(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type == _Q:
@@ -195,16 +232,25 @@ def _qdq_pairs(f: GraphFacts) -> Iterator[Violation]:
                 yield Violation("qdq-pair", f.name(node), "nothing reads it: a Q without its DQ")
             for reader in readers:
                 if reader.op_type != _DQ:
-                    yield Violation("qdq-pair", f.name(node), f"its quantized output is read by {reader.op_type} "
-                                    f"{f.name(reader)}, not by a DequantizeLinear")  # fmt: skip
+                    yield Violation(
+                        "qdq-pair",
+                        f.name(node),
+                        f"its quantized output is read by {reader.op_type} {f.name(reader)}, not by a DequantizeLinear",
+                    )
         elif node.op_type == _DQ:
             producer = f.index.producer.get(node.input[0])
             if producer is not None and producer.op_type not in (_Q, "Constant"):
-                yield Violation("qdq-pair", f.name(node), f"reads {producer.op_type} {f.name(producer)}: a DQ must "
-                                "read a QuantizeLinear or a constant (pre-quantized weights)")  # fmt: skip
+                yield Violation(
+                    "qdq-pair",
+                    f.name(node),
+                    f"reads {producer.op_type} {f.name(producer)}: a DQ must "
+                    "read a QuantizeLinear or a constant (pre-quantized weights)",
+                )
 
 
-@_rule("pair-params", "a Q and its DQ share scale, zero point and axis", "TensorRT dev guide: Q/DQ propagation and fusion")
+@_rule(
+    "pair-params", "a Q and its DQ share scale, zero point and axis", "TensorRT dev guide: Q/DQ propagation and fusion"
+)
 def _pair_params(f: GraphFacts) -> Iterator[Violation]:
     for dq in f.nodes:
         q = f.q_of(dq) if dq.op_type == _DQ else None
@@ -213,15 +259,20 @@ def _pair_params(f: GraphFacts) -> Iterator[Violation]:
         s_q, s_dq = f.scale(q), f.scale(dq)
         z_q, z_dq = f.zero_point(q), f.zero_point(dq)
         if s_q is not None and s_dq is not None and not _same_values(s_q, s_dq):
-            yield Violation("pair-params", f.name(dq), f"its scale differs from its Q's ({f.name(q)}): "
-                            f"{_brief(s_dq)} vs {_brief(s_q)}")  # fmt: skip
+            yield Violation(
+                "pair-params",
+                f.name(dq),
+                f"its scale differs from its Q's ({f.name(q)}): {_brief(s_dq)} vs {_brief(s_q)}",
+            )
         if not _same_values(z_q, z_dq):
             yield Violation("pair-params", f.name(dq), f"its zero point differs from its Q's ({f.name(q)})")
         if f.per_channel(s_dq) and f.axis(q) != f.axis(dq):
             yield Violation("pair-params", f.name(dq), f"axis {f.axis(dq)} differs from its Q's axis {f.axis(q)}")
 
 
-@_rule("int8-type", "the quantized type is INT8 (or INT4/FP8/FP4), never UINT8", "TensorRT: Working with Quantized Types")
+@_rule(
+    "int8-type", "the quantized type is INT8 (or INT4/FP8/FP4), never UINT8", "TensorRT: Working with Quantized Types"
+)
 def _int8_type(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type not in (_Q, _DQ):
@@ -230,11 +281,18 @@ def _int8_type(f: GraphFacts) -> Iterator[Violation]:
         if quantized is None:
             continue
         if quantized == _UINT8 and len(node.input) < 3:
-            yield Violation("int8-type", f.name(node), "no zero point: ONNX then quantizes to UINT8, which TensorRT "
-                            "does not support; add an int8 zero point 0")  # fmt: skip
+            yield Violation(
+                "int8-type",
+                f.name(node),
+                "no zero point: ONNX then quantizes to UINT8, which TensorRT "
+                "does not support; add an int8 zero point 0",
+            )
         elif quantized not in _QUANT_TYPES:
-            yield Violation("int8-type", f.name(node), f"quantizes to {type_name(quantized)}; TensorRT supports INT8 "
-                            "(and INT4, FP8 E4M3, FP4 E2M1)")  # fmt: skip
+            yield Violation(
+                "int8-type",
+                f.name(node),
+                f"quantizes to {type_name(quantized)}; TensorRT supports INT8 (and INT4, FP8 E4M3, FP4 E2M1)",
+            )
 
 
 @_rule("zero-point", "every zero point is 0 (symmetric quantization)", "TensorRT operators: Quantize, Dequantize")
@@ -245,7 +303,11 @@ def _zero_point(f: GraphFacts) -> Iterator[Violation]:
             yield Violation("zero-point", f.name(node), f"zero point {_brief(zero)} is not 0; TensorRT is symmetric")
 
 
-@_rule("scale", "scales are constant, positive, finite; scalar or 1-D along axis", "TensorRT operators: Quantize, Dequantize")
+@_rule(
+    "scale",
+    "scales are constant, positive, finite; scalar or 1-D along axis",
+    "TensorRT operators: Quantize, Dequantize",
+)
 def _scale(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type not in (_Q, _DQ):
@@ -256,7 +318,9 @@ def _scale(f: GraphFacts) -> Iterator[Violation]:
 def _scale_problems(f: GraphFacts, node: Any) -> Iterator[Violation]:
     name, scale, zero = f.name(node), f.scale(node), f.zero_point(node)
     if scale is None:
-        yield Violation("scale", name, f"scale {node.input[1]!r} is not a constant; TensorRT needs a build-time constant")
+        yield Violation(
+            "scale", name, f"scale {node.input[1]!r} is not a constant; TensorRT needs a build-time constant"
+        )
         return
     if len(node.input) > 2 and node.input[2] and zero is None:
         yield Violation("scale", name, f"zero point {node.input[2]!r} is not a constant")
@@ -264,10 +328,16 @@ def _scale_problems(f: GraphFacts, node: Any) -> Iterator[Violation]:
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
         yield Violation("scale", name, f"scale {_brief(scale)} must be positive and finite")
     if scale.ndim > 1:
-        yield Violation("scale", name, f"scale has shape {list(scale.shape)}; TensorRT takes a scalar or a 1-D scale "
-                        "for INT8 (block scales are for INT4)")  # fmt: skip
+        yield Violation(
+            "scale",
+            name,
+            f"scale has shape {list(scale.shape)}; TensorRT takes a scalar or a 1-D scale "
+            "for INT8 (block scales are for INT4)",
+        )
     if zero is not None and zero.shape != scale.shape:
-        yield Violation("scale", name, f"zero point shape {list(zero.shape)} differs from scale shape {list(scale.shape)}")
+        yield Violation(
+            "scale", name, f"zero point shape {list(zero.shape)} differs from scale shape {list(scale.shape)}"
+        )
     if f.per_channel(scale):
         if f.opset < 13:
             yield Violation("scale", name, f"per-channel scale needs opset >= 13 (the axis attribute); opset {f.opset}")
@@ -285,11 +355,19 @@ def _activation_per_tensor(f: GraphFacts) -> Iterator[Violation]:
         if node.op_type != _Q or f.is_constant(node.input[0]):
             continue
         if f.per_channel(f.scale(node)):
-            yield Violation("activation-per-tensor", f.name(node), f"quantizes activation {node.input[0]!r} per channel "
-                            f"(axis {f.axis(node)}); TensorRT quantizes activations per tensor")  # fmt: skip
+            yield Violation(
+                "activation-per-tensor",
+                f.name(node),
+                f"quantizes activation {node.input[0]!r} per channel "
+                f"(axis {f.axis(node)}); TensorRT quantizes activations per tensor",
+            )
 
 
-@_rule("weight-axis", "per-channel weights along the output channels (ConvTranspose: axis 0)", "TensorRT dev guide; NVIDIA/TensorRT#2380")
+@_rule(
+    "weight-axis",
+    "per-channel weights along the output channels (ConvTranspose: axis 0)",
+    "TensorRT dev guide; NVIDIA/TensorRT#2380",
+)
 def _weight_axis(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type not in _WEIGHTED:
@@ -301,11 +379,19 @@ def _weight_axis(f: GraphFacts) -> Iterator[Violation]:
             expected = _expected_axis(f, node, index)
             at_dq = _axis_before(passed, expected)
             if at_dq is not None and f.axis(dq) != at_dq:
-                yield Violation("weight-axis", f.name(dq), f"quantizes the weight of {node.op_type} {f.name(node)} "
-                                f"along axis {f.axis(dq)}; TensorRT needs axis {at_dq} ({_axis_reason(node)})")  # fmt: skip
+                yield Violation(
+                    "weight-axis",
+                    f.name(dq),
+                    f"quantizes the weight of {node.op_type} {f.name(node)} "
+                    f"along axis {f.axis(dq)}; TensorRT needs axis {at_dq} ({_axis_reason(node)})",
+                )
 
 
-@_rule("weighted-op-inputs", "a quantized Conv/Gemm/MatMul reads DQs directly (no Cast, no float input)", "TensorRT dev guide: Q/DQ placement, fusion")
+@_rule(
+    "weighted-op-inputs",
+    "a quantized Conv/Gemm/MatMul reads DQs directly (no Cast, no float input)",
+    "TensorRT dev guide: Q/DQ placement, fusion",
+)
 def _weighted_op_inputs(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type not in _WEIGHTED or len(node.input) < 2:
@@ -315,17 +401,29 @@ def _weighted_op_inputs(f: GraphFacts) -> Iterator[Violation]:
         for i, ((dq, _), (dq_cast, passed)) in enumerate(zip(sources, through_cast)):
             if dq is None and dq_cast is not None:
                 cast = next(p for p in passed if p.op_type in ("Cast", "CastLike"))
-                yield Violation("weighted-op-inputs", f.name(node), f"input {i} reaches DQ {f.name(dq_cast)} through "
-                                f"{cast.op_type} {f.name(cast)}: TensorRT cannot fuse the DQ; give the DQ a scale of "
-                                "the op's type instead")  # fmt: skip
+                yield Violation(
+                    "weighted-op-inputs",
+                    f.name(node),
+                    f"input {i} reaches DQ {f.name(dq_cast)} through "
+                    f"{cast.op_type} {f.name(cast)}: TensorRT cannot fuse the DQ; give the DQ a scale of "
+                    "the op's type instead",
+                )
         quantized = [dq is not None or dq_cast is not None for (dq, _), (dq_cast, _) in zip(sources, through_cast)]
         if any(quantized) and not all(quantized):
             float_input = quantized.index(False)
-            yield Violation("weighted-op-inputs", f.name(node), f"input {float_input} ({node.input[float_input]!r}) is "
-                            "float while the other is dequantized: TensorRT runs it in float; quantize both")  # fmt: skip
+            yield Violation(
+                "weighted-op-inputs",
+                f.name(node),
+                f"input {float_input} ({node.input[float_input]!r}) is "
+                "float while the other is dequantized: TensorRT runs it in float; quantize both",
+            )
 
 
-@_rule("residual-add", "an Add fused into a quantized op has a dequantized residual input", "TensorRT dev guide: Q/DQ placement (add fusion)")
+@_rule(
+    "residual-add",
+    "an Add fused into a quantized op has a dequantized residual input",
+    "TensorRT dev guide: Q/DQ placement (add fusion)",
+)
 def _residual_add(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type != "Add" or len(node.input) != 2:
@@ -336,9 +434,13 @@ def _residual_add(f: GraphFacts) -> Iterator[Violation]:
         if any(f.quantized_source(name, frozenset())[0] is not None for name in node.input):
             continue
         op = next(p for p in fused if p is not None)
-        yield Violation("residual-add", f.name(node), f"adds to quantized {op.op_type} {f.name(op)} and feeds a Q, "
-                        "but neither input is dequantized: TensorRT fuses the Add in float and the Q cannot fuse; "
-                        "quantize the residual (skip) input")  # fmt: skip
+        yield Violation(
+            "residual-add",
+            f.name(node),
+            f"adds to quantized {op.op_type} {f.name(op)} and feeds a Q, "
+            "but neither input is dequantized: TensorRT fuses the Add in float and the Q cannot fuse; "
+            "quantize the residual (skip) input",
+        )
 
 
 @_rule("fused-scales", "one scale across Concat and int8 data-movement ops", "TensorRT dev guide: Q/DQ propagation")
@@ -352,9 +454,13 @@ def _fused_scales(f: GraphFacts) -> Iterator[Violation]:
                 continue
             for q in f.index.consumers.get(node.output[0], []):
                 if q.op_type == _Q and not _same_values(f.scale(q), f.scale(dq)):
-                    yield Violation("fused-scales", f.name(node), f"DQ {f.name(dq)} and Q {f.name(q)} around this "
-                                    f"{node.op_type} have scales {_brief(f.scale(dq))} and {_brief(f.scale(q))}: "
-                                    "TensorRT runs it on int8 data only with one scale")  # fmt: skip
+                    yield Violation(
+                        "fused-scales",
+                        f.name(node),
+                        f"DQ {f.name(dq)} and Q {f.name(q)} around this "
+                        f"{node.op_type} have scales {_brief(f.scale(dq))} and {_brief(f.scale(q))}: "
+                        "TensorRT runs it on int8 data only with one scale",
+                    )
 
 
 def _concat_scales(f: GraphFacts, node: Any) -> Iterator[Violation]:
@@ -365,20 +471,31 @@ def _concat_scales(f: GraphFacts, node: Any) -> Iterator[Violation]:
     scales += [f.scale(q) for q in f.index.consumers.get(node.output[0], []) if q.op_type == _Q]
     if any(not _same_values(scales[0], s) for s in scales[1:]):
         listed = ", ".join(_brief(s) for s in scales)
-        yield Violation("fused-scales", f.name(node), f"its quantized inputs and output have different scales "
-                        f"({listed}); TensorRT concatenates int8 data with one scale")  # fmt: skip
+        yield Violation(
+            "fused-scales",
+            f.name(node),
+            f"its quantized inputs and output have different scales "
+            f"({listed}); TensorRT concatenates int8 data with one scale",
+        )
 
 
 @_rule("integer-ops", "no QOperator integer ops (QLinearConv, ConvInteger...)", "TensorRT dev guide: ONNX support")
 def _integer_ops(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type in _INTEGER_OPS:
-            yield Violation("integer-ops", f.name(node), f"{node.op_type} is an integer op TensorRT does not parse; "
-                            "export Q/DQ nodes around a float op instead")  # fmt: skip
+            yield Violation(
+                "integer-ops",
+                f.name(node),
+                f"{node.op_type} is an integer op TensorRT does not parse; export Q/DQ nodes around a float op instead",
+            )
 
 
 # ------------------------------------------------------------------------------------------ strong typing
-@_rule("type-consistent", "one type per node type parameter, allowed in the opset", "TensorRT 11 migration: strongly typed networks")
+@_rule(
+    "type-consistent",
+    "one type per node type parameter, allowed in the opset",
+    "TensorRT 11 migration: strongly typed networks",
+)
 def _type_consistent(f: GraphFacts) -> Iterator[Violation]:
     found = False
     for node in f.nodes:
@@ -391,12 +508,19 @@ def _type_consistent(f: GraphFacts) -> Iterator[Violation]:
         if len(known) > 1:
             found = True
             listed = ", ".join(f"{n!r}: {type_name(t)}" for n, t in types.items() if t is not None)
-            yield Violation("type-consistent", f.name(node), f"{slots.param} is bound to several types ({listed}); "
-                            "a strongly typed network needs one (convert or Cast one of them)")  # fmt: skip
+            yield Violation(
+                "type-consistent",
+                f.name(node),
+                f"{slots.param} is bound to several types ({listed}); "
+                "a strongly typed network needs one (convert or Cast one of them)",
+            )
         for t in known - set(slots.allowed):
             found = True
-            yield Violation("type-consistent", f.name(node), f"{type_name(t)} is not allowed for {node.op_type}'s "
-                            f"{slots.param} in opset {f.opset}")  # fmt: skip
+            yield Violation(
+                "type-consistent",
+                f.name(node),
+                f"{type_name(t)} is not allowed for {node.op_type}'s {slots.param} in opset {f.opset}",
+            )
     if not found and f.types.inference_error is not None:
         yield Violation("type-consistent", "(graph)", f"ONNX type inference fails: {f.types.inference_error}")
 
@@ -408,8 +532,11 @@ def _q_input_type(f: GraphFacts) -> Iterator[Violation]:
             continue
         x, scale = f.types.get(node.input[0]), f.types.get(node.input[1])
         if x is not None and scale is not None and x != scale:
-            yield Violation("q-input-type", f.name(node), f"input is {type_name(x)} but the scale is "
-                            f"{type_name(scale)}; give the scale the input's type")  # fmt: skip
+            yield Violation(
+                "q-input-type",
+                f.name(node),
+                f"input is {type_name(x)} but the scale is {type_name(scale)}; give the scale the input's type",
+            )
 
 
 @_rule("dq-output-type", "a DQ outputs its scale's type", "TensorRT operator: Dequantize (output is the scale's type)")
@@ -421,11 +548,18 @@ def _dq_output_type(f: GraphFacts) -> Iterator[Violation]:
         requested = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
         out = requested or f.types.get(node.output[0])
         if scale is not None and out is not None and out != scale:
-            yield Violation("dq-output-type", f.name(node), f"outputs {type_name(out)} but the scale is "
-                            f"{type_name(scale)}; TensorRT's DQ outputs the scale's type")  # fmt: skip
+            yield Violation(
+                "dq-output-type",
+                f.name(node),
+                f"outputs {type_name(out)} but the scale is {type_name(scale)}; TensorRT's DQ outputs the scale's type",
+            )
 
 
-@_rule("fp32-island", "no FP32 compute in an FP16/BF16 graph outside the allow-list", "TensorRT 11 migration; ModelOpt AutoCast")
+@_rule(
+    "fp32-island",
+    "no FP32 compute in an FP16/BF16 graph outside the allow-list",
+    "TensorRT 11 migration; ModelOpt AutoCast",
+)
 def _fp32_island(f: GraphFacts) -> Iterator[Violation]:
     precisions = compute_precisions(f)
     low = {t for t in precisions.values() if t in LOW_PRECISION.values()}
@@ -433,8 +567,12 @@ def _fp32_island(f: GraphFacts) -> Iterator[Violation]:
         return
     for node in f.nodes:
         if precisions.get(id(node)) == 1 and not fp32_allowed(f, node):
-            yield Violation("fp32-island", f.name(node), f"computes in float32 in a {type_name(min(low))} graph; "
-                            "convert it, or keep it in FP32 on purpose (allow-list)")  # fmt: skip
+            yield Violation(
+                "fp32-island",
+                f.name(node),
+                f"computes in float32 in a {type_name(min(low))} graph; "
+                "convert it, or keep it in FP32 on purpose (allow-list)",
+            )
 
 
 def compute_precisions(f: GraphFacts) -> dict[int, int]:
@@ -460,8 +598,12 @@ def _same_values(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     if a is None or b is None:
         return a is None and b is None
     try:
-        return bool(np.array_equal(np.broadcast_to(a.astype(np.float64), np.broadcast_shapes(a.shape, b.shape)),
-                                   np.broadcast_to(b.astype(np.float64), np.broadcast_shapes(a.shape, b.shape))))
+        return bool(
+            np.array_equal(
+                np.broadcast_to(a.astype(np.float64), np.broadcast_shapes(a.shape, b.shape)),
+                np.broadcast_to(b.astype(np.float64), np.broadcast_shapes(a.shape, b.shape)),
+            )
+        )
     except ValueError:
         return False
 
@@ -509,8 +651,12 @@ def _expected_axis(f: GraphFacts, node: Any, index: int) -> int | None:
 
 
 def _axis_reason(node: Any) -> str:
-    return {"Conv": "output channels", "ConvTranspose": "TensorRT's deconvolution takes per-input-channel scales",
-            "Gemm": "output channels of B", "MatMul": "the output columns of the constant operand"}[node.op_type]  # fmt: skip
+    return {
+        "Conv": "output channels",
+        "ConvTranspose": "TensorRT's deconvolution takes per-input-channel scales",
+        "Gemm": "output channels of B",
+        "MatMul": "the output columns of the constant operand",
+    }[node.op_type]
 
 
 def _axis_before(passed: list[Any], axis: int | None) -> int | None:

@@ -1,0 +1,132 @@
+"""How far a low-precision Q/DQ graph is from its float32 reference, quantizer by quantizer, in ONNX Runtime.
+
+:func:`compare_graphs` runs both graphs on the same inputs with every QuantizeLinear's int8 output exposed,
+matched by quantizer name (node metadata ``qdq.quantizer``), and reports per quantizer the fraction of
+int8 codes that agree, plus the output error in int8 steps of the reference output (``max |ref| / 127``) and
+the top-1 agreement. It also checks each of the candidate's QuantizeLinear nodes against the definition
+``clamp(round_half_even(float32(x) / float32(scale)))`` on the input ONNX Runtime gave it (``q_exact``): a
+disagreement there would be the runtime's, not float16 arithmetic upstream.
+
+Compare against :func:`qdq.export.float_types.round_scales` of the float32 export: its steps are the low
+type's, so what remains is float16 (bfloat16) arithmetic alone. ONNX Runtime's CPU provider runs FP16
+graphs (it adds FP32 kernels with Casts where it has no FP16 one); it has no BF16 DequantizeLinear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qdq.export.float_ranges import Batch
+from qdq.export.graph import GraphIndex, quantizer_names
+from qdq.markdown import markdown_table
+
+__all__ = ["GraphComparison", "compare_graphs"]
+
+
+@dataclass
+class GraphComparison:
+    """Result of :func:`compare_graphs`.
+
+    Attributes:
+        agreement: quantizer -> fraction of its int8 codes equal in both graphs (activation quantizers).
+        q_exact: quantizer -> whether the candidate's QuantizeLinear matches the definition on its own input.
+        max_steps: largest output difference in int8 steps of the reference output (``max |ref| / 127``).
+        top1: fraction of samples whose argmax (last axis) agrees; ``samples``: how many were compared.
+    """
+
+    agreement: dict[str, float] = field(default_factory=dict)
+    q_exact: dict[str, bool] = field(default_factory=dict)
+    max_steps: float = 0.0
+    top1: float = 1.0
+    samples: int = 0
+
+    @property
+    def min_agreement(self) -> float:
+        return min(self.agreement.values(), default=1.0)
+
+    @property
+    def mean_agreement(self) -> float:
+        return float(np.mean(list(self.agreement.values()))) if self.agreement else 1.0
+
+    def __str__(self) -> str:
+        exact = sum(self.q_exact.values())
+        head = (f"{len(self.agreement)} quantizers: codes agree on {100 * self.mean_agreement:.3f} % (mean), "
+                f"{100 * self.min_agreement:.3f} % (worst); {exact}/{len(self.q_exact)} QuantizeLinear nodes exact "
+                f"on their own input; output within {self.max_steps:.2f} int8 steps, top-1 agreement "
+                f"{100 * self.top1:.2f} % of {self.samples}")  # fmt: skip
+        worst = sorted(self.agreement.items(), key=lambda kv: kv[1])[:5]
+        rows = [[name, f"{100 * value:.3f} %"] for name, value in worst]
+        return head + ("\n\n" + markdown_table(["quantizer (5 worst)", "codes equal"], rows) if rows else "")
+
+
+def _session(model: Any) -> tuple[Any, dict[str, tuple[str, str, str]]]:
+    """An ORT session of ``model`` exposing every Q output; quantizer -> (Q input, Q scale, Q output) names."""
+    import onnx
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    index = GraphIndex(probe)
+    exposed: dict[str, tuple[str, str, str]] = {}
+    existing = {o.name for o in probe.graph.output}
+    for node in probe.graph.node:
+        names = quantizer_names(node) if node.op_type == "QuantizeLinear" else []
+        if not names or node.input[0] in index.constants:
+            continue
+        exposed.setdefault(names[0], (node.input[0], node.input[1], node.output[0]))
+        for tensor in (node.input[0], node.output[0]):
+            if tensor not in existing and tensor not in index.constants:
+                probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
+                existing.add(tensor)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session, exposed
+
+
+def _feed(session: Any, batch: Batch) -> dict[str, np.ndarray]:
+    names = [i.name for i in session.get_inputs()]
+    if isinstance(batch, Mapping):
+        return {n: np.asarray(batch[n]) for n in names}
+    return {names[0]: np.asarray(batch, dtype=np.float32)}
+
+
+def _oracle(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(np.divide(x.astype(np.float32), scale.astype(np.float32), dtype=np.float32)), -128, 127)
+
+
+def compare_graphs(reference: Any, candidate: Any, batches: Iterable[Batch]) -> GraphComparison:
+    """Compare two Q/DQ graphs of one model (``onnx.ModelProto`` or paths) on ``batches`` in ONNX Runtime."""
+    import onnx
+
+    ref_model = reference if isinstance(reference, onnx.ModelProto) else onnx.load(str(reference))
+    cand_model = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
+    ref, ref_sites = _session(ref_model)
+    cand, cand_sites = _session(cand_model)
+    scales = GraphIndex(cand_model)
+    output = ref.get_outputs()[0].name
+    equal: dict[str, list[int]] = {}
+    result = GraphComparison()
+    ref_outs, cand_outs = [], []
+    for batch in batches:
+        got_ref = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, _feed(ref, batch))))
+        got = dict(zip([o.name for o in cand.get_outputs()], cand.run(None, _feed(cand, batch))))
+        ref_outs.append(got_ref[output])
+        cand_outs.append(got[cand.get_outputs()[0].name].astype(np.float32))
+        for name, (x, scale, q) in cand_sites.items():
+            codes = got[q]
+            exact = np.array_equal(_oracle(got[x], scales.array(scale)), codes.astype(np.float32))
+            result.q_exact[name] = result.q_exact.get(name, True) and exact
+            if name in ref_sites:
+                counts = equal.setdefault(name, [0, 0])
+                counts[0] += int(np.count_nonzero(got_ref[ref_sites[name][2]] == codes))
+                counts[1] += codes.size
+    result.agreement = {name: hit / total for name, (hit, total) in equal.items() if total}
+    reference_out, candidate_out = np.concatenate(ref_outs), np.concatenate(cand_outs)
+    unit = float(np.abs(reference_out).max()) / 127 or 1.0
+    result.max_steps = float(np.abs(reference_out.astype(np.float64) - candidate_out).max() / unit)
+    result.top1 = float(np.mean(reference_out.argmax(-1) == candidate_out.argmax(-1)))
+    result.samples = int(reference_out.shape[0])
+    return result
