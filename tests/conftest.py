@@ -21,3 +21,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _tensorrt_rules(request, monkeypatch):
+    """Check every "tensorrt"-target ONNX this test exports against TensorRT's rules (tests/tensorrt_rules.py)."""
+    from qdq.export import onnx_export
+    from tensorrt_rules import checked_finish_onnx, exempt_rules
+
+    checked = checked_finish_onnx(onnx_export.finish_onnx, exempt_rules(request.node))
+    monkeypatch.setattr(onnx_export, "finish_onnx", checked)
+    yield

@@ -102,10 +102,15 @@ def pre_quant_scale() -> nn.Module:
 
 
 FEATURES = [w4a8, w4_clipped, narrow, tiny_amax, unsigned, learned, pre_quant_scale]
+_UINT8 = pytest.mark.trt_rules_exempt("int8-type", reason="unsigned quantizers export uint8 Q/DQ, not for TensorRT")
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-@pytest.mark.parametrize("build", FEATURES, ids=[f.__name__ for f in FEATURES])
+@pytest.mark.parametrize(
+    "build",
+    [pytest.param(f, marks=[_UINT8] if f is unsigned else []) for f in FEATURES],
+    ids=[f.__name__ for f in FEATURES],
+)
 def test_setting_exports_bit_exact(tmp_path, build, dynamo):
     model = build()
     path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=dynamo)
@@ -123,12 +128,18 @@ def test_tiny_amax_gives_zeros_in_onnx(tmp_path):
     assert not values["0._weight_quantizer"][2].any()
 
 
+@_UINT8
 def test_unsigned_exports_uint8_zero_point(tmp_path):
     path = export_onnx(unsigned(), X, tmp_path / "m.onnx", dynamo=False)
     site = {s.quantizer: s for s in qdq_sites(onnx.load(str(path)))}["2._input_quantizer"]
     assert site.zero_point.dtype == np.uint8 and site.zero_point == 0
 
 
+@pytest.mark.trt_rules_exempt(
+    "weighted-op-inputs",
+    reason="a float16 model exports float32 Q/DQ with Casts, which TensorRT cannot fuse; "
+    "qdq.export.float_types converts a float32 export to float16 for TensorRT instead",
+)
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_fp16_model_exports_and_runs(tmp_path, dynamo):
     model = two_convs()
@@ -147,6 +158,11 @@ def test_fp16_model_exports_and_runs(tmp_path, dynamo):
         assert steps_apart(model(x).numpy(), out) <= 1.0
 
 
+@pytest.mark.trt_rules_exempt(
+    "weighted-op-inputs",
+    reason="a bfloat16 model exports float32 Q/DQ with Casts, which TensorRT cannot fuse; "
+    "qdq.export.float_types converts a float32 export to bfloat16 for TensorRT instead",
+)
 def test_bf16_model_exports_at_opset_22(tmp_path):
     model = two_convs()
     calibrate_max(model, X)
@@ -169,6 +185,9 @@ def test_uncalibrated_quantizer_is_named(tmp_path, dynamo):
     assert not (tmp_path / "m.onnx").exists()
 
 
+@pytest.mark.trt_rules_exempt(
+    "weighted-op-inputs", reason="a disabled input quantizer leaves a Conv with a float input and int8 weights"
+)
 def test_disabled_or_unused_uncalibrated_quantizers_are_fine(tmp_path):
     model = two_convs()
     calibrate_max(model, X)

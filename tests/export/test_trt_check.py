@@ -158,3 +158,23 @@ def test_check_refuses_non_onnx(tmp_path):
     junk.write_bytes(b"not a model")
     with pytest.raises(QdqConfigError, match="not an ONNX model"):
         check_tensorrt(junk)
+
+
+def test_suite_hook_fails_a_tensorrt_export_that_breaks_a_rule(tmp_path):
+    """tests/conftest.py checks every "tensorrt" export; a broken one fails the test unless exempted."""
+    from types import SimpleNamespace
+
+    from tensorrt_rules import checked_finish_onnx
+
+    nodes, inits = base_parts()
+    broken = BREAKERS["zero-point"](nodes, inits)
+
+    def finish(proto, path, target, **kwargs):
+        onnx.save(proto, path)
+        return path
+
+    path = tmp_path / "m.onnx"
+    with pytest.raises(pytest.fail.Exception, match="zero-point"):
+        checked_finish_onnx(finish, exempt=())(broken, path, SimpleNamespace(name="tensorrt"))
+    assert checked_finish_onnx(finish, exempt={"zero-point"})(broken, path, SimpleNamespace(name="tensorrt")) == path
+    assert checked_finish_onnx(finish, exempt=())(broken, path, SimpleNamespace(name="onnxruntime")) == path

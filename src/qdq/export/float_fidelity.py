@@ -24,7 +24,7 @@ from qdq.export.float_ranges import Batch
 from qdq.export.graph import GraphIndex, quantizer_names
 from qdq.markdown import markdown_table
 
-__all__ = ["GraphComparison", "compare_graphs"]
+__all__ = ["GraphComparison", "compare_graphs", "weight_bytes"]
 
 
 @dataclass
@@ -82,7 +82,10 @@ def _session(model: Any) -> tuple[Any, dict[str, tuple[str, str, str]]]:
             if tensor not in existing and tensor not in index.constants:
                 probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
                 existing.add(tensor)
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    # ORT 1.32's NCHWc layout pass crashes the process on some FP16 graphs (a torchvision ViT): leave it out.
+    session = ort.InferenceSession(
+        probe.SerializeToString(), providers=["CPUExecutionProvider"], disabled_optimizers=["NchwcTransformer"]
+    )
     return session, exposed
 
 
@@ -130,3 +133,30 @@ def compare_graphs(reference: Any, candidate: Any, batches: Iterable[Batch]) -> 
     result.top1 = float(np.mean(reference_out.argmax(-1) == candidate_out.argmax(-1)))
     result.samples = int(reference_out.shape[0])
     return result
+
+
+def weight_bytes(model: Any) -> dict[str, int]:
+    """Bytes of a graph's initializers by role: ``"float_layers"`` (float values read by ops that are not
+    Q/DQ), ``"quantized_weights"`` (what a Q or a weight DQ reads: float32 before conversion, int8 codes
+    after) and ``"other"`` (scales, zero points, shapes)."""
+    import onnx
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    index = GraphIndex(proto)
+    sizes = {"float_layers": 0, "quantized_weights": 0, "other": 0}
+    for tensor in proto.graph.initializer:
+        readers = index.consumers.get(tensor.name, [])
+        values = index.array(tensor.name)
+        nbytes = 0 if values is None else int(values.nbytes)
+        if any(r.op_type in ("QuantizeLinear", "DequantizeLinear") and r.input[0] == tensor.name for r in readers):
+            sizes["quantized_weights"] += nbytes
+        elif (
+            values is not None
+            and values.dtype.kind == "f"
+            and values.size > 1
+            and any(r.op_type not in ("QuantizeLinear", "DequantizeLinear") for r in readers)
+        ):
+            sizes["float_layers"] += nbytes
+        else:
+            sizes["other"] += nbytes
+    return sizes

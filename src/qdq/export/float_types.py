@@ -17,11 +17,12 @@ types written in the ONNX file. :func:`convert_float_precision` turns a float32 
   that the TensorRT checker accepts exactly those FP32 nodes.
 
 Quantization steps (``y_scale``) become numbers of the low type: a DQ that outputs FP16 has an FP16 scale.
-A float32 step rounds to the nearest FP16 (relative change up to 2**-12; BF16: 2**-9), which moves the
-grid. The conversion rounds every step first, in the float32 graph too (:func:`round_scales`), and
-computes the int8 weight codes with the rounded steps, so the converted graph quantizes exactly like a
-PyTorch model whose ranges are :func:`exact_amax` of its own: ``amax = 127 * step_low`` is exact in float32
-and gives the same step. ``float32`` returns the graph unchanged.
+A float32 step rounds to the nearest FP16 number (relative change up to 2**-11 for a normal step, more for a
+step below 6.1e-5, which is subnormal in FP16; BF16: up to 2**-8), which moves the grid. The conversion
+rounds every step first, in the float32 graph too (:func:`round_scales`), and computes the int8 weight
+codes with the rounded steps, so the converted graph quantizes exactly like a PyTorch model whose ranges
+are :func:`exact_amax` of its own: ``amax = 127 * step_low`` is exact in float32 and gives the same step.
+``float32`` returns the graph unchanged.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def _convert(model: Any, kind: str, data: Any, keep_io: bool, data_max: float, o
     low = LOW_PRECISION[kind]
     model = _raise_opset(model, _MIN_OPSET[kind])
     result = FloatConversion(model=model, float_type=kind)
-    result.scale_changes, result.fp32_sites = round_scales(model, kind, in_place=True)
+    result.scale_changes, result.fp32_sites = _round_scales(model, kind)
     result.folded_weights = _fold_weights(model)
     ranges = measure_ranges(model, data) if data is not None else None
     result.measured = ranges is not None
@@ -217,26 +218,26 @@ def _raise_opset(model: Any, minimum: int) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- scales and weights
-def round_scales(
-    model: Any, float_type: str = "float16", *, in_place: bool = False
-) -> tuple[dict[str, float], list[str]]:
-    """Round every Q/DQ step of ``model`` to the nearest ``float_type`` number, kept as float32 values.
+def round_scales(model: Any, float_type: str = "float16") -> Any:
+    """A copy of ``model`` whose Q/DQ steps are rounded to the nearest ``float_type`` number (kept float32).
 
-    The float32 graph then quantizes exactly like its low-precision conversion (and like a PyTorch model
-    with :func:`exact_amax` ranges). Steps that round to 0 or infinity stay as they were and their quantizer
-    is listed (the conversion keeps its readers in FP32). Changes ``model`` when ``in_place``, else a copy.
-
-    Returns:
-        ``({quantizer: largest relative change of its step}, [quantizers whose step has no such value])``.
+    The float32 graph then quantizes exactly like its low-precision conversion (and like a PyTorch model with
+    :func:`exact_amax` ranges): compared with the conversion, what differs is low-precision arithmetic alone.
+    Steps that round to 0 or infinity stay as they were.
     """
     import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
+    _round_scales(copy, parse_float_type(float_type))
+    return copy
+
+
+def _round_scales(model: Any, float_type: str) -> tuple[dict[str, float], list[str]]:
+    """Round every Q/DQ scale of ``model`` in place; ``({quantizer: relative change}, [unrepresentable])``."""
     from onnx import numpy_helper
 
-    if not in_place:
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        model = copy
-    kind = _numpy_type(parse_float_type(float_type))
+    kind = _numpy_type(float_type)
     index = GraphIndex(model)
     changes: dict[str, float] = {}
     unrepresentable: list[str] = []
@@ -254,8 +255,7 @@ def round_scales(
         done.add(name)
         change = float(np.max(np.abs(rounded.astype(np.float64) - scale) / scale))
         changes[owner] = max(change, changes.get(owner, 0.0))
-        tensor = index.constants[name]
-        tensor.CopyFrom(numpy_helper.from_array(rounded.reshape(scale.shape), name))
+        index.constants[name].CopyFrom(numpy_helper.from_array(rounded.reshape(scale.shape), name))
     return changes, unrepresentable
 
 

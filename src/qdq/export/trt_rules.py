@@ -191,8 +191,22 @@ class GraphFacts:
         return value + rank if value < 0 and rank is not None else value
 
     def is_constant(self, tensor: str) -> bool:
-        producer = self.index.producer.get(tensor)
-        return tensor in self.index.constants or (producer is not None and producer.op_type == "Constant")
+        """Is ``tensor`` known when TensorRT builds the engine (a constant, or computed from constants only)?
+
+        TensorRT folds such subgraphs at build time: a weight clipped by ``Min``/``Max`` before its Q (qdq's
+        sub-8-bit weights) is still a weight.
+        """
+        pending, seen = [tensor], set()
+        while pending:
+            name = pending.pop()
+            if name in seen or name in self.index.constants:
+                continue
+            seen.add(name)
+            producer = self.index.producer.get(name)
+            if producer is None or producer.op_type in (_Q, _DQ):
+                return False
+            pending.extend(i for i in producer.input if i)
+        return True
 
     def q_of(self, dq: Any) -> Any | None:
         producer = self.index.producer.get(dq.input[0])
