@@ -179,11 +179,18 @@ class GraphFacts:
     def name(self, node: Any) -> str:
         return node.name or f"{node.op_type}({', '.join(node.output)})"
 
+    def value(self, tensor: str) -> np.ndarray | None:
+        """The value of a constant tensor (an initializer or Constant, possibly behind Identity nodes)."""
+        node = self.index.producer.get(tensor)
+        while node is not None and node.op_type == "Identity" and tensor not in self.index.constants:
+            tensor, node = node.input[0], self.index.producer.get(node.input[0])
+        return self.index.array(tensor)
+
     def scale(self, node: Any) -> np.ndarray | None:
-        return self.index.const_input(node, 1)
+        return self.value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
 
     def zero_point(self, node: Any) -> np.ndarray | None:
-        return self.index.const_input(node, 2)
+        return self.value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
 
     def axis(self, node: Any) -> int:
         value = next((a.i for a in node.attribute if a.name == "axis"), 1)

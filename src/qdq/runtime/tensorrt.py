@@ -1,9 +1,14 @@
 """TensorRT backend: a strongly typed engine built from a Q/DQ ONNX graph, run on a CUDA GPU.
 
-Strong typing (TensorRT >= 9; always on in TensorRT 11) makes every tensor keep the type the graph
-gives it: the Q/DQ nodes alone decide where int8 is used, with no builder precision flags and no
-calibrator. TensorRT takes signed int8 Q/DQ only (the target="tensorrt" graph); ORT's uint8 Q/DQ graphs
-do not build.
+Strong typing makes every tensor keep the type the graph gives it: the Q/DQ nodes alone decide where int8
+is used and the ONNX types decide where FP16/BF16 is (:mod:`qdq.export.float_types` writes such a graph), with
+no builder precision flags and no calibrator. TensorRT 11 removed weak typing (``BuilderFlag.FP16/INT8``,
+``int8_calibrator``; the ``STRONGLY_TYPED`` network flag is deprecated and ignored there); TensorRT 10 builds
+strongly typed when asked with that flag, which qdq does. Older TensorRT is refused with an install hint.
+
+Before building, the graph goes through the TensorRT rule checker (:func:`qdq.export.trt_check.check_tensorrt`):
+a graph TensorRT would reject or run in float (ORT's uint8 Q/DQ, a Cast between a DQ and its conv...) fails
+early with the broken rules named (``check=False`` builds anyway).
 
 Buffers are torch CUDA tensors, so no pycuda is needed. ``tensorrt`` and ``torch`` are imported when
 an engine is built; without ``tensorrt`` or without a CUDA GPU, ``load`` raises
@@ -12,6 +17,7 @@ an engine is built; without ``tensorrt`` or without a CUDA GPU, ``load`` raises
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +33,10 @@ if TYPE_CHECKING:
     import tensorrt
     import torch
 
-__all__ = ["TensorRtRuntime", "build_engine"]
+__all__ = ["TensorRtRuntime", "build_engine", "network_flags", "tensorrt_version"]
 
 _INSTALL = "pip install tensorrt  (or: pip install 'qdq[tensorrt]')"
+_MIN_MAJOR = 10  # strongly typed networks from Q/DQ ONNX graphs
 
 
 def _trt() -> Any:
@@ -43,18 +50,66 @@ def _cuda_torch() -> Any:
     return torch
 
 
-def build_engine(onnx_path: str | Path, *, batch: int = 1, workspace_mib: int = 1024) -> bytes:
+def tensorrt_version(trt: Any) -> tuple[int, int]:
+    """``(major, minor)`` of an imported ``tensorrt`` module (``"10.12.0.36"`` -> ``(10, 12)``)."""
+    parts = re.findall(r"\d+", str(getattr(trt, "__version__", "0")))
+    return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0) if parts else (0, 0)
+
+
+def network_flags(trt: Any) -> int:
+    """The ``create_network`` flags of a strongly typed network on this TensorRT.
+
+    TensorRT 11: 0 (strong typing is always on; the flag is deprecated and ignored). TensorRT 10: the
+    ``STRONGLY_TYPED`` bit. Older: refused.
+
+    Raises:
+        QdqBackendUnavailable: TensorRT older than 10.
+    """
+    major, minor = tensorrt_version(trt)
+    if major < _MIN_MAJOR:
+        raise QdqBackendUnavailable(
+            f"TensorRT {major}.{minor} is too old: qdq builds strongly typed networks from Q/DQ ONNX graphs, "
+            f"which needs TensorRT >= {_MIN_MAJOR} (TensorRT 11 recommended). Upgrade: pip install 'tensorrt>=10'"
+        )
+    if major >= 11:
+        return 0
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+
+def _check_rules(onnx_path: str | Path) -> None:
+    from qdq.export.trt_check import check_tensorrt
+
+    report = check_tensorrt(onnx_path)
+    if report.ok:
+        return
+    shown = "; ".join(f"{v.node}: {v.rule} ({v.message})" for v in report.violations[:3])
+    more = f" and {len(report.violations) - 3} more" if len(report.violations) > 3 else ""
+    raise QdqConfigError(
+        f"{Path(onnx_path).name} breaks TensorRT's rules ({', '.join(sorted(report.rules_broken()))}): {shown}{more}. "
+        f"See `qdq check {onnx_path}` for the table; export it with target='tensorrt' (or pass check=False)."
+    )
+
+
+def build_engine(onnx_path: str | Path, *, batch: int = 1, workspace_mib: int = 1024, check: bool = True) -> bytes:
     """Parse ``onnx_path`` into a strongly typed network and return the serialized engine (the plan).
 
-    A dynamic leading dimension gets an optimization profile from 1 to ``batch`` (optimised for
-    ``batch``); any other dynamic dimension is refused. ``workspace_mib`` caps TensorRT's scratch
-    memory (MiB). The plan can be written to a file and deserialized by ``tensorrt.Runtime``.
+    The graph is checked against TensorRT's rules first (``check``). A dynamic leading dimension gets an
+    optimization profile from 1 to ``batch`` (optimised for ``batch``); any other dynamic dimension is
+    refused. ``workspace_mib`` caps TensorRT's scratch memory (MiB). No precision flag is set: the graph's
+    Q/DQ nodes and float types decide every precision. The plan can be written to a file and deserialized
+    by ``tensorrt.Runtime``.
+
+    Raises:
+        QdqBackendUnavailable: no ``tensorrt``, or one older than 10.
+        QdqConfigError: the graph breaks TensorRT's rules, or TensorRT cannot parse it.
     """
     trt = _trt()
+    flags = network_flags(trt)
+    if check:
+        _check_rules(onnx_path)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    network = builder.create_network(0 if flag is None else 1 << int(flag))
+    network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -93,8 +148,9 @@ class TensorRtRuntime(Runtime):
         threads: int | None = None,
         batch: int | None = None,
         workspace_mib: int = 1024,
+        check: bool = True,
     ) -> TensorRtRuntime:
-        """Build an engine for ``onnx_path`` (see :func:`build_engine`).
+        """Build an engine for ``onnx_path`` (see :func:`build_engine`; ``check``: run the rule checker first).
 
         ``threads`` is accepted for a uniform interface and ignored (the GPU runs the model).
         ``batch`` is the largest batch the engine accepts (default 1).
@@ -102,9 +158,9 @@ class TensorRtRuntime(Runtime):
         check_common_options(threads, batch)
         info = read_model_info(onnx_path)
         advice = target_advice(info, cls.name)  # an onnxruntime-target graph is refused before any GPU work
-        _trt()
+        network_flags(_trt())  # an old TensorRT fails here, before the GPU is looked for
         _cuda_torch()
-        plan = build_engine(info.path, batch=batch or 1, workspace_mib=workspace_mib)
+        plan = build_engine(info.path, batch=batch or 1, workspace_mib=workspace_mib, check=check)
         runtime = cls(info, plan, batch=batch)
         runtime.advice = advice
         return runtime
