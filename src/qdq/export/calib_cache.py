@@ -1,5 +1,10 @@
 """TensorRT calibration caches (implicit quantization, TensorRT <= 10) written from qdq's calibrated ranges.
 
+For TensorRT 10 and older only: TensorRT deprecated implicit quantization in 10.1 and TensorRT 11 removed it
+(no ``BuilderFlag.INT8``, no ``int8_calibrator``, no calibration cache reader). On TensorRT 11, INT8 exists only
+as the Q/DQ nodes of the graph :func:`qdq.export.export_onnx` writes (FP16 elsewhere:
+:func:`qdq.export.float_types.convert_float_precision`), so a cache has no consumer there.
+
 Format (text): a header line ``TRT-<version code>-<algorithm>`` (e.g. ``TRT-8601-EntropyCalibration2``),
 then one line per tensor ``<tensor name>: <8 hex digits>`` where the hex digits are the big-endian IEEE-754
 float32 of the tensor's **scale** ``amax / 127`` (signed int8; TensorRT's implicit mode is symmetric).
@@ -142,7 +147,7 @@ def write_calibration_cache(
     trt_version: int | str = 8601,
     algorithm: str = "EntropyCalibration2",
 ) -> Path:
-    """Write a TensorRT text calibration cache.
+    """Write a TensorRT text calibration cache (implicit INT8 mode: TensorRT <= 10; TensorRT 11 reads none).
 
     Args:
         model_or_amax_map: a calibrated qdq model, or a mapping quantizer name -> amax.
