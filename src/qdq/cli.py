@@ -185,7 +185,7 @@ _QUANTIZE_FLAGS = {  # flag -> PipelineConfig key; absent flags keep the config 
     "model": "model", "weights": "weights", "data": "data", "calib": "calib", "calib_batches": "calib_batches",
     "qat_epochs": "qat_epochs", "train_lr": "train_lr", "target": "target", "runtime": "runtimes",
     "weight_bits": "weight_bits", "threads": "threads", "out": "out", "batch_size": "batch_size",
-    "image_size": "image_size", "sensitivity": "sensitivity",
+    "image_size": "image_size", "sensitivity": "sensitivity", "float": "float",
 }  # fmt: skip
 
 
@@ -210,6 +210,7 @@ def add_quantize_parser(subparsers: Any) -> None:
     p.add_argument("--train-lr", type=float, help="LR the float model was trained with; QAT starts at 1%% of it")
     p.add_argument("--target", help="onnxruntime (default) or tensorrt")
     p.add_argument("--runtime", action="append", help="runtime for the INT8 engine (repeatable)")
+    p.add_argument("--float", help="float part of a tensorrt model.onnx: fp32 (default), fp16 or bf16 (TensorRT 11)")
     p.add_argument("--weight-bits", type=_positive_int, help="weight bits (8 default; 4 for W4A8)")
     p.add_argument("--threads", type=_positive_int, help="runtime threads (default 2)")
     p.add_argument("--sensitivity", action="store_true", default=None, help="per-layer sensitivity analysis")

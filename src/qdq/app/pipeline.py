@@ -47,6 +47,9 @@ class PipelineConfig:
         qat_epochs: QAT epochs after PTQ (0: none); ``train_lr``: the LR the float model was trained with
             (QAT starts at 1 % of it, the seed's recipe).
         target: ``onnxruntime`` (int8 kernels on ORT's CPU) or ``tensorrt`` (TensorRT's explicit placement).
+        float: the type the float part of a ``tensorrt`` model.onnx computes in: ``float32`` (default),
+            ``float16``/``fp16`` or ``bfloat16``/``bf16`` (TensorRT 11 builds FP16 only where the ONNX says so;
+            :func:`qdq.export.float_types.convert_float_precision`, measured on the calibration batches).
         runtimes: runtimes to run the INT8 engine on (accuracy, fidelity, latency).
         weight_bits / activation_bits: integer widths (W4A8: ``weight_bits=4``).
         bench_batches: batch sizes timed; ``threads``: runtime threads.
@@ -63,6 +66,7 @@ class PipelineConfig:
     qat_epochs: int = 0
     train_lr: float = 0.1
     target: str = "onnxruntime"
+    float: str = "float32"
     runtimes: list[str] = field(default_factory=lambda: ["onnxruntime"])
     weight_bits: int = 8
     activation_bits: int = 8
@@ -76,6 +80,11 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         get_target(self.target)  # an unknown target raises, listing the registered ones
+        from qdq.export.float_types import parse_float_type
+
+        self.float = parse_float_type(self.float)
+        if self.float != "float32" and self.target != "tensorrt":
+            raise QdqConfigError(f"float {self.float!r} is for target 'tensorrt' (TensorRT 11), not {self.target!r}.")
         if self.calib not in _CALIB:
             hint = did_you_mean(self.calib, _CALIB)
             raise QdqConfigError(f"calib must be one of {list(_CALIB)}, got {self.calib!r}.{hint}")
@@ -217,7 +226,23 @@ def _export(job: _Job) -> None:
 
     save_atomic(job.model.state_dict(), job.out / "quantized_state_dict.pt")
     path = export_onnx(job.model, job.example, job.out / "model.onnx", target=job.cfg.target)
+    if job.cfg.float != "float32":
+        _convert_float(job, path)
     job.summary["files"] = {"onnx": path.name, "fp32_onnx": "model_fp32.onnx", "state_dict": "quantized_state_dict.pt"}
+
+
+def _convert_float(job: _Job, path: Path) -> None:
+    """The TensorRT 11 file: model.onnx with its float part in FP16/BF16, ranges measured on calibration data."""
+    import itertools
+
+    from qdq.export.float_types import convert_float_precision
+
+    batches = [x.numpy() for x, _ in itertools.islice(iter(job.train_loader), job.cfg.calib_batches)]
+    result = convert_float_precision(path, job.cfg.float, calibration_data=batches, path=path)
+    _log.info("%s", result)
+    job.summary["float"] = {"type": result.float_type, "converted_nodes": result.converted,
+                            "fp32_nodes": result.fp32_nodes,
+                            "largest_step_change": max(result.scale_changes.values(), default=0.0)}  # fmt: skip
 
 
 def _export_fp32(job: _Job, float_model: nn.Module) -> None:
