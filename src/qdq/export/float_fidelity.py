@@ -35,12 +35,14 @@ class GraphComparison:
         agreement: quantizer -> fraction of its int8 codes equal in both graphs (activation quantizers).
         q_exact: quantizer -> whether the candidate's QuantizeLinear matches the definition on its own input.
         max_steps: largest output difference in int8 steps of the reference output (``max |ref| / 127``).
+        rel_error: ``||candidate - reference|| / ||reference||`` over all outputs (L2).
         top1: fraction of samples whose argmax (last axis) agrees; ``samples``: how many were compared.
     """
 
     agreement: dict[str, float] = field(default_factory=dict)
     q_exact: dict[str, bool] = field(default_factory=dict)
     max_steps: float = 0.0
+    rel_error: float = 0.0
     top1: float = 1.0
     samples: int = 0
 
@@ -56,7 +58,8 @@ class GraphComparison:
         exact = sum(self.q_exact.values())
         head = (f"{len(self.agreement)} quantizers: codes agree on {100 * self.mean_agreement:.3f} % (mean), "
                 f"{100 * self.min_agreement:.3f} % (worst); {exact}/{len(self.q_exact)} QuantizeLinear nodes exact "
-                f"on their own input; output within {self.max_steps:.2f} int8 steps, top-1 agreement "
+                f"on their own input; output within {self.max_steps:.2f} int8 steps (relative L2 error "
+                f"{self.rel_error:.2e}), top-1 agreement "
                 f"{100 * self.top1:.2f} % of {self.samples}")  # fmt: skip
         worst = sorted(self.agreement.items(), key=lambda kv: kv[1])[:5]
         rows = [[name, f"{100 * value:.3f} %"] for name, value in worst]
@@ -129,7 +132,9 @@ def compare_graphs(reference: Any, candidate: Any, batches: Iterable[Batch]) -> 
     result.agreement = {name: hit / total for name, (hit, total) in equal.items() if total}
     reference_out, candidate_out = np.concatenate(ref_outs), np.concatenate(cand_outs)
     unit = float(np.abs(reference_out).max()) / 127 or 1.0
-    result.max_steps = float(np.abs(reference_out.astype(np.float64) - candidate_out).max() / unit)
+    difference = reference_out.astype(np.float64) - candidate_out
+    result.max_steps = float(np.abs(difference).max() / unit)
+    result.rel_error = float(np.linalg.norm(difference) / (np.linalg.norm(reference_out.astype(np.float64)) or 1.0))
     result.top1 = float(np.mean(reference_out.argmax(-1) == candidate_out.argmax(-1)))
     result.samples = int(reference_out.shape[0])
     return result
