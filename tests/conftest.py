@@ -24,11 +24,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _tensorrt_rules(request, monkeypatch):
-    """Check every "tensorrt"-target ONNX this test exports against TensorRT's rules (tests/tensorrt_rules.py)."""
+def _tensorrt_rules(request):
+    """Check every "tensorrt"-target ONNX this test exports against TensorRT's rules (tests/tensorrt_rules.py).
+
+    A private MonkeyPatch: the test's own ``monkeypatch`` fixture keeps its usual setup and teardown order."""
     from qdq.export import onnx_export
     from tensorrt_rules import checked_finish_onnx, exempt_rules
 
     checked = checked_finish_onnx(onnx_export.finish_onnx, exempt_rules(request.node))
-    monkeypatch.setattr(onnx_export, "finish_onnx", checked)
-    yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnx_export, "finish_onnx", checked)
+        yield
