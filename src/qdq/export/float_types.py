@@ -44,7 +44,7 @@ from qdq.export.trt_check import FP32_OPS
 from qdq.export.trt_rules import FP32_NODES_KEY
 from qdq.markdown import markdown_table
 
-__all__ = ["FloatConversion", "convert_float_precision", "exact_amax", "parse_float_type", "round_scales"]
+__all__ = ["FLOAT_KEY", "FloatConversion", "convert_float_precision", "exact_amax", "parse_float_type", "round_scales"]
 
 _log = logging.getLogger(__name__)
 _FLOAT32 = 1
