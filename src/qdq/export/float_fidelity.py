@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from qdq.export.float_ranges import Batch
-from qdq.export.graph import GraphIndex, quantizer_names
+from qdq.graphs.onnx import GraphIndex, quantizer_names
 from qdq.markdown import markdown_table
 
 __all__ = ["GraphComparison", "compare_graphs", "weight_bytes"]

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from qdq.errors import QdqConfigError
-from qdq.export.graph import GraphIndex
 from qdq.export.onnx_types import FLOAT_TYPES, TensorTypes, float_slots, type_name
+from qdq.graphs.onnx import GraphIndex
 
 __all__ = ["Batch", "TensorRange", "keep_fp32_reasons", "measure_ranges"]
 

@@ -38,10 +38,10 @@ import numpy as np
 
 from qdq.errors import QdqConfigError, QdqExportError
 from qdq.export.float_ranges import Batch, keep_fp32_reasons, measure_ranges
-from qdq.export.graph import GraphIndex, atomic_save, quantizer_names, set_metadata
 from qdq.export.onnx_types import LOW_PRECISION, TensorTypes, default_opset, float_slots, input_types, type_name
 from qdq.export.trt_check import FP32_OPS
 from qdq.export.trt_rules import FP32_NODES_KEY
+from qdq.graphs.onnx import GraphIndex, atomic_save, quantizer_names, set_metadata
 from qdq.markdown import markdown_table
 
 __all__ = ["FLOAT_KEY", "FloatConversion", "convert_float_precision", "exact_amax", "parse_float_type", "round_scales"]
@@ -282,7 +282,7 @@ def _fold_weights(model: Any) -> int:
         doomed.append(q)
         folded += 1
     index.remove(doomed)
-    from qdq.export.graph import tidy
+    from qdq.graphs.onnx import tidy
 
     tidy(model)
     return folded
@@ -415,7 +415,7 @@ class _Rewrite:
         del self.model.graph.node[:]
         self.model.graph.node.extend(self.nodes)
         del self.model.graph.value_info[:]
-        from qdq.export.graph import tidy
+        from qdq.graphs.onnx import tidy
 
         tidy(self.model)
 

@@ -64,8 +64,8 @@ from typing import Any
 
 import numpy as np
 
-from qdq.export.graph import GraphIndex
 from qdq.export.onnx_types import FLOAT_TYPES, LOW_PRECISION, TensorTypes, default_opset, float_slots, type_name
+from qdq.graphs.onnx import GraphIndex
 
 __all__ = ["FP32_NODES_KEY", "RULES", "GraphFacts", "Rule", "Violation", "run_rules"]
 
