@@ -12,7 +12,11 @@ It prints, per quantizer (one 2048-bin histogram):
 * the same computations done the seed's way (pytorch-quantization 2.2: a Python loop over candidate
   bins, per-bin Python loops for the entropy's Q, one fake-quant call per mse candidate), written
   here from the algorithm description as the baseline, and the speed-up;
-* histogram collection throughput on activation-sized tensors.
+* histogram collection throughput on activation-sized tensors, and what an exact per-bin sum of ``x**2`` (instead
+  of the diagnostics' estimate from the counts) would add to it;
+* on resnet18: the calibration pass with the clipping diagnostics against the same pass without them
+  (interleaved; issue 24's target <= 1.05x), and the cost of ``method="auto"`` (its comparison pass) against
+  the histogram pass and an FP32 forward.
 
 :func:`time_histogram_collection` is the reusable part: it times one calibration pass of histogram
 collection over any list of tensors (e.g. the activations a model produces), for comparison with the
@@ -178,39 +182,97 @@ def bench_collection(repeats: int) -> None:
         )
 
 
-def bench_model_pass(repeats: int, batches: int = 4, batch: int = 16, size: int = 224) -> None:
-    """Histogram calibration pass over resnet18 vs an FP32 forward over the same data (issue 3 target 1.3x)."""
+def bench_exact_energy(repeats: int) -> None:
+    """What keeping an exact per-bin sum of x**2 would cost: a weighted bincount next to the counts."""
+    x = torch.randn(32, 64, 56, 56)
+
+    def counts_only() -> None:
+        HistogramCalibrator().collect(x)
+
+    def with_energy() -> None:
+        cal = HistogramCalibrator()
+        cal.collect(x)
+        flat = x.reshape(-1)
+        index = flat.abs().mul_(4096 / 8).to(torch.int32).clamp_(0, 4095)
+        torch.bincount(index, weights=flat.double().square(), minlength=4096)
+
+    plain, exact = [], []
+    for _ in range(repeats):
+        plain.append(_timed(counts_only, 1)[0])
+        exact.append(_timed(with_energy, 1)[0])
+    ratio = statistics.median(exact) / statistics.median(plain)
+    print(f"  + exact per-bin sum of x**2 (weighted bincount) {statistics.median(exact) * 1e3:8.1f} ms median: "
+          f"{ratio:.2f}x the counts alone")
+
+
+def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, size: int = 224) -> None:
+    """resnet18: the calibration pass with diagnostics vs without (interleaved), and method="auto"'s extra cost."""
     import copy
+    import warnings
 
     import torchvision
 
     import qdq
-    from qdq.workflow.calibration import collect_stats
+    from qdq.workflow.auto_calibration import select_amax
+    from qdq.workflow.calibration import collect_stats, load_amax
 
     torch.manual_seed(0)
     float_model = torchvision.models.resnet18().eval()
     quant_model = qdq.quantize_model(copy.deepcopy(float_model))
     data = [torch.randn(batch, 3, size, size) for _ in range(batches)]
 
-    def fp32_pass() -> None:
+    def fp32() -> None:
         with torch.no_grad():
             for x in data:
                 float_model(x)
 
-    def calib_pass() -> None:
-        collect_stats(quant_model, data, calibrator="histogram", progress=False)
+    def calibration(diagnostics: bool) -> Callable[[], None]:
+        def run() -> None:
+            collect_stats(quant_model, data, calibrator="histogram", progress=False)
+            load_amax(quant_model, "entropy", warn=diagnostics)
 
-    fp32_pass(), calib_pass()
-    fp32, calib = [], []
-    for _ in range(repeats):  # interleaved, so load changes hit both
-        fp32.append(_timed(fp32_pass, 1)[0])
-        calib.append(_timed(calib_pass, 1)[0])
-    n_quantizers = sum(isinstance(m, qdq.TensorQuantizer) for m in quant_model.modules()) // 2
-    print(f"\nresnet18, {batches} batches of {batch}x3x{size}x{size}, ~{n_quantizers} activation quantizers:")
-    med_fp32, med_calib = statistics.median(fp32), statistics.median(calib)
-    print(f"  FP32 forward pass            {min(fp32) * 1e3:8.1f} ms min {med_fp32 * 1e3:8.1f} ms median")
-    print(f"  histogram calibration pass   {min(calib) * 1e3:8.1f} ms min {med_calib * 1e3:8.1f} ms median")
-    print(f"  ratio (calibration / FP32)   {min(calib) / min(fp32):8.2f} min {med_calib / med_fp32:8.2f} median")
+        return run
+
+    auto_pass: list[float] = []
+
+    def auto() -> None:
+        collect_stats(quant_model, data, calibrator="histogram", progress=False)
+        start = time.perf_counter()
+        select_amax(quant_model, data, progress=False)
+        auto_pass.append(time.perf_counter() - start)
+
+    variants = {"FP32 forward": fp32, "calibration, no diagnostics": calibration(False),
+                "calibration + diagnostics": calibration(True), "calibration with auto": auto}  # fmt: skip
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qdq.QdqCalibrationWarning)  # random weights: entropy clips; still computed
+        for fn in variants.values():
+            fn()
+        auto_pass.clear()
+        for _ in range(repeats):  # interleaved, so load changes hit every variant
+            for name, fn in variants.items():
+                times[name].append(_once(fn))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"\nresnet18, {batches} batches of {batch}x3x{size}x{size}, {repeats} interleaved repeats (entropy ranges):")
+    for name, t in times.items():
+        print(f"  {name:<30}{min(t) * 1e3:9.1f} ms min {med[name] * 1e3:9.1f} ms median")
+    base = times["calibration, no diagnostics"]
+    ratios = [d / b for d, b in zip(times["calibration + diagnostics"], base)]
+    print(f"  diagnostics / no diagnostics  {statistics.median(ratios):8.3f} median of paired ratios "
+          f"(spread {min(ratios):.3f}-{max(ratios):.3f})")
+    hist = med["calibration, no diagnostics"]
+    print(f"  calibration / FP32 forward    {min(base) / min(times['FP32 forward']):8.2f} min "
+          f"{hist / med['FP32 forward']:8.2f} median (issue 10's CPU target <= 1.3x)")
+    print(f"  auto's comparison pass        {statistics.median(auto_pass) * 1e3:9.1f} ms median: "
+          f"{statistics.median(auto_pass) / hist:.2f}x the histogram calibration, "
+          f"{statistics.median(auto_pass) / med['FP32 forward']:.2f}x an FP32 forward; calibration with auto "
+          f"{med['calibration with auto'] / hist:.2f}x calibration without")
+
+
+def _once(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -223,7 +285,8 @@ def main() -> None:
     )
     bench_amax(repeats=5 if args.quick else 20, seed_repeats=0 if args.quick else 1)
     bench_collection(repeats=2 if args.quick else 5)
-    bench_model_pass(repeats=2 if args.quick else 5)
+    bench_exact_energy(repeats=2 if args.quick else 5)
+    bench_diagnostics_and_auto(repeats=2 if args.quick else 7)
 
 
 if __name__ == "__main__":

@@ -202,7 +202,8 @@ def add_quantize_parser(subparsers: Any) -> None:
     p.add_argument("--model", help="torchvision:NAME | path/to/file.py:factory | digits_resnet | digits_mobilenet")
     p.add_argument("--weights", help="local state_dict file for the model")
     p.add_argument("--data", help="digits | imagefolder:DIR")
-    p.add_argument("--calib", help="all (default), max, entropy, mse or percentile")
+    p.add_argument("--calib", help="all (default: every method and auto, the best kept), max, entropy, mse, "
+                   "percentile, or auto (per quantizer, the range with the smallest error at its layer's output)")
     p.add_argument("--calib-batches", type=_positive_int, help="calibration batches (default 8)")
     p.add_argument("--batch-size", type=_positive_int, help="batch size for calibration/QAT/eval (default 64)")
     p.add_argument("--image-size", type=_positive_int, help="input height/width (default: the data's)")

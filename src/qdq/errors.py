@@ -13,6 +13,7 @@ from collections.abc import Iterable
 __all__ = [
     "QdqBackendUnavailable",
     "QdqCalibrationError",
+    "QdqCalibrationWarning",
     "QdqConfigError",
     "QdqDistributedError",
     "QdqError",
@@ -36,6 +37,13 @@ class QdqTypeError(QdqError, TypeError):
 
 class QdqCalibrationError(QdqError, RuntimeError):
     """Calibration could not produce a range (no data seen, NaN/Inf data, empty loader...)."""
+
+
+class QdqCalibrationWarning(UserWarning):
+    """A calibrated range that will probably cost accuracy (e.g. it clips most of an activation's energy).
+
+    Silence it with ``warnings.filterwarnings("ignore", category=QdqCalibrationWarning)``.
+    """
 
 
 class QdqExportError(QdqError, RuntimeError):

@@ -72,6 +72,10 @@ class TensorQuantizer(nn.Module):
     #: Set per instance by ``qdq.export.export_mode`` while exporting: forward returns ``export_fn(x)``
     #: (ONNX Q/DQ) instead of fake-quantizing.
     export_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    #: How the stored amax was obtained, for reports (``"entropy"``, ``"percentile 99.99"``, ``"auto: mse"``...):
+    #: set per instance by :func:`qdq.load_amax`, :func:`qdq.calibrate` and :func:`qdq.ptq`; ``None`` when
+    #: unknown. Not saved in ``state_dict``; setting ``amax`` resets it.
+    amax_method: str | None = None
 
     def __init__(
         self,
@@ -242,6 +246,7 @@ class TensorQuantizer(nn.Module):
 
     @amax.setter
     def amax(self, value: Any) -> None:
+        self.amax_method = None
         if value is None:
             self._amax = torch.empty(0, device=self._amax.device)
             return

@@ -42,6 +42,11 @@ def test_demo_quick_end_to_end(quick_demo):
     engine = summary["engines"]["onnxruntime"]
     assert engine["top1_agreement"] >= 99.0
     assert set(summary["accuracy"]) >= {"FP32", "QAT", "INT8 engine (onnxruntime)"}
+    assert "auto" in summary["ptq"]["methods"]  # --calib all includes auto
+    kept = summary["ptq"]["best"]
+    methods = {q["method"] for q in summary["calibration"]["quantizers"]}  # the kept ranges' diagnostics
+    assert methods == {kept} or (kept == "auto" and all(m.startswith("auto: ") for m in methods))
+    assert "## Calibration diagnostics" in (run / "report.md").read_text() and (run / "calibration_worst.png").is_file()
 
 
 def test_verify_command_on_demo_output(quick_demo, capsys):

@@ -25,6 +25,7 @@ from qdq.app.report import (
 from qdq.calib import HistogramCalibrator
 from qdq.errors import QdqConfigError
 from qdq.runtime.base import BenchmarkResult
+from qdq.workflow.diagnostics import calibration_report
 from qdq.workflow.post_training import MethodResult, PTQResult, ptq
 from qdq.workflow.sensitivity_analysis import LayerSensitivity, SensitivityResult
 
@@ -193,6 +194,37 @@ def test_collect_histograms_after_ptq_holds_each_methods_amax():
     names = list(every)
     assert list(collect_histograms(model, result, max_layers=2)) == [names[0], names[-1]]
     assert collect_histograms(model)[names[0]].amax == {}  # without a PTQ result: histograms only
+
+
+def test_calibration_section_tables_and_plots_the_worst_quantizers(tmp_path):
+    """After an entropy calibration that cuts a sparse tail: the section's table (every quantizer, its method,
+    PASS/FAIL), the legend, the plot of the worst quantizers, and summary.json's record."""
+    model = _tiny_model()
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randn(16, 1, 4, 4, generator=gen).clamp(min=0) ** 6 for _ in range(3)]  # sparse heavy tail
+    scores = iter([90.0, 10.0, 50.0])  # float, entropy, max: max is kept
+    with pytest.warns(qdq.QdqCalibrationWarning):
+        result = ptq(model, data, lambda m: next(scores), ("entropy",), progress=False)
+    report = calibration_report(model)
+    assert report.flagged()
+    worst = [d.name for d in report.worst(4)]
+    data = ReportData(model="tail", ptq=result, calibration=report, histograms=collect_histograms(model, include=worst))
+    files = write_report(tmp_path, data, dpi=60)
+    assert "calibration_worst.png" in files
+    _assert_png(tmp_path / "calibration_worst.png")
+    text = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "## Calibration diagnostics" in text and "clipping error" in text and "](calibration_worst.png)" in text
+    worst_row = report.worst(1)[0]
+    ptq_row = next(r for r in _table_rows(text) if r[0] == "entropy (best)")
+    assert ptq_row[3] == f"{100 * worst_row.clipping_error:.2f} % ({worst_row.name})".replace("_", "\\_")
+    rows = {r[0].replace("\\", ""): r for r in _table_rows(text) if r[0].endswith("_quantizer")}
+    assert set(rows) == {d.name for d in report.quantizers}
+    for d in report.quantizers:
+        assert rows[d.name][1] == "entropy" and rows[d.name][-1] == ("FAIL" if d in report.flagged() else "PASS")
+    (summary,) = _summary(tmp_path)["models"]
+    assert summary["calibration"]["flagged"] == [d.name for d in report.flagged()]
+    assert summary["calibration"]["quantizers"][0]["method"] == "entropy"
+    assert summary["ptq"]["largest_clipping_error"] == {"entropy": worst_row.clipping_error}
 
 
 # --- write_report ----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from qdq.workflow.distributed import (
 from qdq.workflow.fine_tuning import qat
 from qdq.workflow.post_training import disabled_quantizers, ptq
 
-METHODS = ("max", "entropy", "mse", "percentile")
+METHODS = ("max", "entropy", "mse", "percentile", "auto")
 BATCH = 4
 # per-batch max |x|: ten orders of magnitude apart, so the histograms of the ranks have different
 # ranges and must be re-binned when merged; 9 batches: rank 0 gets 5 (all even ones), rank 1 gets 4

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-METHODS = ("max", "entropy", "mse", "percentile")
+METHODS = ("max", "entropy", "mse", "percentile", "auto")
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,12 @@ from qdq.calib.registry import CALIBRATION_METHODS
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.targets import get_target
 from qdq.workflow import distributed as dist
+from qdq.workflow.auto_calibration import AUTO
 
 __all__ = ["PipelineConfig", "measure_engines", "run_pipeline"]
 
 _log = logging.getLogger(__name__)
-_CALIB = ("all", *CALIBRATION_METHODS)
+_CALIB = ("all", *CALIBRATION_METHODS, AUTO)
 
 
 @dataclass
@@ -42,7 +43,8 @@ class PipelineConfig:
         weights: a local state_dict file (None: the model as built).
         data: ``digits`` or ``imagefolder:DIR`` (DIR with ``train/`` and ``val/``, or class folders).
         out: output folder.
-        calib: ``all`` (every method from one pass, keep the best) or one method.
+        calib: ``all`` (every method from one pass, and ``auto``; keep the best) or one method (``auto``: a
+            range per quantizer by its layer's output error, :mod:`qdq.workflow.auto_calibration`).
         calib_batches: number of calibration batches of ``batch_size`` training images.
         qat_epochs: QAT epochs after PTQ (0: none); ``train_lr``: the LR the float model was trained with
             (QAT starts at 1 % of it, the seed's recipe).
@@ -179,16 +181,19 @@ def _quantize(job: _Job) -> None:
 def _calibrate(job: _Job) -> None:
     import itertools
 
+    from qdq.workflow.diagnostics import calibration_report
     from qdq.workflow.post_training import ptq
 
     cfg = job.cfg
     calib = list(itertools.islice(iter(job.train_loader), cfg.calib_batches))
     if dist.is_distributed():  # each rank calibrates on its share; statistics are all-reduced
         calib = calib[dist.rank() :: dist.world_size()]
-    methods = CALIBRATION_METHODS if cfg.calib == "all" else (cfg.calib,)
+    methods = (*CALIBRATION_METHODS, AUTO) if cfg.calib == "all" else (cfg.calib,)
     result = ptq(job.model, calib, job.evaluate, methods, progress=job.progress)
     job.extras["ptq"] = result
     job.summary["ptq"] = result.to_dict()
+    job.extras["calibration"] = calibration_report(job.model)
+    job.summary["calibration"] = job.extras["calibration"].to_dict()
     job.summary["accuracy"]["PTQ " + result.best.label] = result.best.score
 
 
@@ -355,16 +360,19 @@ def _write_report(job: _Job) -> None:
     from qdq.app.report import ReportData, collect_histograms, write_report
 
     cfg = job.cfg
+    calibration = job.extras.get("calibration")
+    worst = [d.name for d in calibration.worst(4)] if calibration is not None else []
     data = ReportData(
         title=f"qdq: {cfg.model} on {cfg.data}, W{cfg.weight_bits}A{cfg.activation_bits}, target {cfg.target}",
         model=cfg.model,
         dataset=cfg.data,
         accuracy={k: v for k, v in job.summary["accuracy"].items() if v is not None},
         ptq=job.extras.get("ptq"),
+        calibration=calibration,
         qat=job.extras.get("qat"),
         sensitivity=job.extras.get("sensitivity"),
         latency=job.summary.get("latency", []),
-        histograms=collect_histograms(job.model, job.extras.get("ptq")),
+        histograms=collect_histograms(job.model, job.extras.get("ptq"), include=worst),
         notes=[str(_engine_note(r, e)) for r, e in job.summary.get("engines", {}).items()],
     )
     write_report(job.out, data)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from qdq.calib.registry import CALIBRATION_METHODS
+from qdq.errors import QdqConfigError
 from qdq.keras.calibration import collect_stats, forget_traced_functions, set_ranges
 from qdq.workflow.post_training import DEFAULT_PERCENTILES, MethodResult, PTQResult, method_grid
 
@@ -51,6 +52,9 @@ def ptq(
         A :class:`~qdq.workflow.post_training.PTQResult`; the model is left with the best method's ranges.
     """
     grid = method_grid(methods, percentiles)
+    if any(method == "auto" for method, _ in grid):
+        raise QdqConfigError("method 'auto' is not available for Keras models yet; use max, entropy, mse or "
+                             "percentile.")  # fmt: skip
     with bypassed(model):
         float_score = float(eval_fn(model))
     stats = collect_stats(model, calib_data, "histogram", num_batches=num_batches)

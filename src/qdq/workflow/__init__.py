@@ -9,6 +9,8 @@ name here refers to.
 module                      public names
 ==========================  ================================================================
 ``calibration``             ``calibrate``, ``collect_stats``, ``load_amax``, ``named_quantizers``
+``diagnostics``             ``calibration_report``, ``CalibrationReport`` (what each range clips; the warning)
+``auto_calibration``        ``select_amax``, ``AutoResult`` (``method="auto"``: a range per quantizer)
 ``post_training``           ``ptq``, ``PTQResult``, ``MethodResult``
 ``fine_tuning``             ``qat``, ``QATResult``
 ``sensitivity_analysis``    ``sensitivity``, ``keep_float``, ``SensitivityResult``
@@ -29,6 +31,10 @@ _LAZY = {
     "collect_stats": "qdq.workflow.calibration",
     "load_amax": "qdq.workflow.calibration",
     "named_quantizers": "qdq.workflow.calibration",
+    "calibration_report": "qdq.workflow.diagnostics",
+    "CalibrationReport": "qdq.workflow.diagnostics",
+    "select_amax": "qdq.workflow.auto_calibration",
+    "AutoResult": "qdq.workflow.auto_calibration",
     "ptq": "qdq.workflow.post_training",
     "PTQResult": "qdq.workflow.post_training",
     "MethodResult": "qdq.workflow.post_training",
@@ -40,7 +46,8 @@ _LAZY = {
     "verify": "qdq.workflow.verification",
     "VerifyResult": "qdq.workflow.verification",
 }
-_SUBMODULES = ("calibration", "distributed", "fine_tuning", "post_training", "sensitivity_analysis", "verification")
+_SUBMODULES = ("auto_calibration", "calibration", "diagnostics", "distributed", "fine_tuning", "post_training",
+               "sensitivity_analysis", "verification")  # fmt: skip
 
 __all__ = sorted(_LAZY)
 

@@ -32,7 +32,7 @@ from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.distributed import assert_same_across_ranks, collective, rank, unwrap, world_size
 
-__all__ = ["calibrate", "collect_stats", "default_forward", "load_amax", "named_quantizers"]
+__all__ = ["calibrate", "collect_stats", "default_forward", "load_amax", "method_label", "named_quantizers"]
 
 _log = logging.getLogger(__name__)
 
@@ -207,12 +207,19 @@ def _local_batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any
         return iter(())
 
 
+def method_label(method: str, options: dict[str, Any] | None = None) -> str:
+    """How reports name a method with its options: ``"entropy"``, ``"percentile 99.99"``."""
+    percentile = (options or {}).get("percentile")
+    return f"{method} {percentile}" if method == "percentile" and percentile is not None else method
+
+
 def load_amax(
     model: nn.Module,
     method: str = "max",
     *,
     weight_method: str | None = "max",
     strict: bool = True,
+    warn: bool = True,
     **method_options: Any,
 ) -> nn.Module:
     """Compute amax with ``method`` from the statistics :func:`collect_stats` left in every activation
@@ -224,6 +231,8 @@ def load_amax(
         weight_method: how weight quantizers get their range: ``"max"`` (per channel, the default),
             ``"percentile"``, ``"mse"``, or None to leave them as they are.
         strict: a quantizer that saw no data is an error (else a warning, and it stays dynamic).
+        warn: afterwards, warn (:class:`~qdq.errors.QdqCalibrationWarning`) naming the quantizers whose range
+            clips a large share of their activation's energy (:func:`qdq.calibration_report`).
         method_options: passed to ``compute_amax`` of the calibrators (``percentile``, ``start_bin``...).
 
     Raises:
@@ -233,7 +242,7 @@ def load_amax(
 
     Statistics are first synchronised across processes when ``torch.distributed`` is initialised, so every
     rank loads the same amax (a collective: every rank must call it; a quantizer that saw no data on any
-    rank raises on every rank).
+    rank raises on every rank). Each quantizer records the method in ``amax_method``.
     """
     check_method(method)
     quantizers = [(n, q) for n, q in named_quantizers(unwrap(model), weights=False) if q._calibrator is not None]
@@ -245,6 +254,7 @@ def load_amax(
                 calibrator.sync()
         try:
             quantizer.load_calib_amax(method=method, strict=True, **method_options)
+            quantizer.amax_method = method_label(method, method_options)
         except QdqCalibrationError as err:
             message = f"{name}: {err}"
             if strict:
@@ -254,6 +264,10 @@ def load_amax(
             raise QdqConfigError(f"{name}: {err}{_collect_hint(method)}") from err
     if weight_method is not None:
         calibrate_weights(unwrap(model), method=weight_method)
+    if warn:
+        from qdq.workflow.diagnostics import warn_clipping
+
+        warn_clipping(model, stacklevel=2)
     return model
 
 
@@ -282,10 +296,22 @@ def calibrate(
     others), whatever the descriptors' ``calib_method``; use :func:`collect_stats` and
     :func:`load_amax` to calibrate with the descriptors' own calibrators.
 
+    ``method="auto"`` chooses per activation quantizer, among the ranges of every method, the one with the
+    smallest error at the output of the layer it feeds (:func:`qdq.workflow.auto_calibration.select_amax`):
+    one more pass over ``data``, which must then be re-iterable (a list or a DataLoader, not an iterator).
+
+    Afterwards a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose range clips a large
+    share of their activation's energy (see :func:`qdq.calibration_report`).
+
     Example:
         >>> model = qdq.quantize_model(model)
         >>> qdq.calibrate(model, calib_loader, method="entropy", num_batches=8)
     """
+    if method == "auto":
+        from qdq.workflow.auto_calibration import calibrate_auto
+
+        return calibrate_auto(model, data, num_batches=num_batches, weight_method=weight_method,
+                              forward_fn=forward_fn, progress=progress, strict=strict)  # fmt: skip
     kind = statistics_calibrator(check_method(method))
     collect_stats(model, data, num_batches=num_batches, calibrator=kind, forward_fn=forward_fn, progress=progress)
     options = {"percentile": percentile} if method == "percentile" else {}

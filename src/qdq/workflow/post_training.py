@@ -1,7 +1,8 @@
 """Post-training quantization: one calibration pass, every method evaluated, the best one kept.
 
 The seed recipe (calibrate with max, entropy, mse and four percentiles; keep what evaluates best) needed
-one pass over the data per method. Here a single histogram pass serves all of them.
+one pass over the data per method. Here a single histogram pass serves all of them; ``"auto"`` (a range per
+quantizer by its layer's output error, :mod:`qdq.workflow.auto_calibration`) adds one more pass.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from torch import nn
 from qdq.calib.registry import CALIBRATION_METHODS, check_method
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
-from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, named_quantizers
+from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, method_label, named_quantizers
+from qdq.workflow.diagnostics import CalibrationReport, calibration_report, warn_clipping
 
 __all__ = [
     "DEFAULT_PERCENTILES",
@@ -39,18 +41,32 @@ DEFAULT_PERCENTILES = (99.9, 99.99, 99.999, 99.9999)
 
 @dataclass
 class MethodResult:
-    """Evaluation of one calibration method."""
+    """Evaluation of one calibration method.
+
+    Attributes:
+        method, options: the method and its options (``percentile``).
+        score: ``eval_fn``'s score with this method's ranges.
+        amax: every quantizer's range, by name.
+        diagnostics: what the activation ranges clip (:func:`qdq.calibration_report`).
+        quantizer_methods: activation quantizer name -> how its range was set (``"auto: mse"``...).
+    """
 
     method: str
     options: dict[str, Any]
     score: float
     amax: dict[str, torch.Tensor] = field(repr=False)
+    diagnostics: CalibrationReport | None = field(default=None, repr=False)
+    quantizer_methods: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     @property
     def label(self) -> str:
-        if self.method == "percentile":
-            return f"percentile {self.options['percentile']}"
-        return self.method
+        return method_label(self.method, self.options)
+
+    @property
+    def worst_clipping(self) -> str:
+        """The largest clipping error of any quantizer, and its name ("" without diagnostics)."""
+        worst = self.diagnostics.worst(1) if self.diagnostics is not None else []
+        return f"{100 * worst[0].clipping_error:.2f} % ({worst[0].name})" if worst else ""
 
 
 @dataclass
@@ -62,11 +78,12 @@ class PTQResult:
     best: MethodResult
 
     def table(self) -> str:
-        """Markdown table: method, score, difference to float."""
-        rows = [["float (no quantization)", f"{self.float_score:.2f}", ""]]
+        """Markdown table: method, score, difference to float, the largest clipping error of a quantizer."""
+        rows = [["float (no quantization)", f"{self.float_score:.2f}", "", ""]]
         rows += [[result.label + (" (best)" if result is self.best else ""), f"{result.score:.2f}",
-                  f"{result.score - self.float_score:+.2f}"] for result in self.results]  # fmt: skip
-        return markdown_table(["calibration", "score", "vs float"], rows)
+                  f"{result.score - self.float_score:+.2f}", result.worst_clipping]
+                 for result in self.results]  # fmt: skip
+        return markdown_table(["calibration", "score", "vs float", "largest clipping error"], rows)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,11 +98,15 @@ def snapshot_amax(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: q.amax.clone() for name, q in named_quantizers(model) if q.amax is not None}
 
 
-def restore_amax(model: nn.Module, amax: dict[str, torch.Tensor]) -> None:
-    """Put back the amax values taken by :func:`snapshot_amax`."""
+def restore_amax(
+    model: nn.Module, amax: dict[str, torch.Tensor], methods: dict[str, str | None] | None = None
+) -> None:
+    """Put back the amax values taken by :func:`snapshot_amax` (and the quantizers' ``amax_method``)."""
     modules = dict(model.named_modules())
     for name, value in amax.items():
         modules[name].amax = value
+    for name, method in (methods or {}).items():
+        modules[name].amax_method = method
 
 
 @contextlib.contextmanager
@@ -110,7 +131,7 @@ def method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tu
         if method == "percentile":
             grid += [("percentile", {"percentile": p}) for p in percentiles]
         else:
-            grid.append((check_method(method), {}))
+            grid.append((method if method == "auto" else check_method(method), {}))
     return grid
 
 
@@ -132,22 +153,51 @@ def ptq(
         model: a quantized model (:func:`qdq.quantize_model` and, if wanted, placement already applied).
         calib_data: calibration batches (see :func:`qdq.workflow.calibration.collect_stats`).
         eval_fn: ``eval_fn(model) -> score``, higher is better (e.g. top-1 accuracy in percent).
-        methods: calibration methods to try; ``"percentile"`` expands to each of ``percentiles``.
+        methods: calibration methods to try; ``"percentile"`` expands to each of ``percentiles``; ``"auto"``
+            (a range per quantizer, :func:`qdq.workflow.auto_calibration.select_amax`) passes over
+            ``calib_data`` once more, which must then be re-iterable (a list or a DataLoader).
 
     Returns:
-        A :class:`PTQResult`; the model is left with the best method's ranges loaded.
+        A :class:`PTQResult`; the model is left with the best method's ranges loaded. If they clip a large
+        share of some activation's energy, a :class:`~qdq.errors.QdqCalibrationWarning` says which.
     """
     grid = method_grid(methods, percentiles)
+    if any(method == "auto" for method, _ in grid):
+        from qdq.workflow.auto_calibration import check_reiterable
+
+        check_reiterable(calib_data)
     with disabled_quantizers(model):
         float_score = float(eval_fn(model))
     collect_stats(model, calib_data, num_batches=num_batches, calibrator="histogram",
                   forward_fn=forward_fn, progress=progress)  # fmt: skip
     results = []
     for method, options in grid:
-        load_amax(model, method, weight_method=weight_method, **options)
+        _load(model, method, options, calib_data, num_batches, weight_method, forward_fn, progress)
         score = float(eval_fn(model))
-        results.append(MethodResult(method, options, score, snapshot_amax(model)))
+        used = {name: q.amax_method for name, q in named_quantizers(model, weights=False)}
+        results.append(MethodResult(method, options, score, snapshot_amax(model), calibration_report(model), used))
         _log.info("PTQ %s: %.3f", results[-1].label, score)
     best = max(results, key=lambda r: r.score)  # first of equals: the grid's order breaks ties
-    restore_amax(model, best.amax)
+    restore_amax(model, best.amax, best.quantizer_methods)
+    warn_clipping(model, stacklevel=2)
     return PTQResult(float_score, results, best)
+
+
+def _load(
+    model: nn.Module,
+    method: str,
+    options: dict[str, Any],
+    calib_data: Iterable[Any],
+    num_batches: int | None,
+    weight_method: str,
+    forward_fn: ForwardFn | None,
+    progress: bool,
+) -> None:
+    """Load one method's ranges from the statistics collected (``auto`` runs its comparison pass)."""
+    if method == "auto":
+        from qdq.workflow.auto_calibration import select_amax
+
+        select_amax(model, calib_data, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
+                    progress=progress)  # fmt: skip
+    else:
+        load_amax(model, method, weight_method=weight_method, warn=False, **options)

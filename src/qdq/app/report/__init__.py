@@ -16,6 +16,9 @@ Files written into ``out_dir`` (each atomically: a temporary file in the same fo
 * ``latency.png``: median latency bars per runtime / batch / threads, one per variant (FP32, INT8...),
   the speed-up over FP32 written above each quantized bar;
 * ``hist_<quantizer>.png``: the activation histogram (log counts) with a vertical line per method's amax;
+* ``calibration_worst.png`` (with ``ReportData.calibration``, a :func:`qdq.calibration_report`): the quantizers
+  whose range clips the most, each histogram with every method's amax and the range kept; the report's
+  "Calibration diagnostics" section tables every quantizer (method, amax / max, what it clips, PASS/FAIL);
 * ``report.md`` and ``report.html`` (HTML5; plots referenced by **relative path**, so keep the folder
   together; every text escaped);
 * ``summary.json``: every number, stable keys (absent parts are ``null`` or empty), written last.

@@ -78,6 +78,7 @@ def section_blocks(data: ReportData, plots: Mapping[str, str], level: int) -> li
         blocks.append(BulletList([str(n) for n in data.notes]))
     blocks += _accuracy_blocks(data, plots, level)
     blocks += _ptq_blocks(data, level)
+    blocks += _calibration_blocks(data, plots, level)
     blocks += _qat_blocks(data, level)
     blocks += _sensitivity_blocks(data, plots, level)
     blocks += _latency_blocks(data, plots, level)
@@ -100,11 +101,26 @@ def _ptq_blocks(data: ReportData, level: int) -> list[Block]:
     ptq = data.ptq
     if ptq is None:
         return []
-    rows = [["float (no quantization)", _fmt(ptq.float_score), ""]]
-    rows += [[r.label + (" (best)" if r is ptq.best else ""), _fmt(r.score), _fmt(r.score - ptq.float_score, "+.2f")]
-             for r in ptq.results]  # fmt: skip
-    return [Heading(level, "Post-training quantization (calibration methods)"),
-            Table(["calibration", data.metric, "vs float"], rows)]  # fmt: skip
+    clipping = any(r.diagnostics is not None for r in ptq.results)  # the column only with diagnostics
+    rows = [["float (no quantization)", _fmt(ptq.float_score), "", *([""] if clipping else [])]]
+    rows += [[r.label + (" (best)" if r is ptq.best else ""), _fmt(r.score), _fmt(r.score - ptq.float_score, "+.2f"),
+              *([r.worst_clipping] if clipping else [])] for r in ptq.results]  # fmt: skip
+    headers = ["calibration", data.metric, "vs float", *(["largest clipping error"] if clipping else [])]
+    return [Heading(level, "Post-training quantization (calibration methods)"), Table(headers, rows)]
+
+
+def _calibration_blocks(data: ReportData, plots: Mapping[str, str], level: int) -> list[Block]:
+    report = data.calibration
+    if report is None or not report.quantizers:
+        return []
+    flagged = report.flagged()
+    methods = list(dict.fromkeys(d.method or "?" for d in report.quantizers))
+    text = (f"{len(report.quantizers)} activation quantizers, ranges set by {', '.join(methods)}; "
+            f"{len(flagged)} clip away {100 * report.limit:g} % or more of their activation's energy"
+            + (f": {', '.join(d.name for d in flagged)}." if flagged else "."))  # fmt: skip
+    caption = "the quantizers with the largest clipping error: histogram and ranges"
+    return [Heading(level, "Calibration diagnostics"), Paragraph(text), Table(list(report.headers), report.rows()),
+            Paragraph(report.legend), *_image(plots, "calibration", caption)]  # fmt: skip
 
 
 def _qat_blocks(data: ReportData, level: int) -> list[Block]:

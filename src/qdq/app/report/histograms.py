@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,14 +47,15 @@ def _merge_channels(counts: torch.Tensor, widths: torch.Tensor) -> tuple[np.ndar
 
 
 def collect_histograms(
-    model: nn.Module, ptq: PTQResult | None = None, *, max_layers: int | None = 8
+    model: nn.Module, ptq: PTQResult | None = None, *, max_layers: int | None = 8, include: Sequence[str] = ()
 ) -> dict[str, LayerHistogram]:
     """Activation histograms held by ``model``'s calibrators, with each PTQ method's amax.
 
     Call it after :func:`qdq.collect_stats` (or :func:`qdq.ptq`, which leaves the histograms in place)
     and before the calibrators are reset. Quantizers without a histogram are skipped. With more than
-    ``max_layers`` of them, evenly spaced ones are kept (first and last included). A per-channel amax
-    is shown as its largest channel.
+    ``max_layers`` of them, evenly spaced ones are kept (first and last included), plus those named in
+    ``include`` (e.g. the worst of :func:`qdq.calibration_report`). A per-channel amax is shown as its
+    largest channel.
     """
     from qdq.workflow.calibration import named_quantizers
 
@@ -63,6 +65,7 @@ def collect_histograms(
         if histogram is not None:
             found[name] = histogram
     names = _spread(list(found), max_layers)
+    names += [name for name in include if name in found and name not in names]
     return {name: LayerHistogram(*found[name], _method_amax(ptq, name)) for name in names}
 
 

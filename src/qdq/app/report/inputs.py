@@ -18,6 +18,7 @@ from qdq.errors import QdqConfigError
 
 if TYPE_CHECKING:
     from qdq.runtime.base import BenchmarkResult
+    from qdq.workflow.diagnostics import CalibrationReport
     from qdq.workflow.fine_tuning import QATResult
     from qdq.workflow.post_training import PTQResult
     from qdq.workflow.sensitivity_analysis import SensitivityResult
@@ -57,6 +58,8 @@ class ReportData:
         accuracy: configuration name -> score, e.g. ``{"FP32": 98.9, "PTQ entropy": 98.7, "ORT INT8": 98.7}``.
         float_score: the float reference; default ``ptq.float_score``, else ``accuracy["FP32"]``.
         ptq: the :func:`qdq.ptq` result.
+        calibration: :func:`qdq.calibration_report` of the ranges kept (what each quantizer's range clips, how
+            it was set); its worst quantizers are plotted from ``histograms``.
         qat: the :func:`qdq.qat` result, or a dict ``{"epochs": [{"epoch", "loss", "lr", "score"}...],
             "final_score": ...}``.
         sensitivity: the :func:`qdq.sensitivity` result.
@@ -77,6 +80,7 @@ class ReportData:
     accuracy: dict[str, float] = field(default_factory=dict)
     float_score: float | None = None
     ptq: PTQResult | None = None
+    calibration: CalibrationReport | None = None
     qat: QATResult | Mapping[str, Any] | None = None
     sensitivity: SensitivityResult | None = None
     latency: list[Mapping[str, Any] | BenchmarkResult] = field(default_factory=list)

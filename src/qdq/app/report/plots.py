@@ -20,6 +20,7 @@ from qdq.atomic import write_bytes_atomic
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from qdq.workflow.diagnostics import CalibrationReport
     from qdq.workflow.sensitivity_analysis import SensitivityResult
 
 __all__ = ["write_plots"]
@@ -160,21 +161,47 @@ def _display_bins(hist: LayerHistogram, max_bins: int = _DISPLAY_BINS) -> tuple[
 
 def _histogram_figure(name: str, hist: LayerHistogram) -> Figure:
     """Log-count histogram with a vertical line per method's amax (legend outside, on the right)."""
-    counts, edges = _display_bins(hist)
     figure = _new_figure(9.0, 3.8)
     ax = figure.add_subplot()
+    _draw_histogram(ax, hist)
+    ax.set_title(name, fontsize=10)
+    if hist.amax:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="amax by method", title_fontsize=7)
+    return figure
+
+
+def _draw_histogram(ax: Any, hist: LayerHistogram, extra: Sequence[float] = ()) -> None:
+    """The log-count histogram of ``hist`` and a line per method's amax, on ``ax``; the x axis also reaches
+    the values of ``extra``."""
+    reach = {**hist.amax, **{f"extra {i}": value for i, value in enumerate(extra)}}
+    counts, edges = _display_bins(LayerHistogram(hist.counts, hist.edges, reach))
     shown = np.where(counts > 0, counts, 0.5).astype(np.float64)
     ax.stairs(shown, edges, baseline=0.5, fill=True, color=_COLORS[0], alpha=0.45)
     ax.set_yscale("log")
     ax.set_ylim(0.5, max(float(shown.max()) * 3, 10.0))  # at least a decade: major tick labels only
     _amax_lines(ax, hist.amax)
-    ax.set_xlim(float(edges[0]), max([float(edges[-1]), *hist.amax.values()]) * 1.03)
+    ax.set_xlim(float(edges[0]), max([float(edges[-1]), *hist.amax.values(), *extra]) * 1.03)
     ax.set_xlabel("|activation|")
     ax.set_ylabel("count (log scale)")
-    ax.set_title(name, fontsize=10)
     ax.grid(alpha=0.25)
-    if hist.amax:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="amax by method", title_fontsize=7)
+
+
+def _calibration_figure(
+    report: CalibrationReport, hists: Mapping[str, LayerHistogram], count: int = 4
+) -> Figure | None:
+    """The ``count`` quantizers with the largest clipping error that have a histogram: each with every PTQ
+    method's range and the range kept (thick black line), titled with what it clips."""
+    worst = [d for d in report.worst() if d.name in hists][:count]
+    if not worst:
+        return None
+    figure = _new_figure(9.5, 2.7 * len(worst) + 0.4)
+    for ax, row in zip(figure.subplots(len(worst), 1, squeeze=False)[:, 0], worst):
+        _draw_histogram(ax, hists[row.name], [row.amax])
+        ax.axvline(row.amax, color="black", linewidth=2.5, label=f"kept ({row.method or '?'}): {row.amax:.4g}")
+        error = 100 * (row.clipping_error or 0.0)
+        values = 100 * (row.clipped_values or 0.0)
+        ax.set_title(f"{row.name}: clipping error {error:.2f} %, {values:.2f} % of the values above amax", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="amax", title_fontsize=7)
     return figure
 
 
@@ -213,6 +240,10 @@ def write_plots(out: Path, data: ReportData, prefix: str, dpi: int) -> dict[str,
     if latency:
         save("latency", f"{prefix}latency.png", _latency_figure(latency, f"{label}latency, FP32 vs INT8"))
     hists = histograms(data)
+    if data.calibration is not None:
+        figure = _calibration_figure(data.calibration, hists)
+        if figure is not None:
+            save("calibration", f"{prefix}calibration_worst.png", figure)
     slugs = unique_slugs(hists)
     for name, hist in hists.items():
         save(f"hist:{name}", f"{prefix}hist_{slugs[name]}.png", _histogram_figure(name, hist))

@@ -61,6 +61,7 @@ def model_summary(data: ReportData, plots: Mapping[str, str]) -> dict[str, Any]:
         "float_score": data.reference_score,
         "accuracy": accuracy_rows(data),
         "ptq": _ptq_summary(data.ptq),
+        "calibration": None if data.calibration is None else data.calibration.to_dict(),
         "qat": qat_dict(data.qat),
         "sensitivity": _sensitivity_summary(data.sensitivity),
         "latency": latency_rows(data.latency),
@@ -72,7 +73,8 @@ def model_summary(data: ReportData, plots: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _ptq_summary(ptq: PTQResult | None) -> dict[str, Any] | None:
-    """Scores per method and the per-tensor (scalar) amax of each method, by quantizer name."""
+    """Scores per method, the per-tensor (scalar) amax of each method by quantizer name, and the largest clipping
+    error of each method's ranges."""
     if ptq is None:
         return None
     return {
@@ -81,7 +83,14 @@ def _ptq_summary(ptq: PTQResult | None) -> dict[str, Any] | None:
         "options": {r.label: {"method": r.method, **r.options} for r in ptq.results},
         "best": ptq.best.label,
         "scalar_amax": {r.label: {n: float(a) for n, a in r.amax.items() if _one_value(a)} for r in ptq.results},
+        "largest_clipping_error": {r.label: _largest_clipping(r) for r in ptq.results},
     }
+
+
+def _largest_clipping(result: Any) -> float | None:
+    """The largest clipping error of a method's ranges (None without diagnostics, e.g. Keras PTQ)."""
+    worst = result.diagnostics.worst(1) if getattr(result, "diagnostics", None) is not None else []
+    return worst[0].clipping_error if worst else None
 
 
 def _one_value(amax: Any) -> bool:

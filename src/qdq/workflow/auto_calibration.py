@@ -1,0 +1,440 @@
+"""``method="auto"``: per activation quantizer, the candidate range whose quantized layer is closest to the float one.
+
+A global method can be right for most quantizers and destroy one (entropy cutting off the sparse tail that
+carries the signal). ``auto`` decides per quantizer, without labels:
+
+1. **Candidates**: the ranges every histogram method gives from the statistics already collected (max,
+   entropy, mse, percentiles 99.9 to 99.9999: :data:`CANDIDATES`); ranges within one quantization step of
+   each other quantize alike up to rounding and are merged.
+2. **Criterion**: the squared error, summed over the calibration batches, between the output of the layer
+   the quantizer feeds, quantized, and the same layer's float output. The layer is the model's real quantized
+   module: the Conv / Linear / MatMul / LSTM / pooling whose ``input_quantizer`` (or one of whose
+   ``input_quantizers``) it is, run with its weights quantized as they will be exported (per-channel ranges
+   of ``weight_method``) and the quantizer's own settings from the target's placement (unsigned, per
+   channel). Its inputs are the float model's activations (every other quantizer off), so each choice is
+   local and independent of the others; a layer with two quantized inputs (MatMul, LSTM) tunes each with
+   the other in float. The layer is found from what quantized modules declare
+   (:meth:`qdq.nn.base.QuantModule.quantizers`, each quantizer's ``role``), not from names.
+3. A quantizer that is not a module's input quantizer (a placement-added quantizer on an add's operand, a
+   concat's shared quantizer, an output or sigmoid quantizer) is measured at its own output: the operation
+   that follows (add, concat, a runtime's fused int8 kernel) passes the quantization error on unchanged, so
+   the error of the tensor itself is that of the operation's output. ``QuantAdd`` and ``QuantConcat`` own
+   their quantizers and give the same result through their forward.
+
+Cost: one more pass over the calibration batches (after the histogram pass) in which every quantized layer
+also runs once per candidate (at most :data:`CANDIDATES`' 7, usually 4 to 6 after merging), on the float
+activations of that pass; nothing is stored between batches. ``benchmarks/calibration.py`` measures it
+(RESULTS.md). Statistics and errors are summed across processes under ``torch.distributed``, so every rank
+chooses the same ranges. The pass reads no device value on the host per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from qdq.calib import distributed as calib_distributed
+from qdq.errors import QdqConfigError
+from qdq.markdown import markdown_table
+from qdq.nn.base import QuantModule
+from qdq.quantizer import TensorQuantizer
+from qdq.validate import check_range
+from qdq.workflow.calibration import (
+    ForwardFn,
+    _local_batches,
+    _progress,
+    collect_stats,
+    default_forward,
+    load_amax,
+    method_label,
+    named_quantizers,
+)
+from qdq.workflow.distributed import unwrap
+
+__all__ = ["AUTO", "CANDIDATES", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
+
+_log = logging.getLogger(__name__)
+
+#: the method name (``qdq.calibrate(model, data, method="auto")``, ``qdq quantize --calib auto``)
+AUTO = "auto"
+#: candidates whose output error is within this fraction of the smallest count as equally good; the largest
+#: of their ranges is chosen
+TOLERANCE = 0.0
+#: candidate ranges, as (method, options) of a histogram calibrator; the first of ranges within a quantization
+#: step of each other names them
+CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("max", {}),
+    ("mse", {}),
+    ("entropy", {}),
+    *(("percentile", {"percentile": p}) for p in (99.9999, 99.999, 99.99, 99.9)),
+)
+
+
+@dataclass
+class AmaxChoice:
+    """The range ``auto`` chose for one quantizer.
+
+    Attributes:
+        quantizer: the quantizer's module name.
+        layer: the module whose output was compared (the quantizer itself when it is not an input quantizer).
+        chosen: the label of the chosen candidate (``"mse"``, ``"percentile 99.99"``...).
+        amax: candidate label -> range (largest channel).
+        error: candidate label -> squared error of the layer's output over the batches, relative to the
+            float output's energy (``sum((y_q - y)**2) / sum(y**2)``).
+    """
+
+    quantizer: str
+    layer: str
+    chosen: str
+    amax: dict[str, float] = field(default_factory=dict)
+    error: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AutoResult:
+    """What ``auto`` chose, and what it cost.
+
+    Attributes:
+        choices: one :class:`AmaxChoice` per activation quantizer, in model order.
+        batches: calibration batches of the comparison pass.
+        layer_runs: quantized-layer evaluations of that pass (candidates x layers x batches).
+        seconds: wall time of the comparison pass (without the histogram pass).
+    """
+
+    choices: list[AmaxChoice]
+    batches: int
+    layer_runs: int
+    seconds: float
+
+    def counts(self) -> dict[str, int]:
+        """How many quantizers got each candidate."""
+        found: dict[str, int] = {}
+        for choice in self.choices:
+            found[choice.chosen] = found.get(choice.chosen, 0) + 1
+        return found
+
+    def table(self) -> str:
+        """Markdown table: quantizer, compared at, chosen range, and each candidate's relative output error."""
+        labels = list(dict.fromkeys(label for c in self.choices for label in c.error))
+        rows = [[c.quantizer, c.layer, c.chosen, f"{c.amax[c.chosen]:.4g}",
+                 *(_error(c.error.get(label)) for label in labels)] for c in self.choices]  # fmt: skip
+        return markdown_table(["quantizer", "compared at", "chosen", "amax", *labels], rows)
+
+
+def _error(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+def calibrate_auto(
+    model: nn.Module,
+    data: Iterable[Any],
+    *,
+    num_batches: int | None = None,
+    weight_method: str | None = "max",
+    forward_fn: ForwardFn | None = None,
+    progress: bool = True,
+    strict: bool = True,
+) -> nn.Module:
+    """``qdq.calibrate(model, data, method="auto")``: histogram statistics, then :func:`select_amax`, then the
+    clipping warning (:func:`qdq.workflow.diagnostics.warn_clipping`)."""
+    from qdq.workflow.diagnostics import warn_clipping
+
+    check_reiterable(data)
+    collect_stats(model, data, num_batches=num_batches, calibrator="histogram", forward_fn=forward_fn,
+                  progress=progress)  # fmt: skip
+    select_amax(model, data, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
+                progress=progress, strict=strict)  # fmt: skip
+    warn_clipping(model, stacklevel=3)
+    return model
+
+
+def check_reiterable(data: Iterable[Any]) -> None:
+    """Raise unless ``data`` can be iterated again (``auto`` passes over it twice)."""
+    if iter(data) is data:  # type: ignore[comparison-overlap]
+        raise QdqConfigError(
+            f"method 'auto' passes over the calibration data twice, but got a one-shot {type(data).__name__}; "
+            "pass a list of batches or a DataLoader."
+        )
+
+
+def select_amax(
+    model: nn.Module,
+    data: Iterable[Any],
+    *,
+    num_batches: int | None = None,
+    weight_method: str | None = "max",
+    forward_fn: ForwardFn | None = None,
+    candidates: Iterable[tuple[str, dict[str, Any]]] = CANDIDATES,
+    progress: bool = True,
+    strict: bool = True,
+) -> AutoResult:
+    """Choose each activation quantizer's range among ``candidates`` by the error of its layer's output.
+
+    Call it after :func:`qdq.collect_stats` with histogram statistics (``calibrator="histogram"``); see the
+    module docstring for the criterion. Each quantizer gets the candidate with the smallest error (the larger
+    range among equals) and records it as ``amax_method = "auto: <candidate>"``.
+
+    Args:
+        model: the quantized model, statistics collected.
+        data: calibration batches (the ones the statistics came from), fed with ``forward_fn``.
+        num_batches: use only the first batches of ``data``.
+        weight_method: how weight quantizers get their range first (:func:`qdq.load_amax`); None keeps them.
+        candidates: (method, options) pairs of the calibrators' ``compute_amax``.
+        progress: show a progress bar.
+        strict: a quantizer that saw no data is an error (else it stays dynamic, with a warning).
+
+    Returns:
+        An :class:`AutoResult`; the model is left with the chosen ranges.
+    """
+    started = time.perf_counter()
+    module = unwrap(model)
+    load_amax(model, "max", weight_method=weight_method, strict=strict, warn=False)  # also syncs the statistics
+    options = _candidates(module, list(candidates))
+    layers = _layers(module, list(options))
+    errors = _compare(model, module, data, layers, options, num_batches, forward_fn or default_forward, progress)
+    choices = _choose(module, layers, options, errors)
+    result = AutoResult(choices, errors.batches, errors.layer_runs, time.perf_counter() - started)
+    _log.info("auto calibration: %s in %.2f s", result.counts(), result.seconds)
+    return result
+
+
+# -- candidates ---------------------------------------------------------------------------------------
+
+
+def _candidates(model: nn.Module, grid: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, torch.Tensor]]:
+    """Quantizer name -> {label: range}, for every quantizer with a loaded range. A range within one quantization
+    step of an earlier candidate (in every channel) is left out: the two quantize alike up to rounding."""
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    for name, quantizer in named_quantizers(model, weights=False):
+        calibrator = quantizer._calibrator
+        if calibrator is None or quantizer.amax is None or quantizer.learn_amax:  # a learned range is QAT's
+            continue
+        ranges: dict[str, torch.Tensor] = {}
+        for method, opts in grid:
+            if method not in getattr(calibrator, "methods", ("max",)):
+                continue
+            value = check_range("amax", calibrator.compute_amax(method, **opts), quantizer.amax.device)
+            if not any(_within_a_step(value, seen, quantizer.maxbound) for seen in ranges.values()):
+                ranges[method_label(method, opts)] = value
+        found[name] = ranges
+    return found
+
+
+def _within_a_step(a: torch.Tensor, b: torch.Tensor, max_bound: int) -> bool:
+    return bool(((a - b).abs() * max_bound <= torch.maximum(a, b)).all())
+
+
+# -- which layer each quantizer feeds -----------------------------------------------------------------
+
+
+@dataclass
+class _Layer:
+    """A module whose output is compared, with the quantizers tuned there and the weight quantizers it runs."""
+
+    name: str
+    module: nn.Module
+    tuned: list[tuple[str, TensorQuantizer]]
+    weights: list[TensorQuantizer]
+
+
+def _owner(modules: dict[str, nn.Module], name: str, quantizer: TensorQuantizer) -> str | None:
+    """Name of the nearest enclosing quantized module (:class:`~qdq.nn.base.QuantModule`) that lists
+    ``quantizer`` among its :meth:`~qdq.nn.base.QuantModule.quantizers`, if any."""
+    parts = name.split(".")
+    for cut in range(1, len(parts)):
+        parent = ".".join(parts[:-cut])
+        module = modules.get(parent)
+        if isinstance(module, QuantModule):
+            return parent if any(q is quantizer for q in module.quantizers().values()) else None
+    return None
+
+
+def _layers(model: nn.Module, names: list[str]) -> list[_Layer]:
+    modules = dict(model.named_modules())
+    layers: dict[str, _Layer] = {}
+    for name in names:
+        quantizer = modules[name]
+        owner = _owner(modules, name, quantizer)  # type: ignore[arg-type]
+        layer_name = name if owner is None else owner
+        if layer_name not in layers:
+            module = modules[layer_name]
+            weights = [] if owner is None else [
+                q for q in module.quantizers().values() if q.is_weight and q.is_enabled and q.quant_enabled
+            ]  # fmt: skip
+            layers[layer_name] = _Layer(layer_name, module, [], weights)
+        layers[layer_name].tuned.append((name, quantizer))  # type: ignore[arg-type]
+    return list(layers.values())
+
+
+# -- the comparison pass ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Errors:
+    """Per quantizer: squared output error per candidate and the float output's energy (device tensors)."""
+
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    energy: dict[str, torch.Tensor] = field(default_factory=dict)
+    batches: int = 0
+    layer_runs: int = 0
+    busy: bool = False  # a layer is being re-run: hooks of modules inside it stay out
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The floating-point tensors in a module's output (a tensor, or nested tuples / lists / dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _squared_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``sum(t**2)`` over the tensors, as a float64 scalar (each tensor summed in its own precision: torch's
+    pairwise summation keeps float32 sums of millions of terms within about 1e-6)."""
+    return sum((t.float().square().sum().double() for t in tensors), torch.zeros((), dtype=torch.float64))
+
+
+def _squared_error(output: Any, reference: list[torch.Tensor]) -> torch.Tensor:
+    return _squared_sum(torch.sub(g, r) for g, r in zip(_tensors(output), reference))
+
+
+@contextlib.contextmanager
+def _float_mode(model: nn.Module) -> Iterator[list[tuple[TensorQuantizer, bool]]]:
+    """Every quantizer off (no quantization, no statistics), eval mode; yields the saved quant modes."""
+    everything = [q for _, q in named_quantizers(model)]
+    saved = [(q, q.quant_enabled, q.calib_enabled) for q in everything]
+    was_training = model.training
+    try:
+        for quantizer in everything:
+            quantizer.disable_quant()
+            quantizer.disable_calib()
+        model.eval()
+        yield [(q, quant) for q, quant, _ in saved]
+    finally:
+        for quantizer, quant, calib in saved:
+            (quantizer.enable_quant if quant else quantizer.disable_quant)()
+            (quantizer.enable_calib if calib else quantizer.disable_calib)()
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _quantizing(quantizer: TensorQuantizer, amax: torch.Tensor, weights: list[TensorQuantizer]) -> Iterator[None]:
+    """``quantizer`` quantizes with range ``amax`` (set without the checks of the ``amax`` setter, which read
+    the device: the candidates were checked once), and so do the layer's weight quantizers."""
+    stored = quantizer._amax
+    try:
+        quantizer._amax = amax
+        for q in (quantizer, *weights):
+            q.enable_quant()
+        yield
+    finally:
+        quantizer._amax = stored
+        for q in (quantizer, *weights):
+            q.disable_quant()
+
+
+def _compare(
+    model: nn.Module,
+    module: nn.Module,
+    data: Iterable[Any],
+    layers: list[_Layer],
+    options: dict[str, dict[str, torch.Tensor]],
+    num_batches: int | None,
+    forward: ForwardFn,
+    progress: bool,
+) -> _Errors:
+    errors = _Errors()
+    for layer in layers:
+        for name, quantizer in layer.tuned:
+            device = quantizer.amax.device  # type: ignore[union-attr]
+            errors.sums[name] = torch.zeros(len(options[name]), dtype=torch.float64, device=device)
+            errors.energy[name] = torch.zeros((), dtype=torch.float64, device=device)
+
+    def hook(layer: _Layer) -> Any:
+        def compare(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if errors.busy:
+                return
+            reference = [t.detach() for t in _tensors(output)]
+            energy = _squared_sum(reference)
+            for name, quantizer in layer.tuned:
+                errors.energy[name] += energy.to(errors.energy[name].device)
+                ranges = options[name]
+                if len(ranges) < 2:
+                    continue
+                for k, amax in enumerate(ranges.values()):
+                    errors.busy = True
+                    try:
+                        with _quantizing(quantizer, amax, layer.weights):
+                            errors.sums[name][k] += _squared_error(mod.forward(*args, **kwargs), reference)
+                    finally:
+                        errors.busy = False
+                    errors.layer_runs += 1
+
+        return compare
+
+    handles = [layer.module.register_forward_hook(hook(layer), with_kwargs=True) for layer in layers]
+    total = len(data) if num_batches is None and hasattr(data, "__len__") else num_batches  # type: ignore[arg-type]
+    try:
+        with _float_mode(module), torch.no_grad():
+            for batch in _progress(_local_batches(data, num_batches), total, progress, "auto: comparing ranges"):
+                forward(model, batch)
+                errors.batches += 1
+    finally:
+        for handle in handles:
+            handle.remove()
+    if calib_distributed.is_initialized():
+        _all_reduce(errors)
+    return errors
+
+
+def _all_reduce(errors: _Errors) -> None:
+    """Sum every quantizer's errors and energy over the ranks, in one collective."""
+    from qdq.workflow.distributed import collective
+
+    names = sorted(errors.sums)
+    flat = torch.cat([torch.cat([errors.sums[n].cpu(), errors.energy[n].cpu().reshape(1)]) for n in names])
+    with collective("summing the output errors of the auto calibration"):
+        flat = calib_distributed.all_reduce(flat, "sum")
+    start = 0
+    for name in names:
+        size = errors.sums[name].numel()
+        errors.sums[name] = flat[start : start + size].to(errors.sums[name].device)
+        errors.energy[name] = flat[start + size].to(errors.energy[name].device)
+        start += size + 1
+
+
+# -- the choice ---------------------------------------------------------------------------------------
+
+
+def _choose(
+    model: nn.Module, layers: list[_Layer], options: dict[str, dict[str, torch.Tensor]], errors: _Errors
+) -> list[AmaxChoice]:
+    layer_of = {name: layer.name for layer in layers for name, _ in layer.tuned}
+    modules = dict(model.named_modules())
+    choices = []
+    for name in options:
+        ranges = options[name]
+        labels = list(ranges)
+        sums = errors.sums[name].cpu().tolist()
+        energy = float(errors.energy[name])
+        largest = [float(ranges[label].max()) for label in labels]
+        # the largest range among those within TOLERANCE of the smallest error (it also covers data calibration
+        # did not see; errors that close are calibration-sample noise)
+        bound = min(sums) * (1 + TOLERANCE)
+        best = max((k for k in range(len(labels)) if sums[k] <= bound), key=lambda k: largest[k])
+        quantizer = modules[name]
+        quantizer.amax = ranges[labels[best]]
+        quantizer.amax_method = f"{AUTO}: {labels[best]}"
+        relative = dict(zip(labels, (s / energy if energy > 0 else 0.0 for s in sums))) if len(labels) > 1 else {}
+        choices.append(AmaxChoice(name, layer_of[name], labels[best], dict(zip(labels, largest)), relative))
+    return choices

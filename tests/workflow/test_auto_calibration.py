@@ -1,0 +1,259 @@
+"""method="auto": each quantizer's range by its layer's output error, against a numpy oracle of that error."""
+
+import warnings
+from copy import deepcopy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.profiler import profile
+
+import qdq
+from detector_sample import detector_values, tail_signal_data
+from qdq.calib import HistogramCalibrator
+from qdq.errors import QdqCalibrationWarning, QdqConfigError
+from qdq.nn import QuantAdd, QuantConcat, QuantLinear, QuantMatMul
+from qdq.nn.base import QuantModule
+from qdq.quantizer import TensorQuantizer
+from qdq.workflow.auto_calibration import CANDIDATES, select_amax
+from qdq.workflow.calibration import calibrate, collect_stats, method_label, named_quantizers
+from qdq.workflow.diagnostics import calibration_report
+from qdq.workflow.post_training import disabled_quantizers, ptq
+from reference import fake_quant_np
+
+
+class Head(nn.Module):
+    """The detector's last layer: a 1x1 convolution 16 -> 2 on a post-ReLU activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 2, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def _detector_batches(batches=4, seed=0):
+    values = torch.from_numpy(detector_values(batches * 8 * 16 * 64, seed=seed))
+    return list(values.reshape(batches, 8, 16, 8, 8))
+
+
+def _candidate_ranges(values: np.ndarray) -> dict[str, float]:
+    """Each candidate's range from a fresh histogram of the values (the statistics auto starts from)."""
+    cal = HistogramCalibrator()
+    cal.collect(torch.from_numpy(values))
+    return {method_label(m, o): float(cal.compute_amax(m, **o)) for m, o in CANDIDATES}
+
+
+def test_auto_keeps_the_detector_tail_and_matches_a_numpy_oracle():
+    """On the shipped detector activation (entropy 0.165 against a max of 2.1), auto picks the candidate whose
+    quantized 1x1 conv output (weights per-channel max, as exported) is closest to the float output, computed
+    here in float64 numpy; it keeps the tail (>= 90 % of the max)."""
+    torch.manual_seed(3)
+    model = qdq.quantize_model(Head())
+    batches = _detector_batches()
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    result = select_amax(model, batches, progress=False)
+    choice = result.choices[0]
+    assert choice.quantizer == "conv._input_quantizer" and choice.layer == "conv"
+
+    x = np.stack([b.numpy() for b in batches]).astype(np.float64)  # (B, N, C, H, W)
+    w = model.conv.weight.detach().numpy()[:, :, 0, 0]
+    w_q = fake_quant_np(w, np.abs(w).max(axis=1, keepdims=True)).astype(np.float64)
+    bias = model.conv.bias.detach().numpy().astype(np.float64)[None, :, None, None]
+    ref = np.einsum("oc,bnchw->bnohw", w.astype(np.float64), x) + bias
+    ranges = _candidate_ranges(np.stack([b.numpy() for b in batches]).reshape(-1))
+    oracle = {}
+    for label, amax in ranges.items():
+        x_q = fake_quant_np(x.astype(np.float32), np.float32(amax)).astype(np.float64)
+        out = np.einsum("oc,bnchw->bnohw", w_q, x_q) + bias
+        oracle[label] = ((out - ref) ** 2).sum() / (ref**2).sum()
+    assert set(choice.error) <= set(oracle)
+    for label, error in choice.error.items():
+        assert error == pytest.approx(oracle[label], rel=2e-3), label
+    best = min(oracle, key=oracle.get)
+    assert oracle[choice.chosen] <= oracle[best] * 1.001
+    data_max = ranges["max"]
+    assert choice.amax[choice.chosen] >= 0.9 * data_max
+    assert choice.error["entropy"] > 100 * choice.error[choice.chosen]  # entropy's cut destroys the output
+    assert model.conv.input_quantizer.amax_method == f"auto: {choice.chosen}"
+    assert float(model.conv.input_quantizer.amax) == pytest.approx(choice.amax[choice.chosen])
+
+
+class Mixed(nn.Module):
+    """Each kind of quantizer owner: a Linear, an add, a matmul (two quantized inputs), a concat, a standalone
+    quantizer (as placement adds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = QuantLinear(8, 8)
+        self.add = QuantAdd()
+        self.matmul = QuantMatMul()
+        self.cat = QuantConcat(dim=1)
+        self.out_quantizer = TensorQuantizer()
+
+    def forward(self, x):
+        y = torch.relu(self.fc(x))
+        z = self.add(y, x)
+        m = self.matmul(z, z.transpose(0, 1))
+        return self.out_quantizer(self.cat([m, z]))
+
+
+def _heavy_batches(n=3, rows=16):
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randn(rows, 8, generator=gen) * torch.rand(rows, 8, generator=gen).pow(6) * 4 for _ in range(n)]
+
+
+def test_each_quantizer_is_compared_at_the_module_that_owns_it():
+    model = Mixed()
+    batches = _heavy_batches()
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    result = select_amax(model, batches, progress=False)
+    layers = {c.quantizer: c.layer for c in result.choices}
+    assert layers == {
+        "fc._input_quantizer": "fc",
+        "add.input_quantizers.0": "add",
+        "add.input_quantizers.1": "add",
+        "matmul.input_quantizers.0": "matmul",
+        "matmul.input_quantizers.1": "matmul",
+        "cat.input_quantizer": "cat",
+        "out_quantizer": "out_quantizer",
+    }
+    assert result.batches == 3
+    assert result.layer_runs == 3 * sum(len(c.error) for c in result.choices)
+    for choice in result.choices:  # one candidate left after merging: nothing to compare
+        assert not choice.error or choice.error[choice.chosen] == min(choice.error.values())
+    assert "compared at" in result.table() and sum(result.counts().values()) == 7
+
+
+def test_an_add_operand_is_measured_by_its_own_error():
+    """The add passes its operand's quantization error on unchanged: the error at the add's output is the
+    operand's own error, relative to the float sum."""
+    model = Mixed()
+    batches = _heavy_batches()
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    result = select_amax(model, batches, progress=False)
+    choice = next(c for c in result.choices if c.quantizer == "add.input_quantizers.1")
+    x = np.concatenate([b.numpy() for b in batches])
+    with disabled_quantizers(model), torch.no_grad():
+        total = np.concatenate([(torch.relu(model.fc(b)) + b).numpy() for b in batches]).astype(np.float64)
+    for label, amax in _candidate_ranges(x.reshape(-1)).items():
+        if label in choice.error:
+            error = ((fake_quant_np(x, np.float32(amax)).astype(np.float64) - x) ** 2).sum() / (total**2).sum()
+            assert choice.error[label] == pytest.approx(error, rel=1e-4), label
+
+
+def test_weights_are_quantized_as_exported():
+    """A 4-bit per-channel weight quantizer: the errors include its effect (the float output is the reference)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(QuantLinear(8, 4, quant_desc_weight=qdq.QuantDescriptor(num_bits=4, axis=0)))
+    batches = _heavy_batches(2, rows=1024)
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    result = select_amax(model, batches, progress=False)
+    w = model[0].weight.detach().numpy()
+    w_q = fake_quant_np(w, np.abs(w).max(axis=1, keepdims=True), num_bits=4).astype(np.float64)
+    x = np.concatenate([b.numpy() for b in batches])
+    bias = model[0].bias.detach().numpy().astype(np.float64)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    choice = result.choices[0]
+    assert len(choice.error) > 1
+    for label, error in choice.error.items():
+        out = fake_quant_np(x, np.float32(choice.amax[label])).astype(np.float64) @ w_q.T + bias
+        assert error == pytest.approx(((out - ref) ** 2).sum() / (ref**2).sum(), rel=1e-3), label
+
+
+def _group_head(features=64, groups=4):
+    """A head that tells which group of a sparse post-ReLU activation holds the largest value (group sums)."""
+    head = nn.Linear(features, groups, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.repeat_interleave(torch.eye(groups), features // groups, dim=1))
+    return nn.Sequential(nn.ReLU(), head)
+
+
+def test_a_sparse_tail_that_carries_the_signal_entropy_collapses_auto_does_not():
+    """Agreement with the float head's decisions (benchmarks/calibration_quality.py trains such a head)."""
+    calib = [tail_signal_data(64, seed)[0] for seed in range(4)]
+    x, _ = tail_signal_data(2000, 10)
+    labels = _group_head()(x).argmax(1)
+    accuracy = {}
+    for method in ("entropy", "auto"):
+        model = qdq.quantize_model(_group_head(), qdq.QuantConfig(quant_desc_weight=qdq.QuantDescriptor(axis=0)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            calibrate(model, calib, method=method, progress=False)
+        accuracy[method] = float((model(x).argmax(1) == labels).float().mean())
+        flagged = [w for w in caught if issubclass(w.category, QdqCalibrationWarning)]
+        assert bool(flagged) == (method == "entropy")
+    assert accuracy["entropy"] < 0.5 and accuracy["auto"] >= 0.99
+
+
+def test_auto_needs_data_it_can_read_twice_and_says_so_first():
+    model = qdq.quantize_model(Head())
+    with pytest.raises(QdqConfigError, match=r"twice.*list of batches or a DataLoader"):
+        calibrate(model, iter(_detector_batches(2)), method="auto", progress=False)
+    assert all(q._calibrator is None for _, q in named_quantizers(model))  # nothing ran
+    with pytest.raises(QdqConfigError, match="twice"):
+        ptq(model, (b for b in _detector_batches(2)), lambda m: 0.0, ("max", "auto"), progress=False)
+
+
+def test_ptq_with_auto_records_and_restores_each_quantizers_method():
+    torch.manual_seed(0)
+    model = qdq.quantize_model(Head())
+    batches = _detector_batches(2)
+    scores = iter([50.0, 10.0, 20.0, 15.0])  # float, max, auto, entropy: auto is kept
+    result = ptq(model, batches, lambda m: next(scores), ("max", "auto", "entropy"), progress=False)
+    assert result.best.label == "auto"
+    methods = {d.name: d.method for d in calibration_report(model).quantizers}
+    assert methods == result.best.quantizer_methods and methods["conv._input_quantizer"].startswith("auto: ")
+    assert "largest clipping error" in result.table()
+    entropy = next(r for r in result.results if r.label == "entropy")
+    assert entropy.diagnostics.flagged()[0].name == "conv._input_quantizer"
+
+
+def test_the_comparison_pass_reads_nothing_from_the_device_per_batch():
+    """Host reads (``.item()``, ``bool(tensor)``) are counted with the profiler: as many for 6 batches as for 2."""
+    syncs = ("aten::item", "aten::_local_scalar_dense", "aten::is_nonzero")
+    torch.manual_seed(0)
+    model, data = Mixed(), _heavy_batches(6)
+    collect_stats(model, data, calibrator="histogram", progress=False)
+    counts = []
+    for batches in (2, 6):
+        copy = deepcopy(model)
+        with profile() as prof:
+            select_amax(copy, data, num_batches=batches, progress=False)
+        names = [e.name for e in prof.events()]
+        counts.append(sum(names.count(s) for s in syncs))
+    assert counts[0] == counts[1]
+
+
+class Nested(QuantModule, nn.Module):
+    """A quantized module whose forward runs another quantized module (with its own hooks) after its input
+    quantizer."""
+
+    def __init__(self):
+        super().__init__()
+        self.input_quantizer = TensorQuantizer(role="input")
+        self.fc = QuantLinear(8, 8)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.input_quantizer(x)) * 3)
+
+
+def test_re_running_a_layer_does_not_feed_the_layers_inside_it():
+    """``fc`` is compared on the float model's activations only, not again while ``Nested`` re-runs with a
+    quantized input: its errors equal those of the same layer calibrated alone on ``relu(x) * 3``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Nested())
+    batches = _heavy_batches(2, rows=256)
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    choices = {c.quantizer: c for c in select_amax(model, batches, progress=False).choices}
+    assert choices["0.input_quantizer"].layer == "0" and choices["0.fc._input_quantizer"].layer == "0.fc"
+    alone = nn.Sequential(deepcopy(model[0].fc))
+    inner = [torch.relu(b) * 3 for b in batches]
+    collect_stats(alone, inner, calibrator="histogram", progress=False)
+    (want,) = select_amax(alone, inner, progress=False).choices
+    got = choices["0.fc._input_quantizer"]
+    assert got.error and got.error.keys() == want.error.keys()
+    for label, error in want.error.items():
+        assert got.error[label] == pytest.approx(error, rel=1e-6), label
