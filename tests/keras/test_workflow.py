@@ -92,6 +92,8 @@ def test_ptq_tries_every_method_from_one_pass_and_keeps_the_best(cnn):
     assert accuracy(qmodel, x, y) == result.best.score  # the best ranges are the ones left loaded
     stats = qk.collect_stats(qmodel, [x[:32], x[32:]], "histogram")
     assert stats.ranges(result.best.method, **result.best.options) == result.best.amax
+    with pytest.raises(QdqConfigError, match="'auto' is not available for Keras"):  # PyTorch only, said first
+        qk.ptq(qmodel, [x[:32]], evaluate, ("max", "auto"))
 
 
 def test_ptq_ranges_are_those_of_qdq_calib_on_the_same_values(cnn):
