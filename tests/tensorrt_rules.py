@@ -2,7 +2,7 @@
 
 :func:`checked_finish_onnx` wraps :func:`qdq.export.onnx_export.finish_onnx` (the common end of every qdq
 export, PyTorch and Keras): after the file is written, a ``"tensorrt"`` export goes through
-:func:`qdq.export.trt_check.check_tensorrt` and the test fails on any violation. A test that exports a graph
+:func:`qdq.targets.tensorrt.check.check_tensorrt` and the test fails on any violation. A test that exports a graph
 TensorRT cannot take on purpose names the rules it breaks with
 ``@pytest.mark.trt_rules_exempt("rule", ..., reason="...")``; any other broken rule still fails it.
 """
@@ -22,7 +22,7 @@ def checked_finish_onnx(finish: Callable[..., Any], exempt: Iterable[str]) -> Ca
 
     @functools.wraps(finish)
     def finish_and_check(proto: Any, path: Any, target: Any, **kwargs: Any) -> Any:
-        from qdq.export.trt_check import check_tensorrt
+        from qdq.targets.tensorrt.check import check_tensorrt
 
         written = finish(proto, path, target, **kwargs)
         if getattr(target, "name", None) == "tensorrt":

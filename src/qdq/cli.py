@@ -335,7 +335,7 @@ def run_check(args: argparse.Namespace) -> int:
     import json
 
     from qdq.errors import did_you_mean
-    from qdq.export.trt_check import check_tensorrt
+    from qdq.targets.tensorrt.check import check_tensorrt
 
     if args.target not in _CHECK_TARGETS:
         hint = did_you_mean(args.target, _CHECK_TARGETS)

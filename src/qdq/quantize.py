@@ -18,12 +18,15 @@ use the returned model (it lacks the quantizers placement added). The returned m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from torch import nn
 
 from qdq.descriptor import QuantDescriptor
-from qdq.errors import QdqTypeError
+from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.placement import apply_placement
 from qdq.replace import ModuleFilter, Pattern, replace_modules
 from qdq.targets import Target, check_not_superseded, resolve_target
@@ -50,6 +53,11 @@ class QuantConfig:
             :class:`~qdq.targets.Target` also places Q/DQ
             for that runtime after the module swap (residual adds, concats, and for ONNX Runtime conv
             outputs; see :mod:`qdq.placement`). None (default) swaps modules only.
+        target_options: the target's export options the model is made for, remembered by the model
+            (:func:`qdq.export.export_onnx` uses them unless its call overrides them). ``"tensorrt"``:
+            ``{"float": "float16"}`` for TensorRT 11 files whose float part computes in FP16; the quantizers
+            then use float16 steps (:attr:`~qdq.quantizer.TensorQuantizer.step_type`), so the model quantizes
+            exactly like the file. ``"onnxruntime"``: ``{"weights": "uint8"}``. Needs ``target``.
     """
 
     quant_desc_input: QuantDescriptor | None = None
@@ -59,6 +67,7 @@ class QuantConfig:
     include_types: tuple[type, ...] = ()
     exclude_types: tuple[type, ...] = field(default=())
     target: str | Target | None = None
+    target_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         selection = self.module_filter  # normalizes and checks the patterns
@@ -70,6 +79,13 @@ class QuantConfig:
                 raise QdqTypeError(f"{desc_name} must be a QuantDescriptor or None, got {type(desc).__name__}.")
         if self.target is not None:
             resolve_target(self.target)  # unknown names raise, listing the registered targets
+        if self.target_options:
+            if self.target is None:
+                raise QdqConfigError("target_options need a target: QuantConfig(target=..., target_options=...).")
+            target = resolve_target(self.target)
+            target.check_options(self.target_options)
+            target.step_float_type(self.target_options)  # an unknown float type raises here, not at placement
+            object.__setattr__(self, "target_options", MappingProxyType(dict(self.target_options)))
 
     @property
     def module_filter(self) -> ModuleFilter:
@@ -110,4 +126,5 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
     quantized = replace_modules(model, config.module_filter, config.quant_desc_input, config.quant_desc_weight)
     if config.target is None:
         return quantized
-    return apply_placement(quantized, target=resolve_target(config.target), quant_desc=config.quant_desc_input)
+    return apply_placement(quantized, target=resolve_target(config.target), quant_desc=config.quant_desc_input,
+                           target_options=config.target_options)  # fmt: skip

@@ -22,6 +22,14 @@ without graph breaks. Ranges are validated where they are set or loaded instead.
 
 Read-only views for export and tooling: :meth:`effective_amax` (the range forward uses),
 :meth:`step` (ONNX's scale), :attr:`quant_bounds`, :attr:`is_quantizing` and the descriptor fields.
+
+Step type: a file whose float part computes in float16 (TensorRT 11, ``target_options={"float": "float16"}``)
+has float16 steps. A quantizer whose :attr:`step_type` is ``"float16"`` (or ``"bfloat16"``; placement sets it
+from the target's options) uses only ranges whose step is a number of that type
+(:func:`qdq.tensor_quant.low_precision_amax`): a stored range is rounded once when it is set (calibration,
+``amax = ...``, ``load_state_dict``, or setting the step type), a learned, scaled or dynamic range on every
+use. So the model quantizes exactly as the low-precision file does, and ``amax`` reads back the rounded value
+(within 2**-11 of what was set).
 """
 
 from __future__ import annotations
@@ -42,10 +50,12 @@ from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.utils.reduce_amax import amax_over
 from qdq.validate import check_range
 
-__all__ = ["ROLES", "TensorQuantizer"]
+__all__ = ["ROLES", "STEP_TYPES", "TensorQuantizer"]
 
 #: What a quantizer can be for (:attr:`TensorQuantizer.role`).
 ROLES = ("input", "weight", "output")
+#: The types a quantizer's steps can be numbers of (:attr:`TensorQuantizer.step_type`).
+STEP_TYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 _log = logging.getLogger(__name__)
 _BUFFERS = ("_amax", "_pre_quant_scale")
@@ -126,6 +136,31 @@ class TensorQuantizer(nn.Module):
         if value is not None and value not in ROLES:
             raise QdqConfigError(f"a quantizer's role is one of {ROLES} or None, got {value!r}.")
         self._role = value
+
+    @property
+    def step_type(self) -> str:
+        """The type its steps are numbers of: ``"float32"`` (default), ``"float16"`` or ``"bfloat16"``.
+
+        Setting it rounds the stored range to that type's grid of steps (see the module doc); placement sets it
+        for a target whose export writes low-precision steps (``QuantConfig(target="tensorrt",
+        target_options={"float": "float16"})``).
+        """
+        dtype = self.__dict__.get("_step_dtype")  # a quantizer pickled before step types existed has none
+        return next(name for name, value in STEP_TYPES.items() if value == dtype)
+
+    @step_type.setter
+    def step_type(self, value: str) -> None:
+        if value not in STEP_TYPES:
+            raise QdqConfigError(f"a quantizer's step_type is one of {list(STEP_TYPES)}, got {value!r}.")
+        self._step_dtype = STEP_TYPES[value]
+        self._amax = self._low_precision(self._amax)
+
+    def _low_precision(self, amax: torch.Tensor) -> torch.Tensor:
+        """``amax`` rounded to a range whose step is a number of the step type (unchanged for float32)."""
+        dtype = self.__dict__.get("_step_dtype")
+        if dtype is None or amax.numel() == 0:
+            return amax
+        return tq.low_precision_amax(amax, dtype, self._num_bits, self._unsigned)
 
     @property
     def is_weight(self) -> bool:
@@ -250,7 +285,7 @@ class TensorQuantizer(nn.Module):
         if value is None:
             self._amax = torch.empty(0, device=self._amax.device)
             return
-        self._amax = check_range("amax", value, self._amax.device)
+        self._amax = self._low_precision(check_range("amax", value, self._amax.device))
 
     @property
     def pre_quant_scale(self) -> torch.Tensor | None:
@@ -277,10 +312,12 @@ class TensorQuantizer(nn.Module):
     def num_bits(self, value: int) -> None:
         tq.max_bound(value)  # validates
         self._num_bits = value
+        self._amax = self._low_precision(self._amax)  # a new grid: a new step
 
     @unsigned.setter
     def unsigned(self, value: bool) -> None:
         self._unsigned = bool(value)
+        self._amax = self._low_precision(self._amax)
 
     @narrow_range.setter
     def narrow_range(self, value: bool) -> None:
@@ -303,11 +340,12 @@ class TensorQuantizer(nn.Module):
         amax (as stored: keepdims or 1-D per channel) times ``scale_amax``.
         """
         if self._learn_amax:
-            return torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach().float().reshape(())
+            learned = torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach().float().reshape(())
+            return self._low_precision(learned)
         if self._amax.numel() == 0:
             return None
         amax = self._amax.detach()
-        return amax * self._scale_amax if self._scale_amax is not None else amax
+        return self._low_precision(amax * self._scale_amax) if self._scale_amax is not None else amax
 
     def step(self) -> torch.Tensor:
         """Quantization step of :meth:`effective_amax`: ONNX's ``y_scale`` (1 for channels of amax <= 2**-24).
@@ -351,7 +389,7 @@ class TensorQuantizer(nn.Module):
             return self.export_fn(x)
         if self._learn_amax:
             x = self.clip(x)
-            amax = torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach()
+            amax = self._low_precision(torch.maximum(-self.clip.clip_value_min, self.clip.clip_value_max).detach())
         else:
             amax = self._get_amax(x)
         if self._fake_quant:
@@ -361,13 +399,15 @@ class TensorQuantizer(nn.Module):
 
     def _get_amax(self, x: torch.Tensor) -> torch.Tensor:
         """Stored amax shaped to broadcast against ``x``, else the dynamic range of ``x``."""
-        if self._amax.numel():
+        stored = self._amax.numel() > 0  # rounded to the step type when it was set
+        if stored:
             amax = self._broadcastable(self._amax, x.dim())
         else:  # dynamic range: this batch's max
             amax = amax_over(x.detach(), self._axis)
         if self._scale_amax is not None:
             amax = amax * self._scale_amax
-        return amax.float()
+            stored = False
+        return amax.float() if stored else self._low_precision(amax.float())
 
     def _broadcastable(self, amax: torch.Tensor, rank: int) -> torch.Tensor:
         """Reshape a 1-D per-channel amax of size C to size C on the kept axis, 1 elsewhere."""
@@ -386,7 +426,8 @@ class TensorQuantizer(nn.Module):
             if key in state_dict:
                 value = state_dict[key]
                 target = getattr(self, name)
-                setattr(self, name, check_range(name.lstrip("_"), value, target.device, allow_empty=True))
+                loaded = check_range(name.lstrip("_"), value, target.device, allow_empty=True)
+                setattr(self, name, self._low_precision(loaded) if name == "_amax" else loaded)
         before = set(missing_keys)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -410,6 +451,8 @@ class TensorQuantizer(nn.Module):
             parts.append(f"pre_quant_scale={_amax_str(self.pre_quant_scale)}")
         if self._learn_amax:
             parts.append("learned")
+        if self.step_type != "float32":
+            parts.append(f"{self.step_type}_steps")
         parts.append(f"calib={self._calib_method}")
         modes = [m for m, on in (("quant", self._if_quant), ("calib", self._if_calib), ("clip", self._if_clip)) if on]
         parts.append("+".join(modes) if modes else "idle")

@@ -48,6 +48,7 @@ __all__ = [
     "QuantDescriptor",
     "ScaledQuantDescriptor",
     "fake_tensor_quant",
+    "low_precision_amax",
     "max_bound",
     "quant_bounds",
     "quant_scale",
@@ -83,6 +84,27 @@ def quant_step(amax: torch.Tensor | float, num_bits: int = 8, unsigned: bool = F
     """
     amax_t = torch.as_tensor(amax, dtype=torch.float32)
     return ops.quant_step(amax_t, max_bound(num_bits, unsigned))
+
+
+def low_precision_amax(
+    amax: torch.Tensor | float, step_dtype: torch.dtype, num_bits: int = 8, unsigned: bool = False
+) -> torch.Tensor:
+    """The range nearest to ``amax`` whose step is a number of ``step_dtype`` (float16 or bfloat16), float32.
+
+    ``step = quant_step(amax)`` is rounded to the nearest ``step_dtype`` number (ties to even, as every cast
+    to float16 does) and multiplied back by ``max_bound``. The rounded step has at most 11 significant bits
+    (bfloat16: 8), ``max_bound`` at most 8 for 8-bit grids, so the product is exact in float32 and
+    ``quant_step`` of the result gives the rounded step back: a graph whose scales are in that type (TensorRT
+    11's FP16 Q/DQ) quantizes exactly like this range. Relative change: at most 2**-11 of a normal float16
+    step (2**-8 bfloat16). A step below float16's smallest subnormal (``amax < max_bound * 2**-25``) rounds to
+    0: that range becomes 0 and quantizes to zeros, as ``amax <= 2**-24`` does. A step beyond the type's
+    largest value (float16: ``amax > max_bound * 65504``) keeps ``amax``. Computed on ``amax``'s device,
+    without reading it on the host.
+    """
+    amax_t = torch.as_tensor(amax, dtype=torch.float32)
+    bound = torch.full_like(amax_t, max_bound(num_bits, unsigned))
+    low = torch.div(amax_t, bound).to(step_dtype).float()
+    return torch.where(torch.isinf(low), amax_t, low * bound)
 
 
 def quant_scale(amax: torch.Tensor | float, num_bits: int = 8, unsigned: bool = False) -> torch.Tensor:

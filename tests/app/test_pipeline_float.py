@@ -7,7 +7,7 @@ import pytest
 from qdq.app.pipeline import PipelineConfig
 from qdq.cli import main
 from qdq.errors import QdqConfigError
-from qdq.export.trt_check import check_tensorrt
+from qdq.targets.tensorrt.check import check_tensorrt
 
 
 @pytest.mark.slow

@@ -50,8 +50,9 @@ class PipelineConfig:
             (QAT starts at 1 % of it, the seed's recipe).
         target: ``onnxruntime`` (int8 kernels on ORT's CPU) or ``tensorrt`` (TensorRT's explicit placement).
         float: the type the float part of a ``tensorrt`` model.onnx computes in: ``float32`` (default),
-            ``float16``/``fp16`` or ``bfloat16``/``bf16`` (TensorRT 11 builds FP16 only where the ONNX says so;
-            :func:`qdq.export.float_types.convert_float_precision`, measured on the calibration batches).
+            ``float16``/``fp16`` or ``bfloat16``/``bf16`` (TensorRT 11 builds FP16 only where the ONNX says so).
+            The model is quantized with it (``QuantConfig(target_options={"float": ...})``: low-precision
+            steps) and exported with it, value ranges measured on the calibration batches.
         runtimes: runtimes to run the INT8 engine on (accuracy, fidelity, latency).
         weight_bits / activation_bits: integer widths (W4A8: ``weight_bits=4``).
         bench_batches: batch sizes timed; ``threads``: runtime threads.
@@ -82,7 +83,7 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         get_target(self.target)  # an unknown target raises, listing the registered ones
-        from qdq.export.float_types import parse_float_type
+        from qdq.graphs.onnx_types import parse_float_type
 
         self.float = parse_float_type(self.float)
         if self.float != "float32" and self.target != "tensorrt":
@@ -175,7 +176,8 @@ def _quantize(job: _Job) -> None:
         quant_desc_weight=QuantDescriptor(num_bits=cfg.weight_bits, axis=0),
     )
     job.model = qdq.quantize_model(job.model, config)
-    job.model = apply_placement(job.model, target=cfg.target)
+    options = {"float": cfg.float} if cfg.float != "float32" else None
+    job.model = apply_placement(job.model, target=cfg.target, target_options=options)
 
 
 def _calibrate(job: _Job) -> None:
@@ -226,28 +228,21 @@ def _qat(job: _Job) -> None:
 
 
 def _export(job: _Job) -> None:
+    import itertools
+
     from qdq.export import export_onnx
+    from qdq.targets.tensorrt.float_types import read_float_record
     from qdq.workflow.fine_tuning import save_atomic
 
     save_atomic(job.model.state_dict(), job.out / "quantized_state_dict.pt")
-    path = export_onnx(job.model, job.example, job.out / "model.onnx", target=job.cfg.target)
-    if job.cfg.float != "float32":
-        _convert_float(job, path)
+    options = {}
+    if job.cfg.float != "float32":  # value ranges of the FP16/BF16 file measured on the calibration batches
+        options["calibration_data"] = [x for x, _ in itertools.islice(iter(job.train_loader), job.cfg.calib_batches)]
+    path = export_onnx(job.model, job.example, job.out / "model.onnx", target=job.cfg.target, target_options=options)
+    record = read_float_record(path)
+    if record is not None:
+        job.summary["float"] = record
     job.summary["files"] = {"onnx": path.name, "fp32_onnx": "model_fp32.onnx", "state_dict": "quantized_state_dict.pt"}
-
-
-def _convert_float(job: _Job, path: Path) -> None:
-    """The TensorRT 11 file: model.onnx with its float part in FP16/BF16, ranges measured on calibration data."""
-    import itertools
-
-    from qdq.export.float_types import convert_float_precision
-
-    batches = [x.numpy() for x, _ in itertools.islice(iter(job.train_loader), job.cfg.calib_batches)]
-    result = convert_float_precision(path, job.cfg.float, calibration_data=batches, path=path)
-    _log.info("%s", result)
-    job.summary["float"] = {"type": result.float_type, "converted_nodes": result.converted,
-                            "fp32_nodes": result.fp32_nodes,
-                            "largest_step_change": max(result.scale_changes.values(), default=0.0)}  # fmt: skip
 
 
 def _export_fp32(job: _Job, float_model: nn.Module) -> None:

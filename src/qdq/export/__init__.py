@@ -11,10 +11,12 @@
 * :func:`write_calibration_cache` / :func:`read_calibration_cache`: TensorRT's text calibration cache.
 * :func:`strip_qdq`: the float graph of a Q/DQ graph, same tensor names (TensorRT implicit mode).
 * :func:`qdq_sites` lists the quantizers of an exported graph.
-* :func:`check_tensorrt`: TensorRT's explicit-quantization and strong-typing rules on any ONNX graph.
-* :func:`convert_float_precision`: the TensorRT 11 export, INT8 Q/DQ with the float part in FP16/BF16;
-  :func:`exact_amax` / :func:`round_scales` put PyTorch and a float32 graph on the same grid;
-  :func:`compare_graphs` measures the low-precision graph against its float32 reference.
+* the ``"tensorrt"`` target's TensorRT 11 tools (:mod:`qdq.targets.tensorrt`), named here for convenience:
+  :func:`check_tensorrt` (TensorRT's explicit-quantization and strong-typing rules on any ONNX graph);
+  :func:`convert_float_precision` (INT8 Q/DQ with the float part in FP16/BF16, for any float32 Q/DQ file; a
+  quantized model gets it from ``export_onnx(..., target_options={"float": "float16"})``);
+  :func:`round_scales` (a float32 graph with low-precision steps) and :func:`compare_graphs` (a low-precision
+  graph against its float32 reference, in ONNX Runtime).
 
 Importing this package does not import ``onnx``; the functions do, when called.
 """
@@ -39,11 +41,10 @@ _LAZY = {
     "strip_qdq": "qdq.export.calib_cache",
     "rewrite_for_onnxruntime": "qdq.targets.onnxruntime.rewrite",
     "unfusable_convs": "qdq.targets.onnxruntime.passes.float_convs",
-    "check_tensorrt": "qdq.export.trt_check",
-    "convert_float_precision": "qdq.export.float_types",
-    "exact_amax": "qdq.export.float_types",
-    "round_scales": "qdq.export.float_types",
-    "compare_graphs": "qdq.export.float_fidelity",
+    "check_tensorrt": "qdq.targets.tensorrt.check",
+    "convert_float_precision": "qdq.targets.tensorrt.float_types",
+    "round_scales": "qdq.targets.tensorrt.float_scales",
+    "compare_graphs": "qdq.targets.tensorrt.float_fidelity",
     "dynamo_translation_table": "qdq.export._ops",
     "register_torchscript_symbolic": "qdq.export._ops",
 }

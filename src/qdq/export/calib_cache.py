@@ -3,7 +3,7 @@
 For TensorRT 10 and older only: TensorRT deprecated implicit quantization in 10.1 and TensorRT 11 removed it
 (no ``BuilderFlag.INT8``, no ``int8_calibrator``, no calibration cache reader). On TensorRT 11, INT8 exists only
 as the Q/DQ nodes of the graph :func:`qdq.export.export_onnx` writes (FP16 elsewhere:
-:func:`qdq.export.float_types.convert_float_precision`), so a cache has no consumer there.
+:func:`qdq.targets.tensorrt.float_types.convert_float_precision`), so a cache has no consumer there.
 
 Format (text): a header line ``TRT-<version code>-<algorithm>`` (e.g. ``TRT-8601-EntropyCalibration2``),
 then one line per tensor ``<tensor name>: <8 hex digits>`` where the hex digits are the big-endian IEEE-754

@@ -38,6 +38,7 @@ from qdq.targets import (
     Target,
     check_not_superseded,
     get_target,
+    placed_options,
     placed_target,
     resolve_target,
     target_names,
@@ -86,10 +87,14 @@ def export_onnx(
             that is None too the exporter's (18 for dynamo). Per-channel quantizers need 13 or more.
         dynamic_batch: make dimension 0 of inputs and outputs symbolic (``batch``).
         dynamo: use torch's ``torch.export``-based exporter (default); False uses the TorchScript exporter.
-        target_options: options of the target's ONNX rewrite, over the target's defaults. ``"onnxruntime"``:
+        target_options: options of the target's ONNX rewrite, over those the model was quantized with
+            (``QuantConfig(target_options=...)``) and the target's defaults. ``"onnxruntime"``:
             ``{"weights": "auto" | "int8" | "uint8"}``, the weight encoding, decided here once and recorded in
             the file (:func:`qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime`; ``"auto"``, the default,
-            picks uint8 on an x86 CPU without VNNI, where int8 kernels saturate).
+            picks uint8 on an x86 CPU without VNNI, where int8 kernels saturate). ``"tensorrt"``:
+            ``{"float": "float16", "calibration_data": batches}`` writes the float part in FP16 for TensorRT 11,
+            nodes whose values overflow FP16 on the calibration batches kept FP32, what was done logged and
+            recorded in the file (:func:`qdq.targets.tensorrt.rewrite.rewrite_for_tensorrt`).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -103,6 +108,7 @@ def export_onnx(
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"export_onnx needs an nn.Module, got {type(model).__name__}.")
     spec = _target_for(model, target)
+    target_options = {**placed_options(model), **dict(target_options or {})}  # the call's override the model's
     opset = spec.export.opset if opset is None else opset
     args = _as_args(example_input)
     path = Path(path)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torch import fx, nn
 
@@ -12,6 +13,7 @@ from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.graphs.fx import PlacementContext
 from qdq.graphs.fx_ops import LEAF_CLASS_NAMES, QDQ_LEAVES
 from qdq.nn.base import QuantInputMixin
+from qdq.quantizer import TensorQuantizer
 from qdq.targets import (
     DEFAULT_TARGET,
     PLACEMENT_RULES,
@@ -109,6 +111,7 @@ def apply_placement(
     rules: Sequence[str] | None = None,
     leaf_modules: Sequence[type] = (),
     verbose: bool = False,
+    target_options: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """Add the quantizers ``target`` needs beyond Conv/Linear inputs and weights (see :mod:`qdq.placement`).
 
@@ -126,6 +129,12 @@ def apply_placement(
         rules: names of the rules to apply (default: the target's PyTorch rules, in its order).
         leaf_modules: module classes not to trace into (kept as calls).
         verbose: print one line per change.
+        target_options: the target's export options the model is made for (``"tensorrt"``:
+            ``{"float": "float16"}``), remembered by the returned model (``export_onnx`` uses them unless its
+            call overrides them). Where they make the file's steps low-precision numbers
+            (:meth:`~qdq.targets.Target.step_float_type`), every quantizer of the model gets that
+            :attr:`~qdq.quantizer.TensorQuantizer.step_type`, so that the model quantizes as the file does.
+            Plain values only (strings, numbers): data such as calibration batches go to ``export_onnx``.
 
     Returns:
         A ``torch.fx.GraphModule`` computing the placed model (same parameters, same ``state_dict`` keys
@@ -135,9 +144,11 @@ def apply_placement(
 
     Raises:
         QdqConfigError: an unknown target or rule, a rule with no PyTorch implementation, a model already
-            placed for another target, or a stale model (one a previous placement replaced).
+            placed for another target, a stale model (one a previous placement replaced), or an option the
+            target does not take.
     """
     spec = resolve_target(target)
+    options = _checked_options(spec, target_options)
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"apply_placement needs an nn.Module, got {type(model).__name__}.")
     check_not_superseded(model)
@@ -150,12 +161,34 @@ def apply_placement(
     chosen = spec.rules_for("torch") if rules is None else tuple(_torch_rule(name) for name in rules)
     desc = _default_desc(model) if quant_desc is None else quant_desc
     placed, changes = _Placement(spec, desc, chosen, tuple(leaf_modules)).place(model, "")
-    mark_placed(placed, spec.name)
+    mark_placed(placed, spec.name, options)
+    _set_step_types(placed, spec.step_float_type(options))
     if placed is not model:
         mark_superseded(model, spec.name)
     if verbose:
         print("\n".join(changes) if changes else "apply_placement: no change")
     return placed
+
+
+def _checked_options(target: Target, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` checked against the target's rewrite: known names, plain values."""
+    options = dict(options or {})
+    target.check_options(options)
+    data = [name for name, value in options.items() if not isinstance(value, str | int | float | bool | type(None))]
+    if data:
+        raise QdqConfigError(
+            f"target options {data} hold {type(options[data[0]]).__name__} values; the options a model is "
+            "quantized with are plain values (strings, numbers). Pass data such as calibration batches to "
+            f"export_onnx(..., target_options={{{data[0]!r}: ...}})."
+        )
+    return options
+
+
+def _set_step_types(model: nn.Module, step_type: str) -> None:
+    """Every quantizer of ``model`` quantizes with steps of ``step_type`` (the file's scale type)."""
+    for module in model.modules():
+        if isinstance(module, TensorQuantizer):
+            module.step_type = step_type
 
 
 def _torch_rule(name: str) -> PlacementRule:

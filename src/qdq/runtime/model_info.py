@@ -23,10 +23,12 @@ from qdq.runtime._text import first_line
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["TARGET_KEY", "ModelInfo", "TensorSpec", "load_onnx", "random_inputs", "read_model_info"]
+__all__ = ["FLOAT_KEY", "TARGET_KEY", "ModelInfo", "TensorSpec", "load_onnx", "random_inputs", "read_model_info"]
 
 #: the metadata entry of a qdq export naming the target it was made for
 TARGET_KEY = "qdq.target"
+#: the metadata entry of a low-precision export naming the type its float part computes in (``"float16"``)
+FLOAT_KEY = "qdq.float"
 
 Dim = int | str | None
 """One dimension of an input: a fixed size, a named dynamic size (``"batch"``), or unknown (``None``)."""
@@ -97,15 +99,23 @@ class ModelInfo:
         return self.metadata.get(TARGET_KEY)
 
     @property
+    def float_type(self) -> str:
+        """The type the file's float part computes in, as its low-precision export recorded it (``qdq.float``):
+        ``"float16"``, ``"bfloat16"``; ``"float32"`` for any other file."""
+        return self.metadata.get(FLOAT_KEY, "float32")
+
+    @property
     def quantized(self) -> bool:
         """True if the graph holds Q/DQ nodes or integer kernels."""
         return any(op in _QUANTIZED_OPS for op in self.op_counts)
 
     @property
     def precision(self) -> str:
-        """``"int8"`` for a quantized graph, else the float type of the first float input (``"fp32"``...)."""
+        """``"int8"`` for a quantized graph (``"int8+fp16"`` / ``"int8+bf16"`` when its float part computes in
+        that type), else the float type of the first float input (``"fp32"``...)."""
         if self.quantized:
-            return "int8"
+            low = _FLOAT_LABELS.get(self.float_type, self.float_type)
+            return "int8" if low == "fp32" else f"int8+{low}"
         for spec in self.inputs:
             if _is_float(spec.dtype):
                 return _FLOAT_LABELS.get(spec.dtype.name, spec.dtype.name)

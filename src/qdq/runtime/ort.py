@@ -3,6 +3,10 @@
 Sessions use ``intra_op_num_threads=threads``, one inter-op thread and sequential execution, so the
 thread count is the only parallelism knob and benchmarks are comparable. ``onnxruntime`` is imported
 only when a session is built.
+
+A file whose float part computes in float16 (qdq's TensorRT 11 export records ``qdq.float``) is loaded without
+ORT's NCHWc layout pass: ONNX Runtime 1.32 crashes the process building that pass for some float16 graphs (a
+torchvision ViT), and its NCHWc kernels are float32 ones anyway.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ OPTIMIZATION_LEVELS = {
 """``optimization_level`` names and the ``GraphOptimizationLevel`` each selects ("layout": ORT ≥ 1.22)."""
 
 _PROVIDERS = ["CPUExecutionProvider"]
+#: optimizer passes left out for a float16 file (ORT 1.32 segfaults in NchwcTransformer on a float16 ViT)
+_FLOAT16_DISABLED = ("NchwcTransformer",)
 _ERROR_LEVEL = 3  # ORT log severity: errors only (hides the NCHWc "hardware specific" save warning)
 
 
@@ -117,7 +123,7 @@ class OrtRuntime(Runtime):
         advice = _advice(info)
         options = session_options(threads=threads, optimization_level=optimization_level)
         source, reencoded = _session_source(info.path, uint8_weights)
-        session = _create_session(info.path, options, source)
+        session = _create_session(info.path, options, source, _disabled_passes(info))
         runtime = cls(info, session, threads=threads, batch=batch, optimization_level=optimization_level)
         runtime.reencoded_weights = reencoded
         runtime.advice = advice
@@ -163,7 +169,8 @@ def fusion_report(
         options = session_options(
             threads=threads, optimization_level=optimization_level, optimized_model_path=optimized_path
         )
-        session = _create_session(path, options, None if reencoded is None else reencoded.SerializeToString())
+        source_bytes = None if reencoded is None else reencoded.SerializeToString()
+        session = _create_session(path, options, source_bytes, _disabled_passes(read_model_info(path)))
         del session
         optimized = load_onnx(optimized_path, external_data=False)
     return analyse_fusion(source, optimized, model=path.name, optimization_level=optimization_level)
@@ -179,7 +186,7 @@ def inference_session(
     its int8 weights run as uint8 where this CPU needs it (``uint8_weights`` as in :meth:`OrtRuntime.load`)."""
     path = Path(onnx_path)
     source, _ = _session_source(path, uint8_weights)
-    return _create_session(path, options or session_options(), source)
+    return _create_session(path, options or session_options(), source, _disabled_passes(read_model_info(path)))
 
 
 def _advice(info: ModelInfo) -> str | None:
@@ -200,12 +207,21 @@ def _session_source(path: Path, uint8_weights: bool | None) -> tuple[str | bytes
     return (str(path), 0) if model is None else (model.SerializeToString(), count)
 
 
+def _disabled_passes(info: ModelInfo) -> tuple[str, ...]:
+    """ORT optimizer passes to leave out for this file (see the module doc)."""
+    return _FLOAT16_DISABLED if info.float_type == "float16" else ()
+
+
 def _create_session(
-    path: Path, options: onnxruntime.SessionOptions, source: str | bytes | None = None
+    path: Path,
+    options: onnxruntime.SessionOptions,
+    source: str | bytes | None = None,
+    disabled: tuple[str, ...] = (),
 ) -> onnxruntime.InferenceSession:
     ort = _ort()
+    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
     try:
-        return ort.InferenceSession(source or str(path), sess_options=options, providers=_PROVIDERS)
+        return ort.InferenceSession(source or str(path), sess_options=options, providers=_PROVIDERS, **extra)
     except _ort_errors() as err:
         raise QdqConfigError(f"onnxruntime cannot load {path}: {first_line(err)}") from None
 

@@ -1,12 +1,12 @@
 """TensorRT backend: a strongly typed engine built from a Q/DQ ONNX graph, run on a CUDA GPU.
 
 Strong typing makes every tensor keep the type the graph gives it: the Q/DQ nodes alone decide where int8
-is used and the ONNX types decide where FP16/BF16 is (:mod:`qdq.export.float_types` writes such a graph), with
+is used and the ONNX types decide where FP16/BF16 is (:mod:`qdq.targets.tensorrt.float_types` writes such a graph), with
 no builder precision flags and no calibrator. TensorRT 11 removed weak typing (``BuilderFlag.FP16/INT8``,
 ``int8_calibrator``; the ``STRONGLY_TYPED`` network flag is deprecated and ignored there); TensorRT 10 builds
 strongly typed when asked with that flag, which qdq does. Older TensorRT is refused with an install hint.
 
-Before building, the graph goes through the TensorRT rule checker (:func:`qdq.export.trt_check.check_tensorrt`):
+Before building, the graph goes through the TensorRT rule checker (:func:`qdq.targets.tensorrt.check.check_tensorrt`):
 a graph TensorRT would reject or run in float (ORT's uint8 Q/DQ, a Cast between a DQ and its conv...) fails
 early with the broken rules named (``check=False`` builds anyway).
 
@@ -77,7 +77,7 @@ def network_flags(trt: Any) -> int:
 
 
 def _check_rules(onnx_path: str | Path) -> None:
-    from qdq.export.trt_check import check_tensorrt
+    from qdq.targets.tensorrt.check import check_tensorrt
 
     report = check_tensorrt(onnx_path)
     if report.ok:
@@ -167,7 +167,8 @@ class TensorRtRuntime(Runtime):
 
     @property
     def precision(self) -> str:
-        """``"int8"`` for a Q/DQ graph, else the float type of the graph (strong typing keeps it)."""
+        """``"int8"`` for a Q/DQ graph (``"int8+fp16"`` when its float part is FP16), else the float type of the
+        graph (strong typing keeps each type the file gives)."""
         return self.info.precision
 
     def bind(self, inputs: Inputs) -> Callable[[], object]:

@@ -21,7 +21,14 @@ Importing this package imports neither torch nor onnx: a rule or a pass imports 
 
 from __future__ import annotations
 
-from qdq.targets.marks import check_not_superseded, mark_placed, mark_superseded, placed_target, superseded_by
+from qdq.targets.marks import (
+    check_not_superseded,
+    mark_placed,
+    mark_superseded,
+    placed_options,
+    placed_target,
+    superseded_by,
+)
 from qdq.targets.onnxruntime import ONNXRUNTIME, ONNXRUNTIME_FUSION
 from qdq.targets.registry import (
     DEFAULT_TARGET,
@@ -55,6 +62,7 @@ __all__ = [
     "get_target",
     "mark_placed",
     "mark_superseded",
+    "placed_options",
     "placed_target",
     "register_target",
     "remove_placement_rule",

@@ -1,28 +1,50 @@
 """The target a model remembers: the placed mark (``export_onnx`` defaults to it) and the stale mark.
 
-A model placed for a target remembers the target's name (:func:`placed_target`). A model that placement
-replaced by a new one is marked stale (:func:`mark_superseded`): running or exporting it raises, since it lacks
-the quantizers the returned model carries. Marks are names (strings), so a model pickles without its target.
+A model placed for a target remembers the target's name (:func:`placed_target`) and the target options it was
+placed with (:func:`placed_options`: ``QuantConfig(target_options=...)``, which ``export_onnx`` uses unless the
+call overrides them). A model that placement replaced by a new one is marked stale (:func:`mark_superseded`):
+running or exporting it raises, since it lacks the quantizers the returned model carries. Marks are names and
+plain option values (strings, numbers), so a model pickles without its target.
 
 This module imports neither torch nor onnx.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from qdq.errors import QdqConfigError
 
-__all__ = ["check_not_superseded", "mark_placed", "mark_superseded", "placed_target", "superseded_by"]
+__all__ = [
+    "check_not_superseded",
+    "mark_placed",
+    "mark_superseded",
+    "placed_options",
+    "placed_target",
+    "superseded_by",
+]
 
 _TARGET_ATTR = "_qdq_target"  # set on a placed model: the target's name
+_OPTIONS_ATTR = "_qdq_target_options"  # set on a placed model: the target options it was placed with
 _SUPERSEDED_ATTR = "_qdq_superseded"  # set on a model placement replaced: the target's name
 
 
-def mark_placed(model: Any, target: str) -> None:
-    """Record on ``model`` (an ``nn.Module``) that it was placed for the target named ``target`` (kept by
-    ``copy.deepcopy`` and pickling, ``torch.fx.GraphModule`` included)."""
+def mark_placed(model: Any, target: str, options: Mapping[str, Any] | None = None) -> None:
+    """Record on ``model`` (an ``nn.Module``) that it was placed for the target named ``target`` with the target
+    options ``options`` (kept by ``copy.deepcopy`` and pickling, ``torch.fx.GraphModule`` included)."""
     _set_mark(model, _TARGET_ATTR, target)
+    _set_mark(model, _OPTIONS_ATTR, dict(options or {}))
+
+
+def placed_options(model: Any) -> dict[str, Any]:
+    """The target options ``model`` was placed with (empty when none, or when it was never placed): its own
+    mark, else the one found on its submodules."""
+    own = _mark(model, _OPTIONS_ATTR)
+    if own is not None:
+        return dict(own)
+    found = [mark for m in _modules(model) if (mark := _mark(m, _OPTIONS_ATTR))]
+    return dict(found[0]) if found else {}
 
 
 def placed_target(model: Any) -> str | None:
@@ -81,7 +103,7 @@ def _modules(model: Any) -> list[Any]:
     return list(model.modules()) if hasattr(model, "modules") else []
 
 
-def _set_mark(model: Any, key: str, value: str) -> None:
+def _set_mark(model: Any, key: str, value: Any) -> None:
     """An attribute; on a ``torch.fx.GraphModule`` also its ``meta`` dict, which its ``__deepcopy__`` keeps."""
     setattr(model, key, value)
     meta = getattr(model, "meta", None)
@@ -89,7 +111,7 @@ def _set_mark(model: Any, key: str, value: str) -> None:
         meta[key] = value
 
 
-def _mark(model: Any, key: str) -> str | None:
+def _mark(model: Any, key: str) -> Any:
     value = getattr(model, key, None)
     meta = getattr(model, "meta", None)
     if value is None and isinstance(meta, dict) and "_graph" in vars(model):

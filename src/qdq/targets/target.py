@@ -104,6 +104,8 @@ class ExportDefaults:
 
 
 Rewrite = Callable[..., dict[str, int]]
+#: ``step_type(options) -> "float32" | "float16" | "bfloat16"``: the float type of a target's exported steps.
+StepType = Callable[[Mapping[str, Any]], str]
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,10 @@ class Target:
         export: the export defaults (:class:`ExportDefaults`).
         runtimes: how each runtime runs this target's graphs (:class:`RuntimeSupport`); a runtime not listed
             is not known to run them well or badly.
+        step_type: ``step_type(options) -> float type``: the type (``"float32"``, ``"float16"``,
+            ``"bfloat16"``) the quantization steps of an export with these rewrite options are numbers of; None
+            means float32 always. Placement gives the model's quantizers that type
+            (:attr:`qdq.quantizer.TensorQuantizer.step_type`), so that they quantize on the file's grid.
     """
 
     name: str
@@ -134,6 +140,7 @@ class Target:
     fusion: FusionFacts | None = field(default=None, repr=False)
     export: ExportDefaults = field(default_factory=ExportDefaults, repr=False)
     runtimes: tuple[RuntimeSupport, ...] = field(default=(), repr=False)
+    step_type: StepType | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -153,6 +160,8 @@ class Target:
         object.__setattr__(self, "runtimes", tuple(self.runtimes))
         if not all(isinstance(r, RuntimeSupport) for r in self.runtimes):
             raise QdqTypeError(f"target {self.name!r}: runtimes are RuntimeSupport entries.")
+        if self.step_type is not None and not callable(self.step_type):
+            raise QdqTypeError(f"target {self.name!r}: step_type must be a callable step_type(options) or None.")
 
     @property
     def rule_names(self) -> tuple[str, ...]:
@@ -171,17 +180,28 @@ class Target:
         """The rewrite options of an export: the target's defaults, overridden by ``given``."""
         return {**self.export.options, **dict(given or {})}
 
+    def check_options(self, options: Mapping[str, Any] | None) -> None:
+        """Raise ``QdqConfigError`` when ``options`` name one the target's rewrite does not take."""
+        if not options:
+            return
+        if self.onnx_rewrite is None:
+            raise QdqConfigError(f"target {self.name!r} has no ONNX rewrite, so no options: {sorted(options)}.")
+        _check_options(self.name, self.onnx_rewrite, options)
+
+    def step_float_type(self, given: Mapping[str, Any] | None = None) -> str:
+        """The float type of the quantization steps of an export with the options ``given`` (over the target's
+        defaults): ``"float32"`` unless the target's :attr:`step_type` says otherwise."""
+        return "float32" if self.step_type is None else self.step_type(self.export_options(given))
+
     def rewrite_onnx(self, model: Any, **options: Any) -> dict[str, int]:
         """Apply the target's ONNX rewrite to ``model`` (an ``onnx.ModelProto``) in place; counts of edits.
 
         ``options`` are the rewrite's keyword options (``"onnxruntime"``: ``weights``); one it does not take
         raises ``QdqConfigError`` naming those it does.
         """
+        self.check_options(options)
         if self.onnx_rewrite is None:
-            if options:
-                raise QdqConfigError(f"target {self.name!r} has no ONNX rewrite, so no options: {sorted(options)}.")
             return {}
-        _check_options(self.name, self.onnx_rewrite, options)
         return self.onnx_rewrite(model, **options)
 
     def require_fusion(self) -> FusionFacts:

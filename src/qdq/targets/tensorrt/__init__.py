@@ -1,20 +1,36 @@
-"""The ``"tensorrt"`` target: TensorRT's explicit quantization (Q/DQ), on GPU.
+"""The ``"tensorrt"`` target: TensorRT's explicit quantization (Q/DQ), on GPU; TensorRT 10 and 11.
 
 TensorRT fuses a ``DequantizeLinear`` into the op after it and a ``QuantizeLinear`` into the op before it, and
 quantizes nothing the graph does not (notes: anchors §4). So Q/DQ go on the inputs and weights of weighted
 ops (module replacement does that), never on their outputs: TensorRT fuses BatchNorm and the activation into
-the conv by itself. Placement adds what module replacement cannot reach:
+the conv by itself. Placement adds what module replacement cannot reach (``RULES``, in order):
 
 * ``residual_add`` (``residual_add="skip"``): the inputs of a residual add other than the one TensorRT fuses
   into the conv that produces it (:mod:`qdq.targets.common.residual`);
 * ``concat``: one scale for every input of a concatenation (:mod:`qdq.targets.common.concat`).
 
-The graph is exported as it is traced (no ONNX rewrite): signed int8, zero point 0, weights as
-``Q(float weight) -> DQ``. OpenVINO runs the same graph with every convolution in u8; ONNX Runtime runs it,
-but fuses a Conv into ``QLinearConv`` only when its output is quantized, so its Convs stay float there.
+The package, one concept per module:
 
-Adding a rule: write it (a :class:`~qdq.targets.rules.PlacementRule` with a ``torch`` and, where Keras can
-express it, a ``keras`` function) in a module of this package and append it to ``RULES`` below.
+* :mod:`.rewrite`: the export's ONNX rewrite (``rewrite_for_tensorrt``): refuses what TensorRT cannot build
+  (uint8, Casts after DQs), warns about half-quantized ops, and with the ``float`` option writes the float part
+  in FP16/BF16 for TensorRT 11 (:mod:`.float_types`, with :mod:`.float_scales`, :mod:`.float_ranges`,
+  :mod:`.float_rewrite`; :mod:`.float_fidelity` measures the result against the float32 export);
+* :mod:`.check` (``check_tensorrt``, ``qdq check``) and :mod:`.engine_rules` (one module per rule family):
+  TensorRT's explicit-quantization and strong-typing rules, on any ONNX graph.
+
+Export options (``target_options``; defaults in ``TENSORRT.export``): ``float`` (``"float32"`` by default:
+the graph is float32 outside its Q/DQ, bit-exact with the PyTorch model and run by every runtime;
+``"float16"``/``"bfloat16"`` for TensorRT 11, which builds low precision only where the file says so),
+``calibration_data``, ``keep_io_types``, ``data_max`` (:func:`~.rewrite.rewrite_for_tensorrt`). With
+``QuantConfig(target="tensorrt", target_options={"float": "float16"})`` the model's quantizers get float16
+steps (``step_type``), so that PyTorch quantizes on the file's grid.
+
+OpenVINO runs the same graph (float32) with every convolution in u8; ONNX Runtime runs it, but fuses a Conv
+into ``QLinearConv`` only when its output is quantized, so its Convs stay float there.
+
+Adding a placement rule: write it (a :class:`~qdq.targets.rules.PlacementRule` with a ``torch`` and, where
+Keras can express it, a ``keras`` function) in a module of this package and append it to ``RULES`` below.
+Adding an engine rule: see :mod:`.engine_rules`.
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ from __future__ import annotations
 from qdq.targets.common.concat import CONCAT
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
+from qdq.targets.tensorrt.rewrite import DEFAULT_FLOAT, rewrite_for_tensorrt, step_type
 
 __all__ = ["RULES", "RUNTIMES", "TENSORRT"]
 
@@ -43,6 +60,8 @@ TENSORRT = Target(
     description="TensorRT explicit quantization (the same graph runs in u8 on OpenVINO)",
     placement_rules=RULES,
     residual_add="skip",
-    export=ExportDefaults(opset=None),
+    onnx_rewrite=rewrite_for_tensorrt,
+    export=ExportDefaults(opset=None, options={"float": DEFAULT_FLOAT}),
     runtimes=RUNTIMES,
+    step_type=step_type,
 )

@@ -1,14 +1,16 @@
 """Element types of an ONNX graph's tensors, and which inputs and outputs of a node share its float type.
 
 Strongly typed runtimes (TensorRT 10 with ``STRONGLY_TYPED``, TensorRT 11 always) take every tensor's type
-from the graph, so both the TensorRT rule checker (:mod:`qdq.export.trt_check`) and the low-precision
-conversion (:mod:`qdq.export.float_types`) need the same two facts:
+from the graph, so both the TensorRT rule checker (:mod:`qdq.targets.tensorrt.check`) and the low-precision
+export (:mod:`qdq.targets.tensorrt.float_types`) need the same facts:
 
 * :class:`TensorTypes`: the element type (``onnx.TensorProto`` enum) of each tensor, from the graph's
   inputs, initializers, ``Constant`` nodes and ONNX shape inference;
 * :func:`float_slots`: for one node, the inputs and outputs bound to the schema's type parameter that
   carries its float type (``T`` of ``Conv``, ``T1`` of ``QuantizeLinear``...), read from the operator schema
-  of the model's opset; the other inputs (``Resize``'s ``scales``, shapes, indices) keep their own types.
+  of the model's opset; the other inputs (``Resize``'s ``scales``, shapes, indices) keep their own types;
+* the names of the float types (:func:`parse_float_type`: ``"fp16"`` -> ``"float16"``...) and their numpy
+  types (:func:`numpy_float_type`).
 
 Imports onnx when a function is called, not at import time.
 """
@@ -17,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qdq.errors import QdqConfigError
 
 if TYPE_CHECKING:
     import onnx
@@ -29,6 +35,8 @@ __all__ = [
     "default_opset",
     "float_slots",
     "input_types",
+    "numpy_float_type",
+    "parse_float_type",
     "type_name",
 ]
 
@@ -38,6 +46,27 @@ _FLOAT, _FLOAT16, _DOUBLE, _BFLOAT16 = 1, 10, 11, 16
 FLOAT_TYPES = frozenset({_FLOAT, _FLOAT16, _DOUBLE, _BFLOAT16})
 #: The low-precision float types a TensorRT 11 graph computes in, by the names qdq's options use.
 LOW_PRECISION = {"float16": _FLOAT16, "bfloat16": _BFLOAT16}
+_ALIASES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16", "fp16": "float16",
+            "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}  # fmt: skip
+
+
+def parse_float_type(name: str) -> str:
+    """``"float16"``, ``"bfloat16"`` or ``"float32"`` for a name or alias (``fp16``, ``bf16``, ``half``...).
+
+    Raises:
+        QdqConfigError: an unknown name.
+    """
+    canonical = _ALIASES.get(str(name).lower())
+    if canonical is None:
+        raise QdqConfigError(f"unknown float type {name!r}: use float32 (fp32), float16 (fp16) or bfloat16 (bf16).")
+    return canonical
+
+
+def numpy_float_type(name: str) -> Any:
+    """The numpy type of a float type name (``bfloat16``: ``ml_dtypes.bfloat16``, which onnx depends on)."""
+    import ml_dtypes
+
+    return {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}[parse_float_type(name)]
 
 
 def type_name(elem_type: int) -> str:

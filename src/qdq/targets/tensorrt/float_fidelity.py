@@ -7,22 +7,22 @@ the top-1 agreement. It also checks each of the candidate's QuantizeLinear nodes
 ``clamp(round_half_even(float32(x) / float32(scale)))`` on the input ONNX Runtime gave it (``q_exact``): a
 disagreement there would be the runtime's, not float16 arithmetic upstream.
 
-Compare against :func:`qdq.export.float_types.round_scales` of the float32 export: its steps are the low
+Compare against :func:`qdq.targets.tensorrt.float_scales.round_scales` of the float32 export: its steps are the low
 type's, so what remains is float16 (bfloat16) arithmetic alone. ONNX Runtime's CPU provider runs FP16
 graphs (it adds FP32 kernels with Casts where it has no FP16 one); it has no BF16 DequantizeLinear.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from qdq.export.float_ranges import Batch
 from qdq.graphs.onnx import GraphIndex, quantizer_names
 from qdq.markdown import markdown_table
+from qdq.targets.tensorrt.float_ranges import Batch, feeds
 
 __all__ = ["GraphComparison", "compare_graphs", "weight_bytes"]
 
@@ -92,11 +92,9 @@ def _session(model: Any) -> tuple[Any, dict[str, tuple[str, str, str]]]:
     return session, exposed
 
 
-def _feed(session: Any, batch: Batch) -> dict[str, np.ndarray]:
-    names = [i.name for i in session.get_inputs()]
-    if isinstance(batch, Mapping):
-        return {n: np.asarray(batch[n]) for n in names}
-    return {names[0]: np.asarray(batch, dtype=np.float32)}
+def _run(session: Any, batch: Batch) -> dict[str, np.ndarray]:
+    outputs = session.run(None, feeds([i.name for i in session.get_inputs()], batch))
+    return dict(zip([o.name for o in session.get_outputs()], outputs))
 
 
 def _oracle(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -117,8 +115,7 @@ def compare_graphs(reference: Any, candidate: Any, batches: Iterable[Batch]) -> 
     result = GraphComparison()
     ref_outs, cand_outs = [], []
     for batch in batches:
-        got_ref = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, _feed(ref, batch))))
-        got = dict(zip([o.name for o in cand.get_outputs()], cand.run(None, _feed(cand, batch))))
+        got_ref, got = _run(ref, batch), _run(cand, batch)
         ref_outs.append(got_ref[output])
         cand_outs.append(got[cand.get_outputs()[0].name].astype(np.float32))
         for name, (x, scale, q) in cand_sites.items():

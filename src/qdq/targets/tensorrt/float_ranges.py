@@ -5,7 +5,7 @@ tensor as an output and keeping in FP32 the nodes whose values would not survive
 qdq does the same for its Q/DQ graphs (AutoCast "does not yet support quantized models"). A node stays in
 FP32 when:
 
-* ``op type``: it is in the FP32 allow-list (:data:`qdq.export.trt_check.FP32_OPS`: exponentials, powers,
+* ``op type``: it is in the FP32 allow-list (:data:`qdq.targets.tensorrt.check.FP32_OPS`: exponentials, powers,
   sums over many elements) or the caller names it;
 * ``no low-precision form``: its operator schema does not allow the type in the graph's opset;
 * ``initializer``: one of its float initializers holds a value beyond the type's largest finite value
@@ -29,16 +29,17 @@ from typing import Any
 import numpy as np
 
 from qdq.errors import QdqConfigError
-from qdq.export.onnx_types import FLOAT_TYPES, TensorTypes, float_slots, type_name
 from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_types import FLOAT_TYPES, TensorTypes, float_slots, type_name
 
-__all__ = ["Batch", "TensorRange", "keep_fp32_reasons", "measure_ranges"]
+__all__ = ["Batch", "TensorRange", "feeds", "keep_fp32_reasons", "measure_ranges"]
 
 _FLOAT32 = 1
 _LIMITS = {10: (65504.0, 2.0**-14), 16: (3.3895313892515355e38, 1.1754943508222875e-38)}  # max, min normal
 
-#: One calibration batch: an array for the graph's single input, or input name -> array.
-Batch = np.ndarray | Mapping[str, np.ndarray]
+#: One calibration batch: an array (or CPU tensor) for the graph's single input, a tuple of them for several
+#: inputs (in the graph's input order), or input name -> array.
+Batch = Any
 
 
 @dataclass
@@ -54,16 +55,32 @@ class TensorRange:
             self.nonzero = self.nonzero or bool(np.any(values != 0))
 
 
-def _feeds(session: Any, batch: Batch) -> dict[str, np.ndarray]:
-    names = [i.name for i in session.get_inputs()]
+def feeds(names: list[str], batch: Batch) -> dict[str, np.ndarray]:
+    """The feed of a graph with inputs ``names`` for one calibration batch (see :data:`Batch`).
+
+    Raises:
+        QdqConfigError: the batch does not match the graph's inputs.
+    """
     if isinstance(batch, Mapping):
         missing = sorted(set(names) - set(batch))
         if missing:
             raise QdqConfigError(f"a calibration batch lacks the graph inputs {missing}.")
-        return {name: np.asarray(batch[name]) for name in names}
-    if len(names) != 1:
-        raise QdqConfigError(f"the graph has {len(names)} inputs {names}: give each batch as a dict name -> array.")
-    return {names[0]: np.asarray(batch, dtype=np.float32)}
+        return {name: _array(batch[name]) for name in names}
+    values = list(batch) if isinstance(batch, tuple | list) else [batch]
+    if len(values) != len(names):
+        raise QdqConfigError(
+            f"a calibration batch holds {len(values)} arrays but the graph has {len(names)} inputs {names}: pass "
+            "the model's inputs only (for a DataLoader of (inputs, labels): [x for x, _ in loader]), or dicts "
+            "input name -> array."
+        )
+    return {name: _array(value) for name, value in zip(names, values)}
+
+
+def _array(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    return array.astype(np.float32) if array.dtype.kind == "f" else array
 
 
 def measure_ranges(model: Any, batches: Iterable[Batch]) -> dict[str, TensorRange]:
@@ -91,8 +108,8 @@ def measure_ranges(model: Any, batches: Iterable[Batch]) -> dict[str, TensorRang
     ranges: dict[str, TensorRange] = {}
     seen = 0
     for batch in batches:
-        feeds = _feeds(session, batch)
-        for name, values in [*feeds.items(), *zip(names, session.run(names, feeds))]:
+        feed = feeds([i.name for i in session.get_inputs()], batch)
+        for name, values in [*feed.items(), *zip(names, session.run(names, feed))]:
             if np.issubdtype(np.asarray(values).dtype, np.floating):
                 ranges.setdefault(name, TensorRange()).update(np.asarray(values))
         seen += 1

@@ -1,14 +1,15 @@
 """``check_tensorrt``: does an ONNX graph follow TensorRT's explicit-quantization and strong-typing rules?
 
-The rules, their ids and their sources are in :mod:`qdq.export.trt_rules`. The check reads the graph only
-(no TensorRT needed): it runs on any ONNX file, whoever wrote it, and reports every violation with the node,
-the rule and what is wrong, plus counts that describe the graph (Q/DQ pairs, int8 ops, nodes computing in each
-float type, FP32 nodes outside the allow-list). ``qdq check model.onnx --target tensorrt`` prints the same
-report and exits 1 on a violation.
+The rules, their ids and their sources are in :mod:`qdq.targets.tensorrt.engine_rules`. The check reads the
+graph only (no TensorRT needed): it runs on any ONNX file, whoever wrote it, and reports every violation with
+the node, the rule and what is wrong, plus counts that describe the graph (Q/DQ pairs, int8 ops, nodes
+computing in each float type, FP32 nodes outside the allow-list). ``qdq check model.onnx --target tensorrt``
+prints the same report and exits 1 on a violation.
 
 FP32 allow-list: in a graph computing in FP16/BF16, a node may stay in FP32 when its op type is in
-``fp32_ops`` (default :data:`FP32_OPS`, the op types :mod:`qdq.export.float_types` keeps in FP32) or when the
-file's metadata records it (``qdq.float.fp32_nodes``, written by the low-precision export with the reason).
+``fp32_ops`` (default :data:`FP32_OPS`, the op types the low-precision export keeps in FP32,
+:mod:`qdq.targets.tensorrt.float_types`) or when the file's metadata records it (``qdq.float.fp32_nodes``,
+written by the low-precision export with the reason).
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from qdq.errors import QdqConfigError, QdqTypeError
-from qdq.export.onnx_types import type_name
-from qdq.export.trt_rules import RULES, GraphFacts, Violation, compute_precisions, fp32_allowed, run_rules
+from qdq.graphs.onnx_types import type_name
 from qdq.markdown import markdown_table
+from qdq.targets.tensorrt.engine_rules import RULES, GraphFacts, Violation, run_rules
+from qdq.targets.tensorrt.engine_rules.facts import WEIGHTED
+from qdq.targets.tensorrt.engine_rules.strong_typing import compute_precisions, fp32_allowed
 
 __all__ = ["FP32_OPS", "CheckReport", "Violation", "check_tensorrt", "load_onnx"]
 
 #: Op types that compute in FP32 inside an FP16/BF16 graph on purpose: exponentials, powers and sums over
 #: many elements, whose intermediate values outgrow FP16 even when their inputs and outputs fit (the list
-#: :mod:`qdq.export.float_types` keeps in FP32; torch.autocast keeps the same ops in float32).
+#: :mod:`qdq.targets.tensorrt.float_types` keeps in FP32; torch.autocast keeps the same ops in float32).
 FP32_OPS = frozenset({"Exp", "Pow", "ReduceSum", "ReduceSumSquare", "ReduceProd", "ReduceL2", "ReduceLogSumExp",
                       "CumSum"})  # fmt: skip
 
@@ -82,8 +85,9 @@ class CheckReport:
         if self.violations:
             rows = [[v.node, v.rule, v.message] for v in self.violations]
             parts += ["", markdown_table(["node", "rule", "problem"], rows)]
-        parts += ["", "Legend: one row per rule of TensorRT's explicit quantization and strong typing (sources in "
-                  "qdq.export.trt_rules); FAIL (n): n nodes break it, listed with the problem."]  # fmt: skip
+        legend = ("Legend: one row per rule of TensorRT's explicit quantization and strong typing (sources in "
+                  "qdq.targets.tensorrt.engine_rules); FAIL (n): n nodes break it, listed with the problem.")
+        parts += ["", legend]
         return "\n".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,7 +145,7 @@ def _count(facts: GraphFacts, report: CheckReport) -> None:
                 report.qdq_pairs += 1
             elif facts.is_constant(node.input[0]):
                 report.weight_dqs += 1
-        elif node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and len(node.input) > 1:
+        elif node.op_type in WEIGHTED and len(node.input) > 1:
             report.int8_ops += all(facts.quantized_source(node.input[i])[0] is not None for i in (0, 1))
     precisions = compute_precisions(facts)
     report.compute = dict(Counter(type_name(t) for t in precisions.values()))

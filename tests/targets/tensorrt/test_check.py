@@ -20,8 +20,8 @@ import qdq
 from qdq.cli import main
 from qdq.errors import QdqConfigError
 from qdq.export import export_onnx
-from qdq.export.trt_check import check_tensorrt
-from qdq.export.trt_rules import RULES
+from qdq.targets.tensorrt.check import check_tensorrt
+from qdq.targets.tensorrt.engine_rules import RULES
 from qdq.placement import apply_placement
 
 

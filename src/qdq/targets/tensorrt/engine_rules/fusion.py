@@ -1,0 +1,197 @@
+"""TensorRT's fusion rules: where Q/DQ must stand for an op to run in int8.
+
+* ``weighted-op-inputs`` — a Conv/ConvTranspose/Gemm/MatMul with one dequantized input has both its data and
+  weight inputs dequantized, each from a DequantizeLinear directly (or through a Transpose/Reshape, which
+  TensorRT moves the DQ across), never through a Cast. Developer guide "Q/DQ Layer-Placement
+  Recommendations" (quantize all inputs of weighted operations) and "Q/DQ Fusion".
+* ``residual-add`` — an Add that follows a quantized weighted op (directly or through BatchNormalization) and
+  whose output is quantized again has a dequantized other ("residual") input: TensorRT fuses the Add into
+  the op, and the residual input's precision decides the fused output's. Developer guide, placement
+  recommendations (element-wise addition fusion).
+* ``fused-scales`` — scales agree across ops TensorRT runs on int8 data: the inputs of a quantized Concat
+  share one scale with the Q after it, and a DQ -> data-movement op (MaxPool, Reshape, Transpose...) -> Q
+  group has one scale. Developer guide, "Q/DQ Propagation" (commuting layers); ModelOpt's ONNX
+  quantization groups Concat scales (``concat_elimination``).
+* ``integer-ops`` — no integer-arithmetic ONNX ops (QLinearConv, ConvInteger, QLinearMatMul, MatMulInteger,
+  QGemm...): "TensorRT does not support" the QOperator format, only Q/DQ. Developer guide §"ONNX Support".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from qdq.targets.tensorrt.engine_rules.facts import (
+    DQ,
+    LAYOUT,
+    WEIGHTED,
+    GraphFacts,
+    Q,
+    Rule,
+    Violation,
+    brief,
+    same_values,
+)
+
+__all__ = ["RULES", "casts_after_dqs", "partly_quantized_ops"]
+
+#: Ops that run on int8 data between a DQ and a Q with one scale (they commute with quantization).
+_DATA_MOVERS = frozenset({"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
+                          "Identity", "Split", "Pad", "DepthToSpace", "SpaceToDepth", "Resize"})  # fmt: skip
+_INTEGER_OPS = frozenset({"QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm", "QLinearAdd",
+                          "QLinearMul", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
+                          "QLinearGlobalAveragePool", "QLinearAveragePool", "DynamicQuantizeLinear",
+                          "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention"})  # fmt: skip
+
+
+def _weighted_op_inputs(f: GraphFacts) -> Iterator[Violation]:
+    for node, index, dq, cast in casts_after_dqs(f):
+        yield Violation(
+            "weighted-op-inputs",
+            f.name(node),
+            f"input {index} reaches DQ {f.name(dq)} through {cast.op_type} {f.name(cast)}: TensorRT cannot fuse "
+            "the DQ; give the DQ a scale of the op's type instead",
+        )
+    for node, float_input in partly_quantized_ops(f):
+        yield Violation(
+            "weighted-op-inputs",
+            f.name(node),
+            f"input {float_input} ({node.input[float_input]!r}) is "
+            "float while the other is dequantized: TensorRT runs it in float; quantize both",
+        )
+
+
+def casts_after_dqs(f: GraphFacts) -> list[tuple[Any, int, Any, Any]]:
+    """``(op, input index, DQ, Cast)`` for each Conv/Gemm/MatMul input that reaches its DequantizeLinear through
+    a Cast (what a float16 model's export writes: float32 Q/DQ, then a Cast to the model's type)."""
+    found = []
+    for node in f.nodes:
+        if node.op_type not in WEIGHTED or len(node.input) < 2:
+            continue
+        for index in (0, 1):
+            if f.quantized_source(node.input[index])[0] is not None:
+                continue
+            dq, passed = f.quantized_source(node.input[index], LAYOUT | {"Cast", "CastLike"})
+            if dq is not None:
+                found.append((node, index, dq, next(p for p in passed if p.op_type in ("Cast", "CastLike"))))
+    return found
+
+
+def partly_quantized_ops(f: GraphFacts) -> list[tuple[Any, int]]:
+    """``(node, index of its float input)`` of each Conv/Gemm/MatMul with one of its two inputs dequantized
+    (directly, through layout ops or a Cast) and the other float: TensorRT runs such an op in float."""
+    found = []
+    for node in f.nodes:
+        if node.op_type not in WEIGHTED or len(node.input) < 2:
+            continue
+        through = LAYOUT | {"Cast", "CastLike"}
+        quantized = [f.quantized_source(node.input[i], through)[0] is not None for i in (0, 1)]
+        if any(quantized) and not all(quantized):
+            found.append((node, quantized.index(False)))
+    return found
+
+
+def _residual_add(f: GraphFacts) -> Iterator[Violation]:
+    for node in f.nodes:
+        if node.op_type != "Add" or len(node.input) != 2:
+            continue
+        fused = [_quantized_weighted_producer(f, name) for name in node.input]
+        if not any(fused) or not _quantized_downstream(f, node.output[0]):
+            continue
+        if any(f.quantized_source(name, frozenset())[0] is not None for name in node.input):
+            continue
+        op = next(p for p in fused if p is not None)
+        yield Violation(
+            "residual-add",
+            f.name(node),
+            f"adds to quantized {op.op_type} {f.name(op)} and feeds a Q, "
+            "but neither input is dequantized: TensorRT fuses the Add in float and the Q cannot fuse; "
+            "quantize the residual (skip) input",
+        )
+
+
+def _fused_scales(f: GraphFacts) -> Iterator[Violation]:
+    for node in f.nodes:
+        if node.op_type == "Concat":
+            yield from _concat_scales(f, node)
+        elif node.op_type in _DATA_MOVERS and node.input:
+            dq = f.index.producer.get(node.input[0])
+            if dq is None or dq.op_type != DQ:
+                continue
+            for q in f.index.consumers.get(node.output[0], []):
+                if q.op_type == Q and not same_values(f.scale(q), f.scale(dq)):
+                    yield Violation(
+                        "fused-scales",
+                        f.name(node),
+                        f"DQ {f.name(dq)} and Q {f.name(q)} around this "
+                        f"{node.op_type} have scales {brief(f.scale(dq))} and {brief(f.scale(q))}: "
+                        "TensorRT runs it on int8 data only with one scale",
+                    )
+
+
+def _integer_ops(f: GraphFacts) -> Iterator[Violation]:
+    for node in f.nodes:
+        if node.op_type in _INTEGER_OPS:
+            yield Violation(
+                "integer-ops",
+                f.name(node),
+                f"{node.op_type} is an integer op TensorRT does not parse; export Q/DQ nodes around a float op instead",
+            )
+
+
+def _concat_scales(f: GraphFacts, node: Any) -> Iterator[Violation]:
+    dqs = [f.index.producer.get(name) for name in node.input]
+    if not dqs or not all(d is not None and d.op_type == DQ for d in dqs):
+        return
+    scales = [f.scale(d) for d in dqs]
+    scales += [f.scale(q) for q in f.index.consumers.get(node.output[0], []) if q.op_type == Q]
+    if any(not same_values(scales[0], s) for s in scales[1:]):
+        listed = ", ".join(brief(s) for s in scales)
+        yield Violation(
+            "fused-scales",
+            f.name(node),
+            f"its quantized inputs and output have different scales "
+            f"({listed}); TensorRT concatenates int8 data with one scale",
+        )
+
+
+def _quantized_weighted_producer(f: GraphFacts, tensor: str) -> Any | None:
+    """The quantized weighted op producing ``tensor`` (directly or through BatchNormalization), else None."""
+    node = f.index.source(tensor, through=frozenset({"BatchNormalization"}))
+    if node is None or node.op_type not in WEIGHTED or len(node.input) < 2:
+        return None
+    return node if all(f.quantized_source(node.input[i])[0] is not None for i in (0, 1)) else None
+
+
+def _quantized_downstream(f: GraphFacts, tensor: str) -> bool:
+    """Does ``tensor`` reach a QuantizeLinear through activations TensorRT fuses after an add?"""
+    readers = f.index.readers(tensor, through=frozenset({"Relu", "Clip", "LeakyRelu"}))
+    return any(r is not None and r.op_type == Q for r in readers)
+
+
+RULES = (
+    Rule(
+        "weighted-op-inputs",
+        "a quantized Conv/Gemm/MatMul reads DQs directly (no Cast, no float input)",
+        "TensorRT dev guide: Q/DQ placement, fusion",
+        _weighted_op_inputs,
+    ),
+    Rule(
+        "residual-add",
+        "an Add fused into a quantized op has a dequantized residual input",
+        "TensorRT dev guide: Q/DQ placement (add fusion)",
+        _residual_add,
+    ),
+    Rule(
+        "fused-scales",
+        "one scale across Concat and int8 data-movement ops",
+        "TensorRT dev guide: Q/DQ propagation",
+        _fused_scales,
+    ),
+    Rule(
+        "integer-ops",
+        "no QOperator integer ops (QLinearConv, ConvInteger...)",
+        "TensorRT dev guide: ONNX support",
+        _integer_ops,
+    ),
+)
