@@ -37,20 +37,24 @@ def _count_syncs(fn) -> dict[str, int]:
     return {name: names.count(name) for name in _SYNCS}
 
 
-def _model(learned: bool = False) -> torch.nn.Module:
+def _model(learned: bool = False, step_type: str = "float32") -> torch.nn.Module:
     torch.manual_seed(0)
     desc = qdq.QuantDescriptor(learn_amax=True, amax=2.0) if learned else None
     config = qdq.QuantConfig(quant_desc_input=desc)
     model = qdq.quantize_model(torchvision.models.resnet18(num_classes=10), config)
+    for quantizer in model.modules():
+        if isinstance(quantizer, qdq.TensorQuantizer):
+            quantizer.step_type = step_type
     for quantizer in model.modules():
         if isinstance(quantizer, qdq.TensorQuantizer) and not quantizer.learn_amax:
             quantizer.amax = torch.tensor(3.0) if quantizer.axis is None else torch.rand(1) + 0.5
     return model
 
 
+@pytest.mark.parametrize("step_type", ["float32", "float16"])  # float16: TensorRT 11 steps, rounded on the device
 @pytest.mark.parametrize("learned", [False, True])
-def test_training_step_has_no_host_reads(learned):
-    model = _model(learned)
+def test_training_step_has_no_host_reads(learned, step_type):
+    model = _model(learned, step_type)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
@@ -63,8 +67,12 @@ def test_training_step_has_no_host_reads(learned):
     assert _count_syncs(step) == dict.fromkeys(_SYNCS, 0)
 
 
-def test_eval_and_dynamic_ranges_have_no_host_reads():
+@pytest.mark.parametrize("step_type", ["float32", "float16"])
+def test_eval_and_dynamic_ranges_have_no_host_reads(step_type):
     model = qdq.quantize_model(torchvision.models.resnet18(num_classes=10)).eval()  # every range dynamic
+    for quantizer in model.modules():
+        if isinstance(quantizer, qdq.TensorQuantizer):
+            quantizer.step_type = step_type
     with torch.no_grad():
         assert _count_syncs(lambda: model(torch.randn(2, 3, 32, 32))) == dict.fromkeys(_SYNCS, 0)
 

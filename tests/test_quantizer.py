@@ -191,3 +191,75 @@ def test_fp16_input_with_fp32_amax():
     out = quantizer(x)
     assert out.dtype == torch.float16
     assert torch.equal(out, torch.from_numpy(fake_quant_np(x.float().numpy(), 1.0)).half())
+
+
+# --------------------------------------------------------------------- float16 / bfloat16 steps (TensorRT 11)
+def _oracle_low_steps(x: np.ndarray, amax: np.ndarray, kind) -> np.ndarray:
+    """numpy: quantize with the step ``amax / 127`` rounded to ``kind`` (what a float16 Q/DQ scale holds)."""
+    step = (np.asarray(amax, np.float32) / np.float32(127)).astype(kind).astype(np.float32)
+    return (np.clip(np.rint(np.divide(x, step, dtype=np.float32)), -128, 127) * step).astype(np.float32)
+
+
+@pytest.mark.parametrize("step_type", ["float16", "bfloat16"])
+def test_low_precision_steps_quantize_on_the_low_precision_grid(step_type):
+    import ml_dtypes
+
+    kind = np.float16 if step_type == "float16" else ml_dtypes.bfloat16
+    x = torch.randn(6, 5, 3, 3) * 3
+    amax = x.abs().amax(dim=(1, 2, 3), keepdim=True)
+    quantizer = TensorQuantizer(QuantDescriptor(axis=0), role="weight")
+    quantizer.amax = amax
+    assert quantizer.step_type == "float32" and torch.equal(quantizer.amax, amax)
+    quantizer.step_type = step_type  # rounds the stored range
+    step = quantizer.step().numpy()
+    np.testing.assert_array_equal(step, (amax.numpy() / np.float32(127)).astype(kind).astype(np.float32))
+    np.testing.assert_array_equal(quantizer(x).numpy(), _oracle_low_steps(x.numpy(), amax.numpy(), kind))
+    quantizer.amax = amax  # set again (calibration, load_amax): rounded again
+    np.testing.assert_array_equal(quantizer.step().numpy(), step)
+    assert f"{step_type}_steps" in repr(quantizer)
+
+
+def test_low_precision_steps_reach_loaded_learned_scaled_and_dynamic_ranges():
+    x = torch.randn(64) * 2
+    amax = torch.tensor(1.2345)
+    step16 = lambda a: np.float32(np.float16(np.float32(a) / np.float32(127)))  # noqa: E731
+
+    loaded = TensorQuantizer()
+    loaded.step_type = "float16"
+    loaded.load_state_dict({"_amax": amax, "_pre_quant_scale": torch.empty(0)})
+    assert float(loaded.step()) == step16(1.2345)
+
+    learned = TensorQuantizer(QuantDescriptor(learn_amax=True, amax=1.2345))
+    learned.step_type = "float16"
+    assert float(learned.step()) == step16(1.2345)
+    np.testing.assert_array_equal(learned(x).detach().numpy(), _oracle_low_steps(np.clip(x.numpy(), -1.2345,
+                                  1.2345), np.float32(1.2345), np.float16))  # fmt: skip
+
+    scaled = TensorQuantizer(QuantDescriptor(scale_amax=0.7))
+    scaled.step_type = "float16"
+    scaled.amax = amax
+    assert float(scaled.step()) == step16(np.float32(scaled.amax) * np.float32(0.7))
+
+    dynamic = TensorQuantizer()
+    dynamic.step_type = "float16"
+    np.testing.assert_array_equal(dynamic(x).numpy(), _oracle_low_steps(x.numpy(), x.abs().max().numpy(), np.float16))
+
+
+def test_low_precision_steps_at_the_ends_of_float16():
+    """A step below float16's smallest subnormal quantizes to zeros; one beyond its largest value is kept."""
+    quantizer = TensorQuantizer(QuantDescriptor(axis=0))
+    quantizer.step_type = "float16"
+    quantizer.amax = torch.tensor([1e-6, 0.5, 2e7]).view(3, 1)
+    assert quantizer.amax[0] == 0 and quantizer.amax[2] == 2e7
+    x = torch.tensor([[5e-7], [0.3], [1e7]])
+    assert quantizer(x)[0] == 0 and quantizer(x)[2] == fake_tensor_quant(x[2], torch.tensor(2e7))
+    with pytest.raises(QdqConfigError, match="step_type is one of"):
+        quantizer.step_type = "fp8"
+
+
+def test_float32_steps_are_unchanged_by_default():
+    x = torch.randn(100)
+    quantizer = TensorQuantizer()
+    quantizer.amax = torch.tensor(1.2345)
+    assert quantizer.step_type == "float32" and float(quantizer.amax) == np.float32(1.2345)
+    np.testing.assert_array_equal(quantizer(x).numpy(), fake_quant_np(x.numpy(), np.float32(1.2345)))

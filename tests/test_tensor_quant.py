@@ -261,3 +261,19 @@ def test_property_dtype_roundtrip(values, dtype):
 
 def test_max_bound_values():
     assert tq.max_bound(8) == 127 and tq.max_bound(8, unsigned=True) == 255 and tq.max_bound(4) == 7
+
+
+def test_low_precision_amax_gives_steps_of_that_type():
+    """Its step is a number of the type, nearest to amax's step; 127 * step is exact in float32."""
+    from qdq.tensor_quant import low_precision_amax, quant_step
+
+    amax = torch.tensor([2.0, 0.37, 0.05, 123.4, 1e-3, 1e-6, 0.0])  # 1e-3: subnormal step, 1e-6: step rounds to 0
+    for dtype, rel in ((torch.float16, 2.0**-11), (torch.bfloat16, 2.0**-8)):
+        exact = low_precision_amax(amax, dtype)
+        step = quant_step(exact)
+        assert torch.equal(step[:5], step[:5].to(dtype).float())  # the step is a number of the low type
+        expected = (amax.numpy() / np.float32(127)).astype(np.float16 if dtype == torch.float16 else np.float32)
+        if dtype == torch.float16:
+            np.testing.assert_array_equal(step[:5].numpy(), expected[:5].astype(np.float32))
+        assert torch.all((exact - amax).abs()[:4] <= rel * amax[:4])  # half an ulp of a normal step
+    assert low_precision_amax(amax, torch.float16)[5:].tolist() == [0.0, 0.0]  # zeros, as amax <= 2**-24

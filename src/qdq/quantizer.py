@@ -426,12 +426,12 @@ class TensorQuantizer(nn.Module):
             if key in state_dict:
                 value = state_dict[key]
                 target = getattr(self, name)
-                loaded = check_range(name.lstrip("_"), value, target.device, allow_empty=True)
-                setattr(self, name, self._low_precision(loaded) if name == "_amax" else loaded)
+                setattr(self, name, check_range(name.lstrip("_"), value, target.device, allow_empty=True))
         before = set(missing_keys)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        self._amax = self._low_precision(self._amax)  # the step type's grid (the stored values are copied in)
         for name in _BUFFERS:  # checkpoints of the seed toolkit omit ranges that were never set
             key = prefix + name
             if key in missing_keys and key not in before and getattr(self, name).numel() == 0:

@@ -31,8 +31,12 @@ from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqExportError
 from qdq.export import export_onnx, onnx_opset, qdq_sites
 from qdq.quantizer import TensorQuantizer
+from qdq.targets import Target
 
 X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+#: A target without an ONNX rewrite: the graph exactly as traced, for settings no registered target exports as
+#: they are (unsigned quantizers: not for TensorRT; float16 models: TensorRT refuses their Casts after DQs).
+PLAIN = Target("plain", description="the traced Q/DQ graph, unchanged")
 
 
 def two_convs(desc_in: QuantDescriptor | None = None, desc_w: QuantDescriptor | None = None) -> nn.Sequential:
@@ -102,18 +106,14 @@ def pre_quant_scale() -> nn.Module:
 
 
 FEATURES = [w4a8, w4_clipped, narrow, tiny_amax, unsigned, learned, pre_quant_scale]
-_UINT8 = pytest.mark.trt_rules_exempt("int8-type", reason="unsigned quantizers export uint8 Q/DQ, not for TensorRT")
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-@pytest.mark.parametrize(
-    "build",
-    [pytest.param(f, marks=[_UINT8] if f is unsigned else []) for f in FEATURES],
-    ids=[f.__name__ for f in FEATURES],
-)
+@pytest.mark.parametrize("build", FEATURES, ids=[f.__name__ for f in FEATURES])
 def test_setting_exports_bit_exact(tmp_path, build, dynamo):
     model = build()
-    path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=dynamo)
+    target = PLAIN if build is unsigned else None  # TensorRT has no uint8: the tensorrt target refuses it
+    path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=dynamo, target=target)
     assert inexact_quantizers(quantizer_outputs(model, X), onnx_quantizer_outputs(path, X)) == {}
     with torch.no_grad():
         reference = model(X).numpy()
@@ -128,25 +128,21 @@ def test_tiny_amax_gives_zeros_in_onnx(tmp_path):
     assert not values["0._weight_quantizer"][2].any()
 
 
-@_UINT8
 def test_unsigned_exports_uint8_zero_point(tmp_path):
-    path = export_onnx(unsigned(), X, tmp_path / "m.onnx", dynamo=False)
+    path = export_onnx(unsigned(), X, tmp_path / "m.onnx", dynamo=False, target=PLAIN)
     site = {s.quantizer: s for s in qdq_sites(onnx.load(str(path)))}["2._input_quantizer"]
     assert site.zero_point.dtype == np.uint8 and site.zero_point == 0
 
 
-@pytest.mark.trt_rules_exempt(
-    "weighted-op-inputs",
-    reason="a float16 model exports float32 Q/DQ with Casts, which TensorRT cannot fuse; "
-    "qdq.export.float_types converts a float32 export to float16 for TensorRT instead",
-)
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_fp16_model_exports_and_runs(tmp_path, dynamo):
+    """A float16 model exports float32 Q/DQ with Casts (which TensorRT refuses: it gets a float16 file from the
+    float32 model with target_options={"float": "float16"}, tests/targets/tensorrt)."""
     model = two_convs()
     calibrate_max(model, X)
     model = model.half()
     x = X.half()
-    path = export_onnx(model, x, tmp_path / "m.onnx", dynamo=dynamo)
+    path = export_onnx(model, x, tmp_path / "m.onnx", dynamo=dynamo, target=PLAIN)
     bad = inexact_quantizers(quantizer_outputs(model, x), onnx_quantizer_outputs(path, x))
     # fp16 convolutions accumulate differently in torch and ORT: only quantizers fed directly are exact
     assert set(bad) <= {"2._input_quantizer"}
@@ -158,21 +154,16 @@ def test_fp16_model_exports_and_runs(tmp_path, dynamo):
         assert steps_apart(model(x).numpy(), out) <= 1.0
 
 
-@pytest.mark.trt_rules_exempt(
-    "weighted-op-inputs",
-    reason="a bfloat16 model exports float32 Q/DQ with Casts, which TensorRT cannot fuse; "
-    "qdq.export.float_types converts a float32 export to bfloat16 for TensorRT instead",
-)
 def test_bf16_model_exports_at_opset_22(tmp_path):
     model = two_convs()
     calibrate_max(model, X)
     model = model.to(torch.bfloat16)
-    path = export_onnx(model, X.bfloat16(), tmp_path / "m.onnx", dynamo=True, opset=22)
+    path = export_onnx(model, X.bfloat16(), tmp_path / "m.onnx", dynamo=True, opset=22, target=PLAIN)
     proto = onnx.load(str(path))
     assert onnx_opset(proto) == 22 and len(qdq_sites(proto)) == 4
     assert {s.scale.dtype for s in qdq_sites(proto)} == {np.dtype(np.float32)}  # Q/DQ in float32, with Casts
     with pytest.raises(QdqExportError, match="opset >= 22"):  # the TorchScript exporter stops at opset 20
-        export_onnx(model, X.bfloat16(), tmp_path / "m2.onnx", dynamo=False)
+        export_onnx(model, X.bfloat16(), tmp_path / "m2.onnx", dynamo=False, target=PLAIN)
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
@@ -186,7 +177,8 @@ def test_uncalibrated_quantizer_is_named(tmp_path, dynamo):
 
 
 @pytest.mark.trt_rules_exempt(
-    "weighted-op-inputs", reason="a disabled input quantizer leaves a Conv with a float input and int8 weights"
+    "weighted-op-inputs",
+    reason="a disabled input quantizer leaves a Conv with a float input and int8 weights (warned at export)",
 )
 def test_disabled_or_unused_uncalibrated_quantizers_are_fine(tmp_path):
     model = two_convs()
@@ -194,7 +186,8 @@ def test_disabled_or_unused_uncalibrated_quantizers_are_fine(tmp_path):
     model[2]._input_quantizer.amax = None
     model[2]._input_quantizer.disable()
     model[0].unused = TensorQuantizer()  # never called
-    path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=False)
+    with pytest.warns(UserWarning, match=r"1 Conv/Gemm/MatMul.*2\._weight_quantizer.*TensorRT runs them in float"):
+        path = export_onnx(model, X, tmp_path / "m.onnx", dynamo=False)
     names = {s.quantizer for s in qdq_sites(onnx.load(str(path)))}
     assert names == {"0._input_quantizer", "0._weight_quantizer", "2._weight_quantizer"}
 

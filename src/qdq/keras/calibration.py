@@ -10,6 +10,7 @@ power-of-two histograms) are the PyTorch path's, bit for bit: one implementation
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -81,11 +82,24 @@ class CalibrationStats:
         """``{"<wrapper>/input_<i>": amax}`` by ``method`` (``"max"``, ``"entropy"``, ``"mse"``,
         ``"percentile"`` with ``percentile=``), without setting them."""
         check_method(method)
-        by_key = {}
-        for key, cal in self.calibrators.items():
-            amax = cal.compute_amax() if method == "max" else cal.compute_amax(method, **options)
-            by_key[key] = float(amax)
-        return {f"{w.name}/input_{p}": by_key[_key(t, w, p)] for t, (w, _, p) in self._sites}
+        by_key = {key: _amax(cal, method, options) for key, cal in self.calibrators.items()}
+        ranges = {f"{w.name}/input_{p}": by_key[_key(t, w, p)] for t, (w, _, p) in self._sites}
+        for wrapper, keys in self._shared().items():  # one range from the statistics of all its inputs
+            merged = copy.deepcopy(self.calibrators[keys[0]])
+            for key in keys[1:]:
+                merged.merge(self.calibrators[key])
+            amax = _amax(merged, method, options)
+            ranges.update({f"{wrapper.name}/input_{p}": amax for t, (w, _, p) in self._sites if w is wrapper})
+        return ranges
+
+    def _shared(self) -> dict[Any, list[tuple]]:
+        """The wrappers whose quantized inputs share one range (``shared_input_range``), with the keys of their
+        distinct calibrators; inputs on different grids (signed and unsigned) keep their own ranges."""
+        shared: dict[Any, dict[tuple, None]] = {}
+        for tensor, (wrapper, _, position) in self._sites:
+            if getattr(wrapper, "shared_input_range", False):
+                shared.setdefault(wrapper, {})[_key(tensor, wrapper, position)] = None
+        return {w: list(keys) for w, keys in shared.items() if len(keys) > 1 and len({k[1:] for k in keys}) == 1}
 
     def load(self, method: str, **options: Any) -> dict[str, float]:
         """Set the model's ranges by ``method`` (see :meth:`ranges`) and mark its wrappers calibrated."""
@@ -154,6 +168,10 @@ def set_ranges(model: Any, ranges: dict[str, float]) -> dict[str, float]:
     if newly_static:  # traced functions read the ranges' values at run time, but whether they are static at trace time
         forget_traced_functions(model)
     return dict(ranges)
+
+
+def _amax(calibrator: Any, method: str, options: dict[str, Any]) -> float:
+    return float(calibrator.compute_amax() if method == "max" else calibrator.compute_amax(method, **options))
 
 
 def _sites(model: Any, wrappers: list[Any]) -> list[tuple[Any, tuple[Any, int, int]]]:

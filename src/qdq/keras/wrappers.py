@@ -77,6 +77,9 @@ class QuantizeWrapper(keras.layers.Wrapper):
     """
 
     weighted = False
+    #: the quantized inputs share one range (calibrated on all of them), so they share one step: TensorRT
+    #: concatenates int8 data with one scale (the PyTorch ``QuantConcat`` has one quantizer for the same reason)
+    shared_input_range = False
 
     def __init__(
         self,
@@ -271,5 +274,6 @@ BatchNormalizationQuantizeWrapper = _input_only(
 AddQuantizeWrapper = _input_only("Add", "Add: per-tensor Q/DQ on the selected inputs (off by default).")
 MultiplyQuantizeWrapper = _input_only("Multiply", "Multiply: per-tensor Q/DQ on the selected inputs (off by default).")
 ConcatenateQuantizeWrapper = _input_only(
-    "Concatenate", "Concatenate: per-tensor Q/DQ on the selected inputs (off by default)."
+    "Concatenate", "Concatenate: per-tensor Q/DQ on the selected inputs, one shared range (off by default)."
 )
+ConcatenateQuantizeWrapper.shared_input_range = True
