@@ -1,4 +1,6 @@
-"""`qdq quantize --target tensorrt --float fp16`: the TensorRT 11 file (INT8 Q/DQ, the float part in FP16)."""
+"""`qdq quantize --target tensorrt --float fp16`: the TensorRT 11 file (INT8 Q/DQ, the float part in FP16),
+through the API: the model quantized with float16 steps, exported with target_options (ranges measured on the
+calibration batches)."""
 
 import json
 
@@ -21,6 +23,7 @@ def test_quantize_with_float16_writes_a_checked_tensorrt_11_file(tmp_path, capsy
     assert set(report.compute) == {"float16"} and report.int8_ops > 0
     record = json.loads((out / "summary.json").read_text())["pipeline"]
     assert record["config"]["float"] == "float16" and record["float"]["converted_nodes"] == report.compute["float16"]
+    assert record["float"]["ranges_measured"] and record["float"]["largest_step_change"] == 0.0  # float16 steps
     assert record["engines"]["onnxruntime"]["top1_agreement"] > 90.0  # ONNX Runtime runs the FP16 file
     assert main(["check", str(out / "model.onnx")]) == 0
     capsys.readouterr()

@@ -44,3 +44,9 @@ def trt_onnx(model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def batch_input() -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(7).standard_normal((3, *rt_models.INPUT_SHAPE)).astype(np.float32))
+
+
+@pytest.fixture(scope="session")
+def vit_fp16_onnx(model_dir: Path) -> tuple[Path, np.ndarray]:
+    """A quantized torchvision ViT exported for TensorRT 11 (float16 outside its Q/DQ), and an input batch."""
+    return rt_models.export_vit_fp16(model_dir / "vit_fp16.onnx")

@@ -187,3 +187,21 @@ def qdq_conv_graph(
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def export_vit_fp16(path: Path) -> tuple[Path, np.ndarray]:
+    """A 2-layer torchvision ViT (32x32), quantized for target "tensorrt" with float16 steps and exported with
+    its float part in float16 (ranges measured on the batch returned with it)."""
+    import qdq
+    from qdq.export import export_onnx
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    vit = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                            num_classes=10)  # fmt: skip
+    config = qdq.QuantConfig(target="tensorrt", target_options={"float": "float16"})
+    model = qdq.quantize_model(vit, config).eval()
+    qdq.calibrate(model, [x], method="max", progress=False)
+    export_onnx(model, x, path, target_options={"calibration_data": [x]})
+    return path, x.numpy()

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 from qdq.errors import QdqConfigError
 from qdq.runtime import OrtRuntime, load_runtime
+from qdq.runtime.model_info import read_model_info
 
 
 def test_session_settings(fp32_onnx: Path) -> None:
@@ -66,3 +67,25 @@ def test_model_ort_cannot_load_is_a_config_error(tmp_path: Path) -> None:
 def test_wrong_input_shape_is_a_config_error(fp32_onnx: Path) -> None:
     with load_runtime(fp32_onnx) as runtime, pytest.raises(QdqConfigError, match=r"cannot run .*dimensions"):
         runtime.run(np.zeros((1, 2, 32, 32), np.float32))
+
+
+def test_float16_file_loads_without_the_nchwc_pass(vit_fp16_onnx) -> None:
+    """ONNX Runtime 1.32 crashes the process creating an ORT_ENABLE_ALL session for this float16 ViT (its
+    NchwcTransformer); qdq's runtime leaves that pass out for files recording float16. Run in a child process,
+    so that a regression fails this test instead of killing the test run."""
+    import subprocess
+    import sys
+
+    path, x = vit_fp16_onnx
+    info = read_model_info(path)
+    assert info.float_type == "float16" and info.precision == "int8+fp16"
+    np.save(path.with_suffix(".npy"), x)
+    script = (
+        "import sys, numpy as np; from qdq.runtime import load_runtime; "
+        "r = load_runtime(sys.argv[1], 'onnxruntime'); out = r.run(np.load(sys.argv[2]))[0]; "
+        "print(r.precision, out.shape, bool(np.isfinite(out).all()))"
+    )
+    child = subprocess.run([sys.executable, "-c", script, str(path), str(path.with_suffix(".npy"))],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["int8+fp16", "(2,", "10)", "True"]

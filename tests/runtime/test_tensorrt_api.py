@@ -160,3 +160,10 @@ def test_network_flags_of_each_major():
     ten, _ = fake_tensorrt("10.0.1")
     eleven, _ = fake_tensorrt("11.0.0")
     assert (network_flags(ten), network_flags(eleven)) == (2, 0)
+
+
+def test_fp16_file_builds_strongly_typed(use_tensorrt, vit_fp16_onnx):
+    """A TensorRT 11 file (INT8 Q/DQ, float16 elsewhere) passes the rule check and builds with no flags."""
+    log = use_tensorrt("11.4.0")
+    path, _ = vit_fp16_onnx
+    assert build_engine(path) == b"plan" and log["network_flags"] == 0 and log["parsed"] == str(path)
