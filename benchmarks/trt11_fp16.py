@@ -10,8 +10,8 @@ For each model (random init, quantized for target "tensorrt", max-calibrated on 
    * grid: the float32 export vs the same graph with its steps rounded to float16 (``round_scales``);
    * ORT fp16: the float16 file vs that rounded float32 graph (same grid: float16 arithmetic alone), with the
      per-quantizer int8 code agreement and whether every QuantizeLinear is exact on its own input;
-   * torch fp16: the PyTorch model with the same float16 steps (``exact_amax``), run in float16 vs float32 on
-     the CPU — what float16 arithmetic does to the same quantized model outside ONNX Runtime;
+   * torch fp16: the PyTorch model with the same float16 steps (``TensorQuantizer.step_type``), run in float16
+     vs float32 on the CPU — what float16 arithmetic does to the same quantized model outside ONNX Runtime;
    * explained = ORT fp16 relative L2 error / torch fp16 relative L2 error (about 1: the file's difference is
      what float16 arithmetic does);
    * int8 vs float: the quantized PyTorch model against itself with its quantizers off — the size of the
@@ -38,13 +38,11 @@ import torch
 import torchvision
 
 import qdq
-from qdq.export import export_onnx
-from qdq.export.float_fidelity import compare_graphs, weight_bytes
-from qdq.export.float_types import convert_float_precision, exact_amax, round_scales
-from qdq.export.trt_check import check_tensorrt
+from qdq.export import check_tensorrt, compare_graphs, convert_float_precision, export_onnx, round_scales
 from qdq.markdown import markdown_table
 from qdq.placement import apply_placement
 from qdq.quantizer import TensorQuantizer
+from qdq.targets.tensorrt.float_fidelity import weight_bytes
 
 
 def build(name: str) -> torch.nn.Module:
@@ -86,10 +84,11 @@ def quantized(name: str, calib: list[torch.Tensor]) -> torch.nn.Module:
     return model.eval()
 
 
-def use_exact_amax(model: torch.nn.Module) -> None:
+def use_float16_steps(model: torch.nn.Module) -> None:
+    """Quantize on the FP16 file's grid (what ``QuantConfig(target_options={"float": "float16"})`` sets)."""
     for q in model.modules():
-        if isinstance(q, TensorQuantizer) and q.amax is not None:
-            q.amax = exact_amax(q.amax, "float16", q.maxbound)
+        if isinstance(q, TensorQuantizer):
+            q.step_type = "float16"
 
 
 def steps_apart(reference: np.ndarray, other: np.ndarray) -> float:
@@ -119,7 +118,7 @@ def quantization_error(model: torch.nn.Module, batches: list[torch.Tensor]) -> f
 
 def torch_fp16_steps(model: torch.nn.Module, batches: list[torch.Tensor]) -> tuple[float, float, float]:
     """(steps, relative L2 error, top-1 agreement) of ``model`` (float16-exact steps) in float16 vs float32."""
-    use_exact_amax(model)
+    use_float16_steps(model)
     with torch.no_grad():
         full = np.concatenate([model(x).numpy() for x in batches])
         model.half()

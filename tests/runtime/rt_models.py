@@ -192,9 +192,10 @@ def qdq_conv_graph(
 def export_vit_fp16(path: Path) -> tuple[Path, np.ndarray]:
     """A 2-layer torchvision ViT (32x32), quantized for target "tensorrt" with float16 steps and exported with
     its float part in float16 (ranges measured on the batch returned with it)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
     import qdq
     from qdq.export import export_onnx
-    from torchvision.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)

@@ -20,9 +20,9 @@ import qdq
 from qdq.cli import main
 from qdq.errors import QdqConfigError
 from qdq.export import export_onnx
+from qdq.placement import apply_placement
 from qdq.targets.tensorrt.check import check_tensorrt
 from qdq.targets.tensorrt.engine_rules import RULES
-from qdq.placement import apply_placement
 
 
 def test_base_graph_passes_every_rule():
