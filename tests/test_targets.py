@@ -92,13 +92,15 @@ def test_registered_targets_hold_their_facts():
     assert ort.fusion.dequantized_inputs("Where", 3) == (1, 2)
     assert not ort.fusion.fuses("Relu")
     from qdq.targets.onnxruntime.rewrite import rewrite_for_onnxruntime
+    from qdq.targets.tensorrt.rewrite import rewrite_for_tensorrt
 
-    assert ort.onnx_rewrite is rewrite_for_onnxruntime and trt.onnx_rewrite is None
+    assert ort.onnx_rewrite is rewrite_for_onnxruntime and trt.onnx_rewrite is rewrite_for_tensorrt
     assert dict(ort.export.options) == {"weights": "auto"} and ort.export.opset is None
+    assert dict(trt.export.options) == {"float": "float32"}
     assert {r.runtime: r.verdict for r in trt.runtimes} == {"tensorrt": "native", "openvino": "native",
                                                             "onnxruntime": "runs"}  # fmt: skip
     assert ort.support("tensorrt").verdict == "refuses" and ort.support("onnxruntime").verdict == "native"
-    assert trt.rewrite_onnx(onnx.ModelProto()) == {}
+    assert trt.rewrite_onnx(onnx.ModelProto()) == {"partly_quantized_ops": 0}  # float32: nothing converted
     with pytest.raises(QdqConfigError, match="no fusion facts"):
         trt.require_fusion()
 
