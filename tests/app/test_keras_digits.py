@@ -16,7 +16,7 @@ try:
 except QdqBackendUnavailable:
     pytest.skip("the Keras run needs TensorFlow: pip install 'qdq[tf]'", allow_module_level=True)
 
-from qdq.app.demo import demo_table
+from qdq.app.demo import DemoRun, Scheme, demo_table
 from qdq.app.keras_digits import KERAS_MODEL, digits_arrays, keras_digits_resnet, run_keras_job, train_keras
 from qdq.app.models import digits_resnet
 from qdq.app.pipeline import PipelineConfig
@@ -39,7 +39,7 @@ def test_the_keras_model_is_the_pytorch_model_in_keras():
 def test_the_data_are_the_pytorch_runs_digits_in_nhwc():
     from qdq.app.data import digits_datasets
 
-    x_train, y_train, x_test, y_test = digits_arrays(16)
+    x_train, y_train, x_test, y_test = digits_arrays("digits", 16)
     train, test = digits_datasets(size=16)
     assert x_train.shape == (len(train), 16, 16, 3) and x_test.shape == (len(test), 16, 16, 3)
     image, label = test[5]
@@ -50,12 +50,12 @@ def test_the_data_are_the_pytorch_runs_digits_in_nhwc():
 @pytest.fixture(scope="module")
 def keras_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("keras_run")
-    data = digits_arrays(32)
+    data = digits_arrays("digits", 28)  # the 8x8 digits: a quick stand-in for MNIST
     model = train_keras(keras_digits_resnet(), data[0], data[1], epochs=2, lr=0.1)
-    cfg = PipelineConfig(model=KERAS_MODEL, out=str(out / "W8A8"), calib="all", calib_batches=2, qat_epochs=1,
-                         runtimes=["onnxruntime"], bench_batches=[2], bench_iters=2, eval_batches=3,
-                         batch_size=32)  # fmt: skip
-    return out / "W8A8", run_keras_job(cfg, model, data)
+    cfg = PipelineConfig(model=KERAS_MODEL, data="digits", out=str(out / "W8A8"), calib="all", calib_batches=2,
+                         qat_epochs=1, qat_batches=3, runtimes=["onnxruntime"], bench_batches=[2], bench_rounds=2,
+                         bench_iters=2, eval_batches=3, batch_size=32)  # fmt: skip
+    return out / "W8A8", run_keras_job((model, data), cfg, progress=False)
 
 
 def test_the_job_gives_the_pytorch_jobs_summary(keras_run):
@@ -66,6 +66,7 @@ def test_the_job_gives_the_pytorch_jobs_summary(keras_run):
     assert engine["samples"] == 96 and engine["top1_agreement"] >= 99.0 and engine["max_error_steps"] <= 1.5
     assert summary["accuracy"]["INT8 engine (onnxruntime)"] == pytest.approx(summary["accuracy"]["QAT"], abs=1.1)
     assert {row["variant"] for row in summary["latency"]} == {"FP32", "INT8"}
+    assert engine["verdict"] == "PASS" and engine["int8_layers"] >= 10 and engine["float_layers"] == 0
     for name in ("model.onnx", "model_fp32.onnx", "report.md", "report.html", "summary.json", "accuracy.png"):
         assert (out / name).is_file(), name
     assert json.loads((out / "summary.json").read_text())["pipeline"]["config"]["model"] == KERAS_MODEL
@@ -73,6 +74,8 @@ def test_the_job_gives_the_pytorch_jobs_summary(keras_run):
 
 def test_the_run_is_a_row_of_the_demo_table(keras_run):
     _, summary = keras_run
-    table = demo_table({f"{KERAS_MODEL} W8A8": summary})
-    cells = r" +\| ".join(["[0-9.]+"] * 5)  # FP32, PTQ, QAT, INT8 engine, speed-up
-    assert re.search(rf"^\| {KERAS_MODEL} W8A8 +\| {cells}x \(b2\)", table, flags=re.M)
+    table, _ = demo_table([DemoRun(KERAS_MODEL, Scheme(8, 8), summary)], batch=2)
+    # FP32, PTQ (method), QAT, INT8 engine, speed-up (spread)
+    ptq, speedup = r"[0-9.]+ \(\w+( [0-9.]+)?\)", r"[0-9.]+x \([0-9.]+-[0-9.]+\)"
+    cells = r" +\| ".join(["[0-9.]+", ptq, "[0-9.]+", "[0-9.]+", speedup])
+    assert re.search(rf"^\| {KERAS_MODEL} +\| W8A8 +\| {cells}", table, flags=re.M), table

@@ -51,22 +51,48 @@ def test_digits_cnn_is_fx_traceable_with_residual_adds(name):
     assert len(adds) >= 2  # Python `+` of the residual connections, visible to the placement pass
 
 
+def _multiply_adds(model: nn.Module, size: int = 28) -> int:
+    """Multiply-adds of one ``size``×``size`` image through the convs and linears (counted from their outputs)."""
+    total = 0
+
+    def count(module, _inputs, output):
+        nonlocal total
+        if isinstance(module, nn.Conv2d):
+            kernel = module.kernel_size[0] * module.kernel_size[1]
+            total += output.numel() * module.in_channels // module.groups * kernel
+        elif isinstance(module, nn.Linear):
+            total += output.numel() * module.in_features
+
+    handles = [m.register_forward_hook(count) for m in model.modules()]
+    with torch.no_grad():
+        model.eval()(torch.randn(1, 3, size, size))
+    for handle in handles:
+        handle.remove()
+    return total
+
+
 def test_digits_resnet_structure():
     model = digits_resnet()
     shortcuts = [m.downsample for m in model.layers if m.downsample is not None]
     assert len(shortcuts) == 2
     assert all(s[0].kernel_size == (1, 1) and s[0].stride == (2, 2) for s in shortcuts)
-    assert sum(p.numel() for p in model.parameters()) < 200_000
+    assert sum(p.numel() for p in model.parameters()) == 308_650  # the docstring's "309 k"
+    assert _multiply_adds(model) == 10_263_168  # "10.3 M" on a 28×28 image: enough work for int8 kernels to pay
 
 
 def test_digits_mobilenet_structure():
     model = digits_mobilenet()
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     assert any(c.groups == c.in_channels > 1 for c in convs)  # depthwise
-    assert any(isinstance(m, nn.SiLU) for m in model.modules())
-    assert any(type(m).__name__ == "SqueezeExcite" for m in model.modules())
-    assert not any(type(m).__name__ == "SqueezeExcite" for m in digits_mobilenet(se=False).modules())
+    assert any(isinstance(m, nn.ReLU6) for m in model.modules())
+    assert not any(isinstance(m, nn.SiLU) for m in model.modules())
+    assert not any(type(m).__name__ == "SqueezeExcite" for m in model.modules())
+    efficientnet_style = digits_mobilenet(se=True, act="silu")
+    assert any(type(m).__name__ == "SqueezeExcite" for m in efficientnet_style.modules())
+    assert any(isinstance(m, nn.SiLU) for m in efficientnet_style.modules())
     assert sum(p.numel() for p in model.parameters()) < 200_000
+    with pytest.raises(QdqConfigError, match="unknown activation 'gelu'"):
+        digits_mobilenet(act="gelu")
 
 
 @pytest.mark.parametrize("name", CNNS)
@@ -216,7 +242,7 @@ def test_load_model_weights_of_another_model(tmp_path):
 def test_load_model_weights_with_other_shapes(tmp_path):
     torch.save(digits_resnet(num_classes=10).state_dict(), tmp_path / "w.pt")
     message = _one_line_error(load_model, "digits_resnet", weights=tmp_path / "w.pt", num_classes=5)
-    assert "shape file vs model" in message and "fc.weight [10, 64] vs [5, 64]" in message
+    assert "shape file vs model" in message and "fc.weight [10, 128] vs [5, 128]" in message
 
 
 @pytest.mark.parametrize("content", ["garbage", "not_a_state_dict"])

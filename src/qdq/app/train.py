@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from qdq.errors import QdqConfigError
+from qdq.workflow.progress import Progress, progress_bar, step_name
 
 __all__ = ["OPTIMIZERS", "evaluate", "make_optimizer", "make_scheduler", "train_classifier", "train_one_epoch"]
 
@@ -75,18 +76,10 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _progress(loader: Iterable[Any], enabled: bool, desc: str) -> Any:
-    if not enabled:
-        return loader
-    from tqdm.auto import tqdm
-
-    return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True)
-
-
 def train_one_epoch(
     model: nn.Module, loader: Iterable[Batch], optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, device: str | torch.device = "cpu",
-    progress: bool = False, desc: str = "train", loss_fn: Callable[..., torch.Tensor] | None = None,
+    progress: Progress = False, desc: str = "train", loss_fn: Callable[..., torch.Tensor] | None = None,
 ) -> float:  # fmt: skip
     """One pass over ``loader`` in train mode; steps ``scheduler`` after every batch. Returns the mean loss.
 
@@ -96,7 +89,7 @@ def train_one_epoch(
     loss_fn = loss_fn or nn.functional.cross_entropy
     model.train()
     total, count = 0.0, 0
-    bar = _progress(loader, progress, desc)
+    bar = progress_bar(loader, progress, desc)
     for images, labels in bar:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         loss = loss_fn(model(images), labels)
@@ -107,7 +100,7 @@ def train_one_epoch(
             scheduler.step()
         total += float(loss.detach()) * labels.numel()
         count += labels.numel()
-        if progress:
+        if bar is not loader:  # a progress bar
             bar.set_postfix(loss=f"{total / count:.4f}")
     if count == 0:
         raise QdqConfigError("the training loader yielded no batch")
@@ -116,7 +109,7 @@ def train_one_epoch(
 
 def train_classifier(
     model: nn.Module, train_loader: Iterable[Batch], epochs: int, lr: float, *, weight_decay: float = 5e-4,
-    device: str | torch.device = "cpu", progress: bool = True, optimizer: str = "sgd",
+    device: str | torch.device = "cpu", progress: Progress = True, optimizer: str = "sgd",
     warmup_fraction: float = 0.1, final_lr_fraction: float = 0.0, eval_loader: Iterable[Batch] | None = None,
 ) -> list[float]:  # fmt: skip
     """Train ``model`` in place with the module's recipe (SGD or AdamW, linear warm-up, per-step cosine).
@@ -128,7 +121,7 @@ def train_classifier(
         lr: peak learning rate (0.1 with SGD, 5e-3 with AdamW suit the digits CNNs at batch 64).
         weight_decay: decay of conv/linear weights (see :func:`make_optimizer`).
         device: ``"cpu"``, ``"cuda"``...
-        progress: show a tqdm bar per epoch.
+        progress: show a tqdm bar per epoch (on stderr); a string names it (``"<progress> · epoch 1/3"``).
         optimizer: ``"sgd"`` or ``"adamw"``.
         warmup_fraction: fraction of all steps spent warming up linearly (0 for none).
         final_lr_fraction: learning rate after the last step, as a fraction of ``lr``.
@@ -147,8 +140,8 @@ def train_classifier(
     for epoch in range(epochs):
         desc = f"epoch {epoch + 1}/{epochs}"
         losses.append(train_one_epoch(model, train_loader, opt, scheduler, device=device, progress=progress, desc=desc))
-        if eval_loader is not None and progress:
-            _print_epoch(desc, losses[-1], evaluate(model, eval_loader, device=device))
+        if eval_loader is not None and progress is not False:
+            _print_epoch(step_name(progress, desc), losses[-1], evaluate(model, eval_loader, device=device))
     model.eval()
     return losses
 

@@ -20,7 +20,7 @@ from qdq.runtime.base import (
     register_runtime,
     runtime_names,
 )
-from qdq.runtime.benchmark import benchmark, benchmark_model, results_table
+from qdq.runtime.benchmark import Comparison, SpeedUp, benchmark, benchmark_model, compare_models, results_table
 from qdq.runtime.fusion import FusionReport, UnfusedQdq, analyse_fusion
 from qdq.runtime.model_info import ModelInfo, TensorSpec, random_inputs, read_model_info
 from qdq.runtime.openvino import OpenVinoRuntime, precision_report, supported_precisions
@@ -30,6 +30,7 @@ from qdq.runtime.tensorrt import TensorRtRuntime, build_engine
 
 __all__ = [
     "BenchmarkResult",
+    "Comparison",
     "FusionReport",
     "Inputs",
     "LayerPrecision",
@@ -38,6 +39,7 @@ __all__ = [
     "OrtRuntime",
     "PrecisionReport",
     "Runtime",
+    "SpeedUp",
     "TensorRtRuntime",
     "TensorSpec",
     "UnfusedQdq",
@@ -45,6 +47,7 @@ __all__ = [
     "benchmark",
     "benchmark_model",
     "build_engine",
+    "compare_models",
     "fusion_report",
     "get_runtime_class",
     "import_backend",

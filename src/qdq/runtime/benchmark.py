@@ -1,20 +1,27 @@
-"""Latency measurement: warm-up, then a timed loop of single inferences.
+"""Latency measurement: warm-up, then a timed loop of single inferences; and speed-ups measured interleaved.
 
 Each inference is timed on its own with :func:`time.perf_counter`; the result keeps min, median, p90
 and mean in milliseconds. Min is the least disturbed by other processes, median the typical case.
 
-One session alive at a time. :func:`benchmark_model` loads a model, times it and closes it before
-returning, and callers comparing several models should do the same, never keeping several sessions
-open in an interleaved A/B loop. ONNX Runtime's intra-op worker threads spin for a while after each
-run, so an idle session still burns the cores the running one needs; on the 2-core machine of the
-project's probe (notes/probe.md §4) this doubled 2-thread batch-1 medians. Measuring one model at a
-time avoids it.
+Absolute times (:func:`benchmark_model`): one session alive at a time. ONNX Runtime's intra-op worker
+threads spin for a while after each run, so an idle session burns the cores the running one needs; on
+the 2-core machine of the project's probe (notes/probe.md §4) alternating single inferences of two live
+sessions doubled 2-thread batch-1 medians.
+
+Speed-ups (:func:`compare_models`): on a shared machine the load changes from second to second, so two
+models timed one after the other can differ by 40 % for no reason of their own. ``compare_models`` keeps
+every model loaded and times them in rounds, each model a block of runs per round (a few untimed runs
+first, so that the other session's spinning threads have gone back to sleep), the order reversed every
+other round. Each round gives one ratio per model against the baseline, from the two blocks' medians
+measured seconds apart; the speed-up is the median of these ratios and its spread their interquartile
+range (:class:`SpeedUp`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +32,7 @@ from qdq.runtime._text import markdown_table
 from qdq.runtime.base import BenchmarkResult, Inputs, Runtime, load_runtime
 from qdq.runtime.model_info import random_inputs
 
-__all__ = ["benchmark", "benchmark_model", "results_table"]
+__all__ = ["Comparison", "SpeedUp", "benchmark", "benchmark_model", "compare_models", "results_table"]
 
 
 def benchmark(
@@ -58,14 +65,7 @@ def benchmark(
     if inputs is None:
         batch = batch or runtime.batch or 1
         inputs = random_inputs(runtime.input_specs, batch, seed=seed)
-    call = runtime.bind(inputs)
-    for _ in range(warmup):
-        call()
-    times_ms = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        call()
-        times_ms.append((time.perf_counter() - start) * 1e3)
+    times_ms = _times_ms(runtime.bind(inputs), iters, warmup)
     return BenchmarkResult.from_times(
         times_ms,
         label=label or runtime.path.name,
@@ -97,6 +97,118 @@ def benchmark_model(
     _check_counts(iters, warmup)
     with load_runtime(onnx_path, runtime, threads=threads, batch=batch, **options) as loaded:
         return benchmark(loaded, batch=batch, iters=iters, warmup=warmup, label=label)
+
+
+@dataclass(frozen=True)
+class SpeedUp:
+    """How many times faster a model ran than the baseline, over interleaved rounds (> 1: faster).
+
+    ``median`` is the median of the per-round ratios (baseline time / model time, each time the median of
+    one block of runs); ``low`` and ``high`` are their 25th and 75th percentiles.
+    """
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    @classmethod
+    def from_ratios(cls, ratios: Sequence[float]) -> SpeedUp:
+        values = np.asarray(ratios, dtype=np.float64)
+        low, median, high = np.percentile(values, [25, 50, 75])
+        return cls(float(median), float(low), float(high), len(values))
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Models timed in interleaved rounds on one runtime: ``block_ms[label]`` holds one median per round."""
+
+    runtime: str
+    batch: int
+    threads: int | None
+    iters: int
+    baseline: str
+    block_ms: dict[str, tuple[float, ...]]
+
+    @property
+    def rounds(self) -> int:
+        return len(self.block_ms[self.baseline])
+
+    def median_ms(self, label: str) -> float:
+        """The median over rounds of ``label``'s block medians, in ms per inference."""
+        return float(np.median(self.block_ms[label]))
+
+    def speedup(self, label: str) -> SpeedUp:
+        """``label`` against the baseline, round by round."""
+        base, other = self.block_ms[self.baseline], self.block_ms[label]
+        return SpeedUp.from_ratios([b / o for b, o in zip(base, other, strict=True)])
+
+
+def compare_models(
+    models: Mapping[str, str | Path],
+    runtime: str = "onnxruntime",
+    *,
+    baseline: str | None = None,
+    batch: int = 1,
+    threads: int | None = None,
+    rounds: int = 7,
+    iters: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+    progress: Any = None,
+    **options: Any,
+) -> Comparison:
+    """Time ``models`` (label -> ONNX path) against each other in ``rounds`` interleaved rounds.
+
+    Every model is loaded once with ``options`` (e.g. ``precision="f32"`` for OpenVINO) and fed the same
+    random inputs of ``batch``. Each round runs each model ``warmup`` times untimed, then ``iters`` timed
+    runs, in the order of ``models`` on even rounds and reversed on odd ones. ``baseline`` (default: the
+    first label) is what :meth:`Comparison.speedup` divides by. ``progress``, if given, is called with no
+    argument after each block (a progress bar's ``update``).
+    """
+    _check_counts(iters, warmup)
+    if rounds < 1:
+        raise QdqConfigError(f"rounds must be >= 1, got {rounds}")
+    labels = list(models)
+    baseline = labels[0] if baseline is None else baseline
+    if baseline not in models:
+        raise QdqConfigError(f"baseline {baseline!r} is not one of the models {labels}")
+    loaded: list[Runtime] = []
+    try:
+        for label in labels:
+            loaded.append(load_runtime(models[label], runtime, threads=threads, batch=batch, **options))
+        inputs = random_inputs(loaded[0].input_specs, batch, seed=seed)
+        calls = {label: rt.bind(inputs) for label, rt in zip(labels, loaded)}
+        blocks: dict[str, list[float]] = {label: [] for label in labels}
+        for index in range(rounds):
+            for label in labels if index % 2 == 0 else labels[::-1]:
+                blocks[label].append(_block_median_ms(calls[label], iters, warmup))
+                if progress is not None:
+                    progress()
+    finally:
+        for rt in loaded:
+            rt.close()
+    return Comparison(loaded[0].name, batch, threads, iters, baseline,
+                      {label: tuple(times) for label, times in blocks.items()})  # fmt: skip
+
+
+def _times_ms(call: Any, iters: int, warmup: int) -> list[float]:
+    """``warmup`` untimed calls, then the wall time of each of ``iters`` calls, in ms."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _block_median_ms(call: Any, iters: int, warmup: int) -> float:
+    return float(np.median(_times_ms(call, iters, warmup)))
 
 
 def results_table(results: Sequence[BenchmarkResult], baseline: BenchmarkResult | None = None) -> str:

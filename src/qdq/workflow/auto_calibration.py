@@ -49,7 +49,6 @@ from qdq.validate import check_range
 from qdq.workflow.calibration import (
     ForwardFn,
     _local_batches,
-    _progress,
     collect_stats,
     default_forward,
     load_amax,
@@ -57,6 +56,7 @@ from qdq.workflow.calibration import (
     named_quantizers,
 )
 from qdq.workflow.distributed import unwrap
+from qdq.workflow.progress import Progress, progress_bar
 
 __all__ = ["AUTO", "CANDIDATES", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
 
@@ -136,7 +136,7 @@ def calibrate_auto(
     num_batches: int | None = None,
     weight_method: str | None = "max",
     forward_fn: ForwardFn | None = None,
-    progress: bool = True,
+    progress: Progress = True,
     strict: bool = True,
 ) -> nn.Module:
     """``qdq.calibrate(model, data, method="auto")``: histogram statistics, then :func:`select_amax`, then the
@@ -169,7 +169,7 @@ def select_amax(
     weight_method: str | None = "max",
     forward_fn: ForwardFn | None = None,
     candidates: Iterable[tuple[str, dict[str, Any]]] = CANDIDATES,
-    progress: bool = True,
+    progress: Progress = True,
     strict: bool = True,
 ) -> AutoResult:
     """Choose each activation quantizer's range among ``candidates`` by the error of its layer's output.
@@ -348,7 +348,7 @@ def _compare(
     options: dict[str, dict[str, torch.Tensor]],
     num_batches: int | None,
     forward: ForwardFn,
-    progress: bool,
+    progress: Progress,
 ) -> _Errors:
     errors = _Errors()
     for layer in layers:
@@ -383,7 +383,8 @@ def _compare(
     total = len(data) if num_batches is None and hasattr(data, "__len__") else num_batches  # type: ignore[arg-type]
     try:
         with _float_mode(module), torch.no_grad():
-            for batch in _progress(_local_batches(data, num_batches), total, progress, "auto: comparing ranges"):
+            batches = _local_batches(data, num_batches)
+            for batch in progress_bar(batches, progress, "auto: comparing ranges", total=total):
                 forward(model, batch)
                 errors.batches += 1
     finally:

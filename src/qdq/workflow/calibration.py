@@ -31,6 +31,7 @@ from qdq.calib.weights import calibrate_weights
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.distributed import assert_same_across_ranks, collective, rank, unwrap, world_size
+from qdq.workflow.progress import Progress, progress_bar
 
 __all__ = ["calibrate", "collect_stats", "default_forward", "load_amax", "method_label", "named_quantizers"]
 
@@ -78,16 +79,6 @@ def _batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]:
         raise QdqCalibrationError("the calibration data is empty: it yields no batch.") from None
     stream = itertools.chain([first], iterator)
     return itertools.islice(stream, num_batches) if num_batches is not None else stream
-
-
-def _progress(iterable: Iterable[Any], total: int | None, enabled: bool, desc: str) -> Iterable[Any]:
-    if not enabled:
-        return iterable
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return iterable
-    return tqdm(iterable, total=total, desc=desc, leave=False)
 
 
 class _NamedCollector:
@@ -156,7 +147,7 @@ def collect_stats(
     num_batches: int | None = None,
     calibrator: str | None = None,
     forward_fn: ForwardFn | None = None,
-    progress: bool = True,
+    progress: Progress = True,
     **calibrator_options: Any,
 ) -> nn.Module:
     """Run ``data`` through ``model`` and collect range statistics in every enabled activation quantizer.
@@ -171,7 +162,7 @@ def collect_stats(
             name given here wins for every quantizer; ``None`` (the default) uses each quantizer's own
             descriptor ``calib_method`` (``"max"`` unless the descriptor says otherwise, as in the seed
             toolkit). Previous statistics are discarded.
-        progress: show a progress bar.
+        progress: show a progress bar; a string names it after the run (:mod:`qdq.workflow.progress`).
         calibrator_options: passed to every calibrator (e.g. ``num_bins=4096``, ``skip_zeros=True``).
 
     Under ``torch.distributed`` each rank collects on its own ``data`` (``num_batches`` is per rank; a
@@ -191,7 +182,7 @@ def collect_stats(
     forward = forward_fn or default_forward
     total = num_batches if num_batches is not None else (len(data) if hasattr(data, "__len__") else None)  # type: ignore[arg-type]
     with _calibration_mode(model, quantizers), torch.no_grad():
-        for batch in _progress(batches, total, progress, "calibrating"):
+        for batch in progress_bar(batches, progress, "calibrating", total=total):
             forward(model, batch)
     return wrapper
 
@@ -287,7 +278,7 @@ def calibrate(
     percentile: float = 99.99,
     weight_method: str | None = "max",
     forward_fn: ForwardFn | None = None,
-    progress: bool = True,
+    progress: Progress = True,
     strict: bool = True,
 ) -> nn.Module:
     """Calibrate ``model`` on ``data``: collect statistics, compute amax with ``method``, load it.

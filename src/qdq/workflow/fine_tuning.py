@@ -43,6 +43,7 @@ from qdq.workflow.distributed import (
     unwrap,
     world_size,
 )
+from qdq.workflow.progress import Progress, progress_bar
 
 __all__ = ["QATResult", "qat", "save_atomic"]
 
@@ -132,7 +133,7 @@ def qat(
     amp: bool | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
     loss_fn: nn.Module | None = None,
 ) -> QATResult:
     """Fine-tune a calibrated quantized ``model`` on ``(inputs, targets)`` batches.
@@ -166,7 +167,7 @@ def qat(
     for epoch in range(start, epochs):
         _set_sampler_epoch(train_data, epoch)
         loss = _train_epoch(model, train_data, loss_fn or nn.CrossEntropyLoss(), optimizer, scheduler, scaler,
-                            device, progress, f"QAT epoch {epoch + 1}/{epochs}")  # fmt: skip
+                            device, progress, f"QAT {epoch + 1}/{epochs}")  # fmt: skip
         loss = all_reduce_sum([loss])[0] / world_size()
         record = {"epoch": epoch + 1, "loss": loss, "lr": optimizer.param_groups[0]["lr"]}
         if eval_fn is not None:
@@ -188,11 +189,7 @@ def _set_sampler_epoch(data: Iterable[Any], epoch: int) -> None:
 
 def _train_epoch(model, data, loss_fn, optimizer, scheduler, scaler, device, progress, desc) -> float:
     model.train()
-    batches: Iterable[Any] = data
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(data, desc=desc, leave=False)
+    batches = progress_bar(data, progress, desc)
     total, count = 0.0, 0
     for batch in batches:
         total += _loss_step(model, batch, loss_fn, optimizer, scaler, device)

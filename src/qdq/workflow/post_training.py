@@ -21,6 +21,7 @@ from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, method_label, named_quantizers
 from qdq.workflow.diagnostics import CalibrationReport, calibration_report, warn_clipping
+from qdq.workflow.progress import Progress, progress_bar
 
 __all__ = [
     "DEFAULT_PERCENTILES",
@@ -145,7 +146,7 @@ def ptq(
     num_batches: int | None = None,
     weight_method: str = "max",
     forward_fn: ForwardFn | None = None,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> PTQResult:
     """Calibrate ``model`` with every method from one pass over ``calib_data``; keep the best.
 
@@ -156,6 +157,7 @@ def ptq(
         methods: calibration methods to try; ``"percentile"`` expands to each of ``percentiles``; ``"auto"``
             (a range per quantizer, :func:`qdq.workflow.auto_calibration.select_amax`) passes over
             ``calib_data`` once more, which must then be re-iterable (a list or a DataLoader).
+        progress: bars for the statistics pass and the scoring; a string names them after the run.
 
     Returns:
         A :class:`PTQResult`; the model is left with the best method's ranges loaded. If they clip a large
@@ -171,7 +173,7 @@ def ptq(
     collect_stats(model, calib_data, num_batches=num_batches, calibrator="histogram",
                   forward_fn=forward_fn, progress=progress)  # fmt: skip
     results = []
-    for method, options in grid:
+    for method, options in progress_bar(grid, progress, f"PTQ: scoring {len(grid)} calibrations"):
         _load(model, method, options, calib_data, num_batches, weight_method, forward_fn, progress)
         score = float(eval_fn(model))
         used = {name: q.amax_method for name, q in named_quantizers(model, weights=False)}
@@ -191,7 +193,7 @@ def _load(
     num_batches: int | None,
     weight_method: str,
     forward_fn: ForwardFn | None,
-    progress: bool,
+    progress: Progress,
 ) -> None:
     """Load one method's ranges from the statistics collected (``auto`` runs its comparison pass)."""
     if method == "auto":

@@ -8,14 +8,21 @@ model (eval mode, quantizers as calibrated) and through the runtime, and reports
   output's range, ``step = max|y_torch| / 127`` over the data (so 1.0 means "one quantization level of
   an int8 output");
 * **SQNR** per output, in dB: ``10 log10(sum y_torch^2 / sum (y_torch - y_runtime)^2)`` (inf when equal).
+
+The verdict (:meth:`VerifyResult.verdict`) is PASS when the agreement reaches ``min_agreement`` (99.5 %)
+and the max error stays within ``max_error_steps`` (8 output steps), FAIL otherwise; the result names
+the thresholds it applied. When an engine fails, :func:`locate_divergence` finds where it departs from
+PyTorch: it runs the ONNX graph cut after each activation quantizer (in graph order) on the runtime and
+compares that quantizer's output with PyTorch's, in steps of that quantizer.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +32,26 @@ from torch import nn
 
 from qdq.errors import QdqConfigError
 
-__all__ = ["VerifyResult", "verify"]
+__all__ = [
+    "MAX_ERROR_STEPS",
+    "MIN_AGREEMENT",
+    "Divergence",
+    "QuantizerAgreement",
+    "VerifyResult",
+    "locate_divergence",
+    "verify",
+]
+
+#: default PASS threshold: percent of samples whose top-1 class is the same in PyTorch and the engine
+MIN_AGREEMENT = 99.5
+#: default PASS threshold: largest output difference, in int8 steps of the output's range
+MAX_ERROR_STEPS = 8.0
 
 
 @dataclass
 class VerifyResult:
-    """Agreement between the PyTorch model and one runtime over ``samples`` inputs."""
+    """Agreement between the PyTorch model and one runtime over ``samples`` inputs, and the thresholds
+    of its verdict (``min_agreement`` percent, ``max_error_steps`` output steps)."""
 
     runtime: str
     samples: int
@@ -39,13 +60,32 @@ class VerifyResult:
     max_error_steps: float
     output_step: float
     sqnr_db: list[float]
+    min_agreement: float = MIN_AGREEMENT
+    max_allowed_steps: float = MAX_ERROR_STEPS
 
-    def ok(self, min_agreement: float = 99.5) -> bool:
-        """True when top-1 agreement reaches ``min_agreement`` percent."""
-        return self.top1_agreement >= min_agreement
+    def ok(self, min_agreement: float | None = None, max_error_steps: float | None = None) -> bool:
+        """True when the agreement reaches ``min_agreement`` percent and the max error is within
+        ``max_error_steps`` (each default: the result's own threshold)."""
+        agreement = self.min_agreement if min_agreement is None else min_agreement
+        steps = self.max_allowed_steps if max_error_steps is None else max_error_steps
+        return self.top1_agreement >= agreement and self.max_error_steps <= steps
+
+    @property
+    def verdict(self) -> str:
+        """``"PASS"`` or ``"FAIL"`` by the result's thresholds."""
+        return "PASS" if self.ok() else "FAIL"
+
+    def verdict_line(self) -> str:
+        """The verdict with each threshold and how the measurement compares to it."""
+        agree = ">=" if self.top1_agreement >= self.min_agreement else "<"
+        error = "<=" if self.max_error_steps <= self.max_allowed_steps else ">"
+        return (
+            f"{self.verdict}: top-1 agreement {self.top1_agreement:.2f} % {agree} {self.min_agreement:.2f} %, "
+            f"max error {self.max_error_steps:.2f} {error} {self.max_allowed_steps:.2f} output steps"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "verdict": self.verdict}
 
     def __str__(self) -> str:
         sqnr = ", ".join("inf" if math.isinf(s) else f"{s:.1f}" for s in self.sqnr_db)
@@ -98,6 +138,8 @@ def verify(
     *,
     num_batches: int | None = None,
     threads: int | None = None,
+    min_agreement: float = MIN_AGREEMENT,
+    max_error_steps: float = MAX_ERROR_STEPS,
     **runtime_options: Any,
 ) -> VerifyResult:
     """Compare ``model`` (PyTorch or Keras, fake-quant) with ``onnx_path`` running on ``runtime``.
@@ -107,6 +149,7 @@ def verify(
             mode), or a Keras model from :func:`qdq.keras.quantize_model` (run in inference mode).
         data: batches (tensors or ``(inputs, labels)`` pairs); labels are not used.
         runtime: ``"onnxruntime"``, ``"openvino"`` or ``"tensorrt"``.
+        min_agreement, max_error_steps: the thresholds of the result's verdict (PASS / FAIL).
         runtime_options: passed to :func:`qdq.runtime.load_runtime` (e.g. ``precision="f32"``).
     """
     from qdq.runtime import load_runtime
@@ -131,7 +174,9 @@ def verify(
     finally:
         if is_torch:
             model.train(was_training)
-    return _compare(runtime, torch_outs, engine_outs)
+    result = _compare(runtime, torch_outs, engine_outs)
+    result.min_agreement, result.max_allowed_steps = float(min_agreement), float(max_error_steps)
+    return result
 
 
 def _compare(
@@ -163,3 +208,123 @@ def _compare(
         output_step=step,
         sqnr_db=sqnr,
     )
+
+
+@dataclass
+class QuantizerAgreement:
+    """One activation quantizer's output in PyTorch and in the engine (the graph cut after its
+    DequantizeLinear), compared in steps of that quantizer: ``differing`` is the fraction of elements
+    more than half a step apart (a different integer code), ``max_steps`` the largest difference."""
+
+    name: str
+    differing: float
+    max_steps: float
+
+
+@dataclass
+class Divergence:
+    """Where an engine departs from PyTorch: the quantizers compared, in graph order, up to the first
+    one whose codes differ on more than ``tolerance`` of its elements (``first``, None if none did)."""
+
+    runtime: str
+    tolerance: float
+    compared: list[QuantizerAgreement] = field(default_factory=list)
+
+    @property
+    def first(self) -> QuantizerAgreement | None:
+        last = self.compared[-1] if self.compared else None
+        return last if last is not None and last.differing > self.tolerance else None
+
+    def __str__(self) -> str:
+        first = self.first
+        if first is None:
+            return (f"{self.runtime}: every one of the {len(self.compared)} activation quantizers compared agrees "
+                    "with PyTorch; the difference arises after the last one")  # fmt: skip
+        before = self.compared[-2].name if len(self.compared) > 1 else None
+        where = f"; the {len(self.compared) - 1} quantizers before it agree (the last: {before})" if before else ""
+        return (
+            f"{self.runtime} departs from PyTorch at {first.name}: {100 * first.differing:.1f} % of its codes "
+            f"differ, by up to {first.max_steps:.0f} step(s){where}"
+        )
+
+
+def locate_divergence(
+    model: nn.Module,
+    onnx_path: str | Path,
+    batch: Any,
+    runtime: str = "onnxruntime",
+    *,
+    tolerance: float = 0.05,
+    threads: int | None = None,
+    **runtime_options: Any,
+) -> Divergence:
+    """Find the first activation quantizer where ``runtime`` computes other codes than PyTorch.
+
+    Each activation quantizer of ``model`` whose Q/DQ pair is in the ONNX graph under its name
+    (``<name>/DequantizeLinear``, as :func:`qdq.export_onnx` writes it) is compared, in graph order: the
+    graph is cut after that DequantizeLinear, run on ``runtime`` for ``batch`` (a tensor or an
+    ``(inputs, labels)`` pair), and the output compared with the quantizer's output in PyTorch. The scan
+    stops at the first quantizer whose codes differ on more than ``tolerance`` (a fraction) of its elements:
+    an int8 kernel that rounds its bias or requantizes in fixed point moves a few codes by one step (ONNX
+    Runtime: up to 2 % of a quantizer's codes, measured), a departure moves many more (OpenVINO's fused
+    residual Add: 22 %).
+    Each cut graph is compiled separately, so this costs one engine build per quantizer compared.
+    """
+    import onnx
+    import onnx.shape_inference
+    import onnx.utils
+
+    from qdq.runtime import load_runtime
+    from qdq.workflow.calibration import named_quantizers
+
+    if not isinstance(model, nn.Module):
+        raise QdqConfigError("locate_divergence needs the PyTorch model the ONNX file was exported from.")
+    x = _inputs(batch)
+    host = x.cpu().numpy() if isinstance(x, torch.Tensor) else x
+    quantizers = dict(named_quantizers(model, weights=False))
+    outputs = _quantizer_outputs(model, quantizers, torch.as_tensor(host))
+    proto = onnx.load(str(onnx_path))
+    inputs = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+    result = Divergence(runtime, tolerance)
+    extractor = onnx.utils.Extractor(onnx.shape_inference.infer_shapes(proto))  # needs every tensor's type
+    with tempfile.TemporaryDirectory(prefix="qdq-locate-") as tmp:
+        for node in proto.graph.node:
+            name = node.name.removesuffix("/DequantizeLinear")
+            if node.op_type != "DequantizeLinear" or name not in outputs:
+                continue
+            cut = extractor.extract_model(inputs, [node.output[0]])
+            cut.metadata_props.extend(proto.metadata_props)
+            path = Path(tmp) / "cut.onnx"
+            onnx.save(cut, str(path))
+            with load_runtime(path, runtime, threads=threads, **runtime_options) as engine:
+                got = np.asarray(engine.run(host)[0], dtype=np.float64)
+            step = float(quantizers[name].step().detach().max())
+            diff = np.abs(outputs[name] - got) / step
+            result.compared.append(QuantizerAgreement(name, float(np.mean(diff > 0.5)), float(diff.max())))
+            if result.compared[-1].differing > tolerance:
+                break
+    return result
+
+
+def _quantizer_outputs(model: nn.Module, quantizers: dict[str, nn.Module], x: torch.Tensor) -> dict[str, np.ndarray]:
+    """Each quantizer's output for ``x`` (float64), for the quantizers called exactly once."""
+    seen: dict[str, list[np.ndarray]] = {}
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+            seen.setdefault(name, []).append(output.detach().double().cpu().numpy())
+
+        return hook
+
+    handles = [q.register_forward_hook(keep(n)) for n, q in quantizers.items()]
+    was_training = model.training
+    model.eval()
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    try:
+        with torch.no_grad():
+            model(x.to(device))
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return {n: outs[0] for n, outs in seen.items() if len(outs) == 1}

@@ -151,11 +151,25 @@ def _latency_blocks(data: ReportData, plots: Mapping[str, str], level: int) -> l
     rows = latency_rows(data.latency)
     if not rows:
         return []
-    headers = ["runtime", "variant", "batch", "threads", "min (ms)", "median (ms)", "p90 (ms)", "speed-up vs FP32"]
+    headers = ["runtime", "variant", "batch", "threads", "median (ms)", "speed-up vs FP32"]
     table = [[str(r["runtime"]), str(r["variant"]), str(r["batch"]), "default" if r["threads"] is None
-              else str(r["threads"]), _fmt(r["min_ms"], ".3f"), _fmt(r["median_ms"], ".3f"), _fmt(r["p90_ms"], ".3f"),
-              "" if r["speedup"] is None else f"×{r['speedup']:.2f}"] for r in rows]  # fmt: skip
-    return [Heading(level, "Latency"), Table(headers, table), *_image(plots, "latency", "latency FP32 vs INT8")]
+              else str(r["threads"]), _fmt(r["median_ms"], ".3f"), _speedup_cell(r)] for r in rows]  # fmt: skip
+    blocks: list[Block] = [Heading(level, "Latency"), Table(headers, table)]
+    if any(r.get("rounds") for r in rows):
+        first = next(r for r in rows if r.get("rounds"))
+        blocks.append(Paragraph(
+            f"FP32 and INT8 timed in {first['rounds']} interleaved rounds of {first.get('iters', '?')} runs each; "
+            "median (ms) is the median of the rounds' medians, per inference of the batch; speed-up is the median "
+            "of the rounds' FP32/INT8 ratios, 25th-75th percentile in brackets (> 1: INT8 faster)."))  # fmt: skip
+    return [*blocks, *_image(plots, "latency", "latency FP32 vs INT8")]
+
+
+def _speedup_cell(row: Mapping[str, Any]) -> str:
+    if row["speedup"] is None:
+        return ""
+    if row.get("speedup_low") is None or row.get("speedup_high") is None:
+        return f"×{row['speedup']:.2f}"
+    return f"×{row['speedup']:.2f} ({row['speedup_low']:.2f}-{row['speedup_high']:.2f})"
 
 
 def _histogram_blocks(data: ReportData, plots: Mapping[str, str], level: int) -> list[Block]:

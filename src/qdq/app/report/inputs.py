@@ -35,8 +35,9 @@ __all__ = [
     "qat_dict",
 ]
 
-#: keys of a latency row, in the order tables and ``summary.json`` show them
-LATENCY_KEYS = ("runtime", "variant", "batch", "threads", "min_ms", "median_ms", "p90_ms", "speedup")
+#: keys of a latency row, in the order tables and ``summary.json`` show them; ``speedup_low`` /
+#: ``speedup_high`` are the spread of a speed-up measured in interleaved rounds (None otherwise)
+LATENCY_KEYS = ("runtime", "variant", "batch", "threads", "median_ms", "speedup", "speedup_low", "speedup_high")
 
 
 class LayerHistogram(NamedTuple):
@@ -63,9 +64,10 @@ class ReportData:
         qat: the :func:`qdq.qat` result, or a dict ``{"epochs": [{"epoch", "loss", "lr", "score"}...],
             "final_score": ...}``.
         sensitivity: the :func:`qdq.sensitivity` result.
-        latency: rows ``{"runtime", "variant" ("FP32"/"INT8"), "batch", "threads", "min_ms", "median_ms"}``
-            (``p90_ms`` optional; times in milliseconds), or :class:`~qdq.runtime.base.BenchmarkResult`
-            objects.
+        latency: rows ``{"runtime", "variant" ("FP32"/"INT8"), "batch", "threads", "median_ms"}`` (times in
+            milliseconds), optionally with their ``speedup`` over FP32 and its spread ``speedup_low`` /
+            ``speedup_high`` as measured interleaved (:func:`qdq.runtime.compare_models`), or
+            :class:`~qdq.runtime.base.BenchmarkResult` objects.
         histograms: quantizer name -> :class:`LayerHistogram` (see
             :func:`qdq.app.report.histograms.collect_histograms`); plain ``(counts, edges, {method: amax})``
             tuples are accepted.
@@ -143,7 +145,8 @@ def qat_dict(qat: QATResult | Mapping[str, Any] | None) -> dict[str, Any] | None
 
 
 def latency_rows(rows: Iterable[Mapping[str, Any] | BenchmarkResult]) -> list[dict[str, Any]]:
-    """Rows as dicts, each with ``speedup`` (FP32 median / this median, same runtime, batch, threads).
+    """Rows as dicts, each with ``speedup``: the row's own (measured interleaved), else FP32 median / this
+    median (same runtime, batch, threads).
 
     Raises:
         QdqConfigError: a row lacks ``runtime``, ``variant``, ``batch`` or ``median_ms``.
@@ -157,6 +160,8 @@ def latency_rows(rows: Iterable[Mapping[str, Any] | BenchmarkResult]) -> list[di
         out.append({**{key: item.get(key) for key in LATENCY_KEYS}, **item})  # fixed order of the known keys
     baselines = {latency_group(r): r["median_ms"] for r in out if str(r["variant"]).upper() == "FP32"}
     for item in out:
+        if item["speedup"] is not None:
+            continue
         base = baselines.get(latency_group(item))
         item["speedup"] = None if base is None or not item["median_ms"] else float(base) / float(item["median_ms"])
     return out
