@@ -15,8 +15,8 @@ from qdq.targets.tensorrt.check import check_tensorrt
 @pytest.mark.slow
 def test_quantize_with_float16_writes_a_checked_tensorrt_11_file(tmp_path, capsys):
     out = tmp_path / "job"
-    args = ["quantize", "--model", "digits_resnet", "--target", "tensorrt", "--float", "fp16", "--calib", "max",
-            "--calib-batches", "2", "--out", str(out)]  # fmt: skip
+    args = ["quantize", "--model", "digits_resnet", "--random-init", "--data", "digits", "--target", "tensorrt",
+            "--float", "fp16", "--calib", "max", "--calib-batches", "2", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     report = check_tensorrt(out / "model.onnx")
     assert report.ok, str(report)
