@@ -403,15 +403,17 @@ def demo_legend(
 ) -> list[str]:  # fmt: skip
     """What every column means, the data, the statistic, the machine, and the models."""
     from qdq.app.data import MNIST_SPLIT
-    from qdq.workflow.post_training import DEFAULT_PERCENTILES
 
-    grid = 3 + len(DEFAULT_PERCENTILES)
+    grid = 3 + len(settings.percentiles)
+    images = next((e["samples"] for run in runs for e in run.summary.get("engines", {}).values()), None)
+    scored = "the test images" if images is None else f"{'the ' if images == 1000 else ''}{images:,} test images"
     lines = [
-        f"Data: {MNIST_SPLIT}. FP32, PTQ, QAT and INT8 columns: top-1 % on the 1,000 test images.",
-        f"FP32: the float model after {settings.train_epochs} epochs of training. PTQ (best): the best of {grid} "
-        "calibrations from one pass (max, entropy, mse, percentiles; the winner in brackets), scored on the test "
-        f"images. QAT: after {settings.qat_epochs} epoch(s) of quantization-aware training from the PTQ model "
-        "(the seed's schedule, from 1 % of the training LR).",
+        f"Data: {MNIST_SPLIT}. FP32, PTQ, QAT and INT8 columns: top-1 % on {scored}.",
+        f"FP32: the float model after {_count(settings.train_epochs, 'epoch')} of training. PTQ (best): the best of "
+        f"{grid} calibrations from one pass (max, entropy, mse, {len(settings.percentiles)} percentiles; the winner "
+        f"in brackets), scored on the test images. QAT: after {_count(settings.qat_epochs, 'epoch')} of "
+        "quantization-aware training from the PTQ model (the seed's schedule, from 1 % of the training LR)"
+        + ("." if settings.qat_min_drop == 0 else f", run where PTQ lost more than {settings.qat_min_drop:g} points."),
         "INT8 <runtime>: the exported Q/DQ ONNX model running on that runtime. FAIL: its outputs depart from the "
         "fake-quant model beyond `qdq verify`'s thresholds (footnote: where and why).",
         f"speed-up <runtime>: FP32 ONNX time / INT8 ONNX time on that runtime, batch {settings.bench_batch}, "
@@ -425,6 +427,10 @@ def demo_legend(
               if not m.default and not any(r.model == m.name for r in runs)]  # fmt: skip
     lines += [f"{name}: not run ({reason})." for name, reason in (skipped or {}).items()]
     return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _machine_line(machine: dict[str, Any], seconds: float) -> str:
