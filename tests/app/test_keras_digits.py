@@ -63,7 +63,9 @@ def test_the_job_gives_the_pytorch_jobs_summary(keras_run):
     assert set(summary["accuracy"]) >= {"FP32", "QAT", "INT8 engine (onnxruntime)"}
     assert any(key.startswith("PTQ ") for key in summary["accuracy"])
     engine = summary["engines"]["onnxruntime"]
-    assert engine["samples"] == 96 and engine["top1_agreement"] >= 99.0 and engine["max_error_steps"] <= 1.5
+    # Fidelity is the output error in steps; a 2-epoch model has near-tied logits, so an error within it may flip
+    # the class of one image of 96 (seen once: Keras trains nondeterministically on 2 threads).
+    assert engine["samples"] == 96 and engine["max_error_steps"] <= 1.5 and engine["top1_agreement"] >= 100 * 95 / 96
     assert summary["accuracy"]["INT8 engine (onnxruntime)"] == pytest.approx(summary["accuracy"]["QAT"], abs=1.1)
     assert {row["variant"] for row in summary["latency"]} == {"FP32", "INT8"}
     assert engine["verdict"] == "PASS" and engine["int8_layers"] >= 10 and engine["float_layers"] == 0
