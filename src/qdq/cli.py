@@ -96,6 +96,10 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default), openvino or tensorrt")
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: the runtime's)")
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size of the random inputs (default 1)")
+    p.add_argument(
+        "--seq-len", type=_positive_int, default=128,
+        help="size of a dynamic 'sequence' dimension (token ids and masks of an exported transformer; default 128)",
+    )  # fmt: skip
     p.add_argument("--iters", type=_positive_int, default=50, help="timed runs per model (default 50)")
     p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed runs first (default 10)")
     p.add_argument(
@@ -120,7 +124,8 @@ def run_bench(args: argparse.Namespace) -> int:
     for path in (args.model, args.fp32):
         if path is not None:
             read_model_info(path)  # a missing or non-ONNX file fails here, before any timing
-    timing = {"batch": args.batch, "threads": args.threads, "iters": args.iters, "warmup": args.warmup}
+    timing = {"batch": args.batch, "threads": args.threads, "iters": args.iters, "warmup": args.warmup,
+              "sizes": {"sequence": args.seq_len}}  # fmt: skip
     results = [  # one model loaded at a time: see qdq.runtime.benchmark
         benchmark_model(path, runtime, label=label, **timing, **options)
         for label, path, options in _bench_cases(args, runtime)

@@ -32,6 +32,22 @@ def test_bench_onnxruntime_with_reference(u8_onnx: Path, fp32_onnx: Path, capsys
     assert "5 weighted ops in int8 kernels, 0 in float kernels" in out  # 4 convs + 1 Gemm
 
 
+def test_bench_token_model_with_a_sequence_length(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """An exported transformer's ids and mask have a dynamic 'sequence' dimension: --seq-len sizes it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    out = helper.make_tensor_value_info("output", TensorProto.INT64, ["batch", "sequence"])
+    graph = helper.make_graph([helper.make_node("Mul", ["input_ids", "attention_mask"], ["output"])], "g",
+                              [ids, mask], [out])  # fmt: skip
+    path = tmp_path / "tiny_tokens.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["bench", str(path), "--seq-len", "16", *FAST]) == 0
+    assert "tiny_tokens.onnx" in capsys.readouterr().out
+
+
 @requires_openvino
 def test_bench_openvino(u8_onnx: Path, fp32_onnx: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["bench", str(u8_onnx), "--fp32", str(fp32_onnx), "--runtime", "openvino", "--batch", "2", *FAST]) == 0

@@ -57,6 +57,18 @@ def test_dynamic_non_batch_dimension_needs_explicit_inputs() -> None:
         random_inputs([spec], batch=2)
 
 
+def test_named_dynamic_dimensions_take_their_sizes_and_masks_are_ones() -> None:
+    specs = [
+        TensorSpec("input_ids", ("batch", "sequence"), np.dtype(np.int64)),
+        TensorSpec("attention_mask", ("batch", "sequence"), np.dtype(np.int64)),
+    ]
+    feed = random_inputs(specs, batch=3, sizes={"sequence": 7})
+    assert feed["input_ids"].shape == feed["attention_mask"].shape == (3, 7)
+    assert (feed["attention_mask"] == 1).all() and feed["input_ids"].max() < 10
+    with pytest.raises(QdqConfigError, match="--seq-len"):
+        random_inputs(specs, batch=3)
+
+
 def test_batch_must_be_positive(fp32_onnx: Path) -> None:
     with pytest.raises(QdqConfigError, match="batch must be >= 1"):
         random_inputs(read_model_info(fp32_onnx).inputs, batch=0)

@@ -31,8 +31,9 @@ How each quantizer setting is exported so that the graph computes what PyTorch c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -138,7 +139,9 @@ class _Seen:
     calls: int = 0
 
 
-def _probe(model: nn.Module, quantizers: dict[TensorQuantizer, str], args: tuple) -> dict[TensorQuantizer, _Seen]:
+def _probe(
+    model: nn.Module, quantizers: dict[TensorQuantizer, str], args: tuple, kwargs: Mapping[str, Any]
+) -> dict[TensorQuantizer, _Seen]:
     """Run ``model`` once; record, per quantizer, the input ranks and, for a weight quantizer, the weight."""
     seen: dict[TensorQuantizer, _Seen] = {q: _Seen() for q in quantizers}
 
@@ -153,7 +156,7 @@ def _probe(model: nn.Module, quantizers: dict[TensorQuantizer, str], args: tuple
     handles = [q.register_forward_pre_hook(hook) for q in quantizers]
     try:
         with torch.no_grad():
-            model(*args)
+            model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
@@ -263,15 +266,17 @@ def _drop_needless_preops(q: TensorQuantizer, spec: QdqSpec, weight: torch.Tenso
         spec.lower, spec.upper, spec.mask = None, None, None
 
 
-def quantizer_specs(model: nn.Module, *example_inputs: torch.Tensor) -> dict[TensorQuantizer, QdqSpec]:
-    """Build the export spec of every quantizer ``model`` uses on ``example_inputs``.
+def quantizer_specs(
+    model: nn.Module, *example_inputs: Any, example_kwargs: Mapping[str, Any] | None = None
+) -> dict[TensorQuantizer, QdqSpec]:
+    """Build the export spec of every quantizer ``model`` uses on ``example_inputs`` (and ``example_kwargs``).
 
     Raises:
         QdqExportError: a used quantizer has no stored range, is not 8-bit, or is not fake-quantizing.
     """
     quantizers = exportable_quantizers(model)
     with _calibration_off(model):
-        seen = _probe(model, quantizers, example_inputs)
+        seen = _probe(model, quantizers, example_inputs, example_kwargs or {})
         return {q: _build_spec(q, quantizers[q], s) for q, s in seen.items()}
 
 
@@ -289,13 +294,17 @@ def _calibration_off(model: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def export_mode(
-    model: nn.Module, *example_inputs: torch.Tensor, specs: dict[TensorQuantizer, QdqSpec] | None = None
+    model: nn.Module,
+    *example_inputs: Any,
+    specs: dict[TensorQuantizer, QdqSpec] | None = None,
+    example_kwargs: Mapping[str, Any] | None = None,
 ) -> Iterator[dict[TensorQuantizer, QdqSpec]]:
     """Within the block, the model's quantizers emit ONNX Q/DQ (for ``torch.onnx.export``).
 
     Args:
         model: the quantized model.
-        example_inputs: the inputs ``model`` will be exported with (used to find the used quantizers).
+        example_inputs: the inputs ``model`` will be exported with (used to find the used quantizers);
+            ``example_kwargs`` its keyword arguments.
         specs: specs from :func:`quantizer_specs`, to skip the probing forward pass.
 
     Yields:
@@ -308,7 +317,7 @@ def export_mode(
     (TorchScript); then tag the graph with ``qdq.export.annotate_quantizers``.
     """
     if specs is None:
-        specs = quantizer_specs(model, *example_inputs)
+        specs = quantizer_specs(model, *example_inputs, example_kwargs=example_kwargs)
     installed: list[TensorQuantizer] = []
     with _calibration_off(model):
         try:

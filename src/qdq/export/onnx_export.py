@@ -2,8 +2,11 @@
 
 Conventions of the written file:
 
-* one graph input ``input`` (``input_0``, ``input_1``... for several) and one output ``output``
-  (``output_0``...), with a symbolic batch dimension ``batch`` when ``dynamic_batch``;
+* graph inputs named by qdq's batch convention (:mod:`qdq.utils.batches`): keyword arguments (a dict
+  example, Hugging Face style) by their keyword, positional ones ``input`` (``input_0``, ``input_1``... for
+  several); outputs ``output`` (``output_0``...), or a mapping's keys (a Hugging Face ``ModelOutput``:
+  ``logits``); symbolic dimensions ``batch`` (dimension 0, with ``dynamic_batch``) and ``sequence``
+  (dimension 1 of token-like inputs, with ``dynamic_sequence``), or the ones ``dynamic_axes`` names;
 * one ``QuantizeLinear -> DequantizeLinear`` pair per quantizer call, exactly where the PyTorch model
   quantizes, tagged with the quantizer's module name (node metadata ``qdq.quantizer``);
 * model metadata ``qdq.target`` and ``qdq.version``; weights inside the file (no external data);
@@ -19,6 +22,7 @@ one requested; :func:`onnx_opset` reads it back.
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from qdq.errors import QdqExportError, QdqTypeError
+from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
 from qdq.export import _ops
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.graphs import onnx as graph
@@ -43,6 +47,7 @@ from qdq.targets import (
     resolve_target,
     target_names,
 )
+from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
 
 if TYPE_CHECKING:
     import onnx
@@ -61,13 +66,15 @@ def __getattr__(name: str) -> Any:
 
 def export_onnx(
     model: nn.Module,
-    example_input: torch.Tensor | Sequence[torch.Tensor],
+    example_input: torch.Tensor | Sequence[Any] | Mapping[str, Any],
     path: str | Path,
     target: str | Target | None = None,
     opset: int | None = None,
     dynamic_batch: bool = True,
     dynamo: bool = True,
     *,
+    dynamic_sequence: bool = True,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
     target_options: Mapping[str, Any] | None = None,
 ) -> Path:
     """Export a quantized model as a Q/DQ ONNX graph for ``target``.
@@ -75,7 +82,11 @@ def export_onnx(
     Args:
         model: a model quantized by qdq, with every used quantizer calibrated (a stored ``amax``).
             It is exported in eval mode and put back in its previous mode afterwards.
-        example_input: one input tensor (or a sequence for several inputs), batch first.
+        example_input: a batch as :func:`qdq.calibrate` takes it (:mod:`qdq.utils.batches`): one input
+            tensor, a tuple of positional arguments, or a dict of keyword arguments (Hugging Face:
+            ``{"input_ids": ids, "attention_mask": mask}``), batch first. Keyword inputs are named after
+            their keyword in the graph; ``None`` values are left out; other non-tensor values are constants
+            of the graph.
         path: the ``.onnx`` file to write (replaced atomically; parent folders are created).
         target: a registered target (:mod:`qdq.targets`); None (default) uses the one the model was placed
             for (``QuantConfig(target=...)``), else ``"tensorrt"``. ``"tensorrt"``: signed int8, zero point 0,
@@ -85,7 +96,13 @@ def export_onnx(
             every Conv to run in int8.
         opset: ONNX opset; None uses the target's default (:class:`~qdq.targets.ExportDefaults`), and where
             that is None too the exporter's (18 for dynamo). Per-channel quantizers need 13 or more.
-        dynamic_batch: make dimension 0 of inputs and outputs symbolic (``batch``).
+        dynamic_batch: make dimension 0 of every input (and output) symbolic (``batch``).
+        dynamic_sequence: make dimension 1 of token-like inputs symbolic (``sequence``): integer and bool
+            inputs of rank >= 2 (token ids, attention masks, token types) and the keyword ``inputs_embeds``.
+            Export with a sequence length of 2 or more (torch.export specializes a dimension of size 1).
+        dynamic_axes: ``{input name: {axis: dimension name}}``, symbolic dimensions for the inputs it names
+            (ONNX names: the keyword, or ``input`` / ``input_0``...), replacing the two defaults above for
+            those inputs; equal names are one dimension (e.g. ``"sequence"`` of ids and mask).
         dynamo: use torch's ``torch.export``-based exporter (default); False uses the TorchScript exporter.
         target_options: options of the target's ONNX rewrite, over those the model was quantized with
             (``QuantConfig(target_options=...)``) and the target's defaults. ``"onnxruntime"``:
@@ -110,18 +127,19 @@ def export_onnx(
     spec = _target_for(model, target)
     target_options = {**placed_options(model), **dict(target_options or {})}  # the call's override the model's
     opset = spec.export.opset if opset is None else opset
-    args = _as_args(example_input)
+    inputs = _example(example_input, model)
+    axes = _dynamic_axes(inputs, dynamic_batch, dynamic_sequence, dynamic_axes)
     path = Path(path)
     was_training = model.training
     model.eval()
     try:
-        specs = quantizer_specs(model, *args)
+        specs = quantizer_specs(model, *inputs.args, example_kwargs=inputs.kwargs)
         _check_opset(specs, opset)
-        with export_mode(model, *args, specs=specs):
-            proto = _run_exporter(model, args, opset, dynamic_batch, dynamo)
+        with export_mode(model, *inputs.args, specs=specs, example_kwargs=inputs.kwargs):
+            proto, names = _run_exporter(model, inputs, opset, axes, dynamo)
     finally:
         model.train(was_training)
-    return _finish(proto, specs, path, spec, opset, target_options)
+    return _finish(proto, specs, path, spec, opset, target_options, names)
 
 
 def _target_for(model: nn.Module, requested: str | Target | None) -> Target:
@@ -148,9 +166,12 @@ def _finish(
     target: Target,
     opset: int | None,
     target_options: Mapping[str, Any] | None,
+    names: tuple[list[str], list[str]],
 ) -> Path:
     annotate = functools.partial(_annotate, specs=specs)
-    return finish_onnx(proto, path, target, opset=opset, annotate=annotate, target_options=target_options)
+    return finish_onnx(
+        proto, path, target, opset=opset, annotate=annotate, target_options=target_options, io_names=names
+    )
 
 
 def finish_onnx(
@@ -161,12 +182,13 @@ def finish_onnx(
     opset: int | None = None,
     annotate: Callable[[onnx.ModelProto], None] | None = None,
     target_options: Mapping[str, Any] | None = None,
+    io_names: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> Path:
     """The common end of every qdq export, whatever the framework that traced ``proto``.
 
-    Renames inputs/outputs to ``input`` / ``output`` (``input_0``, ... for several), tidies the graph,
-    runs the target's ONNX rewrite (with the target's export options, overridden by ``target_options``),
-    records the target in the metadata, checks the model with
+    Renames inputs/outputs to ``io_names`` (default ``input`` / ``output``, ``input_0``, ... for several),
+    tidies the graph, runs the target's ONNX rewrite (with the target's export options, overridden by
+    ``target_options``), records the target in the metadata, checks the model with
     ``onnx.checker`` (full check) and writes it atomically to ``path``. ``annotate`` (the PyTorch
     exporter's quantizer names) runs on the tidied graph, before the rewrite; ``target_options`` are the
     rewrite's options.
@@ -177,7 +199,14 @@ def finish_onnx(
     import onnx
 
     n_in, n_out = len(proto.graph.input), len(proto.graph.output)
-    graph.rename_io(proto, _io_names("input", n_in), _io_names("output", n_out))
+    inputs, outputs = io_names or (indexed_names("input", n_in), indexed_names("output", n_out))
+    if (len(inputs), len(outputs)) != (n_in, n_out):
+        raise QdqExportError(
+            f"the exported graph has {n_in} inputs and {n_out} outputs, expected {len(inputs)} ({list(inputs)}) "
+            f"and {len(outputs)} ({list(outputs)}): an input the model does not use was dropped by the exporter, "
+            "or an output is not a tensor. Leave unused inputs out of the example."
+        )
+    graph.rename_io(proto, inputs, outputs)
     graph.tidy(proto)
     if annotate is not None:
         annotate(proto)
@@ -203,15 +232,66 @@ def onnx_opset(model: onnx.ModelProto | str | Path) -> int:
     return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _as_args(example_input: Any) -> tuple[torch.Tensor, ...]:
-    args = (example_input,) if isinstance(example_input, torch.Tensor) else tuple(example_input)
-    if not args or not all(isinstance(a, torch.Tensor) for a in args):
-        raise QdqTypeError("example_input must be a tensor or a non-empty sequence of tensors.")
-    return args
+def _example(example_input: Any, model: nn.Module) -> ModelInputs:
+    try:
+        inputs = model_inputs(example_input, model)
+    except QdqConfigError as err:
+        raise QdqTypeError(f"example_input: {err}") from err
+    if not any(True for _ in inputs.tensors()):
+        raise QdqTypeError("example_input must hold at least one tensor (a tensor, a tuple or a dict of them).")
+    return ModelInputs(inputs.args, _in_signature_order(model, inputs.kwargs))
 
 
-def _io_names(stem: str, count: int) -> list[str]:
-    return [stem] if count == 1 else [f"{stem}_{i}" for i in range(count)]
+def _in_signature_order(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments in the order ``forward`` declares them (others after, as given): the order of the
+    graph inputs, whichever exporter traces the model (TorchScript orders them so, dynamo as given)."""
+    try:
+        order = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return kwargs
+    rank = {name: i for i, name in enumerate(order)}
+    return dict(sorted(kwargs.items(), key=lambda item: rank.get(item[0], len(order))))
+
+
+_Axes = dict[str, dict[int, str]]
+
+
+def _dynamic_axes(
+    inputs: ModelInputs, batch: bool, sequence: bool, explicit: Mapping[str, Mapping[int, str]] | None
+) -> _Axes:
+    """Symbolic dimensions of each ONNX input: ``explicit`` ones, else batch / sequence by the defaults."""
+    tensors = dict(inputs.tensors())
+    unknown = sorted(set(explicit or {}) - set(tensors))
+    if unknown:
+        raise QdqConfigError(f"dynamic_axes names inputs {unknown}; the example's inputs are {list(tensors)}.")
+    axes: _Axes = {}
+    for name, tensor in tensors.items():
+        if explicit and name in explicit:
+            axes[name] = _checked_axes(name, tensor, explicit[name])
+            continue
+        dims: dict[int, str] = {}
+        if batch and tensor.dim() >= 1:
+            dims[0] = "batch"
+        if sequence and tensor.dim() >= 2 and (_token_like(tensor) or name == "inputs_embeds"):
+            dims[1] = "sequence"
+        axes[name] = dims
+    return axes
+
+
+def _token_like(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() and not tensor.is_complex()
+
+
+def _checked_axes(name: str, tensor: torch.Tensor, dims: Mapping[int, str]) -> dict[int, str]:
+    checked = {}
+    for axis, dim in dims.items():
+        if not isinstance(axis, int) or not -tensor.dim() <= axis < tensor.dim() or not isinstance(dim, str):
+            raise QdqConfigError(
+                f"dynamic_axes[{name!r}] maps axes to names ({{0: 'batch'}}); got {axis!r}: {dim!r} for an "
+                f"input of rank {tensor.dim()}."
+            )
+        checked[axis % tensor.dim()] = dim
+    return checked
 
 
 def _check_opset(specs: dict[TensorQuantizer, QdqSpec], opset: int | None) -> None:
@@ -228,31 +308,44 @@ def _check_opset(specs: dict[TensorQuantizer, QdqSpec], opset: int | None) -> No
         )
 
 
-def _batched(args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """torch.export specializes a dimension of size 1: export with batch 2 (the graph does not change)."""
-    return tuple(torch.cat([a, a]) if a.dim() and a.shape[0] == 1 else a for a in args)
+def _enlarged(inputs: ModelInputs, axes: _Axes) -> ModelInputs:
+    """torch.export specializes a dimension of size 1: export a dynamic dimension of size 1 at size 2 by
+    repeating the example (the graph does not change)."""
+    tensors = dict(inputs.tensors())
+    grown: dict[int, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        for axis in axes.get(name, {}):
+            if tensor.shape[axis] == 1:
+                tensor = torch.cat([tensor, tensor], dim=axis)
+        grown[id(tensors[name])] = tensor
+
+    def swap(value: Any) -> Any:
+        return grown.get(id(value), value) if isinstance(value, torch.Tensor) else value
+
+    return ModelInputs(tuple(swap(a) for a in inputs.args), {k: swap(v) for k, v in inputs.kwargs.items()})
 
 
-def _output_count(model: nn.Module, args: tuple[torch.Tensor, ...]) -> int:
+def _output_names(model: nn.Module, inputs: ModelInputs) -> list[str]:
     with torch.no_grad():
-        out = model(*args)
-    return len(out) if isinstance(out, list | tuple) else 1
+        return output_names(inputs(model))
 
 
 def _run_exporter(
-    model: nn.Module, args: tuple[torch.Tensor, ...], opset: int | None, dynamic_batch: bool, dynamo: bool
-) -> onnx.ModelProto:
-    names = (_io_names("input", len(args)), _io_names("output", _output_count(model, args)))
+    model: nn.Module, inputs: ModelInputs, opset: int | None, axes: _Axes, dynamo: bool
+) -> tuple[onnx.ModelProto, tuple[list[str], list[str]]]:
+    names = (onnx_input_names(inputs), _output_names(model, inputs))
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             # TorchScript warns on every LSTM exported with a batch other than 1; qdq's exports take any batch
             warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
+            # torch says so once per input when several inputs share a dimension name (ids and mask: "sequence")
+            warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used", category=UserWarning)
             if dynamo:
-                return _export_dynamo(model, args, opset, dynamic_batch, names)
-            return _export_torchscript(model, args, opset, dynamic_batch, names)
-    except QdqExportError:
+                return _export_dynamo(model, inputs, opset, axes, names), names
+            return _export_torchscript(model, inputs, opset, axes, names), names
+    except (QdqExportError, QdqConfigError):
         raise
     except Exception as err:
         kind = "dynamo" if dynamo else "TorchScript"
@@ -262,39 +355,60 @@ def _run_exporter(
         ) from err
 
 
+def _dynamic_shapes(model: nn.Module, inputs: ModelInputs, axes: _Axes) -> dict[str, Any] | None:
+    """torch.export's ``dynamic_shapes``: one spec per forward parameter, by name (one ``Dim`` per name)."""
+    if not any(axes.values()):
+        return None
+    dims: dict[str, Any] = {}
+    spec_of = {id(t): {a: dims.setdefault(d, torch.export.Dim(d)) for a, d in axes[n].items()} or None
+               for n, t in inputs.tensors()}  # fmt: skip
+
+    def spec(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return spec_of.get(id(value))
+        if isinstance(value, tuple | list):
+            return type(value)(spec(v) for v in value)
+        if isinstance(value, Mapping):
+            return {k: spec(v) for k, v in value.items()}
+        return None
+
+    try:
+        bound = inspect.signature(model.forward).bind(*inputs.args, **inputs.kwargs)
+    except TypeError as err:
+        raise QdqConfigError(f"the example does not match {type(model).__name__}.forward: {err}.") from err
+    return {name: spec(value) for name, value in bound.arguments.items()}
+
+
 def _export_dynamo(
     model: nn.Module,
-    args: tuple[torch.Tensor, ...],
+    inputs: ModelInputs,
     opset: int | None,
-    dynamic_batch: bool,
+    axes: _Axes,
     names: tuple[list[str], list[str]],
 ) -> onnx.ModelProto:
-    kwargs: dict[str, Any] = {}
-    if dynamic_batch:
-        batch = torch.export.Dim("batch")
-        args = _batched(args)
-        kwargs["dynamic_shapes"] = tuple({0: batch} for _ in args)
+    inputs = _enlarged(inputs, axes)
     program = torch.onnx.export(
         model,
-        args,
+        inputs.args,
+        kwargs=inputs.kwargs or None,
         dynamo=True,
         external_data=False,
         opset_version=opset,
         input_names=names[0],
         output_names=names[1],
+        dynamic_shapes=_dynamic_shapes(model, inputs, axes),
         custom_translation_table=_ops.dynamo_translation_table(),
         optimize=True,
         verbose=False,
-        **kwargs,
     )
     return program.model_proto
 
 
 def _export_torchscript(
     model: nn.Module,
-    args: tuple[torch.Tensor, ...],
+    inputs: ModelInputs,
     opset: int | None,
-    dynamic_batch: bool,
+    axes: _Axes,
     names: tuple[list[str], list[str]],
 ) -> onnx.ModelProto:
     import onnx
@@ -302,8 +416,11 @@ def _export_torchscript(
     _ops.register_torchscript_symbolic()
     buffer = io.BytesIO()
     kwargs: dict[str, Any] = {"opset_version": opset} if opset is not None else {}
-    if dynamic_batch:
-        kwargs["dynamic_axes"] = {name: {0: "batch"} for name in names[0] + names[1]}
+    dynamic = {name: dict(dims) for name, dims in axes.items() if dims}
+    batch_outputs = {name: {0: "batch"} for name in names[1]} if any(0 in d for d in dynamic.values()) else {}
+    if dynamic:
+        kwargs["dynamic_axes"] = {**dynamic, **batch_outputs}
+    args = (*inputs.args, inputs.kwargs) if inputs.kwargs else inputs.args
     torch.onnx.export(
         model,
         args,

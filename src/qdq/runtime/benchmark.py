@@ -44,6 +44,7 @@ def benchmark(
     warmup: int = 10,
     label: str | None = None,
     seed: int = 0,
+    sizes: Mapping[str, int] | None = None,
 ) -> BenchmarkResult:
     """Time ``iters`` inferences of ``runtime`` after ``warmup`` untimed ones.
 
@@ -57,6 +58,7 @@ def benchmark(
         warmup: untimed inferences before timing (>= 0).
         label: name of the row in tables (default: the ONNX file name).
         seed: seed of the random feed.
+        sizes: sizes of the random feed's named dynamic dimensions other than the batch (``{"sequence": 128}``).
 
     Returns:
         A :class:`~qdq.runtime.base.BenchmarkResult`, times in ms per inference.
@@ -64,7 +66,7 @@ def benchmark(
     _check_counts(iters, warmup)
     if inputs is None:
         batch = batch or runtime.batch or 1
-        inputs = random_inputs(runtime.input_specs, batch, seed=seed)
+        inputs = random_inputs(runtime.input_specs, batch, seed=seed, sizes=sizes)
     times_ms = _times_ms(runtime.bind(inputs), iters, warmup)
     return BenchmarkResult.from_times(
         times_ms,
@@ -87,16 +89,18 @@ def benchmark_model(
     iters: int = 50,
     warmup: int = 10,
     label: str | None = None,
+    sizes: Mapping[str, int] | None = None,
     **options: Any,
 ) -> BenchmarkResult:
-    """Load ``onnx_path`` on ``runtime``, time it on random inputs of ``batch``, and close it.
+    """Load ``onnx_path`` on ``runtime``, time it on random inputs of ``batch`` (and ``sizes``: see
+    :func:`benchmark`), and close it.
 
     ``options`` go to the backend's ``load`` (e.g. ``precision="bf16"`` for OpenVINO). Only this
     model's session is alive while it is timed.
     """
     _check_counts(iters, warmup)
     with load_runtime(onnx_path, runtime, threads=threads, batch=batch, **options) as loaded:
-        return benchmark(loaded, batch=batch, iters=iters, warmup=warmup, label=label)
+        return benchmark(loaded, batch=batch, iters=iters, warmup=warmup, label=label, sizes=sizes)
 
 
 @dataclass(frozen=True)

@@ -57,13 +57,15 @@ class TensorSpec:
     shape: tuple[Dim, ...]
     dtype: np.dtype
 
-    def concrete_shape(self, batch: int) -> tuple[int, ...]:
-        """Return the shape with a dynamic leading (batch) dimension set to ``batch``.
+    def concrete_shape(self, batch: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
+        """Return the shape with a dynamic leading (batch) dimension set to ``batch`` and the named dynamic
+        dimensions in ``sizes`` (e.g. ``{"sequence": 128}``) set to theirs.
 
         Raises:
             QdqConfigError: the leading dimension is fixed to another size, or another dimension is
-                dynamic (the caller must then give the inputs explicitly).
+                dynamic and not in ``sizes`` (the caller must then give its size or the inputs).
         """
+        sizes = sizes or {}
         shape: list[int] = []
         for axis, dim in enumerate(self.shape):
             if isinstance(dim, int):
@@ -75,10 +77,13 @@ class TensorSpec:
                 shape.append(dim)
             elif axis == 0:
                 shape.append(batch)
+            elif dim in sizes:
+                shape.append(int(sizes[dim]))
             else:
                 raise QdqConfigError(
                     f"input {self.name!r} has a dynamic dimension {dim!r} at axis {axis} "
-                    f"(shape {self.shape}); pass the inputs explicitly."
+                    f"(shape {self.shape}); give its size (e.g. sizes={{{dim!r}: 128}}, qdq bench --seq-len for "
+                    "'sequence') or pass the inputs explicitly."
                 )
         return tuple(shape)
 
@@ -156,19 +161,25 @@ def load_onnx(path: str | Path, *, external_data: bool = False) -> onnx.ModelPro
     return model
 
 
-def random_inputs(specs: Sequence[TensorSpec], batch: int = 1, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """Make one random array per input: standard normal for floats, small integers otherwise.
+def random_inputs(
+    specs: Sequence[TensorSpec], batch: int = 1, *, seed: int = 0, sizes: Mapping[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """Make one random array per input: standard normal for floats, ones for integer inputs named like an
+    attention mask (``*mask*``: nothing masked), small integers otherwise (token ids, token types).
 
-    A dynamic leading dimension takes the size ``batch``; see :meth:`TensorSpec.concrete_shape`.
+    A dynamic leading dimension takes the size ``batch``, other named dynamic dimensions theirs in ``sizes``;
+    see :meth:`TensorSpec.concrete_shape`.
     """
     if batch < 1:
         raise QdqConfigError(f"batch must be >= 1, got {batch}")
     rng = np.random.default_rng(seed)
     feed: dict[str, np.ndarray] = {}
     for spec in specs:
-        shape = spec.concrete_shape(batch)
+        shape = spec.concrete_shape(batch, sizes)
         if _is_float(spec.dtype):
             feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        elif "mask" in spec.name.lower():
+            feed[spec.name] = np.ones(shape, dtype=spec.dtype)
         elif spec.dtype.kind == "b":
             feed[spec.name] = rng.integers(0, 2, size=shape).astype(bool)
         else:

@@ -30,6 +30,7 @@ from qdq.calib.registry import check_method, statistics_calibrator
 from qdq.calib.weights import calibrate_weights
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.quantizer import TensorQuantizer
+from qdq.utils.batches import call_model
 from qdq.workflow.distributed import assert_same_across_ranks, collective, rank, unwrap, world_size
 from qdq.workflow.progress import Progress, progress_bar
 
@@ -53,18 +54,9 @@ def named_quantizers(model: nn.Module, weights: bool | None = None) -> list[tupl
 
 
 def default_forward(model: nn.Module, batch: Any) -> Any:
-    """Feed a batch to the model: a tensor as is, the first element of a (inputs, labels) pair."""
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    if isinstance(batch, tuple | list):
-        batch = batch[0]
-    if isinstance(batch, dict):
-        return model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
-    if not isinstance(batch, torch.Tensor):
-        raise QdqConfigError(
-            f"calibration batches must be tensors or (inputs, labels) pairs, got {type(batch).__name__}; "
-            "pass forward_fn=lambda model, batch: model(...) for other layouts."
-        )
-    return model(batch.to(device))
+    """Feed a batch to the model by qdq's batch convention (:mod:`qdq.utils.batches`): a tensor, a tuple of
+    positional arguments, a dict of keyword arguments, or an ``(inputs, labels)`` pair (labels unused)."""
+    return call_model(model, batch)
 
 
 def _batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]:
@@ -154,8 +146,10 @@ def collect_stats(
 
     Args:
         model: a model with quantizers (after :func:`qdq.quantize_model`).
-        data: an iterable of batches (a DataLoader, a list of tensors...); each batch goes through
-            ``forward_fn(model, batch)`` (default: :func:`default_forward`).
+        data: an iterable of batches (a DataLoader, a list of tensors...): a tensor, a tuple of positional
+            arguments, a dict of keyword arguments (Hugging Face), or an ``(inputs, labels)`` pair
+            (:mod:`qdq.utils.batches`); each goes through ``forward_fn(model, batch)`` (default:
+            :func:`default_forward`).
         num_batches: stop after this many batches (default: all).
         calibrator: the calibrator every activation quantizer collects with: ``"histogram"`` (serves
             every method), ``"max"`` (cheaper; max only) or another registered name. Precedence: a

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from torch import nn
 from qdq.atomic import atomic_open
 from qdq.errors import QdqConfigError
 from qdq.quantizer import TensorQuantizer
+from qdq.utils.batches import split_labels
 from qdq.workflow.distributed import (
     all_reduce_sum,
     assert_in_sync,
@@ -104,10 +105,9 @@ def _cosine(total_steps: int, floor: float) -> Callable[[int], float]:
 
 
 def _loss_step(model, batch, loss_fn, optimizer, scaler, device) -> float:
-    inputs, targets = batch[0].to(device), batch[1].to(device)
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type=device.type, enabled=scaler is not None):
-        loss = loss_fn(model(inputs), targets)
+        loss = _loss(model, batch, loss_fn, device)
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -116,6 +116,32 @@ def _loss_step(model, batch, loss_fn, optimizer, scaler, device) -> float:
         loss.backward()
         optimizer.step()
     return float(loss.detach())
+
+
+def _loss(model: nn.Module, batch: Any, loss_fn: Callable[..., torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``loss_fn(logits, labels)`` of a labelled batch, or the loss a model returns for a dict batch that holds
+    its labels (Hugging Face's ``labels=`` convention)."""
+    inputs, labels = split_labels(batch, model, labelled=True)
+    outputs = inputs.to(device)(model)
+    if labels is not None:
+        return loss_fn(_logits(outputs), labels.to(device) if isinstance(labels, torch.Tensor) else labels)
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else None
+    if loss is None:
+        raise QdqConfigError(
+            "QAT needs labels: batches of (inputs, labels), or dict batches that include the labels under the "
+            "model's own key (a Hugging Face model given labels= returns its loss)."
+        )
+    return loss
+
+
+def _logits(outputs: Any) -> Any:
+    """The prediction a loss compares with the labels: the output itself, a mapping's ``logits`` (Hugging Face),
+    else the first of several outputs."""
+    if isinstance(outputs, Mapping):
+        return outputs["logits"] if "logits" in outputs else next(iter(outputs.values()))
+    if isinstance(outputs, tuple | list):
+        return outputs[0]
+    return outputs
 
 
 def qat(
@@ -136,7 +162,12 @@ def qat(
     progress: Progress = True,
     loss_fn: nn.Module | None = None,
 ) -> QATResult:
-    """Fine-tune a calibrated quantized ``model`` on ``(inputs, targets)`` batches.
+    """Fine-tune a calibrated quantized ``model`` on labelled batches.
+
+    A batch is ``(inputs, targets)`` (``inputs`` a tensor, a tuple of positional arguments or a dict of keyword
+    arguments), a tuple whose last element is the targets (``(ids, mask, labels)``), or a dict of keyword
+    arguments that includes the labels under the model's own key; the loss is then the one the model returns
+    (Hugging Face models given ``labels=``). See :mod:`qdq.utils.batches`.
 
     Args:
         lr: the learning rate the float model was trained with; QAT starts at ``lr * lr_scale`` and
@@ -146,6 +177,8 @@ def qat(
         amp: mixed precision (default: on for CUDA models, off on CPU).
         checkpoint_dir: where ``qat_checkpoint.pt`` is written after each epoch (atomically).
         resume: continue from the checkpoint in ``checkpoint_dir``, if any.
+        loss_fn: ``loss_fn(logits, targets)`` (default cross-entropy); the logits are the model's output, its
+            ``logits`` entry when it returns a mapping, or its first output.
     """
     if epochs < 1 or lr <= 0:
         raise QdqConfigError(f"qat needs epochs >= 1 and lr > 0, got epochs={epochs}, lr={lr}.")

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from qdq.errors import QdqConfigError
+from qdq.utils.batches import ModelInputs, flatten_outputs, model_inputs
 
 __all__ = [
     "MAX_ERROR_STEPS",
@@ -95,32 +96,63 @@ class VerifyResult:
         )
 
 
-def _inputs(batch: Any) -> np.ndarray | torch.Tensor:
-    if isinstance(batch, tuple | list):
-        batch = batch[0]
-    if isinstance(batch, torch.Tensor):
-        return batch
-    if hasattr(batch, "numpy") or isinstance(batch, np.ndarray):  # numpy, or a TensorFlow tensor
-        return np.asarray(batch, dtype=np.float32)
-    raise QdqConfigError(f"verify needs tensor batches or (inputs, labels) pairs, got {type(batch).__name__}.")
-
-
 def _as_list(outputs: Any) -> list[np.ndarray]:
-    if not isinstance(outputs, list | tuple):
-        outputs = [outputs]
     return [
-        o.detach().float().cpu().numpy() if isinstance(o, torch.Tensor) else np.asarray(o, np.float32) for o in outputs
+        o.detach().float().cpu().numpy() if isinstance(o, torch.Tensor) else np.asarray(o, np.float32)
+        for o in flatten_outputs(outputs)
     ]
 
 
-def _reference(model: Any) -> Callable[[Any], list[np.ndarray]]:
-    """The model as a function of one batch: PyTorch (eval mode, no grad) or any other framework's callable."""
+_Step = Callable[[Any, Any], tuple[list[np.ndarray], list[np.ndarray]]]
+
+
+def _torch_step(model: nn.Module) -> _Step:
+    """One batch through the PyTorch model and the engine, fed by the batch convention (qdq.utils.batches)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    def step(batch: Any, engine: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        inputs = model_inputs(batch, model)
+        reference = _as_list(inputs.to(device)(model))
+        return reference, engine.run(_feed(inputs, engine.input_names))
+
+    return step
+
+
+def _feed(inputs: ModelInputs, engine_names: list[str]) -> dict[str, np.ndarray]:
+    """The engine's feed: the batch's tensors under the names export gave them (a one-input file whatever its
+    input's name)."""
+    named = {name: t.detach().cpu().numpy() for name, t in inputs.tensors()}
+    if set(named) == set(engine_names):
+        return named
+    if len(named) == len(engine_names) == 1:
+        return {engine_names[0]: next(iter(named.values()))}
+    raise QdqConfigError(
+        f"the batch gives inputs {list(named)} but the ONNX model's inputs are {engine_names}; export the model "
+        "with an example batch of the same form (a dict's keys name the ONNX inputs)."
+    )
+
+
+def _framework_step(model: Any) -> _Step:
+    """Another framework's callable (a Keras model, called in inference mode) on one-input batches."""
+    call = getattr(model, "predict_on_batch", model)
+
+    def step(batch: Any, engine: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        x = batch[0] if isinstance(batch, tuple | list) else batch
+        if isinstance(x, torch.Tensor):
+            x = x.cpu().numpy()
+        if not hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+            raise QdqConfigError(f"verify needs array batches or (inputs, labels) pairs, got {type(x).__name__}.")
+        x = np.asarray(x, dtype=np.float32)
+        return _as_list(call(x)), engine.run(x)
+
+    return step
+
+
+def _step_for(model: Any) -> _Step:
     if isinstance(model, nn.Module):
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        return lambda x: _as_list(model(torch.as_tensor(x).to(device)))
-    if callable(model):  # e.g. a Keras model: called in inference mode on the numpy batch
-        call = getattr(model, "predict_on_batch", model)
-        return lambda x: _as_list(call(x.cpu().numpy() if isinstance(x, torch.Tensor) else x))
+        return _torch_step(model)
+    if callable(model):  # e.g. a Keras model
+        return _framework_step(model)
     raise QdqConfigError(f"verify needs a model (torch.nn.Module or a Keras model), got {type(model).__name__}.")
 
 
@@ -147,14 +179,17 @@ def verify(
     Args:
         model: the quantized model the ONNX file was exported from: a ``torch.nn.Module`` (run in eval
             mode), or a Keras model from :func:`qdq.keras.quantize_model` (run in inference mode).
-        data: batches (tensors or ``(inputs, labels)`` pairs); labels are not used.
+        data: batches: for a PyTorch model a tensor, a tuple of positional arguments, a dict of keyword
+            arguments or an ``(inputs, labels)`` pair (:mod:`qdq.utils.batches`; labels are not used), fed
+            to the engine under the names :func:`qdq.export.export_onnx` gave them; for a Keras model
+            arrays or ``(inputs, labels)`` pairs.
         runtime: ``"onnxruntime"``, ``"openvino"`` or ``"tensorrt"``.
         min_agreement, max_error_steps: the thresholds of the result's verdict (PASS / FAIL).
         runtime_options: passed to :func:`qdq.runtime.load_runtime` (e.g. ``precision="f32"``).
     """
     from qdq.runtime import load_runtime
 
-    reference = _reference(model)
+    step = _step_for(model)
     batches = list(itertools.islice(data, num_batches) if num_batches else data)
     if not batches:
         raise QdqConfigError("verify got no data: pass at least one batch.")
@@ -167,10 +202,9 @@ def verify(
     try:
         with load_runtime(onnx_path, runtime, threads=threads, **runtime_options) as engine, torch.no_grad():
             for batch in batches:
-                x = _inputs(batch)
-                torch_outs.append(reference(x))
-                host = x.cpu().numpy() if isinstance(x, torch.Tensor) else x
-                engine_outs.append([np.asarray(o, dtype=np.float32) for o in engine.run(host)])
+                reference, engine_out = step(batch, engine)
+                torch_outs.append(reference)
+                engine_outs.append([np.asarray(o, dtype=np.float32) for o in engine_out])
     finally:
         if is_torch:
             model.train(was_training)
