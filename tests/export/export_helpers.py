@@ -49,8 +49,8 @@ def ort_session(path: Path | str, optimize: bool = True, optimized_path: Path | 
     return inference_session(path, options)
 
 
-def run_ort(path: Path | str, x: torch.Tensor, optimize: bool = True) -> np.ndarray:
-    return ort_session(path, optimize).run(None, {"input": x.numpy()})[0]
+def run_ort(path: Path | str, x: torch.Tensor | dict[str, torch.Tensor], optimize: bool = True) -> np.ndarray:
+    return ort_session(path, optimize).run(None, feed(x))[0]
 
 
 def steps_apart(reference: np.ndarray, other: np.ndarray) -> float:
@@ -76,6 +76,17 @@ def op_counts(path: Path | str) -> Counter:
     return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
+def feed(x: torch.Tensor | dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """ORT feed of one input ``x`` (graph input ``input``) or of keyword inputs (named after the keywords)."""
+    if isinstance(x, dict):
+        return {k: v.numpy() for k, v in x.items()}
+    return {"input": x.numpy()}
+
+
+def call(model: nn.Module, x: torch.Tensor | dict[str, torch.Tensor]):
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
 def quantizer_outputs(model: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray]:
     """PyTorch output of every enabled quantizer on ``x``, by module name (first call of each)."""
     outputs: dict[str, np.ndarray] = {}
@@ -86,13 +97,15 @@ def quantizer_outputs(model: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray
 
     handles = [m.register_forward_hook(hook) for m in names if m.is_enabled]
     with torch.no_grad():
-        model(x)
+        call(model, x)
     for h in handles:
         h.remove()
     return outputs
 
 
-def _onnx_site_values(path: Path | str, x: torch.Tensor, optimize: bool) -> tuple[list, dict[str, np.ndarray]]:
+def _onnx_site_values(
+    path: Path | str, x: torch.Tensor | dict[str, torch.Tensor], optimize: bool
+) -> tuple[list, dict[str, np.ndarray]]:
     """The Q/DQ sites of the file and ONNX Runtime's value of each site's input and output tensor."""
     import onnx
     import onnxruntime as ort
@@ -112,7 +125,7 @@ def _onnx_site_values(path: Path | str, x: torch.Tensor, optimize: bool) -> tupl
     options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return sites, dict(zip(names, session.run(None, {"input": x.numpy()})))
+    return sites, dict(zip(names, session.run(None, feed(x))))
 
 
 def onnx_quantizer_outputs(path: Path | str, x: torch.Tensor, optimize: bool = False) -> dict[str, np.ndarray]:
@@ -125,7 +138,9 @@ def onnx_quantizer_outputs(path: Path | str, x: torch.Tensor, optimize: bool = F
     return result
 
 
-def teacher_forced_mismatches(model: nn.Module, path: Path | str, x: torch.Tensor) -> dict[str, int]:
+def teacher_forced_mismatches(
+    model: nn.Module, path: Path | str, x: torch.Tensor | dict[str, torch.Tensor]
+) -> dict[str, int]:
     """Each activation Q/DQ pair of the file run by ONNX Runtime (reference kernels) against the PyTorch
     quantizer applied to the *same* input (the one ORT computed): elements that differ, by quantizer name.
 
@@ -147,3 +162,36 @@ def teacher_forced_mismatches(model: nn.Module, path: Path | str, x: torch.Tenso
             if wrong:
                 bad[name] = wrong
     return bad
+
+
+def float_segment_errors(
+    model: nn.Module, path: Path | str, x: torch.Tensor | dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """Teacher forcing between every pair of quantizers: each PyTorch quantizer's output is replaced by ONNX
+    Runtime's value of the same Q/DQ pair (reference kernels), and each quantizer's PyTorch *input* is compared
+    with ORT's: what remains is the float ops between quantizers (matmuls, LayerNorm, Softmax, GELU) run on
+    the same quantized values. Max error relative to max |ORT input|, by quantizer name (first call of each).
+
+    Float rounding gives ~1e-6; anything larger is a computation that differs (a wrong rewrite, a missing op).
+    """
+    sites, values = _onnx_site_values(path, x, optimize=False)
+    site_of = {name: site for site in sites for name in site.quantizers if site.input in values}
+    names = {m: n for n, m in model.named_modules() if isinstance(m, TensorQuantizer) and n in site_of}
+    seen: dict[str, np.ndarray] = {}
+
+    def record(module: nn.Module, args: tuple) -> None:
+        seen.setdefault(names[module], args[0].detach().numpy().copy())
+
+    def force(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(values[site_of[names[module]].output])
+
+    handles = [m.register_forward_pre_hook(record) for m in names] + [m.register_forward_hook(force) for m in names]
+    with torch.no_grad():
+        call(model, x)
+    for h in handles:
+        h.remove()
+    errors = {}
+    for name, torch_input in seen.items():
+        ort_input = values[site_of[name].input]
+        errors[name] = float(np.abs(torch_input - ort_input).max() / max(float(np.abs(ort_input).max()), 1e-30))
+    return errors

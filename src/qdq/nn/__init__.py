@@ -5,6 +5,7 @@ seed's short aliases (``quant_nn.Conv2d`` is ``QuantConv2d``).
 """
 
 from qdq.clip import Clip
+from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import InputQuantized, QuantInputMixin, QuantMixin, QuantModule, pop_quant_desc_in_kwargs
 from qdq.nn.conv import (
     QuantConv1d,
@@ -16,6 +17,7 @@ from qdq.nn.conv import (
 )
 from qdq.nn.elementwise import QuantAdd, QuantConcat, QuantMatMul
 from qdq.nn.linear import QuantLinear
+from qdq.nn.multihead_attention import QuantMultiheadAttention
 from qdq.nn.norm import QuantInstanceNorm1d, QuantInstanceNorm2d, QuantInstanceNorm3d
 from qdq.nn.pooling import (
     QuantAdaptiveAvgPool1d,
@@ -56,5 +58,6 @@ __all__ = [
     "QuantConvTranspose3d", "QuantInputMixin", "QuantInstanceNorm1d", "QuantInstanceNorm2d",
     "QuantInstanceNorm3d", "QuantLSTM", "QuantLSTMCell", "QuantLinear", "QuantMatMul",
     "QuantMaxPool1d", "QuantMaxPool2d",
-    "QuantMaxPool3d", "QuantMixin", "QuantModule", "TensorQuantizer", "pop_quant_desc_in_kwargs",
+    "QuantMaxPool3d", "QuantMixin", "QuantModule", "QuantMultiheadAttention", "QuantScaledDotProductAttention",
+    "TensorQuantizer", "pop_quant_desc_in_kwargs",
 ]  # fmt: skip
