@@ -38,6 +38,7 @@ _LAZY = {
     "sensitivity": "qdq.workflow.sensitivity_analysis",
     "keep_float": "qdq.workflow.sensitivity_analysis",
     "verify": "qdq.workflow.verification",
+    "smooth_inputs": "qdq.workflow.smoothing",
     "QdqError": "qdq.errors",
     "QdqConfigError": "qdq.errors",
     "QdqTypeError": "qdq.errors",

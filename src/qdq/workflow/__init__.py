@@ -15,6 +15,7 @@ module                      public names
 ``fine_tuning``             ``qat``, ``QATResult``
 ``sensitivity_analysis``    ``sensitivity``, ``keep_float``, ``SensitivityResult``
 ``verification``            ``verify``, ``VerifyResult``
+``smoothing``               ``smooth_inputs``, ``SmoothingResult`` (SmoothQuant-style input smoothing)
 ``distributed``             torch.distributed helpers (import the module: ``from qdq.workflow import distributed``)
 ==========================  ================================================================
 
@@ -44,10 +45,12 @@ _LAZY = {
     "keep_float": "qdq.workflow.sensitivity_analysis",
     "SensitivityResult": "qdq.workflow.sensitivity_analysis",
     "verify": "qdq.workflow.verification",
+    "smooth_inputs": "qdq.workflow.smoothing",
+    "SmoothingResult": "qdq.workflow.smoothing",
     "VerifyResult": "qdq.workflow.verification",
 }
 _SUBMODULES = ("auto_calibration", "calibration", "diagnostics", "distributed", "fine_tuning", "post_training",
-               "sensitivity_analysis", "verification")  # fmt: skip
+               "sensitivity_analysis", "smoothing", "verification")  # fmt: skip
 
 __all__ = sorted(_LAZY)
 
