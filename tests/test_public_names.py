@@ -20,7 +20,9 @@ import qdq
 import qdq.workflow
 from qdq.errors import QdqBackendUnavailable
 
-FUNCTIONS = ("calibrate", "collect_stats", "load_amax", "ptq", "qat", "sensitivity", "keep_float", "verify", "smooth_inputs")
+FUNCTIONS = (
+    "calibrate", "collect_stats", "load_amax", "ptq", "qat", "sensitivity", "keep_float", "verify", "smooth_inputs"
+)  # fmt: skip
 
 
 def _lazy_names(package: types.ModuleType) -> list[str]:

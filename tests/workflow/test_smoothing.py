@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from reference import fake_quant_np
 from torch import nn
 
 import qdq
 from qdq.errors import QdqConfigError
 from qdq.workflow.post_training import disabled_quantizers
 from qdq.workflow.smoothing import smooth_inputs, smoothing_scales
+from reference import fake_quant_np
 
 OUTLIERS = (2, 11)
 

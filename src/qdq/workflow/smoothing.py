@@ -81,9 +81,9 @@ def _smoothable(model: nn.Module) -> dict[str, nn.Linear]:
     found = {}
     for name, module in model.named_modules():
         quantizer = getattr(module, "input_quantizer", None)
-        if isinstance(module, nn.Linear) and isinstance(quantizer, TensorQuantizer):
-            if quantizer.is_enabled and quantizer.pre_quant_scale is None:
-                found[name] = module
+        usable = isinstance(quantizer, TensorQuantizer) and quantizer.is_enabled and quantizer.pre_quant_scale is None
+        if isinstance(module, nn.Linear) and usable:
+            found[name] = module
     return found
 
 
