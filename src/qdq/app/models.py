@@ -7,6 +7,8 @@ and ``torch.fx.symbolic_trace`` can trace them (the Q/DQ placement pass relies o
 
 Model specs understood by :func:`load_model`:
     * ``"digits_resnet"``, ``"digits_mobilenet"``: the CNNs below (10 classes unless ``num_classes``).
+    * ``"digits_vit"``, ``"digits_bert"``: the transformers of :mod:`qdq.app.digit_transformers`, for 28×28
+      images (MNIST); ``digits_bert`` needs Hugging Face transformers.
     * ``"torchvision:<name>"``: any torchvision classification model (``torchvision:resnet50``), randomly
       initialised: nothing is ever downloaded; pass ``weights`` for trained values.
     * ``"path/to/file.py:<function>"``: the file is imported and ``function()`` (or
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qdq.app import digit_transformers
 from qdq.errors import QdqConfigError, did_you_mean
 
 __all__ = [
@@ -228,7 +231,10 @@ def digits_mobilenet(num_classes: int = 10, se: bool = False, act: str = "relu6"
     return DigitsMobileNet(num_classes, se=se, act=act)
 
 
-_BUILTIN: dict[str, Callable[..., nn.Module]] = {"digits_resnet": digits_resnet, "digits_mobilenet": digits_mobilenet}
+_BUILTIN: dict[str, Callable[..., nn.Module]] = {
+    "digits_resnet": digits_resnet, "digits_mobilenet": digits_mobilenet,
+    "digits_vit": digit_transformers.digits_vit, "digits_bert": digit_transformers.digits_bert,  # 28x28 (MNIST)
+}  # fmt: skip
 _SPEC_FORMS = "'digits_resnet', 'digits_mobilenet', 'torchvision:<name>' or 'path/to/file.py:<function>'"
 
 

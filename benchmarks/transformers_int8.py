@@ -1,0 +1,226 @@
+"""Transformer INT8 latency on the CPU: qdq against ONNX Runtime's own quantizers and FP32, in one run.
+
+Models (random init; latency does not depend on the weights' values):
+
+* ``bert``: Hugging Face ``BertForSequenceClassification`` at BERT-base shape (hidden 768, 12 heads, FFN 3072,
+  ``--layers`` layers, 10 labels) built from a ``BertConfig``, sequence ``--seq`` (128), batches ``--bert-batches``
+  (1 and 8), inputs ``input_ids`` and ``attention_mask`` (all ones);
+* ``vit``: timm ``vit_small_patch16_224`` (ViT-S/16), batch ``--vit-batch`` (8).
+
+Variants, each an ONNX file run by ONNX Runtime's CPU provider with ``--threads`` threads:
+
+* ``FP32``: the float model exported by ``qdq.export_onnx`` (dynamo) — the baseline of every ratio;
+* ``ORT dynamic``: ``onnxruntime.quantization.quantize_dynamic`` of that file (int8 weights; its defaults);
+* ``ORT static``: ``quant_pre_process`` then ``quantize_static`` (QDQ, S8S8, per-channel weights, MinMax
+  calibration on the same batches as qdq);
+* ``qdq``: ``qdq.quantize_model(model, QuantConfig(target="onnxruntime"))`` — today's placement — calibrated
+  (max) and exported for the target.
+
+Timing: ``--rounds`` interleaved rounds; in each, every variant is loaded alone (one session alive at a time),
+warmed up, and timed ``--iters`` times. A variant's figure is the median of all its times; the spread is the
+range of its per-round medians relative to its median. Ratios are FP32 / variant (> 1: faster) and
+variant / ORT dynamic (< 1: faster than ORT's best quantizer).
+
+Per variant also: int8 kernels in ORT's optimized graph (``qdq.runtime.ort.fusion_report``: weighted ops in
+int8 / float kernels, Q/DQ left away from the model's edges) and agreement with PyTorch on one batch: the
+float model for FP32 and ORT's quantizers, the fake-quant model for qdq; max |difference| as a percentage of
+the reference's logit range, and top-1 agreement.
+
+Usage: python benchmarks/transformers_int8.py [--models bert,vit] [--layers 12] [--seq 128]
+       [--bert-batches 1,8] [--vit-batch 8] [--threads 2] [--iters 10] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import qdq
+from qdq.markdown import markdown_table
+from qdq.runtime.ort import fusion_report, inference_session, session_options
+from qdq.utils.batches import flatten_outputs
+
+VARIANTS = ("FP32", "ORT dynamic", "ORT static", "qdq")
+
+
+@dataclass
+class Case:
+    """One model at one batch size: its ONNX files, the feed, and the PyTorch references."""
+
+    label: str
+    files: dict[str, Path]
+    feed: dict[str, np.ndarray]
+    float_out: np.ndarray
+    fake_quant_out: np.ndarray
+    times: dict[str, list[list[float]]] = field(default_factory=dict)
+
+
+def bert(layers: int, seq: int) -> tuple[torch.nn.Module, callable]:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(num_hidden_layers=layers, num_labels=10)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config).eval()
+
+    def batch(size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(1000, config.vocab_size, (size, seq), generator=g)
+        return {"input_ids": ids, "attention_mask": torch.ones(size, seq, dtype=torch.long)}
+
+    return model, batch
+
+
+def vit() -> tuple[torch.nn.Module, callable]:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch16_224", pretrained=False).eval()
+
+    def batch(size: int, seed: int = 0) -> torch.Tensor:
+        return torch.randn(size, 3, 224, 224, generator=torch.Generator().manual_seed(seed))
+
+    return model, batch
+
+
+def _feed(example) -> dict[str, np.ndarray]:
+    if isinstance(example, dict):
+        return {k: v.numpy() for k, v in example.items()}
+    return {"input": example.numpy()}
+
+
+def _logits(model, example) -> np.ndarray:
+    with torch.no_grad():
+        out = model(**example) if isinstance(example, dict) else model(example)
+    return flatten_outputs(out)[0].float().numpy()
+
+
+class _Reader:
+    """ORT's CalibrationDataReader over the calibration batches."""
+
+    def __init__(self, batches) -> None:
+        self._items = iter([_feed(b) for b in batches])
+
+    def get_next(self):
+        return next(self._items, None)
+
+
+def build(name: str, model, make_batch, batch_sizes, workdir: Path) -> list[Case]:
+    """Export the four variants once (dynamic batch); one Case per batch size."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    calib = [make_batch(8, seed=s) for s in (1, 2)]
+    files = {v: workdir / f"{name}_{v.replace(' ', '_')}.onnx" for v in VARIANTS}
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qdq.export_onnx(model, calib[0], files["FP32"])
+        quantize_dynamic(str(files["FP32"]), str(files["ORT dynamic"]), weight_type=QuantType.QInt8)
+        pre = workdir / f"{name}_pre.onnx"
+        quant_pre_process(str(files["FP32"]), str(pre), skip_symbolic_shape=True)
+        quantize_static(str(pre), str(files["ORT static"]), _Reader(calib), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True)  # fmt: skip
+        quantized = qdq.quantize_model(copy.deepcopy(model), qdq.QuantConfig(target="onnxruntime"))
+        qdq.calibrate(quantized, calib, progress=False)
+        qdq.export_onnx(quantized, calib[0], files["qdq"])
+    print(f"{name}: exported and quantized in {time.perf_counter() - start:.0f} s", flush=True)
+    cases = []
+    for size in batch_sizes:
+        example = make_batch(size, seed=7)
+        label = f"{name} b{size}"
+        cases.append(Case(label, files, _feed(example), _logits(model, example), _logits(quantized, example)))
+    return cases
+
+
+def time_variant(path: Path, feed: dict[str, np.ndarray], threads: int, iters: int, warmup: int = 2) -> list[float]:
+    session = inference_session(path, session_options(threads=threads))
+    for _ in range(warmup):
+        session.run(None, feed)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append((time.perf_counter() - start) * 1e3)
+    del session
+    return times
+
+
+def agreement(path: Path, case: Case, variant: str, threads: int) -> tuple[float, float]:
+    """(max |engine - reference| in % of the reference's range, top-1 agreement %)."""
+    out = inference_session(path, session_options(threads=threads)).run(None, case.feed)[0]
+    reference = case.fake_quant_out if variant == "qdq" else case.float_out
+    spread = float(reference.max() - reference.min()) or 1.0
+    return 100 * float(np.abs(out - reference).max()) / spread, 100 * float(np.mean(out.argmax(1) == reference.argmax(1)))
+
+
+def report(cases: list[Case], threads: int) -> str:
+    rows = []
+    kernels = {}
+    for case in cases:
+        medians = {v: statistics.median([t for r in case.times[v] for t in r]) for v in VARIANTS}
+        for variant in VARIANTS:
+            path = case.files[variant]
+            if path not in kernels:
+                fusion = fusion_report(path, threads=threads)
+                kernels[path] = f"{fusion.n_int8} / {fusion.n_float} / {len(fusion.problems)}"
+            rounds = [statistics.median(r) for r in case.times[variant]]
+            spread = 100 * (max(rounds) - min(rounds)) / medians[variant]
+            diff, top1 = agreement(path, case, variant, threads)
+            rows.append([
+                case.label, variant, f"{medians[variant]:.1f}", f"±{spread / 2:.0f} %",
+                f"{medians['FP32'] / medians[variant]:.2f}x", f"{medians[variant] / medians['ORT dynamic']:.2f}",
+                kernels[path], f"{diff:.2f} %", f"{top1:.0f} %",
+            ])  # fmt: skip
+    headers = ["model", "variant", "median ms", "spread", "speed-up vs FP32", "time / ORT dynamic",
+               "int8 / float weighted ops, Q/DQ left", "max diff (% of range)", "top-1 agree"]  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="bert,vit")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--bert-batches", default="1,8")
+    parser.add_argument("--vit-batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="qdq-transformers-") as tmp:
+        cases: list[Case] = []
+        for name in args.models.split(","):
+            if name == "bert":
+                model, make = bert(args.layers, args.seq)
+                cases += build(f"bert-{args.layers}L", model, make, [int(b) for b in args.bert_batches.split(",")],
+                               Path(tmp))  # fmt: skip
+            elif name == "vit":
+                model, make = vit()
+                cases += build("vit-s16", model, make, [args.vit_batch], Path(tmp))
+            else:
+                raise SystemExit(f"unknown model {name!r}; use bert and/or vit")
+        for round_ in range(args.rounds):
+            for case in cases:
+                for variant in VARIANTS:
+                    times = time_variant(case.files[variant], case.feed, args.threads, args.iters)
+                    case.times.setdefault(variant, []).append(times)
+            print(f"round {round_ + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)
+        print(report(cases, args.threads))
+    print(f"load average at end: {os.getloadavg()[0]:.1f}; {args.threads} threads, {args.rounds} rounds x "
+          f"{args.iters} runs per variant, interleaved")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

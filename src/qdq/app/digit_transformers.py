@@ -1,0 +1,122 @@
+"""Two small transformers for 28×28 handwritten digits (MNIST), the attention counterparts of the digits CNNs.
+
+Both take ``[N, C, 28, 28]`` float32 images (C = 1, or 3 identical channels, averaged) and return
+``[N, num_classes]`` logits.
+
+* :class:`DigitsViT`: a pre-LayerNorm Vision Transformer: 7×7 patches of 4×4 pixels (a strided conv), a class
+  token, learned positions, ``depth`` blocks of ``x + attn(norm1(x))``, ``x + mlp(norm2(x))`` with attention
+  computed by ``F.scaled_dot_product_attention`` (timm's layout, traceable by ``torch.fx``: the attention is one
+  call that ``qdq.nn.attention.replace_sdpa_calls`` reaches), and a Linear head on the class token.
+* :class:`DigitsBert`: a Hugging Face ``BertForSequenceClassification`` built from a ``BertConfig`` (needs
+  ``transformers``; nothing downloaded) that reads the image as a sentence: each of the 28 pixel rows is one
+  token, embedded by a Linear layer and fed through ``inputs_embeds`` after a learned class token.
+
+The defaults (width 64, 4 layers, 4 heads of 16: a head size TensorRT's fused attention takes) train in a few
+minutes on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qdq.errors import QdqBackendUnavailable
+
+__all__ = ["DigitsBert", "DigitsViT", "digits_bert", "digits_vit"]
+
+
+def _one_channel(x: torch.Tensor) -> torch.Tensor:
+    return x if x.shape[1] == 1 else x.mean(dim=1, keepdim=True)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: one ``qkv`` Linear, ``F.scaled_dot_product_attention``, an output Linear."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))`` (GELU MLP)."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = SelfAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class DigitsViT(nn.Module):
+    """A Vision Transformer for 28×28 digits (see the module doc)."""
+
+    def __init__(
+        self, num_classes: int = 10, *, image_size: int = 28, patch: int = 4, dim: int = 64, depth: int = 4,
+        heads: int = 4, hidden: int = 128,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        tokens = (image_size // patch) ** 2
+        self.patch_embed = nn.Conv2d(1, dim, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, tokens + 1, dim) * 0.02)
+        self.blocks = nn.Sequential(*(Block(dim, heads, hidden) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(_one_channel(x)).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(x)[:, 0]))
+
+
+class DigitsBert(nn.Module):
+    """A BERT encoder over the 28 pixel rows of a digit (see the module doc); ``bert`` is the transformers model."""
+
+    def __init__(
+        self, num_classes: int = 10, *, rows: int = 28, dim: int = 64, depth: int = 4, heads: int = 4,
+        hidden: int = 128, dropout: float = 0.1,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        try:
+            from transformers import BertConfig, BertForSequenceClassification
+        except ImportError as err:
+            raise QdqBackendUnavailable(
+                f"digits_bert needs Hugging Face transformers ({err}); install it with: pip install transformers"
+            ) from err
+        config = BertConfig(
+            vocab_size=1, hidden_size=dim, num_hidden_layers=depth, num_attention_heads=heads, intermediate_size=hidden,
+            max_position_embeddings=rows + 1, num_labels=num_classes, hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=0.0,
+        )  # fmt: skip
+        self.row_embed = nn.Linear(rows, dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.bert = BertForSequenceClassification(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.row_embed(_one_channel(x)[:, 0])  # [N, 28 rows, dim]
+        tokens = torch.cat([self.cls_token.expand(rows.shape[0], -1, -1), rows], dim=1)
+        return self.bert(inputs_embeds=tokens).logits
+
+
+def digits_vit(num_classes: int = 10) -> DigitsViT:
+    """:class:`DigitsViT` with the default size (width 64, 4 blocks, 4 heads, MLP 128)."""
+    return DigitsViT(num_classes)
+
+
+def digits_bert(num_classes: int = 10) -> DigitsBert:
+    """:class:`DigitsBert` with the default size (width 64, 4 layers, 4 heads, intermediate 128)."""
+    return DigitsBert(num_classes)
