@@ -27,7 +27,8 @@ __all__ = ["DigitsBert", "DigitsViT", "digits_bert", "digits_vit"]
 
 
 def _one_channel(x: torch.Tensor) -> torch.Tensor:
-    return x if x.shape[1] == 1 else x.mean(dim=1, keepdim=True)
+    """The channel mean (no branch on the shape, so torch.fx traces it; the identity for one channel)."""
+    return x.mean(dim=1, keepdim=True)
 
 
 class SelfAttention(nn.Module):

@@ -1,0 +1,48 @@
+"""The digit transformers of the app's model zoo: shapes, 1- or 3-channel input, and each one's attention
+reachable by qdq's capture (fx for the ViT, transformers' registry for the BERT)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qdq.app.digit_transformers import DigitsBert, DigitsViT
+from qdq.app.models import load_model
+from qdq.nn.attention import replace_sdpa_calls
+
+
+def test_vit_logits_and_channels():
+    model = DigitsViT(depth=2).eval()
+    x = torch.randn(3, 1, 28, 28)
+    out = model(x)
+    assert out.shape == (3, 10)
+    torch.testing.assert_close(model(x.repeat(1, 3, 1, 1)), out)
+
+
+def test_vit_attention_is_one_traceable_call_per_block():
+    model = DigitsViT(depth=3).eval()
+    gm = torch.fx.symbolic_trace(model)
+    assert replace_sdpa_calls(gm) == [f"blocks.{i}.attn.quant_attention" for i in range(3)]
+
+
+def test_bert_reads_rows_as_tokens_and_its_attention_is_captured():
+    pytest.importorskip("transformers")
+    from qdq.nn.huggingface import capture_hf_attention
+
+    model = DigitsBert(depth=2).eval()
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        expected = model(x)
+    assert expected.shape == (2, 10)
+    assert len(capture_hf_attention(model.bert)) == 2
+    for quantizer in model.modules():
+        if hasattr(quantizer, "disable") and type(quantizer).__name__ == "TensorQuantizer":
+            quantizer.disable()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_zoo_names():
+    assert isinstance(load_model("digits_vit"), DigitsViT)
+    if pytest.importorskip("transformers"):
+        assert isinstance(load_model("digits_bert", num_classes=4), DigitsBert)
