@@ -160,7 +160,8 @@ def agreement(path: Path, case: Case, variant: str, threads: int) -> tuple[float
     out = inference_session(path, session_options(threads=threads)).run(None, case.feed)[0]
     reference = case.fake_quant_out if variant == "qdq" else case.float_out
     spread = float(reference.max() - reference.min()) or 1.0
-    return 100 * float(np.abs(out - reference).max()) / spread, 100 * float(np.mean(out.argmax(1) == reference.argmax(1)))
+    top1 = 100 * float(np.mean(out.argmax(1) == reference.argmax(1)))
+    return 100 * float(np.abs(out - reference).max()) / spread, top1
 
 
 def report(cases: list[Case], threads: int) -> str:
