@@ -65,8 +65,9 @@ VARIANTS = {
     "self": (dict(), lambda x, k, v: {}),
     "seq_first": (dict(batch_first=False), lambda x, k, v: {}),
     "cross_kdim_vdim": (dict(kdim=6, vdim=5), lambda x, k, v: {}),
-    "padding_and_float_mask": (dict(), lambda x, k, v: {"key_padding_mask": torch.tensor([[False] * 6 + [True]] * 3),
+    "padding_and_float_mask": (dict(), lambda x, k, v: {"key_padding_mask": torch.tensor([[0.0] * 6 + [-1e4]] * 3),
                                                          "attn_mask": torch.randn(5, 7)}),
+    "bool_padding": (dict(), lambda x, k, v: {"key_padding_mask": torch.tensor([[False] * 6 + [True]] * 3)}),
     "bool_mask_per_head": (dict(), lambda x, k, v: {"attn_mask": torch.rand(12, 5, 7) > 0.8,
                                                     "average_attn_weights": False}),
 }  # fmt: skip
