@@ -313,8 +313,7 @@ def locate_divergence(
 
     if not isinstance(model, nn.Module):
         raise QdqConfigError("locate_divergence needs the PyTorch model the ONNX file was exported from.")
-    x = _inputs(batch)
-    host = x.cpu().numpy() if isinstance(x, torch.Tensor) else x
+    host = _single_input(batch, model)
     quantizers = dict(named_quantizers(model, weights=False))
     outputs = _quantizer_outputs(model, quantizers, torch.as_tensor(host))
     proto = onnx.load(str(onnx_path))
@@ -338,6 +337,16 @@ def locate_divergence(
             if result.compared[-1].differing > tolerance:
                 break
     return result
+
+
+def _single_input(batch: Any, model: nn.Module) -> np.ndarray:
+    """The one input array of ``batch`` (labels dropped): the graph cuts are fed by position."""
+    if isinstance(batch, np.ndarray) or (isinstance(batch, tuple | list) and isinstance(batch[0], np.ndarray)):
+        batch = torch.as_tensor(batch if isinstance(batch, np.ndarray) else batch[0])
+    tensors = [t for _, t in model_inputs(batch, model).tensors()]
+    if len(tensors) != 1:
+        raise QdqConfigError(f"locate_divergence feeds one-input models; this batch gives {len(tensors)} tensors.")
+    return tensors[0].detach().cpu().numpy()
 
 
 def _quantizer_outputs(model: nn.Module, quantizers: dict[str, nn.Module], x: torch.Tensor) -> dict[str, np.ndarray]:
