@@ -24,6 +24,7 @@ describes the design.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +69,10 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
         for name in ATTENTION_QUANTIZERS:
             if name not in quantize:
                 getattr(self, name).disable()
+        #: ``(head size, longest query or key sequence)`` seen while calibrating (eager calls only), or None.
+        self.calibrated_shape: tuple[int, int] | None = None
+        #: the placement target's :class:`~qdq.targets.AttentionFacts` (set by placement), or None.
+        self.target_facts: Any = None
 
     def quantizers(self) -> dict[str, TensorQuantizer]:
         """The four quantizers by attribute name, in the order the data meets them."""
@@ -103,6 +108,7 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
         """
         if is_causal and attn_mask is not None:
             raise QdqConfigError("is_causal=True takes no attn_mask (the function's rule); pass one or the other.")
+        self._record_shape(query, key)
         if enable_gqa:
             key, value = _repeat_heads(key, query.size(-3)), _repeat_heads(value, query.size(-3))
         factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
@@ -116,6 +122,18 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
             probs = F.dropout(probs, p=dropout_p, training=True)
         out = torch.matmul(probs, self.value_quantizer(value))
         return (out, probs) if return_probs else out
+
+
+    def _record_shape(self, query: torch.Tensor, key: torch.Tensor) -> None:
+        """Remember the head size and the longest sequence while any quantizer calibrates (plain ints only:
+        nothing while tracing, exporting or compiling)."""
+        if not any(q.calib_enabled for q in self.quantizers().values()):
+            return
+        head, length = query.shape[-1], max(query.shape[-2], key.shape[-2])
+        if type(head) is not int or type(length) is not int or torch.compiler.is_compiling():
+            return
+        seen = self.calibrated_shape or (head, 0)
+        self.calibrated_shape = (head, max(seen[1], length))
 
 
 def _masked(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

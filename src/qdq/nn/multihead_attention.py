@@ -56,10 +56,9 @@ class QuantMultiheadAttention(QuantMixin, nn.MultiheadAttention):
         super().init_quantizer(quant_desc_input, quant_desc_weight)
         self.key_input_quantizer = TensorQuantizer(self._input_quantizer_desc(quant_desc_input), role="input")
         self.value_input_quantizer = TensorQuantizer(self._input_quantizer_desc(quant_desc_input), role="input")
-        if not self._qkv_same_embed_dim:
-            weight_desc = self.default_quant_desc_weight if quant_desc_weight is None else quant_desc_weight
-            self.k_weight_quantizer = TensorQuantizer(weight_desc, role="weight")
-            self.v_weight_quantizer = TensorQuantizer(weight_desc, role="weight")
+        weight_desc = self.default_quant_desc_weight if quant_desc_weight is None else quant_desc_weight
+        self.k_weight_quantizer = TensorQuantizer(weight_desc, role="weight")
+        self.v_weight_quantizer = TensorQuantizer(weight_desc, role="weight")
         if not isinstance(self.out_proj, QuantLinear):
             self._float_out_proj = type(self.out_proj)  # NonDynamicallyQuantizableLinear, given back by to_float
             self.out_proj = QuantLinear.from_float(self.out_proj, quant_desc_input, quant_desc_weight)
@@ -80,17 +79,22 @@ class QuantMultiheadAttention(QuantMixin, nn.MultiheadAttention):
         return self.default_quant_desc_input if desc is None else desc
 
     def quantized_weights(self) -> Iterator[tuple[str, torch.Tensor, TensorQuantizer]]:
-        """``(name, weight, quantizer)`` of the input projection weights (``out_proj`` is its own module)."""
+        """``(name, weight, quantizer)`` of the input projection weights (``out_proj`` is its own module); the
+        packed ``in_proj_weight`` as its three row blocks, each quantized on its own (per row, so the same
+        numbers as the packed matrix): each projection's MatMul then reads its weight straight from a DQ, as
+        TensorRT requires."""
+        quantizers = (self._weight_quantizer, self.k_weight_quantizer, self.v_weight_quantizer)
         if self._qkv_same_embed_dim:
-            yield "in_proj_weight", self.in_proj_weight, self._weight_quantizer
+            e = self.embed_dim
+            blocks = (self.in_proj_weight[:e], self.in_proj_weight[e : 2 * e], self.in_proj_weight[2 * e :])
+            for part, weight, quantizer in zip("qkv", blocks, quantizers):
+                yield f"in_proj_weight[{part}]", weight, quantizer
             return
-        yield "q_proj_weight", self.q_proj_weight, self._weight_quantizer
-        yield "k_proj_weight", self.k_proj_weight, self.k_weight_quantizer
-        yield "v_proj_weight", self.v_proj_weight, self.v_weight_quantizer
+        weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        for part, weight, quantizer in zip("qkv", weights, quantizers):
+            yield f"{part}_proj_weight", weight, quantizer
 
     def _projection_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self._qkv_same_embed_dim:
-            return self._weight_quantizer(self.in_proj_weight).chunk(3)
         return tuple(quantizer(weight) for _, weight, quantizer in self.quantized_weights())  # type: ignore[return-value]
 
     def forward(

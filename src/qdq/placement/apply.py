@@ -13,6 +13,7 @@ from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.graphs.fx import PlacementContext
 from qdq.graphs.fx_ops import LEAF_CLASS_NAMES, QDQ_LEAVES
 from qdq.nn.base import QuantInputMixin
+from qdq.placement.capture import apply_attention_facts, capture_graph, capture_model
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import (
     DEFAULT_TARGET,
@@ -62,12 +63,19 @@ def _default_desc(model: nn.Module) -> QuantDescriptor:
 
 
 class _Placement:
-    """One placement: the target, the descriptor of the added quantizers, the rules, the extra leaves."""
+    """One placement: the target, the descriptor of the added quantizers, the rules, the extra leaves, the
+    capture steps run on each traced graph; records the modules torch.fx could not trace."""
 
     def __init__(
-        self, target: Target, desc: QuantDescriptor, rules: tuple[PlacementRule, ...], leaves: tuple[type, ...]
+        self,
+        target: Target,
+        desc: QuantDescriptor,
+        rules: tuple[PlacementRule, ...],
+        leaves: tuple[type, ...],
+        capture: Sequence[str] | None,
     ) -> None:
-        self.target, self.desc, self.rules, self.leaves = target, desc, rules, leaves
+        self.target, self.desc, self.rules, self.leaves, self.capture = target, desc, rules, leaves, capture
+        self.untraced: list[tuple[str, Exception]] = []
 
     def place(self, module: nn.Module, path: str) -> tuple[nn.Module, list[str]]:
         try:
@@ -75,6 +83,7 @@ class _Placement:
         except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
             return self.place_children(module, path, err)
         ctx = PlacementContext(gm, self.target, self.desc)
+        ctx.changes += [f"{name}: quantized attention" for name in capture_graph(gm, self.desc, self.capture)]
         for rule in self.rules:
             rule.torch(ctx)  # type: ignore[misc]  # rules_for("torch") keeps those with a torch function
         if not ctx.changes:
@@ -85,12 +94,7 @@ class _Placement:
         return gm, [prefix + line for line in ctx.changes]
 
     def place_children(self, module: nn.Module, path: str, err: Exception) -> tuple[nn.Module, list[str]]:
-        warnings.warn(
-            f"torch.fx cannot trace {path or type(module).__name__} ({type(err).__name__}: {err}); placing "
-            "quantizers inside its children instead. Additions written in its own forward stay float: use "
-            "qdq.nn.QuantAdd / QuantConcat there, or register it as a leaf (leaf_modules=...).",
-            stacklevel=5,
-        )
+        self.untraced.append((path or type(module).__name__, err))
         changes: list[str] = []
         for name, child in list(module.named_children()):
             if isinstance(child, QDQ_LEAVES + self.leaves):
@@ -102,6 +106,22 @@ class _Placement:
             changes += lines
         return module, changes
 
+    def warning(self, model: nn.Module, attention: int) -> str | None:
+        """One message for the whole model: which modules torch.fx could not trace, and what stays float."""
+        if not self.untraced:
+            return None
+        first, err = self.untraced[0]
+        names = [path for path, _ in self.untraced]
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        captured = f" Attention is quantized all the same ({attention} modules)." if attention else ""
+        return (
+            f"torch.fx cannot trace {len(names)} module(s) of {type(model).__name__} ({first}: "
+            f"{type(err).__name__}: {err}); quantizers were placed inside their traceable children. What stays "
+            f"float: adds and concatenations written in the forward of {shown} (a residual add there is not "
+            "quantized). Use qdq.nn.QuantAdd / QuantConcat in those forwards, or make them leaves "
+            f"(leaf_modules=...).{captured}"
+        )
+
 
 def apply_placement(
     model: nn.Module,
@@ -112,6 +132,7 @@ def apply_placement(
     leaf_modules: Sequence[type] = (),
     verbose: bool = False,
     target_options: Mapping[str, Any] | None = None,
+    capture: Sequence[str] | None = None,
 ) -> nn.Module:
     """Add the quantizers ``target`` needs beyond Conv/Linear inputs and weights (see :mod:`qdq.placement`).
 
@@ -135,6 +156,9 @@ def apply_placement(
             (:meth:`~qdq.targets.Target.step_float_type`), every quantizer of the model gets that
             :attr:`~qdq.quantizer.TensorQuantizer.step_type`, so that the model quantizes as the file does.
             Plain values only (strings, numbers): data such as calibration batches go to ``export_onnx``.
+        capture: names of the attention capture steps to run (:data:`qdq.placement.capture.CAPTURE_STEPS`;
+            default all, ``()`` none). Every captured attention, and every ``QuantMultiheadAttention``, then
+            gets the target's :class:`~qdq.targets.AttentionFacts`.
 
     Returns:
         A ``torch.fx.GraphModule`` computing the placed model (same parameters, same ``state_dict`` keys
@@ -160,7 +184,14 @@ def apply_placement(
         )
     chosen = spec.rules_for("torch") if rules is None else tuple(_torch_rule(name) for name in rules)
     desc = _default_desc(model) if quant_desc is None else quant_desc
-    placed, changes = _Placement(spec, desc, chosen, tuple(leaf_modules)).place(model, "")
+    captured = capture_model(model, desc, capture)
+    placement = _Placement(spec, desc, chosen, tuple(leaf_modules), capture)
+    placed, changes = placement.place(model, "")
+    changes = [f"{name}: quantized attention" for name in captured] + changes
+    attention = apply_attention_facts(placed, spec.attention)
+    message = placement.warning(model, attention)
+    if message is not None:
+        warnings.warn(message, stacklevel=2)
     mark_placed(placed, spec.name, options)
     _set_step_types(placed, spec.step_float_type(options))
     if placed is not model:

@@ -42,16 +42,26 @@ from qdq.targets.registry import (
     unregister_target,
 )
 from qdq.targets.rules import FRONTENDS, PLACEMENT_RULES, PlacementRule, register_rule
-from qdq.targets.target import VERDICTS, ExportDefaults, FusionFacts, RuntimeSupport, Target
+from qdq.targets.target import (
+    ATTENTION_QUANTIZER_NAMES,
+    VERDICTS,
+    AttentionFacts,
+    ExportDefaults,
+    FusionFacts,
+    RuntimeSupport,
+    Target,
+)
 from qdq.targets.tensorrt import TENSORRT
 
 __all__ = [
+    "ATTENTION_QUANTIZER_NAMES",
     "DEFAULT_TARGET",
     "FRONTENDS",
     "ONNXRUNTIME_FUSION",
     "PLACEMENT_RULES",
     "TARGET_REGISTRY",
     "VERDICTS",
+    "AttentionFacts",
     "ExportDefaults",
     "FusionFacts",
     "PlacementRule",

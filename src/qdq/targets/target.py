@@ -20,7 +20,8 @@ from typing import Any
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.targets.rules import PLACEMENT_RULES, PlacementRule
 
-__all__ = ["VERDICTS", "ExportDefaults", "FusionFacts", "RuntimeSupport", "Target"]
+__all__ = ["ATTENTION_QUANTIZER_NAMES", "VERDICTS", "AttentionFacts", "ExportDefaults", "FusionFacts", "RuntimeSupport",
+           "Target"]  # fmt: skip
 
 _RESIDUAL_MODES = ("skip", "both")
 #: How a runtime runs a target's graphs (:class:`RuntimeSupport`): what the target is made for, runs it with a
@@ -62,6 +63,51 @@ class FusionFacts:
         """Indices of the inputs of an ``op_type`` node (with ``n_inputs`` inputs) that must be dequantized."""
         _, indices = self.int8_forms[op_type]
         return tuple(range(n_inputs)) if indices is None else tuple(i for i in indices if i < n_inputs)
+
+
+#: The quantizers of :class:`qdq.nn.attention.QuantScaledDotProductAttention`, in the order the data meets them.
+ATTENTION_QUANTIZER_NAMES = ("query_quantizer", "key_quantizer", "probs_quantizer", "value_quantizer")
+
+
+@dataclass(frozen=True)
+class AttentionFacts:
+    """Which inputs of the two attention matmuls (``Q·Kᵀ`` and ``softmax·V``) a runtime runs in int8, and at which
+    shapes.
+
+    Placement gives every :class:`~qdq.nn.attention.QuantScaledDotProductAttention` of a model placed for the
+    target these facts: the quantizers in :attr:`quantized` stay enabled, the others are disabled. With
+    :attr:`head_sizes` or :attr:`max_length`, the shapes decide too: calibration records the shapes each
+    attention sees, and where the head size or the sequence length falls outside, all four quantizers are
+    disabled (the matmuls stay float) and calibration says so in one warning.
+
+    Attributes:
+        quantized: names of the quantizers to keep (:data:`ATTENTION_QUANTIZER_NAMES`); empty: attention
+            stays float.
+        head_sizes: the head sizes (last dimension of Q) the int8 kernel takes; None: any.
+        max_length: the longest query or key sequence the int8 kernel takes; None: any.
+        reason: one sentence: why the shapes matter (said when they leave attention float).
+    """
+
+    quantized: tuple[str, ...] = ATTENTION_QUANTIZER_NAMES
+    head_sizes: tuple[int, ...] | None = None
+    max_length: int | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.quantized) - set(ATTENTION_QUANTIZER_NAMES))
+        if unknown:
+            names = list(ATTENTION_QUANTIZER_NAMES)
+            raise QdqConfigError(f"attention facts name {unknown}; the quantizers are {names}.")
+        if (self.head_sizes is not None or self.max_length is not None) and not self.reason:
+            raise QdqConfigError("attention facts with shape limits need the reason (said to the user).")
+
+    def outside(self, head_size: int, length: int) -> str | None:
+        """Why attention with this head size and longest sequence stays float, or None when it fits."""
+        if self.head_sizes is not None and head_size not in self.head_sizes:
+            return f"head size {head_size} (not one of {list(self.head_sizes)})"
+        if self.max_length is not None and length > self.max_length:
+            return f"sequence length {length} (> {self.max_length})"
+        return None
 
 
 @dataclass(frozen=True)
@@ -130,6 +176,8 @@ class Target:
             ``"bfloat16"``) the quantization steps of an export with these rewrite options are numbers of; None
             means float32 always. Placement gives the model's quantizers that type
             (:attr:`qdq.quantizer.TensorQuantizer.step_type`), so that they quantize on the file's grid.
+        attention: which attention-matmul inputs run in int8, and at which shapes (:class:`AttentionFacts`;
+            default: all four, any shape).
     """
 
     name: str
@@ -141,6 +189,7 @@ class Target:
     export: ExportDefaults = field(default_factory=ExportDefaults, repr=False)
     runtimes: tuple[RuntimeSupport, ...] = field(default=(), repr=False)
     step_type: StepType | None = field(default=None, repr=False)
+    attention: AttentionFacts = field(default_factory=AttentionFacts, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -162,6 +211,8 @@ class Target:
             raise QdqTypeError(f"target {self.name!r}: runtimes are RuntimeSupport entries.")
         if self.step_type is not None and not callable(self.step_type):
             raise QdqTypeError(f"target {self.name!r}: step_type must be a callable step_type(options) or None.")
+        if not isinstance(self.attention, AttentionFacts):
+            raise QdqTypeError(f"target {self.name!r}: attention must be an AttentionFacts.")
 
     @property
     def rule_names(self) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from torch import nn
 from qdq.calib.registry import check_method, statistics_calibrator
 from qdq.calib.weights import calibrate_weights
 from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.placement.capture import forget_attention_shapes, settle_attention
 from qdq.quantizer import TensorQuantizer
 from qdq.utils.batches import call_model
 from qdq.workflow.distributed import assert_same_across_ranks, collective, rank, unwrap, world_size
@@ -163,6 +165,10 @@ def collect_stats(
     rank may have no batch) through the module inside a DistributedDataParallel wrapper, so ranks need
     not have the same number of batches; :func:`load_amax` then combines the statistics.
 
+    Attention placed for a target with shape conditions (TensorRT: head size, sequence length;
+    :class:`~qdq.targets.AttentionFacts`) is settled here on the shapes the data had: where they fall
+    outside, its four quantizers are disabled, with one warning.
+
     Raises:
         QdqCalibrationError: empty data, or NaN/Inf in a quantizer's input (named).
     """
@@ -175,9 +181,13 @@ def collect_stats(
         quantizer.calibrator = _make_calibrator(quantizer, calibrator, **calibrator_options)
     forward = forward_fn or default_forward
     total = num_batches if num_batches is not None else (len(data) if hasattr(data, "__len__") else None)  # type: ignore[arg-type]
+    forget_attention_shapes(model)
     with _calibration_mode(model, quantizers), torch.no_grad():
         for batch in progress_bar(batches, progress, "calibrating", total=total):
             forward(model, batch)
+    message = settle_attention(model)  # the target's shape conditions on attention, now that shapes are known
+    if message is not None:
+        warnings.warn(message, stacklevel=2)
     return wrapper
 
 

@@ -9,6 +9,11 @@ the conv by itself. Placement adds what module replacement cannot reach (``RULES
   into the conv that produces it (:mod:`qdq.targets.common.residual`);
 * ``concat``: one scale for every input of a concatenation (:mod:`qdq.targets.common.concat`).
 
+Attention (captured by placement, :mod:`qdq.placement.capture`): Q, K, the softmax output and V quantized
+where TensorRT's fused int8 attention applies, else float (:mod:`.attention`, ``TENSORRT_ATTENTION``). In a
+transformer the Linear layers get input and per-channel weight quantizers (module replacement) and the
+residual adds their shortcut input (``residual_add``); LayerNorm, GELU and Softmax stay float.
+
 The package, one concept per module:
 
 * :mod:`.rewrite`: the export's ONNX rewrite (``rewrite_for_tensorrt``): refuses what TensorRT cannot build
@@ -38,6 +43,7 @@ from __future__ import annotations
 from qdq.targets.common.concat import CONCAT
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
+from qdq.targets.tensorrt.attention import TENSORRT_ATTENTION
 from qdq.targets.tensorrt.rewrite import DEFAULT_FLOAT, rewrite_for_tensorrt, step_type
 
 __all__ = ["RULES", "RUNTIMES", "TENSORRT"]
@@ -64,4 +70,5 @@ TENSORRT = Target(
     export=ExportDefaults(opset=None, options={"float": DEFAULT_FLOAT}),
     runtimes=RUNTIMES,
     step_type=step_type,
+    attention=TENSORRT_ATTENTION,
 )
