@@ -186,3 +186,22 @@ def test_attention_facts_say_why_a_shape_is_outside():
         AttentionFacts(max_length=4)
     with pytest.raises(qdq.errors.QdqConfigError, match="quantizers are"):
         AttentionFacts(quantized=("query",))
+
+
+@pytest.mark.parametrize(
+    ("family", "adds"),
+    [
+        # BertSelfOutput / BertOutput: LayerNorm(dropout(dense(h)) + input_tensor): the shortcut is operand 1
+        ("hf_bert", {"bert.encoder.layer.0.attention.output.residual_add": [False, True],
+                     "bert.encoder.layer.0.output.residual_add": [False, True]}),
+        # timm Block: x = x + drop_path(ls(attn(norm(x)))): the shortcut is operand 0
+        ("timm_vit", {"blocks.0.residual_add": [True, False], "blocks.0.residual_add_1": [True, False]}),
+    ],
+)  # fmt: skip
+def test_tensorrt_quantizes_the_shortcut_of_transformer_residual_adds(family, adds):
+    model, _ = FAMILIES[family]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Hugging Face model's one fx warning
+        model = qdq.quantize_model(model.eval(), qdq.QuantConfig(target="tensorrt"))
+    for name, quantized in adds.items():
+        assert [q.is_enabled for q in model.get_submodule(name).input_quantizers] == quantized

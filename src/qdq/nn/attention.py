@@ -17,8 +17,8 @@ matmul inputs, never a fused attention op, so each runtime sees the pattern it f
 :func:`replace_sdpa_calls` routes the ``F.scaled_dot_product_attention`` calls of a ``torch.fx`` graph through
 new modules of this class (the capture for code that calls the function: user code, and timm's attention
 modules once :func:`use_fused_attention` has set their ``fused_attn``); ``qdq.nn.multihead_attention`` and
-``qdq.nn.huggingface`` capture ``nn.MultiheadAttention`` and Hugging Face models. ``docs/attention.md``
-describes the design.
+``qdq.nn.huggingface`` capture ``nn.MultiheadAttention`` and Hugging Face models. Placement runs these captures
+(:mod:`qdq.placement.capture`); ARCHITECTURE.md ("Attention") describes the design.
 """
 
 from __future__ import annotations

@@ -22,9 +22,14 @@ Extending: :func:`register_placement_rule` adds a rule (the counterpart of the T
 ``ctx.graph_module.graph`` with the context's helpers. :func:`function_inputs_rule` builds the common case
 "quantize inputs of every call to these functions" (e.g. the squeeze-excitation ``mul`` of EfficientNet).
 
+Attention: before the rules, placement routes the model's attention through
+:class:`~qdq.nn.attention.QuantScaledDotProductAttention` modules (:mod:`qdq.placement.capture`: a registry
+of capture steps for Hugging Face models, timm, ``F.scaled_dot_product_attention`` calls; ``capture=`` picks
+them) and gives every attention module the target's :class:`~qdq.targets.AttentionFacts`.
+
 Fallback: when ``torch.fx`` cannot trace the whole model (data-dependent control flow), each child module
-is placed on its own, recursively, with a warning; adds in the untraceable ``forward`` itself stay float
-(use :class:`~qdq.nn.QuantAdd` there by hand).
+is placed on its own, recursively; one warning per model names the modules it could not trace, whose own
+adds stay float (use :class:`~qdq.nn.QuantAdd` there by hand).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 
 from qdq.graphs.fx import PlacementContext
 from qdq.placement.apply import apply_placement
+from qdq.placement.capture import CAPTURE_STEPS, CaptureStep, register_capture_step
 from qdq.placement.extend import (
     function_inputs_rule,
     placement_rules,
@@ -42,11 +48,14 @@ from qdq.placement.extend import (
 from qdq.targets import PLACEMENT_RULES, target_names
 
 __all__ = [  # and TARGETS, the registered target names (module __getattr__)
+    "CAPTURE_STEPS",
     "PLACEMENT_RULES",
+    "CaptureStep",
     "PlacementContext",
     "apply_placement",
     "function_inputs_rule",
     "placement_rules",
+    "register_capture_step",
     "register_placement_rule",
     "unregister_placement_rule",
 ]

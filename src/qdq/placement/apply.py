@@ -31,20 +31,22 @@ __all__ = ["apply_placement"]
 
 
 class _Tracer(fx.Tracer):
-    """Keeps torch.nn modules, qdq's quantized modules and the given classes as leaves."""
+    """Keeps torch.nn modules, qdq's quantized modules, the given classes and the given modules as leaves."""
 
-    def __init__(self, leaf_modules: tuple[type, ...] = ()) -> None:
+    def __init__(self, leaf_modules: tuple[type, ...] = (), leaf_objects: frozenset[int] = frozenset()) -> None:
         super().__init__()
-        self._extra_leaves = leaf_modules
+        self._extra_leaves, self._leaf_objects = leaf_modules, leaf_objects
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if isinstance(m, QDQ_LEAVES + self._extra_leaves) or type(m).__name__ in LEAF_CLASS_NAMES:
             return True
+        if id(m) in self._leaf_objects:
+            return True
         return super().is_leaf_module(m, module_qualified_name)
 
 
-def _trace(module: nn.Module, leaf_modules: tuple[type, ...]) -> fx.GraphModule:
-    tracer = _Tracer(leaf_modules)
+def _trace(module: nn.Module, leaf_modules: tuple[type, ...], leaf_objects: frozenset[int]) -> fx.GraphModule:
+    tracer = _Tracer(leaf_modules, leaf_objects)
     graph = tracer.trace(module)
     gm = fx.GraphModule(tracer.root, graph, class_name=type(module).__name__)
     gm.train(module.training)
@@ -76,10 +78,13 @@ class _Placement:
     ) -> None:
         self.target, self.desc, self.rules, self.leaves, self.capture = target, desc, rules, leaves, capture
         self.untraced: list[tuple[str, Exception]] = []
+        #: modules the model capture steps made quantized (attention modules dispatching through a library's
+        #: table, which torch.fx cannot trace): calls in the graph, so that the code around them traces.
+        self.captured: frozenset[int] = frozenset()
 
     def place(self, module: nn.Module, path: str) -> tuple[nn.Module, list[str]]:
         try:
-            gm = _trace(module, self.leaves)
+            gm = _trace(module, self.leaves, self.captured)
         except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
             return self.place_children(module, path, err)
         ctx = PlacementContext(gm, self.target, self.desc)
@@ -97,7 +102,7 @@ class _Placement:
         self.untraced.append((path or type(module).__name__, err))
         changes: list[str] = []
         for name, child in list(module.named_children()):
-            if isinstance(child, QDQ_LEAVES + self.leaves):
+            if isinstance(child, QDQ_LEAVES + self.leaves) or id(child) in self.captured:
                 continue
             child_path = f"{path}.{name}" if path else name
             new, lines = self.place(child, child_path)
@@ -186,6 +191,7 @@ def apply_placement(
     desc = _default_desc(model) if quant_desc is None else quant_desc
     captured = capture_model(model, desc, capture)
     placement = _Placement(spec, desc, chosen, tuple(leaf_modules), capture)
+    placement.captured = frozenset(id(model.get_submodule(name)) for name in captured)
     placed, changes = placement.place(model, "")
     changes = [f"{name}: quantized attention" for name in captured] + changes
     attention = apply_attention_facts(placed, spec.attention)
