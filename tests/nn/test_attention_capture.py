@@ -27,6 +27,8 @@ from qdq.quantizer import TensorQuantizer
 sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
 from export_helpers import float_segment_errors, teacher_forced_mismatches
 
+from transformer_models import hugging_face_model
+
 
 def _disable_all(model: nn.Module) -> None:
     for module in model.modules():
@@ -113,31 +115,12 @@ def test_multihead_attention_weights_calibrate_per_row_and_export_exactly(tmp_pa
 # --- Hugging Face transformers -----------------------------------------------------------------------------------
 
 
-def _hf_case(name: str):
-    tf = pytest.importorskip("transformers")
-    ids = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(3, 12, dtype=torch.long)
-    mask[0, 8:] = 0
-    text = {"input_ids": ids, "attention_mask": mask}
-    small = dict(num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=3)
-    if name == "bert":
-        return tf.BertForSequenceClassification(tf.BertConfig(vocab_size=50, hidden_size=32, **small)), text
-    if name == "roberta":
-        config = tf.RobertaConfig(vocab_size=50, hidden_size=32, max_position_embeddings=70, **small)
-        return tf.RobertaForSequenceClassification(config), text
-    if name == "distilbert":
-        config = tf.DistilBertConfig(vocab_size=50, dim=32, n_layers=2, n_heads=2, hidden_dim=64, num_labels=3)
-        return tf.DistilBertForSequenceClassification(config), text
-    config = tf.ViTConfig(image_size=16, patch_size=4, hidden_size=32, **small)
-    return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 16, 16)}
-
-
 @pytest.mark.parametrize("name", ["bert", "distilbert", "roberta", "vit"])
 def test_hugging_face_attention_is_captured_and_disabled_is_float(name):
     from qdq.nn.huggingface import IMPLEMENTATION, capture_hf_attention
 
     torch.manual_seed(0)
-    model, inputs = _hf_case(name)
+    model, inputs = hugging_face_model(name, layers=2)
     model.eval()
     reference = copy.deepcopy(model)
     names = capture_hf_attention(model)

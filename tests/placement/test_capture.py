@@ -24,6 +24,8 @@ from qdq.targets import ATTENTION_QUANTIZER_NAMES, AttentionFacts, get_target
 sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
 from export_helpers import float_segment_errors, teacher_forced_mismatches
 
+from transformer_models import hugging_face_model
+
 
 class SdpaEncoder(nn.Module):
     """Attention written with F.scaled_dot_product_attention (keyword arguments), then a residual Linear."""
@@ -52,25 +54,6 @@ class MhaEncoder(nn.Module):
         return self.head(y + x)
 
 
-def _hugging_face(name: str):
-    tf = pytest.importorskip("transformers")
-    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(2, 8, dtype=torch.long)
-    mask[0, 6:] = 0
-    text = {"input_ids": ids, "attention_mask": mask}
-    small = dict(num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=3)
-    if name == "bert":
-        return tf.BertForSequenceClassification(tf.BertConfig(vocab_size=50, hidden_size=32, **small)), text
-    if name == "roberta":
-        config = tf.RobertaConfig(vocab_size=50, hidden_size=32, max_position_embeddings=20, **small)
-        return tf.RobertaForSequenceClassification(config), text
-    if name == "distilbert":
-        config = tf.DistilBertConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, hidden_dim=32, num_labels=3)
-        return tf.DistilBertForSequenceClassification(config), text
-    config = tf.ViTConfig(image_size=8, patch_size=4, hidden_size=32, **small)
-    return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 8, 8)}
-
-
 def _timm(name: str):
     timm = pytest.importorskip("timm")
     if name.startswith("swin"):
@@ -81,10 +64,10 @@ def _timm(name: str):
 
 
 FAMILIES = {
-    "hf_bert": lambda: _hugging_face("bert"),
-    "hf_distilbert": lambda: _hugging_face("distilbert"),
-    "hf_roberta": lambda: _hugging_face("roberta"),
-    "hf_vit": lambda: _hugging_face("vit"),
+    "hf_bert": lambda: hugging_face_model("bert"),
+    "hf_distilbert": lambda: hugging_face_model("distilbert"),
+    "hf_roberta": lambda: hugging_face_model("roberta"),
+    "hf_vit": lambda: hugging_face_model("vit"),
     "timm_vit": lambda: _timm("vit_tiny_patch16_224"),
     "timm_deit": lambda: _timm("deit_tiny_patch16_224"),
     "timm_swin": lambda: _timm("swin_tiny_patch4_window7_224"),
@@ -125,7 +108,7 @@ def test_attention_is_quantized_for_the_target_and_agrees_with_onnx_runtime(fami
 
 
 def test_hugging_face_model_gets_one_warning_naming_what_stays_float():
-    model, _ = _hugging_face("bert")
+    model, _ = hugging_face_model("bert")
     with pytest.warns(UserWarning) as caught:
         qdq.quantize_model(model.eval(), qdq.QuantConfig(target="tensorrt"))
     assert len(caught) == 1

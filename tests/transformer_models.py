@@ -1,0 +1,30 @@
+"""Small random-init transformers built from configs (no hub), with an input batch each, for the attention tests.
+
+Head size 16 everywhere (width 32, 2 heads), so the TensorRT target keeps the attention quantizers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+
+def hugging_face_model(name: str, layers: int = 1) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """``"bert"``, ``"distilbert"``, ``"roberta"`` (a padded text batch) or ``"vit"`` (an image batch)."""
+    tf = pytest.importorskip("transformers")
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, 6:] = 0
+    text = {"input_ids": ids, "attention_mask": mask}
+    small = dict(num_hidden_layers=layers, num_attention_heads=2, intermediate_size=32, num_labels=3)
+    if name == "bert":
+        return tf.BertForSequenceClassification(tf.BertConfig(vocab_size=50, hidden_size=32, **small)), text
+    if name == "roberta":
+        config = tf.RobertaConfig(vocab_size=50, hidden_size=32, max_position_embeddings=20, **small)
+        return tf.RobertaForSequenceClassification(config), text
+    if name == "distilbert":
+        config = tf.DistilBertConfig(vocab_size=50, dim=32, n_layers=layers, n_heads=2, hidden_dim=32, num_labels=3)
+        return tf.DistilBertForSequenceClassification(config), text
+    config = tf.ViTConfig(image_size=8, patch_size=4, hidden_size=32, **small)
+    return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 8, 8)}
