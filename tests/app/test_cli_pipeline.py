@@ -90,6 +90,8 @@ def test_config_round_trip(tmp_path):
         PipelineConfig.from_dict({"calb": "max"})
     with pytest.raises(QdqConfigError, match="target"):
         PipelineConfig(target="tflite")
+    with pytest.raises(QdqConfigError, match="train_optimizer must be one of \\['sgd', 'adamw'\\], got 'adam'"):
+        PipelineConfig(train_optimizer="adam")
 
 
 def test_cli_flags_override_config_file(tmp_path):

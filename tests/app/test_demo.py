@@ -146,3 +146,21 @@ def test_unknown_models_and_a_missing_extra():
     assert list(DEMO_MODELS)[:3] == ["digits_resnet", "digits_mobilenet", "keras_digits_resnet"]
     reason = DEMO_MODELS.get("keras_digits_resnet").missing()
     assert reason is None or "tensorflow" in reason.lower()
+
+
+@pytest.mark.parametrize("name", ["digits_vit", "digits_bert"])
+def test_digit_transformers_are_optional_w8a8_rows_whose_qat_uses_their_recipe(monkeypatch, tmp_path, name):
+    import torch
+
+    from qdq.app import demo
+    from qdq.app.digit_transformers import RECIPES
+
+    family = DEMO_MODELS.get(name)
+    assert not family.default and family.schemes == ("W8A8",)
+    assert name not in [n for n, m in DEMO_MODELS.items() if m.default]
+    seen = {}
+    monkeypatch.setattr(demo, "run_pipeline", lambda cfg, model, progress: seen.update(cfg=cfg, model=model) or {})
+    trained = torch.nn.Linear(2, 2)
+    family.run(trained, DemoSettings().job(name, Scheme(8, 8), tmp_path), False)
+    assert seen["cfg"].train_lr == RECIPES[name].lr and seen["cfg"].train_optimizer == "adamw"
+    assert seen["model"] is not trained and torch.equal(seen["model"].weight, trained.weight)

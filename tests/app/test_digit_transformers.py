@@ -46,3 +46,12 @@ def test_zoo_names():
     assert isinstance(load_model("digits_vit"), DigitsViT)
     if pytest.importorskip("transformers"):
         assert isinstance(load_model("digits_bert", num_classes=4), DigitsBert)
+
+
+def test_training_names_a_known_model():
+    from qdq.app.digit_transformers import RECIPES, train_digit_transformer
+    from qdq.errors import QdqConfigError
+
+    assert set(RECIPES) == {"digits_vit", "digits_bert"}
+    with pytest.raises(QdqConfigError, match="unknown digit transformer 'digits_gpt'"):
+        train_digit_transformer("digits_gpt")

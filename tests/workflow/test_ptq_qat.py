@@ -1,7 +1,9 @@
 """PTQ method selection, QAT schedule/checkpoints/resume, and sensitivity."""
 
+import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -110,6 +112,21 @@ def test_resume_after_interrupt_equals_uninterrupted(tmp_path):
         assert torch.equal(value, resumed.state_dict()[key]), key
 
 
+def test_qat_adamw_first_step_is_the_adamw_formula_at_one_percent_of_lr():
+    # one batch, one step: AdamW's first update is lr * g / (|g| + eps) (bias-corrected moments m = g, v = g^2)
+    # after the decoupled decay p * (1 - lr * wd); lr is 1 % of the training LR at the cosine's start
+    model = _calibrated()
+    x, y = next(iter(_loader(shuffle=False)))
+    reference = copy.deepcopy(model).train()
+    nn.functional.cross_entropy(reference(x), y).backward()
+    lr, wd = 0.5, 0.1
+    qat(model, [(x, y)], None, epochs=1, lr=lr / 0.01, weight_decay=wd, optimizer="adamw", progress=False)
+    for (name, p), (_, before) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        g = before.grad.double().numpy()
+        expected = before.detach().double().numpy() * (1 - lr * wd) - lr * g / (np.abs(g) + 1e-8)
+        np.testing.assert_allclose(p.detach().double().numpy(), expected, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_qat_errors(tmp_path):
     model = _calibrated()
     with pytest.raises(QdqConfigError, match="epochs"):
@@ -118,6 +135,8 @@ def test_qat_errors(tmp_path):
         qat(model, _loader(), None, epochs=1, lr=1.0, resume=True)
     with pytest.raises(QdqConfigError, match="empty"):
         qat(model, [], None, epochs=1, lr=1.0, progress=False)
+    with pytest.raises(QdqConfigError, match="optimizer must be one of sgd, adamw, got 'adam'"):
+        qat(model, _loader(), None, epochs=1, lr=1.0, optimizer="adam")
 
 
 def test_sensitivity_and_keep_float():

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from qdq.app.digit_transformers import RECIPES
 from qdq.app.keras_digits import KERAS_MODEL, keras_missing, run_keras_job, train_keras_digits
 from qdq.app.pipeline import PipelineConfig, run_pipeline
 from qdq.atomic import write_text_atomic
@@ -193,6 +194,45 @@ register_demo_model(DemoModel(
     KERAS_MODEL, "the digits ResNet written in Keras 3 (TensorFlow), through the same job; W8A8 only (its "
     "4-bit rows tell the PyTorch ResNet's story again)", train_keras_digits, run_keras_job, keras_missing,
     schemes=("W8A8",),
+))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ digit transformers
+def _transformer_trainer(name: str) -> Callable[[DemoSettings, Progress], Any]:
+    def train(settings: DemoSettings, progress: Progress) -> Any:
+        from qdq.app.digit_transformers import train_digit_transformer
+
+        return train_digit_transformer(name, progress=progress)  # its own recipe (AdamW), not the CNNs' SGD
+
+    return train
+
+
+def _transformer_run(name: str) -> Callable[[Any, PipelineConfig, Progress], dict[str, Any]]:
+    def run(model: Any, cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
+        recipe = RECIPES[name]  # QAT: the seed's schedule from 1 % of the recipe's LR, with its optimizer
+        cfg = replace(cfg, train_lr=recipe.lr, train_optimizer=recipe.optimizer)
+        return run_pipeline(cfg, copy.deepcopy(model), progress=progress)
+
+    return run
+
+
+def _transformers_missing() -> str | None:
+    import importlib.util
+
+    return None if importlib.util.find_spec("transformers") else "needs Hugging Face transformers: pip install transformers"
+
+
+register_demo_model(DemoModel(
+    "digits_vit", "ViT (PyTorch, attention by F.scaled_dot_product_attention): 7x7 patches of 4x4, width 64, "
+    f"4 pre-LayerNorm blocks of 4 heads; trained {RECIPES['digits_vit'].epochs} epochs with AdamW; W8A8 only; not "
+    "in the default run (its training takes minutes)", _transformer_trainer("digits_vit"), _transformer_run("digits_vit"),
+    schemes=("W8A8",), default=False,
+))  # fmt: skip
+register_demo_model(DemoModel(
+    "digits_bert", "BERT encoder (Hugging Face BertForSequenceClassification from a config) reading the 28 pixel "
+    "rows as 28 tokens through inputs_embeds: width 64, 4 layers of 4 heads; trained "
+    f"{RECIPES['digits_bert'].epochs} epochs with AdamW; W8A8 only; not in the default run", _transformer_trainer("digits_bert"), _transformer_run("digits_bert"),
+    _transformers_missing, schemes=("W8A8",), default=False,
 ))  # fmt: skip
 
 

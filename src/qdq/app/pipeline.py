@@ -30,6 +30,7 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.targets import get_target
 from qdq.workflow import distributed as dist
 from qdq.workflow.auto_calibration import AUTO
+from qdq.workflow.fine_tuning import QAT_OPTIMIZERS
 from qdq.workflow.progress import Progress, counter
 
 __all__ = [
@@ -65,7 +66,8 @@ class PipelineConfig:
         qat_epochs: QAT epochs after PTQ (0: none); ``train_lr``: the LR the float model was trained with
             (QAT starts at 1 % of it, the seed's recipe). ``qat_batches`` limits each epoch to that many
             batches (None: the whole training set); ``qat_min_drop``: QAT runs only when the best PTQ score is
-            more than this many points below FP32 (0: whenever ``qat_epochs`` > 0).
+            more than this many points below FP32 (0: whenever ``qat_epochs`` > 0); ``train_optimizer``: the
+            optimizer the float model was trained with (``sgd`` or ``adamw``), which QAT fine-tunes with.
         target: ``onnxruntime`` (int8 kernels on ORT's CPU) or ``tensorrt`` (TensorRT's explicit placement).
         float: the type the float part of a ``tensorrt`` model.onnx computes in: ``float32`` (default),
             ``float16``/``fp16`` or ``bfloat16``/``bf16`` (TensorRT 11 builds FP16 only where the ONNX says so).
@@ -93,6 +95,7 @@ class PipelineConfig:
     qat_batches: int | None = None
     qat_min_drop: float = 0.0
     train_lr: float = 0.1
+    train_optimizer: str = "sgd"
     target: str = "onnxruntime"
     float: str = "float32"
     runtimes: list[str] = field(default_factory=lambda: ["onnxruntime"])
@@ -122,6 +125,8 @@ class PipelineConfig:
         for name in ("calib_batches", "batch_size", "threads", "bench_rounds", "bench_iters"):
             if int(getattr(self, name)) < 1:
                 raise QdqConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.train_optimizer not in QAT_OPTIMIZERS:
+            raise QdqConfigError(f"train_optimizer must be one of {list(QAT_OPTIMIZERS)}, got {self.train_optimizer!r}.")
         if self.qat_epochs < 0:
             raise QdqConfigError(f"qat_epochs must be >= 0, got {self.qat_epochs}.")
         if self.qat_batches is not None and self.qat_batches < 1:
@@ -269,7 +274,7 @@ def _qat(job: _Job) -> None:
         shard = dist.shard(job.train_loader.dataset, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
         loader = _batches_per_epoch(shard, cfg.qat_batches)
     result = qat(model, loader, job.evaluate, cfg.qat_epochs, cfg.train_lr, checkpoint_dir=job.out / "checkpoints",
-                 progress=job.progress if dist.is_main_process() else False)  # fmt: skip
+                 progress=job.progress if dist.is_main_process() else False, optimizer=cfg.train_optimizer)  # fmt: skip
     job.extras["qat"] = result
     job.summary["qat"] = {"epochs": result.epochs}
     job.summary["accuracy"]["QAT"] = result.final_score

@@ -3,7 +3,9 @@
 Seed recipe (NVIDIA's user guide): fine-tune for about 10 % of the original schedule, starting at 1 % of
 the original learning rate, cosine-annealed down to 1 % of that, with the calibrated ranges frozen.
 ``qat(model, data, eval_fn, epochs, lr)`` takes ``lr`` = the ORIGINAL training learning rate and applies
-that schedule; pass ``lr_scale=1.0`` to use ``lr`` as is.
+that schedule; pass ``lr_scale=1.0`` to use ``lr`` as is. The optimizer is the one the float model was trained
+with (``optimizer="sgd"``, the seed's, or ``"adamw"``): 1 % of an AdamW learning rate is a fine-tuning step for
+AdamW, while SGD at that rate barely moves the weights.
 
 A checkpoint (model, optimizer, scheduler, epoch, RNG states) is written atomically after each epoch;
 ``resume=True`` restarts after the last complete epoch and reproduces the uninterrupted run exactly on the
@@ -50,6 +52,8 @@ __all__ = ["QATResult", "qat", "save_atomic"]
 
 EvalFn = Callable[[nn.Module], float]
 _CHECKPOINT = "qat_checkpoint.pt"
+#: the optimizers :func:`qat` fine-tunes with (the one the float model was trained with)
+QAT_OPTIMIZERS = ("sgd", "adamw")
 
 
 @dataclass
@@ -161,6 +165,7 @@ def qat(
     resume: bool = False,
     progress: Progress = True,
     loss_fn: nn.Module | None = None,
+    optimizer: str = "sgd",
 ) -> QATResult:
     """Fine-tune a calibrated quantized ``model`` on labelled batches.
 
@@ -179,36 +184,42 @@ def qat(
         resume: continue from the checkpoint in ``checkpoint_dir``, if any.
         loss_fn: ``loss_fn(logits, targets)`` (default cross-entropy); the logits are the model's output, its
             ``logits`` entry when it returns a mapping, or its first output.
+        optimizer: ``"sgd"`` (``momentum``, L2 ``weight_decay``) or ``"adamw"`` (betas 0.9/0.999, decoupled
+            ``weight_decay``): the optimizer the float model was trained with.
     """
     if epochs < 1 or lr <= 0:
         raise QdqConfigError(f"qat needs epochs >= 1 and lr > 0, got epochs={epochs}, lr={lr}.")
     if resume and checkpoint_dir is None:
         raise QdqConfigError("resume=True needs checkpoint_dir (where the previous run saved its checkpoint).")
+    if optimizer not in QAT_OPTIMIZERS:
+        raise QdqConfigError(f"qat optimizer must be one of {', '.join(QAT_OPTIMIZERS)}, got {optimizer!r}.")
     device = next(model.parameters()).device
     use_amp = (device.type == "cuda") if amp is None else amp
-    optimizer = torch.optim.SGD(
-        _ddp_trainable_parameters(model, learn_ranges), lr=lr * lr_scale, momentum=momentum, weight_decay=weight_decay
-    )
+    params = _ddp_trainable_parameters(model, learn_ranges)
+    if optimizer == "adamw":
+        optim: torch.optim.Optimizer = torch.optim.AdamW(params, lr=lr * lr_scale, weight_decay=weight_decay)
+    else:
+        optim = torch.optim.SGD(params, lr=lr * lr_scale, momentum=momentum, weight_decay=weight_decay)
     steps_per_epoch = len(train_data) if hasattr(train_data, "__len__") else 1  # type: ignore[arg-type]
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(epochs * steps_per_epoch, final_lr_fraction))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optim, _cosine(epochs * steps_per_epoch, final_lr_fraction))
     scaler = torch.amp.GradScaler(device.type) if use_amp and device.type == "cuda" else None
     result, start = QATResult(), 0
     checkpoint = Path(checkpoint_dir) / _CHECKPOINT if checkpoint_dir is not None else None
     if resume and checkpoint is not None and _found_checkpoint(checkpoint):
-        start = _restore(checkpoint, model, optimizer, scheduler, result)
+        start = _restore(checkpoint, model, optim, scheduler, result)
     broadcast_quantizer_state(model)
     for epoch in range(start, epochs):
         _set_sampler_epoch(train_data, epoch)
-        loss = _train_epoch(model, train_data, loss_fn or nn.CrossEntropyLoss(), optimizer, scheduler, scaler,
+        loss = _train_epoch(model, train_data, loss_fn or nn.CrossEntropyLoss(), optim, scheduler, scaler,
                             device, progress, f"QAT {epoch + 1}/{epochs}")  # fmt: skip
         loss = all_reduce_sum([loss])[0] / world_size()
-        record = {"epoch": epoch + 1, "loss": loss, "lr": optimizer.param_groups[0]["lr"]}
+        record = {"epoch": epoch + 1, "loss": loss, "lr": optim.param_groups[0]["lr"]}
         if eval_fn is not None:
             record["score"] = float(eval_fn(model))
         result.epochs.append(record)
         assert_in_sync(model)
         if checkpoint is not None:
-            _save(checkpoint, model, optimizer, scheduler, epoch + 1, result)
+            _save(checkpoint, model, optim, scheduler, epoch + 1, result)
     result.final_score = result.epochs[-1].get("score") if result.epochs else None
     return result
 
