@@ -219,20 +219,22 @@ def _transformer_run(name: str) -> Callable[[Any, PipelineConfig, Progress], dic
 def _transformers_missing() -> str | None:
     import importlib.util
 
-    return None if importlib.util.find_spec("transformers") else "needs Hugging Face transformers: pip install transformers"
+    found = importlib.util.find_spec("transformers") is not None
+    return None if found else "needs Hugging Face transformers: pip install transformers"
 
 
 register_demo_model(DemoModel(
     "digits_vit", "ViT (PyTorch, attention by F.scaled_dot_product_attention): 7x7 patches of 4x4, width 64, "
     f"4 pre-LayerNorm blocks of 4 heads; trained {RECIPES['digits_vit'].epochs} epochs with AdamW; W8A8 only; not "
-    "in the default run (its training takes minutes)", _transformer_trainer("digits_vit"), _transformer_run("digits_vit"),
-    schemes=("W8A8",), default=False,
+    "in the default run (its training takes minutes)",
+    _transformer_trainer("digits_vit"), _transformer_run("digits_vit"), schemes=("W8A8",), default=False,
 ))  # fmt: skip
 register_demo_model(DemoModel(
     "digits_bert", "BERT encoder (Hugging Face BertForSequenceClassification from a config) reading the 28 pixel "
     "rows as 28 tokens through inputs_embeds: width 64, 4 layers of 4 heads; trained "
-    f"{RECIPES['digits_bert'].epochs} epochs with AdamW; W8A8 only; not in the default run", _transformer_trainer("digits_bert"), _transformer_run("digits_bert"),
-    _transformers_missing, schemes=("W8A8",), default=False,
+    f"{RECIPES['digits_bert'].epochs} epochs with AdamW; W8A8 only; not in the default run",
+    _transformer_trainer("digits_bert"), _transformer_run("digits_bert"), _transformers_missing,
+    schemes=("W8A8",), default=False,
 ))  # fmt: skip
 
 

@@ -126,7 +126,8 @@ class PipelineConfig:
             if int(getattr(self, name)) < 1:
                 raise QdqConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.train_optimizer not in QAT_OPTIMIZERS:
-            raise QdqConfigError(f"train_optimizer must be one of {list(QAT_OPTIMIZERS)}, got {self.train_optimizer!r}.")
+            expected = list(QAT_OPTIMIZERS)
+            raise QdqConfigError(f"train_optimizer must be one of {expected}, got {self.train_optimizer!r}.")
         if self.qat_epochs < 0:
             raise QdqConfigError(f"qat_epochs must be >= 0, got {self.qat_epochs}.")
         if self.qat_batches is not None and self.qat_batches < 1:
