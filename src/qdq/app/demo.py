@@ -451,7 +451,8 @@ def demo_legend(
     scored = "the test images" if images is None else f"{'the ' if images == 1000 else ''}{images:,} test images"
     lines = [
         f"Data: {MNIST_SPLIT}. FP32, PTQ, QAT and INT8 columns: top-1 % on {scored}.",
-        f"FP32: the float model after {_count(settings.train_epochs, 'epoch')} of training. PTQ (best): the best of "
+        f"FP32: the float model after {_count(settings.train_epochs, 'epoch')} of training (a model with its own "
+        "recipe says so in its line below). PTQ (best): the best of "
         f"{grid} calibrations from one pass (max, entropy, mse, {len(settings.percentiles)} percentiles; the winner "
         f"in brackets), scored on the test images. QAT: after {_count(settings.qat_epochs, 'epoch')} of "
         "quantization-aware training from the PTQ model (the seed's schedule, from 1 % of the training LR)"
