@@ -7,11 +7,12 @@ Models (``qdq.app.digit_transformers``): ``digits_vit`` (ViT, 7Ã—7 patches of 4Ã
 ``digits_bert`` (a Hugging Face BERT over the 28 pixel rows through ``inputs_embeds``), trained here with their
 :data:`~qdq.app.digit_transformers.RECIPES` (AdamW, warm-up, cosine, shifts of up to 2 pixels).
 
-Quantization: ``quantize_model(model, QuantConfig(target=...))`` (default ``onnxruntime``: every Linear and the
-ViT's patch conv with int8 inputs and per-channel weights, the target's placement rules), then the attention
-matmuls routed through :class:`qdq.nn.attention.QuantScaledDotProductAttention` (Q, K, softmax output and V
-quantized, int8 per tensor): ``replace_sdpa_calls`` on the ViT's graph, ``capture_hf_attention`` on the BERT
-(``--attention float`` leaves them out). LayerNorm, GELU and Softmax stay float. Rows:
+Quantization: ``quantize_model(model, QuantConfig(target=...))`` alone (default ``onnxruntime``): every Linear
+and the ViT's patch conv with int8 inputs and per-channel weights, the target's placement rules, and the
+attention matmuls captured by placement (the ViT's F.sdpa calls in its fx trace, the BERT's through transformers'
+attention registry) with their inputs quantized as the target's attention facts say (``onnxruntime``: Q, K,
+softmax output and V, int8 per tensor); ``--attention float`` places without capture. LayerNorm, GELU and
+Softmax stay float. Rows:
 
 * FP32: test top-1 of the trained model;
 * PTQ <method>: :func:`qdq.ptq` from one histogram pass over 16 training batches of 64 (max, entropy, mse,
@@ -40,7 +41,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch import fx, nn
+from torch import nn
 
 import qdq
 from qdq.app.data import make_loaders, mnist_datasets
@@ -48,7 +49,7 @@ from qdq.app.digit_transformers import RECIPES, train_digit_transformer
 from qdq.app.models import load_model
 from qdq.app.train import evaluate
 from qdq.markdown import markdown_table
-from qdq.nn.attention import QuantScaledDotProductAttention, replace_sdpa_calls
+from qdq.nn.attention import QuantScaledDotProductAttention
 
 
 def trained(name: str, weights_dir: Path | None) -> nn.Module:
@@ -69,19 +70,14 @@ def trained(name: str, weights_dir: Path | None) -> nn.Module:
     return model
 
 
-def capture_attention(model: nn.Module) -> tuple[nn.Module, list[str]]:
-    """Route the attention of a quantized digit transformer through quantized attention (explicit capture).
+def quantize(model: nn.Module, target: str, attention: str) -> nn.Module:
+    """``quantize_model`` for ``target`` (placement captures the attention); ``attention="float"`` places the
+    model with no attention capture (the matmuls stay float), for comparison."""
+    if attention == "quantized":
+        return qdq.quantize_model(model, qdq.QuantConfig(target=target))
+    from qdq.placement import apply_placement
 
-    Transformers models (the BERT's ``bert``) through transformers' attention registry; anything else is
-    traced by torch.fx (the placed ViT already is a ``GraphModule``) and its F.sdpa calls replaced.
-    """
-    from qdq.nn.huggingface import capture_hf_attention
-
-    hf = [(name, m) for name, m in model.named_modules() if hasattr(m, "set_attn_implementation")]
-    if hf:
-        return model, [f"{name}.{found}" for name, m in hf for found in capture_hf_attention(m)]
-    graph_module = model if isinstance(model, fx.GraphModule) else fx.symbolic_trace(model)
-    return graph_module, replace_sdpa_calls(graph_module)
+    return apply_placement(qdq.quantize_model(model), target=target, capture=())
 
 
 def attention_sites(model: nn.Module) -> str:
@@ -112,9 +108,7 @@ def run(name: str, args: argparse.Namespace) -> list[list[str]]:
     rows = [[name, "FP32", f"{fp32:.1f}", ""]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        quantized = qdq.quantize_model(copy.deepcopy(model), qdq.QuantConfig(target=args.target))
-        if args.attention == "quantized":
-            quantized, _ = capture_attention(quantized)
+        quantized = quantize(copy.deepcopy(model), args.target, args.attention)
     sites = attention_sites(quantized)
     calib = list(itertools.islice(iter(calib_loader), 16))
     start = time.perf_counter()
@@ -138,7 +132,7 @@ def run(name: str, args: argparse.Namespace) -> list[list[str]]:
     rows.append([name, "engine vs PyTorch fake-quant", f"top-1 agreement {agreement.top1_agreement:.1f} %",
                  f"max {agreement.max_error_steps:.1f} steps"])  # fmt: skip
     print(f"{name}: {sites}; PTQ {ptq_seconds:.0f} s, QAT {qat_seconds:.0f} s; "
-          f"quantize_model + capture warnings: {len(caught)}", flush=True)  # fmt: skip
+          f"quantize_model warnings: {len(caught)}", flush=True)  # fmt: skip
     return rows
 
 

@@ -1,14 +1,19 @@
 """The digit transformers of the app's model zoo: shapes, 1- or 3-channel input, and each one's attention
-reachable by qdq's capture (fx for the ViT, transformers' registry for the BERT)."""
+reachable by qdq's capture (fx for the ViT, transformers' registry for the BERT), and quantize_model alone
+quantizing all four attention inputs of each for ONNX Runtime, exact against the engine teacher forced."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import qdq
 from qdq.app.digit_transformers import DigitsBert, DigitsViT
 from qdq.app.models import load_model
-from qdq.nn.attention import replace_sdpa_calls
+from qdq.nn.attention import QuantScaledDotProductAttention, replace_sdpa_calls
 
 
 def test_vit_logits_and_channels():
@@ -55,3 +60,28 @@ def test_training_names_a_known_model():
     assert set(RECIPES) == {"digits_vit", "digits_bert"}
     with pytest.raises(QdqConfigError, match="unknown digit transformer 'digits_gpt'"):
         train_digit_transformer("digits_gpt")
+
+
+def _digits_model(name):
+    if name == "digits_bert":
+        pytest.importorskip("transformers")
+        return DigitsBert(depth=2)
+    return DigitsViT(depth=2)
+
+
+@pytest.mark.filterwarnings("ignore:torch.fx cannot trace:UserWarning")  # the BERT's one warning (HF forward)
+@pytest.mark.parametrize("name", ["digits_vit", "digits_bert"])
+def test_quantize_model_alone_quantizes_attention_exactly_as_onnx_runtime_runs_it(name, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
+    from export_helpers import teacher_forced_mismatches
+
+    torch.manual_seed(0)
+    model = qdq.quantize_model(_digits_model(name).eval(), qdq.QuantConfig(target="onnxruntime"))
+    attention = [m for m in model.modules() if isinstance(m, QuantScaledDotProductAttention)]
+    assert len(attention) == 2
+    x = torch.randn(4, 3, 28, 28)
+    qdq.calibrate(model, [x], progress=False)
+    for module in attention:  # Q, K, the softmax output and V: int8 inputs of both matmuls
+        assert all(q.is_enabled and q.amax is not None for q in module.quantizers().values())
+    path = qdq.export_onnx(model, x, tmp_path / f"{name}.onnx")
+    assert teacher_forced_mismatches(model, path, x) == {}
