@@ -48,7 +48,7 @@ from qdq.workflow.distributed import (
 )
 from qdq.workflow.progress import Progress, progress_bar
 
-__all__ = ["QATResult", "qat", "save_atomic"]
+__all__ = ["QAT_OPTIMIZERS", "QATResult", "qat", "save_atomic"]
 
 EvalFn = Callable[[nn.Module], float]
 _CHECKPOINT = "qat_checkpoint.pt"
