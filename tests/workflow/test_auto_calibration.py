@@ -16,7 +16,7 @@ from qdq.errors import QdqCalibrationWarning, QdqConfigError
 from qdq.nn import QuantAdd, QuantConcat, QuantLinear, QuantMatMul
 from qdq.nn.base import QuantModule
 from qdq.quantizer import TensorQuantizer
-from qdq.workflow.auto_calibration import CANDIDATES, select_amax
+from qdq.workflow.auto_calibration import CANDIDATES, SCORE_BATCHES, select_amax
 from qdq.workflow.calibration import calibrate, collect_stats, method_label, named_quantizers
 from qdq.workflow.diagnostics import calibration_report
 from qdq.workflow.post_training import disabled_quantizers, ptq
@@ -49,7 +49,8 @@ def _candidate_ranges(values: np.ndarray) -> dict[str, float]:
 def test_auto_keeps_the_detector_tail_and_matches_a_numpy_oracle():
     """On the shipped detector activation (entropy 0.165 against a max of 2.1), auto picks the candidate whose
     quantized 1x1 conv output (weights per-channel max, as exported) is closest to the float output, computed
-    here in float64 numpy; it keeps the tail (>= 90 % of the max)."""
+    here in float64 numpy on the scored batches (the first SCORE_BATCHES; the ranges come from all); it keeps the
+    tail (>= 90 % of the max)."""
     torch.manual_seed(3)
     model = qdq.quantize_model(Head())
     batches = _detector_batches()
@@ -58,7 +59,8 @@ def test_auto_keeps_the_detector_tail_and_matches_a_numpy_oracle():
     choice = result.choices[0]
     assert choice.quantizer == "conv._input_quantizer" and choice.layer == "conv"
 
-    x = np.stack([b.numpy() for b in batches]).astype(np.float64)  # (B, N, C, H, W)
+    assert result.batches == SCORE_BATCHES < len(batches)
+    x = np.stack([b.numpy() for b in batches[:SCORE_BATCHES]]).astype(np.float64)  # (B, N, C, H, W)
     w = model.conv.weight.detach().numpy()[:, :, 0, 0]
     w_q = fake_quant_np(w, np.abs(w).max(axis=1, keepdims=True)).astype(np.float64)
     bias = model.conv.bias.detach().numpy().astype(np.float64)[None, :, None, None]
@@ -120,27 +122,34 @@ def test_each_quantizer_is_compared_at_the_module_that_owns_it():
         "cat.input_quantizer": "cat",
         "out_quantizer": "out_quantizer",
     }
-    assert result.batches == 3
-    assert result.layer_runs == 3 * sum(len(c.error) for c in result.choices)
+    assert result.batches == SCORE_BATCHES
+    assert result.layer_runs == SCORE_BATCHES * sum(len(c.error) for c in result.choices)
     for choice in result.choices:  # one candidate left after merging: nothing to compare
         assert not choice.error or choice.error[choice.chosen] == min(choice.error.values())
     assert "compared at" in result.table() and sum(result.counts().values()) == 7
 
 
-def test_an_add_operand_is_measured_by_its_own_error():
-    """The add passes its operand's quantization error on unchanged: the error at the add's output is the
-    operand's own error, relative to the float sum."""
+def test_each_layer_is_compared_on_its_quantized_input():
+    """The comparison runs in the model's order on the activations quantized so far: the add's second operand
+    (the model input) is tuned with the first operand as the quantized model computes it (``fc`` at its chosen
+    range, weights quantized) and quantized by the add's first input quantizer at its range; the reference is
+    the float add of the same operands: oracle in numpy on one scored batch."""
     model = Mixed()
     batches = _heavy_batches()
     collect_stats(model, batches, calibrator="histogram", progress=False)
-    result = select_amax(model, batches, progress=False)
+    result = select_amax(model, batches, score_batches=1, progress=False)
     choice = next(c for c in result.choices if c.quantizer == "add.input_quantizers.1")
-    x = np.concatenate([b.numpy() for b in batches])
-    with disabled_quantizers(model), torch.no_grad():
-        total = np.concatenate([(torch.relu(model.fc(b)) + b).numpy() for b in batches]).astype(np.float64)
-    for label, amax in _candidate_ranges(x.reshape(-1)).items():
+    x = batches[0].numpy()
+    with torch.no_grad():
+        y = torch.relu(model.fc(batches[0])).numpy()  # fc quantized at the chosen range
+    first = float(model.add.input_quantizers[0].amax)
+    y_q = fake_quant_np(y, np.float32(first)).astype(np.float64)
+    total = y.astype(np.float64) + x.astype(np.float64)  # the float add of what reaches it
+    assert len(choice.error) > 1
+    for label, amax in _candidate_ranges(np.concatenate([b.numpy() for b in batches]).reshape(-1)).items():
         if label in choice.error:
-            error = ((fake_quant_np(x, np.float32(amax)).astype(np.float64) - x) ** 2).sum() / (total**2).sum()
+            out = y_q + fake_quant_np(x, np.float32(amax)).astype(np.float64)
+            error = ((out - total) ** 2).sum() / (total**2).sum()
             assert choice.error[label] == pytest.approx(error, rel=1e-4), label
 
 
@@ -221,7 +230,7 @@ def test_the_comparison_pass_reads_nothing_from_the_device_per_batch():
     for batches in (2, 6):
         copy = deepcopy(model)
         with profile() as prof:
-            select_amax(copy, data, num_batches=batches, progress=False)
+            select_amax(copy, data, num_batches=batches, score_batches=None, progress=False)
         names = [e.name for e in prof.events()]
         counts.append(sum(names.count(s) for s in syncs))
     assert counts[0] == counts[1]

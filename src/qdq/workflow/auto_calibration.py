@@ -6,26 +6,32 @@ carries the signal). ``auto`` decides per quantizer, without labels:
 1. **Candidates**: the ranges every histogram method gives from the statistics already collected (max,
    entropy, mse, percentiles 99.9 to 99.9999: :data:`CANDIDATES`); ranges within one quantization step of
    each other quantize alike up to rounding and are merged.
-2. **Criterion**: the squared error, summed over the calibration batches, between the output of the layer
-   the quantizer feeds, quantized, and the same layer's float output. The layer is the model's real quantized
-   module: the nearest enclosing :class:`~qdq.nn.base.QuantModule` that declares the quantizer
+2. **Criterion**: the squared error between the output of the layer the quantizer feeds, quantized, and the
+   same layer's float output on the same input. The layer is the model's real quantized module: the nearest
+   enclosing :class:`~qdq.nn.base.QuantModule` that declares the quantizer
    (:meth:`~qdq.nn.base.QuantModule.quantizers`; Conv, Linear, MatMul, LSTM, pooling, QuantAdd, QuantConcat),
    run with its weight quantizers (``role == "weight"``) quantizing as they will be exported (the ranges of
    ``weight_method``) and the quantizer's own settings from the target's placement (unsigned, per channel).
-   Its inputs are the float model's activations (every other quantizer off), so each choice is local and
-   independent of the others; a layer with two quantized inputs (MatMul, an add, LSTM) tunes each with the
-   other in float.
-3. A quantizer no quantized module declares (what placement adds in the graph: an output or sigmoid
+3. **Sequential, in the order the model runs its layers**: each layer's input is the activation the
+   quantized model computes, every layer before it at its best range so far and its weights quantized, so a
+   choice sees the error already accumulated and the layer hands on the error it adds (a layer with two
+   quantized inputs, MatMul, an add, LSTM, tunes the second with the first at its choice). On the MNIST digits
+   CNNs this halves the logits' error of the earlier choice on float inputs, each layer alone
+   (benchmarks/RESULTS.md, ``calibration_quality``). The best range so far is the candidate with the smallest
+   error summed over the batches scored so far; the final choice is that over all of them.
+4. A quantizer no quantized module declares (what placement adds in the graph: an output or sigmoid
    quantizer, a residual operand's) is measured at its own output. The operation that reads it (an add, a
    runtime's fused int8 kernel) passes the quantization error on unchanged, so the tensor's own error is that
    of the operation's output; for ``QuantAdd`` and ``QuantConcat`` the module's forward gives the same.
 
-Cost: one more pass over the calibration batches (after the histogram pass) in which every quantized layer
-also runs once per candidate (at most :data:`CANDIDATES`' 7, 6 on average on resnet18 after merging), on the
-float activations of that pass; nothing is stored between batches. ``benchmarks/calibration.py`` measures it
-(RESULTS.md: about 9-10x the histogram pass, 14-15x an FP32 forward on a 2-core CPU); ``num_batches`` bounds
-it. Statistics and errors are summed across processes under ``torch.distributed``, so every rank chooses the
-same ranges. The pass reads no device value on the host per batch.
+Cost: the candidates are compared on the first :data:`SCORE_BATCHES` calibration batches (the statistics use
+them all; ``score_batches`` changes it), in one pass in which the model runs in float and each quantized
+layer once more with all its candidates as one batch: its input repeated once per candidate, each copy
+quantized with its own range, its weights quantized once (layers with several quantized inputs, or a per-channel
+activation range, run once per candidate). The memory is that of the layer's input and output times the
+number of candidates (at most 7, about 6 after merging) for one batch. ``benchmarks/calibration.py`` measures
+it: COST_PLACEHOLDER. Statistics and errors are summed across processes under ``torch.distributed``, so every
+rank chooses the same ranges. The pass reads no device value on the host per batch.
 """
 
 from __future__ import annotations
@@ -58,12 +64,14 @@ from qdq.workflow.calibration import (
 from qdq.workflow.distributed import unwrap
 from qdq.workflow.progress import Progress, progress_bar
 
-__all__ = ["AUTO", "CANDIDATES", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
+__all__ = ["AUTO", "CANDIDATES", "SCORE_BATCHES", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
 
 _log = logging.getLogger(__name__)
 
 #: the method name (``qdq.calibrate(model, data, method="auto")``, ``qdq quantize --calib auto``)
 AUTO = "auto"
+#: calibration batches the comparison pass scores by default (the first ones; the statistics use them all)
+SCORE_BATCHES = 2
 #: candidate ranges, as (method, options) of a histogram calibrator; the first of ranges within a quantization
 #: step of each other names them
 CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -169,6 +177,7 @@ def select_amax(
     weight_method: str | None = "max",
     forward_fn: ForwardFn | None = None,
     candidates: Iterable[tuple[str, dict[str, Any]]] = CANDIDATES,
+    score_batches: int | None = SCORE_BATCHES,
     progress: Progress = True,
     strict: bool = True,
 ) -> AutoResult:
@@ -181,7 +190,8 @@ def select_amax(
     Args:
         model: the quantized model, statistics collected.
         data: calibration batches (the ones the statistics came from), fed with ``forward_fn``.
-        num_batches: use only the first batches of ``data``.
+        num_batches: the statistics came from the first ``num_batches`` batches of ``data`` (None: all).
+        score_batches: compare the candidates on the first ``score_batches`` of those (None: all of them).
         weight_method: how weight quantizers get their range first (:func:`qdq.load_amax`); None keeps them.
         candidates: (method, options) pairs of the calibrators' ``compute_amax``.
         progress: show a progress bar.
@@ -195,11 +205,16 @@ def select_amax(
     load_amax(model, "max", weight_method=weight_method, strict=strict, warn=False)  # also syncs the statistics
     options = _candidates(module, list(candidates))
     layers = _layers(module, list(options))
-    errors = _compare(model, module, data, layers, options, num_batches, forward_fn or default_forward, progress)
+    scored = _fewest(num_batches, score_batches)
+    errors = _compare(model, module, data, layers, options, scored, forward_fn or default_forward, progress)
     choices = _choose(module, layers, options, errors)
     result = AutoResult(choices, errors.batches, errors.layer_runs, time.perf_counter() - started)
     _log.info("auto calibration: %s in %.2f s", result.counts(), result.seconds)
     return result
+
+
+def _fewest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 # -- candidates ---------------------------------------------------------------------------------------
@@ -325,18 +340,20 @@ def _float_mode(model: nn.Module) -> Iterator[list[tuple[TensorQuantizer, bool]]
 
 
 @contextlib.contextmanager
-def _quantizing(quantizer: TensorQuantizer, amax: torch.Tensor, weights: list[TensorQuantizer]) -> Iterator[None]:
-    """``quantizer`` quantizes with range ``amax`` (set without the checks of the ``amax`` setter, which read
-    the device: the candidates were checked once), and so do the layer's weight quantizers."""
-    stored = quantizer._amax
+def _quantizing(ranges: list[tuple[TensorQuantizer, torch.Tensor]], weights: list[TensorQuantizer]) -> Iterator[None]:
+    """Each quantizer of ``ranges`` quantizes with its range (set without the checks of the ``amax`` setter,
+    which read the device: the candidates were checked once), and so do the layer's weight quantizers."""
+    stored = [(quantizer, quantizer._amax) for quantizer, _ in ranges]
     try:
-        quantizer._amax = amax
-        for q in (quantizer, *weights):
+        for quantizer, amax in ranges:
+            quantizer._amax = amax
+        for q in (*(q for q, _ in ranges), *weights):
             q.enable_quant()
         yield
     finally:
-        quantizer._amax = stored
-        for q in (quantizer, *weights):
+        for quantizer, amax in stored:
+            quantizer._amax = amax
+        for q in (*(q for q, _ in ranges), *weights):
             q.disable_quant()
 
 
@@ -350,39 +367,40 @@ def _compare(
     forward: ForwardFn,
     progress: Progress,
 ) -> _Errors:
+    """The comparison pass: each layer, in the order the model runs it, tries each candidate on its input as
+    quantized so far and hands on its output at the best candidate yet (see the module docstring)."""
     errors = _Errors()
+    stacked: dict[str, torch.Tensor] = {}
+    current: dict[str, torch.Tensor] = {}
     for layer in layers:
         for name, quantizer in layer.tuned:
             device = quantizer.amax.device  # type: ignore[union-attr]
             errors.sums[name] = torch.zeros(len(options[name]), dtype=torch.float64, device=device)
             errors.energy[name] = torch.zeros((), dtype=torch.float64, device=device)
+            stacked[name] = torch.stack(list(options[name].values()))
+            current[name] = stacked[name][0]
 
     def hook(layer: _Layer) -> Any:
-        def compare(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        def compare(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             if errors.busy:
-                return
-            reference = [t.detach() for t in _tensors(output)]
-            energy = _squared_sum(reference)
-            for name, quantizer in layer.tuned:
-                errors.energy[name] += energy.to(errors.energy[name].device)
-                ranges = options[name]
-                if len(ranges) < 2:
-                    continue
-                for k, amax in enumerate(ranges.values()):
-                    errors.busy = True
-                    try:
-                        with _quantizing(quantizer, amax, layer.weights):
-                            errors.sums[name][k] += _squared_error(mod.forward(*args, **kwargs), reference)
-                    finally:
-                        errors.busy = False
-                    errors.layer_runs += 1
+                return None
+            errors.busy = True
+            try:
+                return _compare_layer(mod, layer, args, kwargs, output, options, stacked, current, errors)
+            finally:
+                errors.busy = False
 
         return compare
 
     handles = [layer.module.register_forward_hook(hook(layer), with_kwargs=True) for layer in layers]
-    total = len(data) if num_batches is None and hasattr(data, "__len__") else num_batches  # type: ignore[arg-type]
+    total = len(data) if hasattr(data, "__len__") else None  # type: ignore[arg-type]
+    total = total if num_batches is None else num_batches if total is None else min(total, num_batches)
     try:
-        with _float_mode(module), torch.no_grad():
+        with _float_mode(module) as saved, torch.no_grad():
+            hooked = {id(q) for layer in layers for q in (*layer.weights, *(q for _, q in layer.tuned))}
+            for quantizer, quant in saved:  # the rest (ranges not chosen here: learned, no calibrator) as they were
+                if quant and id(quantizer) not in hooked and quantizer.amax is not None:
+                    quantizer.enable_quant()
             batches = _local_batches(data, num_batches)
             for batch in progress_bar(batches, progress, "auto: comparing ranges", total=total):
                 forward(model, batch)
@@ -393,6 +411,103 @@ def _compare(
     if calib_distributed.is_initialized():
         _all_reduce(errors)
     return errors
+
+
+def _compare_layer(
+    mod: nn.Module,
+    layer: _Layer,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    output: Any,
+    options: dict[str, dict[str, torch.Tensor]],
+    stacked: dict[str, torch.Tensor],
+    current: dict[str, torch.Tensor],
+    errors: _Errors,
+) -> Any:
+    """Add each candidate's error to the sums of the layer's tuned quantizers (one at a time, those before it
+    at their best range yet, those after it in float), then return the layer's output at the best ranges."""
+    reference = [t.detach() for t in _tensors(output)]  # the float layer on this input
+    energy = _squared_sum(reference)
+    if _stackable(mod, layer, args, kwargs, options, reference):
+        name, quantizer = layer.tuned[0]
+        errors.energy[name] += energy.to(errors.energy[name].device)
+        return _compare_stacked(mod, layer, args[0], reference[0], stacked[name], current, errors)
+    outputs: list[Any] = []
+    for i, (name, quantizer) in enumerate(layer.tuned):
+        errors.energy[name] += energy.to(errors.energy[name].device)
+        outputs = []
+        if len(options[name]) < 2:
+            continue
+        before = [(q, current[n]) for n, q in layer.tuned[:i]]
+        for amax in options[name].values():
+            with _quantizing([*before, (quantizer, amax)], layer.weights):
+                outputs.append(mod.forward(*args, **kwargs))
+            errors.layer_runs += 1
+        errors.sums[name] += torch.stack([_squared_error(out, reference) for out in outputs]).to(errors.sums[name])
+        best = errors.sums[name].argmin().reshape(1)  # on the device: no host read
+        current[name] = stacked[name].index_select(0, best)[0]
+    if outputs and all(isinstance(out, torch.Tensor) for out in outputs):
+        return torch.stack(outputs).index_select(0, best.to(outputs[0].device))[0]
+    with _quantizing([(q, current[n]) for n, q in layer.tuned], layer.weights):
+        return mod.forward(*args, **kwargs)
+
+
+#: module types whose forward treats the samples of its input's first dimension independently, by the input's
+#: number of dimensions (None: any): their candidates run as one batch
+_PER_SAMPLE: tuple[tuple[type[nn.Module], Any], ...] = (
+    (nn.modules.conv._ConvNd, lambda m, x: x.dim() == len(m.kernel_size) + 2),
+    (nn.Linear, lambda m, x: x.dim() >= 2),
+    (nn.modules.pooling._MaxPoolNd, None),
+    (nn.modules.pooling._AvgPoolNd, None),
+    (nn.modules.pooling._AdaptiveAvgPoolNd, None),
+    (TensorQuantizer, None),
+)
+
+
+def _stackable(
+    mod: nn.Module,
+    layer: _Layer,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: dict[str, dict[str, torch.Tensor]],
+    reference: list[torch.Tensor],
+) -> bool:
+    """Whether the layer's candidates can run as one batch: one tuned per-tensor quantizer with at least two
+    candidates, one input tensor, one output tensor, a module that treats its input's samples independently."""
+    if len(layer.tuned) != 1 or kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
+        return False
+    ranges = options[layer.tuned[0][0]]
+    if len(ranges) < 2 or any(amax.numel() != 1 for amax in ranges.values()) or len(reference) != 1:
+        return False
+    for kind, rank_ok in _PER_SAMPLE:
+        if isinstance(mod, kind):
+            return args[0].dim() >= 1 and (rank_ok is None or rank_ok(mod, args[0]))
+    return False
+
+
+def _compare_stacked(
+    mod: nn.Module,
+    layer: _Layer,
+    x: torch.Tensor,
+    reference: torch.Tensor,
+    ranges: torch.Tensor,
+    current: dict[str, torch.Tensor],
+    errors: _Errors,
+) -> torch.Tensor:
+    """All candidates of a single-input layer in one forward: the input repeated once per candidate, each copy
+    quantized with its own range (a per-sample amax), the weights quantized once."""
+    name, quantizer = layer.tuned[0]
+    count, trailing = ranges.shape[0], [1] * (x.dim() - 1)
+    amax = ranges.reshape(count, 1).expand(count, x.shape[0]).reshape(count * x.shape[0], *trailing)
+    with _quantizing([(quantizer, amax)], layer.weights):
+        out = mod.forward(x.repeat(count, *trailing))
+    out = out.reshape(count, *reference.shape)
+    diff = out.reshape(count, -1) - reference.reshape(1, -1)
+    errors.sums[name] += diff.float().square().sum(1).to(errors.sums[name])
+    errors.layer_runs += count
+    best = errors.sums[name].argmin().reshape(1)  # on the device: no host read
+    current[name] = ranges.index_select(0, best)[0]
+    return out.index_select(0, best.to(out.device))[0]
 
 
 def _all_reduce(errors: _Errors) -> None:
