@@ -267,7 +267,8 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
     to_hist = [a / b for a, b in zip(auto_pass, base)]
     to_fp32 = [a / f for a, f in zip(auto_pass, times["FP32 forward"])]
     print(f"  auto's comparison pass        {statistics.median(auto_pass) * 1e3:9.1f} ms median: "
-          f"{statistics.median(to_hist):.2f}x the histogram calibration (spread {min(to_hist):.2f}-{max(to_hist):.2f}), "
+          f"{statistics.median(to_hist):.2f}x the histogram calibration "
+          f"(spread {min(to_hist):.2f}-{max(to_hist):.2f}), "
           f"{statistics.median(to_fp32):.2f}x an FP32 forward (spread {min(to_fp32):.2f}-{max(to_fp32):.2f}), "
           "median of paired ratios; calibration with auto "
           f"{med['calibration with auto'] / hist:.2f}x calibration without")

