@@ -235,12 +235,14 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
         return run
 
     auto_pass: list[float] = []
+    compare_pass: list[float] = []
 
     def auto() -> None:
         collect_stats(quant_model, data, calibrator="histogram", progress=False)
         start = time.perf_counter()
-        select_amax(quant_model, data, progress=False)
+        result = select_amax(quant_model, data, progress=False)
         auto_pass.append(time.perf_counter() - start)
+        compare_pass.append(result.compare_seconds)
 
     variants = {"FP32 forward": fp32, "calibration, no diagnostics": calibration(False),
                 "calibration + diagnostics": calibration(True), "calibration with auto": auto}  # fmt: skip
@@ -250,6 +252,7 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
         for fn in variants.values():
             fn()
         auto_pass.clear()
+        compare_pass.clear()
         for _ in range(repeats):  # interleaved, so load changes hit every variant
             for name, fn in variants.items():
                 times[name].append(_once(fn))
@@ -264,14 +267,15 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
     hist = med["calibration, no diagnostics"]
     print(f"  calibration / FP32 forward    {min(base) / min(times['FP32 forward']):8.2f} min "
           f"{hist / med['FP32 forward']:8.2f} median (issue 10's CPU target <= 1.3x)")
-    to_hist = [a / b for a, b in zip(auto_pass, base)]
-    to_fp32 = [a / f for a, f in zip(auto_pass, times["FP32 forward"])]
-    print(f"  auto's comparison pass        {statistics.median(auto_pass) * 1e3:9.1f} ms median: "
-          f"{statistics.median(to_hist):.2f}x the histogram calibration "
-          f"(spread {min(to_hist):.2f}-{max(to_hist):.2f}), "
-          f"{statistics.median(to_fp32):.2f}x an FP32 forward (spread {min(to_fp32):.2f}-{max(to_fp32):.2f}), "
-          "median of paired ratios; calibration with auto "
-          f"{med['calibration with auto'] / hist:.2f}x calibration without")
+    for what, passes in (("auto (candidates + comparison)", auto_pass), ("of which the comparison pass", compare_pass)):
+        to_hist = [a / b for a, b in zip(passes, base)]
+        to_fp32 = [a / f for a, f in zip(passes, times["FP32 forward"])]
+        print(
+            f"  {what:<30}{statistics.median(passes) * 1e3:9.1f} ms median: {statistics.median(to_hist):.2f}x the "
+            f"histogram calibration (spread {min(to_hist):.2f}-{max(to_hist):.2f}), {statistics.median(to_fp32):.2f}x "
+            f"an FP32 forward (spread {min(to_fp32):.2f}-{max(to_fp32):.2f}), medians of paired ratios"
+        )
+    print(f"  calibration with auto / without {med['calibration with auto'] / hist:.2f}")
 
 
 def _once(fn: Callable[[], object]) -> float:

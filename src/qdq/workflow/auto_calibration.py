@@ -110,13 +110,16 @@ class AutoResult:
         choices: one :class:`AmaxChoice` per activation quantizer, in model order.
         batches: calibration batches of the comparison pass.
         layer_runs: quantized-layer evaluations of that pass (candidates x layers x batches).
-        seconds: wall time of the comparison pass (without the histogram pass).
+        seconds: wall time of :func:`select_amax` (without the histogram pass).
+        compare_seconds: of which the comparison pass (the rest computes each method's candidate ranges from
+            the histograms, as :func:`qdq.load_amax` would for each method).
     """
 
     choices: list[AmaxChoice]
     batches: int
     layer_runs: int
     seconds: float
+    compare_seconds: float = 0.0
 
     def counts(self) -> dict[str, int]:
         """How many quantizers got each candidate."""
@@ -206,9 +209,11 @@ def select_amax(
     options = _candidates(module, list(candidates))
     layers = _layers(module, list(options))
     scored = _fewest(num_batches, score_batches)
+    comparing = time.perf_counter()
     errors = _compare(model, module, data, layers, options, scored, forward_fn or default_forward, progress)
+    compared = time.perf_counter() - comparing
     choices = _choose(module, layers, options, errors)
-    result = AutoResult(choices, errors.batches, errors.layer_runs, time.perf_counter() - started)
+    result = AutoResult(choices, errors.batches, errors.layer_runs, time.perf_counter() - started, compared)
     _log.info("auto calibration: %s in %.2f s", result.counts(), result.seconds)
     return result
 

@@ -293,7 +293,8 @@ def calibrate(
 
     ``method="auto"`` chooses per activation quantizer, among the ranges of every method, the one with the
     smallest error at the output of the layer it feeds (:func:`qdq.workflow.auto_calibration.select_amax`):
-    one more pass over ``data``, which must then be re-iterable (a list or a DataLoader, not an iterator).
+    one more pass over the first batches of ``data``, which must then be re-iterable (a list or a DataLoader,
+    not an iterator).
 
     Afterwards a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose range clips a large
     share of their activation's energy (see :func:`qdq.calibration_report`).
