@@ -24,19 +24,19 @@ carries the signal). ``auto`` decides per quantizer, without labels:
    runtime's fused int8 kernel) passes the quantization error on unchanged, so the tensor's own error is that
    of the operation's output; for ``QuantAdd`` and ``QuantConcat`` the module's forward gives the same.
 
-Cost: the candidates are compared on the first :data:`SCORE_BATCHES` calibration batches (the statistics use
-them all; ``score_batches`` changes it), in one pass in which the model runs once per scored batch (the
-sequential stream of 3.) and each quantized layer once more with all its candidates as one batch: its input
-repeated once per candidate, each copy quantized with its own range, its weights quantized once (layers with
-several quantized inputs, or a per-channel activation range, run once per candidate). The memory is that of
-the layer's input and output times the number of candidates (at most 7, about 6 after merging) for one batch.
-``benchmarks/calibration.py`` measures it (resnet18, 4 batches of 16, 2 scored; medians of paired ratios,
-interleaved, on the 2-core VM at load average 11-12): the comparison pass 0.91x the histogram calibration pass (spread 0.38-1.87), 1.58x an FP32
-forward (0.74-3.15), against 9.7x / 15.4x when every layer ran once per candidate on every batch. Computing
-each method's candidate ranges from the histograms comes on top (what :func:`qdq.load_amax` costs per method:
-a few ms per quantizer and method on a quiet machine, 10 to 100x that under load). Statistics and errors are
-summed across processes under ``torch.distributed``, so every rank chooses the same ranges. The pass reads no
-device value on the host per batch.
+Cost: the candidates are compared on the first :data:`SCORE_BATCHES` calibration batches (the statistics use them
+all; ``score_batches`` changes it), in one pass in which the model runs once per scored batch (the sequential stream
+of 3.) and each quantized layer once more with all its candidates as one batch: its input repeated once per
+candidate, each copy quantized with its own range, its weights quantized once (layers with several quantized inputs,
+or a per-channel activation range, run once per candidate). The memory is that of the layer's input and output times
+the number of candidates (at most 7, about 6 after merging) for one batch. ``benchmarks/calibration.py`` measures it
+(resnet18, 4 batches of 16, 2 scored; medians of paired ratios, interleaved, on the 2-core VM at load average
+11-12): the comparison pass 0.91x the histogram calibration pass (spread 0.38-1.87), 1.58x an FP32 forward
+(0.74-3.15), against 9.7x / 15.4x when every layer ran once per candidate on every batch. Computing each method's
+candidate ranges from the histograms comes on top (what :func:`qdq.load_amax` costs per method: a few ms per
+quantizer and method on a quiet machine, 10 to 100x that under load). Statistics and errors are summed across
+processes under ``torch.distributed``, so every rank chooses the same ranges. The pass reads no device value on the
+host per batch.
 """
 
 from __future__ import annotations
