@@ -30,7 +30,7 @@ of 3.) and each quantized layer once more with all its candidates as one batch: 
 candidate, each copy quantized with its own range, its weights quantized once (layers with several quantized inputs,
 or a per-channel activation range, run once per candidate). The memory is that of the layer's input and output times
 the number of candidates (at most 7, about 6 after merging) for one batch. ``benchmarks/calibration.py`` measures it
-(resnet18, 4 batches of 16, 2 scored; medians of paired ratios, interleaved, on the 2-core VM at load average
+(resnet18, 4 batches of 16x112x112, 2 scored; medians of paired ratios, interleaved, on the 2-core VM at load average
 11-12): the comparison pass 0.91x the histogram calibration pass (spread 0.38-1.87), 1.58x an FP32 forward
 (0.74-3.15), against 9.7x / 15.4x when every layer ran once per candidate on every batch. Computing each method's
 candidate ranges from the histograms comes on top (what :func:`qdq.load_amax` costs per method: a few ms per
