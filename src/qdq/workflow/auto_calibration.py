@@ -30,13 +30,13 @@ of 3.) and each quantized layer once more with all its candidates as one batch: 
 candidate, each copy quantized with its own range, its weights quantized once (layers with several quantized inputs,
 or a per-channel activation range, run once per candidate). The memory is that of the layer's input and output times
 the number of candidates (at most 7, about 6 after merging) for one batch. ``benchmarks/calibration.py`` measures it
-(resnet18, 4 batches of 16x112x112, 2 scored; medians of paired ratios, interleaved, on the 2-core VM at load average
-11-12): the comparison pass 0.91x the histogram calibration pass (spread 0.38-1.87), 1.58x an FP32 forward
-(0.74-3.15), against 9.7x / 15.4x when every layer ran once per candidate on every batch. Computing each method's
-candidate ranges from the histograms comes on top (what :func:`qdq.load_amax` costs per method: a few ms per
-quantizer and method on a quiet machine, 10 to 100x that under load). Statistics and errors are summed across
-processes under ``torch.distributed``, so every rank chooses the same ranges. The pass reads no device value on the
-host per batch.
+(resnet18, 4 batches of 16, 2 scored; medians of paired ratios, interleaved, on the shared 2-core VM): at 224x224
+the comparison pass costs 3.5x the histogram calibration pass (spread 0.7-10.6) and 5.6x an FP32 forward (1.3-15.2);
+at 112x112 under load 0.9x and 1.6x; against 9.7x / 15.4x when every layer ran once per candidate on every batch.
+Computing each method's candidate ranges from the histograms comes on top (what :func:`qdq.load_amax` costs per
+method: a few ms per quantizer and method on a quiet machine, 10 to 100x that under load). Statistics and errors are
+summed across processes under ``torch.distributed``, so every rank chooses the same ranges. The pass reads no device
+value on the host per batch.
 """
 
 from __future__ import annotations
