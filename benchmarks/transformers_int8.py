@@ -13,8 +13,12 @@ Variants, each an ONNX file run by ONNX Runtime's CPU provider with ``--threads`
 * ``ORT dynamic``: ``onnxruntime.quantization.quantize_dynamic`` of that file (int8 weights; its defaults);
 * ``ORT static``: ``quant_pre_process`` then ``quantize_static`` (QDQ, S8S8, per-channel weights, MinMax
   calibration on the same batches as qdq);
-* ``qdq``: ``qdq.quantize_model(model, QuantConfig(target="onnxruntime"))`` — today's placement — calibrated
-  (max) and exported for the target.
+* ``qdq``: attention captured with the explicit API (``capture_hf_attention`` for BERT; ``use_fused_attention``,
+  an fx trace and ``replace_sdpa_calls`` for timm), then ``qdq.quantize_model(model,
+  QuantConfig(target="onnxruntime"))``, calibrated (max) and exported for the target: every Linear and both
+  attention matmuls quantized;
+* ``qdq attn float``: the same without the attention capture (Linear layers only; the attention matmuls in
+  float), to show what quantizing the attention matmuls costs or saves at this size.
 
 Timing: ``--rounds`` interleaved rounds; in each, every variant is loaded alone (one session alive at a time),
 warmed up, and timed ``--iters`` times. A variant's figure is the median of all its times; the spread is the
@@ -28,6 +32,7 @@ the reference's logit range, and top-1 agreement.
 
 Usage: python benchmarks/transformers_int8.py [--models bert,vit] [--layers 12] [--seq 128]
        [--bert-batches 1,8] [--vit-batch 8] [--threads 2] [--iters 10] [--rounds 3]
+       [--variants "FP32,ORT dynamic,ORT static,qdq,qdq attn float"]
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from qdq.markdown import markdown_table
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 from qdq.utils.batches import flatten_outputs
 
-VARIANTS = ("FP32", "ORT dynamic", "ORT static", "qdq")
+VARIANTS = ("FP32", "ORT dynamic", "ORT static", "qdq", "qdq attn float")
 
 
 @dataclass
@@ -61,7 +66,7 @@ class Case:
     files: dict[str, Path]
     feed: dict[str, np.ndarray]
     float_out: np.ndarray
-    fake_quant_out: np.ndarray
+    fake_quant_out: dict[str, np.ndarray]
     times: dict[str, list[list[float]]] = field(default_factory=dict)
 
 
@@ -92,6 +97,29 @@ def vit() -> tuple[torch.nn.Module, callable]:
     return model, batch
 
 
+def capture_attention(name: str, model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose attention runs through ``QuantScaledDotProductAttention`` (explicit API)."""
+    model = copy.deepcopy(model)
+    if name.startswith("bert"):
+        from qdq.nn.huggingface import capture_hf_attention
+
+        capture_hf_attention(model)
+        return model
+    from qdq.nn.attention import replace_sdpa_calls, use_fused_attention
+
+    use_fused_attention(model)
+    traced = torch.fx.symbolic_trace(model)
+    replace_sdpa_calls(traced)
+    return traced
+
+
+def quantize(model: torch.nn.Module, calib: list, path: Path) -> torch.nn.Module:
+    quantized = qdq.quantize_model(model, qdq.QuantConfig(target="onnxruntime"))
+    qdq.calibrate(quantized, calib, progress=False)
+    qdq.export_onnx(quantized, calib[0], path)
+    return quantized
+
+
 def _feed(example) -> dict[str, np.ndarray]:
     if isinstance(example, dict):
         return {k: v.numpy() for k, v in example.items()}
@@ -114,31 +142,37 @@ class _Reader:
         return next(self._items, None)
 
 
-def build(name: str, model, make_batch, batch_sizes, workdir: Path) -> list[Case]:
-    """Export the four variants once (dynamic batch); one Case per batch size."""
+def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tuple[str, ...]) -> list[Case]:
+    """Export the variants once (dynamic batch); one Case per batch size."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     calib = [make_batch(8, seed=s) for s in (1, 2)]
-    files = {v: workdir / f"{name}_{v.replace(' ', '_')}.onnx" for v in VARIANTS}
+    files = {v: workdir / f"{name}_{v.replace(' ', '_')}.onnx" for v in variants}
     start = time.perf_counter()
+    quantized = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qdq.export_onnx(model, calib[0], files["FP32"])
-        quantize_dynamic(str(files["FP32"]), str(files["ORT dynamic"]), weight_type=QuantType.QInt8)
-        pre = workdir / f"{name}_pre.onnx"
-        quant_pre_process(str(files["FP32"]), str(pre), skip_symbolic_shape=True)
-        quantize_static(str(pre), str(files["ORT static"]), _Reader(calib), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True)  # fmt: skip
-        quantized = qdq.quantize_model(copy.deepcopy(model), qdq.QuantConfig(target="onnxruntime"))
-        qdq.calibrate(quantized, calib, progress=False)
-        qdq.export_onnx(quantized, calib[0], files["qdq"])
+        fp32 = workdir / f"{name}_FP32.onnx"
+        qdq.export_onnx(model, calib[0], fp32)
+        if "ORT dynamic" in variants:
+            quantize_dynamic(str(fp32), str(files["ORT dynamic"]), weight_type=QuantType.QInt8)
+        if "ORT static" in variants:
+            pre = workdir / f"{name}_pre.onnx"
+            quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+            quantize_static(str(pre), str(files["ORT static"]), _Reader(calib), quant_format=QuantFormat.QDQ,
+                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True)  # fmt: skip
+        if "qdq" in variants:
+            quantized["qdq"] = quantize(capture_attention(name, model), calib, files["qdq"])
+        if "qdq attn float" in variants:
+            quantized["qdq attn float"] = quantize(copy.deepcopy(model), calib, files["qdq attn float"])
     print(f"{name}: exported and quantized in {time.perf_counter() - start:.0f} s", flush=True)
     cases = []
     for size in batch_sizes:
         example = make_batch(size, seed=7)
         label = f"{name} b{size}"
-        cases.append(Case(label, files, _feed(example), _logits(model, example), _logits(quantized, example)))
+        fake_quant = {v: _logits(q, example) for v, q in quantized.items()}
+        cases.append(Case(label, files, _feed(example), _logits(model, example), fake_quant))
     return cases
 
 
@@ -158,7 +192,7 @@ def time_variant(path: Path, feed: dict[str, np.ndarray], threads: int, iters: i
 def agreement(path: Path, case: Case, variant: str, threads: int) -> tuple[float, float]:
     """(max |engine - reference| in % of the reference's range, top-1 agreement %)."""
     out = inference_session(path, session_options(threads=threads)).run(None, case.feed)[0]
-    reference = case.fake_quant_out if variant == "qdq" else case.float_out
+    reference = case.fake_quant_out.get(variant, case.float_out)
     spread = float(reference.max() - reference.min()) or 1.0
     top1 = 100 * float(np.mean(out.argmax(1) == reference.argmax(1)))
     return 100 * float(np.abs(out - reference).max()) / spread, top1
@@ -168,8 +202,9 @@ def report(cases: list[Case], threads: int) -> str:
     rows = []
     kernels = {}
     for case in cases:
-        medians = {v: statistics.median([t for r in case.times[v] for t in r]) for v in VARIANTS}
-        for variant in VARIANTS:
+        variants = tuple(case.files)
+        medians = {v: statistics.median([t for r in case.times[v] for t in r]) for v in variants}
+        for variant in variants:
             path = case.files[variant]
             if path not in kernels:
                 fusion = fusion_report(path, threads=threads)
@@ -179,12 +214,16 @@ def report(cases: list[Case], threads: int) -> str:
             diff, top1 = agreement(path, case, variant, threads)
             rows.append([
                 case.label, variant, f"{medians[variant]:.1f}", f"±{spread / 2:.0f} %",
-                f"{medians['FP32'] / medians[variant]:.2f}x", f"{medians[variant] / medians['ORT dynamic']:.2f}",
+                _ratio(medians, "FP32", variant), _ratio(medians, variant, "ORT dynamic", "{:.2f}"),
                 kernels[path], f"{diff:.2f} %", f"{top1:.0f} %",
             ])  # fmt: skip
     headers = ["model", "variant", "median ms", "spread", "speed-up vs FP32", "time / ORT dynamic",
                "int8 / float weighted ops, Q/DQ left", "max diff (% of range)", "top-1 agree"]  # fmt: skip
     return markdown_table(headers, rows)
+
+
+def _ratio(medians: dict[str, float], top: str, bottom: str, form: str = "{:.2f}x") -> str:
+    return form.format(medians[top] / medians[bottom]) if top in medians and bottom in medians else "-"
 
 
 def main() -> None:
@@ -197,7 +236,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of the variants")
     args = parser.parse_args()
+    variants = tuple(v.strip() for v in args.variants.split(","))
+    if unknown := set(variants) - set(VARIANTS):
+        raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    variants = tuple(v for v in VARIANTS if v in variants or v == "FP32")  # FP32: the baseline of every ratio
     torch.set_num_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="qdq-transformers-") as tmp:
@@ -206,15 +250,16 @@ def main() -> None:
             if name == "bert":
                 model, make = bert(args.layers, args.seq)
                 cases += build(f"bert-{args.layers}L", model, make, [int(b) for b in args.bert_batches.split(",")],
-                               Path(tmp))  # fmt: skip
+                               Path(tmp), variants)  # fmt: skip
             elif name == "vit":
                 model, make = vit()
-                cases += build("vit-s16", model, make, [args.vit_batch], Path(tmp))
+                cases += build("vit-s16", model, make, [args.vit_batch], Path(tmp), variants)
             else:
                 raise SystemExit(f"unknown model {name!r}; use bert and/or vit")
         for round_ in range(args.rounds):
             for case in cases:
-                for variant in VARIANTS:
+                order = case.files if round_ % 2 == 0 else reversed(case.files)  # alternate the order
+                for variant in order:
                     times = time_variant(case.files[variant], case.feed, args.threads, args.iters)
                     case.times.setdefault(variant, []).append(times)
             print(f"round {round_ + 1}/{args.rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)

@@ -69,3 +69,42 @@ def test_torchvision_resnet50_quantizes_the_shortcut_of_every_block():
     assert all([q.is_enabled for q in add.input_quantizers] == [False, True] for add in adds)
     blocks_with_projection = [n for n, m in placed.named_modules() if n.endswith("downsample.0")]
     assert len(blocks_with_projection) == 4
+
+
+class PostNorm(nn.Module):
+    """BERT's sublayer output: LayerNorm(dense(h) + x)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense, self.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.dense(x) + x)
+
+
+class PreNorm(nn.Module):
+    """A pre-LN block (timm's ViT): each sum is read by the next LayerNorm and by the next residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.fc1 = nn.LayerNorm(8), nn.Linear(8, 8)
+        self.norm2, self.fc2 = nn.LayerNorm(8), nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.fc1(self.norm1(x))
+        x = x + self.fc2(self.norm2(x))
+        return self.head(nn.functional.layer_norm(x, (8,)))
+
+
+@pytest.mark.parametrize("block", [PostNorm, PreNorm])
+def test_transformer_residual_adds_stay_float_for_onnx_runtime_only(block):
+    """ORT: no int8 LayerNorm reads the sum, so a quantized add would leave standalone DQs before a float Add
+    (and block ORT's SkipLayerNormalization); TensorRT still quantizes the shortcut."""
+    ort_model = qdq.quantize_model(block(), qdq.QuantConfig(target="onnxruntime"))
+    assert not [m for m in ort_model.modules() if isinstance(m, qnn.QuantAdd)]
+    assert all(isinstance(m, qnn.QuantLinear) for m in ort_model.modules() if isinstance(m, nn.Linear))
+    trt_model = qdq.quantize_model(block(), qdq.QuantConfig(target="tensorrt"))
+    adds = [m for m in trt_model.modules() if isinstance(m, qnn.QuantAdd)]
+    assert len(adds) == (1 if block is PostNorm else 2)
+    assert all(sum(q.is_enabled for q in add.input_quantizers) == 1 for add in adds)

@@ -27,6 +27,7 @@ __all__ = [
     "add_operands",
     "concat_arguments",
     "is_identity",
+    "is_layer_norm",
     "is_nonnegative",
     "is_norm",
     "is_passthrough",
@@ -47,6 +48,9 @@ _WEIGHTED_MODULES = (nn.modules.conv._ConvNd, nn.Linear, QuantMatMul)
 _WEIGHTED_FUNCTIONS = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
                        F.linear, torch.matmul, operator.matmul}  # fmt: skip
 _NORM_MODULES = (nn.modules.batchnorm._BatchNorm,)
+# Normalizations over features (exported as LayerNormalization / a float reduction): they read float.
+_LAYER_NORM_MODULES = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+_LAYER_NORM_FUNCTIONS = {F.layer_norm, F.group_norm, F.rms_norm}
 _RECURRENT_MODULES = (nn.RNNBase, nn.RNNCellBase)
 # The ONNX op each activation a runtime may fold into an int8 conv exports to (a target's fusion facts list
 # which ones it folds).
@@ -88,6 +92,14 @@ def is_weighted_function(node: fx.Node) -> bool:
 def is_norm(ctx: PlacementContext, node: fx.Node) -> bool:
     """A BatchNorm (what a conv's output goes through before the activation)."""
     return isinstance(ctx.module(node), _NORM_MODULES)
+
+
+def is_layer_norm(ctx: PlacementContext, node: fx.Node) -> bool:
+    """A LayerNorm / GroupNorm / RMSNorm (module or function): a transformer's normalization."""
+    module = ctx.module(node)
+    if module is not None:
+        return isinstance(module, _LAYER_NORM_MODULES)
+    return node.op == "call_function" and node.target in _LAYER_NORM_FUNCTIONS
 
 
 def is_recurrent(ctx: PlacementContext, node: fx.Node) -> bool:

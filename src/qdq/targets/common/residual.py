@@ -18,6 +18,13 @@ torchvision writes ``out += identity`` (main branch first) where keras.applicati
 main branch in Keras.
 
 Adds with no weighted input are left alone (a Q/DQ the runtime cannot fuse only costs time).
+
+**Adds read by a layer normalization** (a transformer's residual adds: ``LayerNorm(x + sublayer(x))`` in BERT,
+``x + attn(norm1(x))`` read by ``norm2`` in a pre-LN ViT) stay float with ``residual_add="both"``: ONNX Runtime
+has no int8 LayerNorm, so the add's output is float and no ``QLinearAdd`` can form; quantized inputs would
+only leave a standalone ``DequantizeLinear`` per input before a float ``Add`` (measured on BERT), where the
+float add fuses with the LayerNorm into ``SkipLayerNormalization``. TensorRT's ``"skip"`` keeps quantizing the
+shortcut there (its fused kernels read it in int8).
 """
 
 from __future__ import annotations
@@ -45,18 +52,19 @@ def fused_input(follows_weighted: Sequence[bool], weighted_depth: Callable[[int]
 
 
 def _torch(ctx: PlacementContext) -> None:
-    from qdq.graphs.fx_ops import add_operands
+    from qdq.graphs.fx_ops import add_operands, is_layer_norm
     from qdq.nn.elementwise import QuantAdd
 
+    both = ctx.target.residual_add == "both"
     for node in list(ctx.graph_module.graph.nodes):
         operands = add_operands(ctx, node)
-        if operands is None:
+        if operands is None or (both and any(is_layer_norm(ctx, user) for user in node.users)):
             continue
         follows = [ctx.follows_weighted(x) for x in operands]
         fused = fused_input(follows, lambda i, xs=operands: ctx.weighted_depth(xs[i]))
         if fused is None:
             continue
-        quantize = tuple(i != fused for i in range(2)) if ctx.target.residual_add == "skip" else (True, True)
+        quantize = (True, True) if both else tuple(i != fused for i in range(2))
         new = ctx.replace_with_module(node, "residual_add", QuantAdd(ctx.quant_desc, quantize=quantize), operands)
         ctx.changes.append(f"{new.target}: QuantAdd(quantize={quantize})")
 
@@ -67,6 +75,8 @@ def _keras(ctx: KerasPlacement) -> None:
             continue
         inputs = ctx.producers(layer)
         if ctx.target.residual_add == "both":
+            if any(ctx.class_name(reader) == "LayerNormalization" for reader, _, _ in ctx.readers(layer)):
+                continue  # read by a float LayerNorm: the add stays float (module doc)
             # once one input is quantized (a conv output, stage 0), all are: QLinearAdd
             plan = ctx.plan(layer)
             if plan is not None and plan.positions(len(inputs)):
@@ -83,5 +93,6 @@ RESIDUAL_ADD = PlacementRule(
     torch=_torch,
     keras=_keras,
     description="An add fed by a weighted op: with residual_add='skip' every input but the one TensorRT fuses "
-    "(the deepest weighted branch) is quantized; with 'both' every input (QLinearAdd).",
+    "(the deepest weighted branch) is quantized; with 'both' every input (QLinearAdd), unless a LayerNorm reads "
+    "the sum (float there).",
 )

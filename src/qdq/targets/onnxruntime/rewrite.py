@@ -13,7 +13,9 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 6. ``duplicates``: equal Q/DQ pairs on one tensor merge, ``DQ -> Q`` with equal parameters goes;
 7. ``pools``: a spatial ``ReduceMean`` becomes ``GlobalAveragePool``, a ``Flatten`` after it a ``Reshape``;
 8. ``gemm``: ``MatMul`` of a 2-D input by a dequantized weight (Keras Dense) becomes ``Gemm``;
-9. ``weight_encoding``: ``weights="uint8"`` stores weights as uint8 (exact on CPUs without VNNI).
+9. ``weight_encoding``: ``weights="uint8"`` stores weights as uint8 (exact on CPUs without VNNI);
+10. ``attention_mask``: ``Where(mask, -inf, scores)`` before a Softmax becomes ``scores + Where(mask, -inf, 0)``;
+11. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
 per cause. Only the top-level graph is rewritten.
@@ -27,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qdq.graphs.onnx import GraphIndex, set_metadata, tidy
+from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.bias_adds import fold_bias_adds
 from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
@@ -34,6 +37,7 @@ from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, rem
 from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, warn_float_convs
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
+from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8, resolve_weights
 from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
@@ -62,7 +66,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     Returns:
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
-        ``uint8_weights``; and ``float_convs``, the Convs ORT cannot fuse (warned).
+        ``uint8_weights``, ``masks_to_adds``, ``shapes`` (tensors whose type and shape are recorded); and
+        ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
     tidy(model)
@@ -76,6 +81,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "masks": fold_zero_masks(g) + drop_masks_of_zeros(g),
         "duplicates": merge_duplicate_pairs(g),
         "uint8": activations_to_uint8(g),
+        "masks_to_adds": masks_to_adds(g),
     }
     counts["requantizations"] = remove_requantization(g)
     float_convs = unfusable_conv_nodes(g)
@@ -88,5 +94,5 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     warn_float_convs(g, left)
     counts["uint8_weights"] = encode_weights_uint8(model) if encoding == "uint8" else 0
     set_metadata(model, WEIGHTS_METADATA_KEY, encoding)
-    del model.graph.value_info[:]  # stale types (int8 -> uint8); ONNX Runtime infers them again
+    counts["shapes"] = record_symbolic_shapes(model)
     return counts

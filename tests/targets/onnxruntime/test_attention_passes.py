@@ -1,0 +1,148 @@
+"""The ONNX Runtime rewrite's transformer passes on small graphs built by hand: the attention mask (``Where`` of
+``-inf`` before a Softmax becomes an ``Add``) and the symbolic shapes recorded for ORT's transformer fusions.
+
+Each graph runs in ONNX Runtime before and after the pass (graph optimizations off: ORT computes exactly the
+nodes given) and the quantized softmax output is compared in quantization steps.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from qdq.graphs.onnx import GraphIndex
+from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
+from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
+
+F32 = np.float32
+STEP = 1 / 255  # the softmax output quantizer's step (uint8, zero point 0)
+
+
+def _model(nodes, inputs, outputs, constants) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info(name, dtype, shape) for name, dtype, shape in inputs],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(v), name) for name, v in constants.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    return model
+
+
+def _run(model: onnx.ModelProto, optimize: bool = False, **feeds) -> np.ndarray:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    level = ort.GraphOptimizationLevel
+    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def mask_graph(fill_first: bool, fill: float = -np.inf, softmax: bool = True) -> onnx.ModelProto:
+    """scores [2, 3, 4, 4] masked by a bool [2, 1, 4, 4] (masked_fill's form when fill_first), softmax, Q/DQ."""
+    inputs = ["masked", "fill", "scores"] if fill_first else ["keep", "scores", "fill"]
+    condition = helper.make_node("Not", ["keep"], ["masked"]) if fill_first else None
+    nodes = [n for n in (condition,) if n is not None]
+    nodes.append(helper.make_node("Where", inputs, ["filled"], name="where"))
+    reader = "filled"
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["filled"], ["probs"], axis=-1))
+        reader = "probs"
+    nodes += [
+        helper.make_node("QuantizeLinear", [reader, "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
+    return _model(
+        nodes,
+        [("scores", TensorProto.FLOAT, [2, 3, 4, 4]), ("keep", TensorProto.BOOL, [2, 1, 4, 4])],
+        [("y", [2, 3, 4, 4])],
+        {"fill": np.array(fill, F32), "s": np.array(STEP, F32), "z": np.array(0, np.uint8)},
+    )
+
+
+def _feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    keep = rng.random((2, 1, 4, 4)) > 0.3
+    keep[..., 0] = True  # every row attends somewhere
+    return {"scores": (4 * rng.standard_normal((2, 3, 4, 4))).astype(F32), "keep": keep}
+
+
+@pytest.mark.parametrize("fill_first", [True, False])
+def test_a_minus_inf_mask_before_softmax_becomes_an_add_of_a_mask_sized_where(fill_first):
+    model = mask_graph(fill_first)
+    feeds = _feeds()
+    before = _run(model, **feeds)
+    assert masks_to_adds(GraphIndex(model)) == 1
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    assert ops["Where"] == 1 and ops["Add"] == 1
+    (where,) = [n for n in model.graph.node if n.op_type == "Where"]
+    assert "scores" not in where.input  # the Where reads only the mask and constants: the mask's size
+    after = _run(model, **feeds)
+    # masked scores: probability exactly 0 before and after; 0 steps apart everywhere
+    assert np.count_nonzero(before == 0) >= 2 * 3 * 4  # the mask did mask something
+    assert np.abs(np.rint((after - before) / STEP)).max() == 0
+    np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize(("fill", "softmax"), [(-1e4, True), (-np.inf, False)])
+def test_other_wheres_stay(fill, softmax):
+    model = mask_graph(True, fill=fill, softmax=softmax)
+    assert masks_to_adds(GraphIndex(model)) == 0
+    assert [n.op_type for n in model.graph.node].count("Add") == 0
+
+
+def residual_graph() -> onnx.ModelProto:
+    """DQ(x) @ DQ(W) + b, added to the residual r, LayerNorm; batch and sequence dimensions symbolic."""
+    rng = np.random.default_rng(1)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "sw"], ["wd"]),
+        helper.make_node("MatMul", ["xd", "wd"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+        helper.make_node("Add", ["hb", "r"], ["sum"]),
+        helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1),
+    ]
+    constants = {
+        "sx": np.array(0.05, F32), "zx": np.array(128, np.uint8), "sw": np.array(0.01, F32),
+        "w": rng.integers(-127, 128, (16, 16)).astype(np.int8), "b": rng.standard_normal(16).astype(F32),
+        "gamma": np.ones(16, F32), "beta": np.zeros(16, F32),
+    }  # fmt: skip
+    dims = ["batch", "sequence", 16]
+    model = _model(
+        nodes, [("x", TensorProto.FLOAT, dims), ("r", TensorProto.FLOAT, dims)], [("y", dims)], constants
+    )
+    model.graph.value_info.extend(
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["unk__0", "unk__1", 16])]  # what onnx infers
+    )
+    return model
+
+
+def test_symbolic_shapes_let_onnx_runtime_fuse_the_residual_add_with_layer_norm(tmp_path):
+    import onnxruntime as ort
+
+    model = residual_graph()
+    rng = np.random.default_rng(2)
+    feeds = {k: rng.standard_normal((2, 5, 16)).astype(F32) for k in ("x", "r")}
+    before = _run(model, **feeds)
+
+    def fused_ops(m: onnx.ModelProto) -> collections.Counter:
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+        ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+
+    assert fused_ops(model)["SkipLayerNormalization"] == 0  # unnamed dimensions: ORT cannot match the shapes
+    assert record_symbolic_shapes(model) > 0
+    recorded = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
+    assert recorded["h"] == ["batch", "sequence", 16]
+    assert fused_ops(model)["SkipLayerNormalization"] == 1
+    np.testing.assert_array_equal(_run(model, **feeds), before)  # the graph itself is unchanged
+    np.testing.assert_allclose(_run(model, optimize=True, **feeds), before, rtol=1e-5, atol=1e-5)
