@@ -17,8 +17,11 @@ from qdq.targets.onnxruntime.passes._graph import INT32_LIMIT, dq_params, weight
 __all__ = ["bias_after_float_convs", "quantize_biases"]
 
 def _bias_scale(g: GraphIndex, node: Any) -> np.ndarray | None:
-    """``s_x * s_w`` per output channel, when input and weight are dequantized and the weight axis is 0."""
-    x, w = dq_params(g, node.input[0]), dq_params(g, node.input[1])
+    """``s_x * s_w`` per output channel, when input and weight are dequantized and the weight axis is 0 (the
+    input may be reshaped after its DQ: pass 8's Gemm of an N-D input, which ORT fuses all the same)."""
+    source = g.source(node.input[0], through={"Reshape"})
+    x = dq_params(g, source.output[0]) if source is not None else None
+    w = dq_params(g, node.input[1])
     if x is None or w is None or x[0].ndim != 0:
         return None
     if node.op_type == "Gemm" and (attribute(node, "transB", 0) != 1 or attribute(node, "transA", 0) != 0):

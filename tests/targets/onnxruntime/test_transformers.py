@@ -1,0 +1,115 @@
+"""Transformers on the ``"onnxruntime"`` target, end to end: a small Hugging Face BERT and a small timm ViT, their
+attention captured with the explicit API, quantized for ONNX Runtime, exported and run.
+
+What ONNX Runtime makes of the graph (its optimized graph): every Linear and both attention matmuls in int8
+kernels (the Linears as ``QGemm``, bias and output quantizer inside), the residual adds fused with their
+LayerNorm (``SkipLayerNormalization``, BERT) and no QuantizeLinear / DequantizeLinear without an int8 kernel
+behind it. What it computes: every quantizer within one step of PyTorch's on the same input (teacher forced)
+and the float ops between quantizers equal to float rounding.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import qdq
+from qdq.graphs.onnx import GraphIndex
+from qdq.runtime.ort import fusion_report, inference_session, session_options
+from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "export"))
+from export_helpers import float_segment_errors, teacher_forced_mismatches
+
+# Hugging Face modules torch.fx cannot trace warn once per level (collapsing them is the placement's business)
+pytestmark = pytest.mark.filterwarnings("ignore:torch.fx cannot trace")
+
+
+def optimized_graph(path: Path, tmp_path: Path) -> GraphIndex:
+    optimized = tmp_path / "optimized.onnx"
+    inference_session(path, session_options(threads=1, optimized_model_path=str(optimized)))
+    return GraphIndex(onnx.load(str(optimized)))
+
+
+def idle_qdq(g: GraphIndex) -> list[str]:
+    """Q/DQ nodes of an optimized graph with no int8 kernel behind them (a DQ read by a float op, a Q whose
+    readers are not all int8 kernels); a DQ producing a graph output is the model's edge."""
+    facts = ONNXRUNTIME_FUSION
+    through = facts.layout_ops | facts.int8_data_movers
+    idle = []
+    for node in g.nodes:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        readers = g.readers(node.output[0], through=through)
+        if node.op_type == "QuantizeLinear" and readers and all(
+            r is not None and r.op_type in facts.int8_kernels for r in readers
+        ):
+            continue
+        if readers != [None]:
+            idle.append(node.name)
+    return idle
+
+
+def bert():
+    tf = pytest.importorskip("transformers")
+    from qdq.nn.huggingface import capture_hf_attention
+
+    torch.manual_seed(0)
+    config = tf.BertConfig(vocab_size=60, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, num_labels=3)  # fmt: skip
+    model = tf.BertForSequenceClassification(config).eval()
+    capture_hf_attention(model)
+    ids = torch.randint(0, 60, (3, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[0, 10:] = 0  # padding: the attention mask is a real mask
+    return model, {"input_ids": ids, "attention_mask": mask}, 2
+
+
+def vit():
+    timm = pytest.importorskip("timm")
+    from qdq.nn.attention import replace_sdpa_calls, use_fused_attention
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=32, patch_size=8,
+                              depth=2).eval()  # fmt: skip
+    use_fused_attention(model)
+    traced = torch.fx.symbolic_trace(model)
+    replace_sdpa_calls(traced)
+    return traced, torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2)), 2
+
+
+@pytest.mark.parametrize("make", [bert, vit], ids=["bert", "vit"])
+def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_path):
+    model, example, layers = make()
+    quantized = qdq.quantize_model(model, qdq.QuantConfig(target="onnxruntime"))
+    qdq.calibrate(quantized, [example], progress=False)
+    path = qdq.export_onnx(quantized, example, tmp_path / "model.onnx", target="onnxruntime")
+
+    report = fusion_report(path, threads=1)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in quantized.modules())
+    assert report.n_float == 0  # every Linear and attention matmul in an int8 kernel
+    assert report.n_int8 == linears + 2 * layers + (1 if make is vit else 0)  # + the patch-embedding conv
+    assert report.count("QGemm") >= linears - layers  # Linears as QGemm (BERT's attention output: see gemm.py)
+    g = optimized_graph(path, tmp_path)
+    ops = collections.Counter(n.op_type for n in g.nodes)
+    assert ops["Where"] <= 1  # the attention masks became Adds (one Where left on the mask's own size)
+    if make is bert:
+        assert ops["SkipLayerNormalization"] == 2 * layers  # residual add + LayerNorm, fused
+        assert idle_qdq(g) == []
+    else:  # the patch embedding's conv output and the class-token concat: once per image, before block 0
+        assert len(idle_qdq(g)) <= 3 and all("blocks" not in name for name in idle_qdq(g))
+
+    assert teacher_forced_mismatches(quantized, path, example) == {}
+    assert max(float_segment_errors(quantized, path, example).values()) < 1e-5
+    with torch.no_grad():
+        expected = quantized(**example) if isinstance(example, dict) else quantized(example)
+    expected = (expected.logits if hasattr(expected, "logits") else expected).numpy()
+    feed = {k: v.numpy() for k, v in example.items()} if isinstance(example, dict) else {"input": example.numpy()}
+    got = inference_session(path, session_options(threads=1)).run(None, feed)[0]
+    assert np.array_equal(got.argmax(-1), expected.argmax(-1))
