@@ -17,8 +17,8 @@ Variants, each an ONNX file run by ONNX Runtime's CPU provider with ``--threads`
   an fx trace and ``replace_sdpa_calls`` for timm), then ``qdq.quantize_model(model,
   QuantConfig(target="onnxruntime"))``, calibrated (max) and exported for the target: every Linear and both
   attention matmuls quantized;
-* ``qdq attn float``: the same without the attention capture (Linear layers only; the attention matmuls in
-  float), to show what quantizing the attention matmuls costs or saves at this size.
+* ``qdq attn float``: the same with the four attention quantizers disabled (the attention matmuls in float),
+  to show what quantizing the attention matmuls costs or saves at this size.
 
 Timing: ``--rounds`` interleaved rounds; in each, every variant is loaded alone (one session alive at a time),
 warmed up, and timed ``--iters`` times. A variant's figure is the median of all its times; the spread is the
@@ -54,8 +54,8 @@ import numpy as np
 import torch
 
 import qdq
-from qdq.markdown import markdown_table
 from qdq.graphs.onnx import GraphIndex
+from qdq.markdown import markdown_table
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
 from qdq.utils.batches import flatten_outputs
@@ -118,8 +118,16 @@ def capture_attention(name: str, model: torch.nn.Module) -> torch.nn.Module:
     return traced
 
 
-def quantize(model: torch.nn.Module, calib: list, path: Path) -> torch.nn.Module:
+def quantize(model: torch.nn.Module, calib: list, path: Path, attention: bool = True) -> torch.nn.Module:
+    """``model`` placed for the onnxruntime target, calibrated (max) and exported to ``path``; with
+    ``attention=False`` the attention matmuls' four quantizers are disabled (the matmuls stay float)."""
+    from qdq.nn.attention import ATTENTION_QUANTIZERS, QuantScaledDotProductAttention
+
     quantized = qdq.quantize_model(model, qdq.QuantConfig(target="onnxruntime"))
+    for module in quantized.modules() if not attention else ():
+        if isinstance(module, QuantScaledDotProductAttention):
+            for name in ATTENTION_QUANTIZERS:
+                getattr(module, name).disable()
     qdq.calibrate(quantized, calib, progress=False)
     qdq.export_onnx(quantized, calib[0], path)
     return quantized
@@ -170,7 +178,8 @@ def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tu
         if "qdq" in variants:
             quantized["qdq"] = quantize(capture_attention(name, model), calib, files["qdq"])
         if "qdq attn float" in variants:
-            quantized["qdq attn float"] = quantize(copy.deepcopy(model), calib, files["qdq attn float"])
+            quantized["qdq attn float"] = quantize(capture_attention(name, model), calib, files["qdq attn float"],
+                                                   attention=False)  # fmt: skip
     print(f"{name}: exported and quantized in {time.perf_counter() - start:.0f} s", flush=True)
     cases = []
     for size in batch_sizes:
@@ -251,8 +260,9 @@ def report(cases: list[Case], threads: int) -> str:
                 _ratio(medians, "FP32", variant), _ratio(medians, variant, "ORT dynamic", "{:.2f}"),
                 kernels[path], f"{diff:.2f} %", f"{top1:.0f} %",
             ])  # fmt: skip
-    headers = ["model", "variant", "median ms", "spread", "speed-up vs FP32", "time / ORT dynamic",
-               "int8 / float weighted ops, Q feeding int8 / Q/DQ idle", "max diff (% of range)", "top-1 agree"]  # fmt: skip
+    kernel_column = "int8 / float weighted ops, Q feeding int8 / Q/DQ idle"
+    headers = ["model", "variant", "median ms", "spread", "speed-up vs FP32", "time / ORT dynamic", kernel_column,
+               "max diff (% of range)", "top-1 agree"]  # fmt: skip
     return markdown_table(headers, rows)
 
 

@@ -6,7 +6,8 @@ target quantizes more than TensorRT's inputs and weights, and the PyTorch / Kera
 quantizers, so that what is calibrated and trained is what ONNX Runtime computes. Its rules, in order:
 
 * ``float_recurrent`` (:mod:`.rules.recurrent`): LSTM / GRU layers stay float (ORT's float LSTM kernel);
-* ``residual_add`` with ``residual_add="both"`` and ``concat`` (:mod:`qdq.targets.common`);
+* ``residual_add`` with ``residual_add="both"`` (a transformer's residual adds, read by a LayerNorm, stay
+  float: ORT fuses them with it into ``SkipLayerNormalization``) and ``concat`` (:mod:`qdq.targets.common`);
 * ``conv_output`` (:mod:`.rules.conv_output`): every conv output quantized, after BN and a folded ReLU;
 * ``silu``, ``sigmoid_output`` (:mod:`.rules.sigmoid`), ``mul_inputs`` (:mod:`.rules.mul_inputs`): SiLU and
   squeeze-excitation gates as ``QLinearSigmoid`` / ``QLinearMul``;

@@ -45,4 +45,6 @@ def masks_to_adds(g: GraphIndex) -> int:
 
 def _is_minus_inf(g: GraphIndex, name: str) -> bool:
     value = g.array(name)
-    return value is not None and value.size == 1 and value.dtype == np.float32 and float(value.reshape(-1)[0]) == -np.inf
+    if value is None or value.size != 1 or value.dtype != np.float32:
+        return False
+    return float(value.reshape(-1)[0]) == -np.inf

@@ -144,10 +144,10 @@ def matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
         nodes.append(helper.make_node("Gemm", inputs, [gemm_out], name=name + "/Gemm", transB=1))
         if rank > 2:
             lead, shape = g.unique(output + "_leading"), g.unique(output + "_shape")
+            last = g.add_const(name + "_columns", np.array([columns]))
             nodes += [
                 helper.make_node("Shape", [lead_from], [lead], name=name + "/Shape", start=0, end=-1),
-                helper.make_node("Concat", [lead, g.add_const(name + "_columns", np.array([columns]))], [shape],
-                                 name=name + "/Concat", axis=0),  # fmt: skip
+                helper.make_node("Concat", [lead, last], [shape], name=name + "/Concat", axis=0),
                 helper.make_node("Reshape", [gemm_out, shape], [output], name=name + "/Reshape_back"),
             ]
         for new in nodes:

@@ -26,7 +26,7 @@ def record_symbolic_shapes(model: onnx.ModelProto) -> int:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-    except Exception:  # noqa: BLE001 - an optional hint: any failure leaves ORT's own inference
+    except Exception:  # an optional hint: whatever fails, ORT infers the types itself
         return 0
     if inferred is None:
         return 0

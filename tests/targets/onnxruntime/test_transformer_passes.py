@@ -1,8 +1,9 @@
 """The ONNX Runtime rewrite's transformer passes on small graphs built by hand: the attention mask (``Where`` of
-``-inf`` before a Softmax becomes an ``Add``) and the symbolic shapes recorded for ORT's transformer fusions.
+``-inf`` before a Softmax becomes an ``Add``), a Linear on a ``[batch, sequence, K]`` input as a ``Gemm``
+between Reshapes (ORT's ``QGemm``), and the symbolic shapes recorded for ORT's transformer fusions.
 
 Each graph runs in ONNX Runtime before and after the pass (graph optimizations off: ORT computes exactly the
-nodes given) and the quantized softmax output is compared in quantization steps.
+nodes given; on: what ORT fuses) and the quantized outputs are compared in quantization steps.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdq.graphs.onnx import GraphIndex
 from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
+from qdq.targets.onnxruntime.passes.biases import quantize_biases
+from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
 
 F32 = np.float32
@@ -141,8 +144,77 @@ def test_symbolic_shapes_let_onnx_runtime_fuse_the_residual_add_with_layer_norm(
 
     assert fused_ops(model)["SkipLayerNormalization"] == 0  # unnamed dimensions: ORT cannot match the shapes
     assert record_symbolic_shapes(model) > 0
-    recorded = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
+    recorded = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in model.graph.value_info}  # fmt: skip
     assert recorded["h"] == ["batch", "sequence", 16]
     assert fused_ops(model)["SkipLayerNormalization"] == 1
     np.testing.assert_array_equal(_run(model, **feeds), before)  # the graph itself is unchanged
     np.testing.assert_allclose(_run(model, optimize=True, **feeds), before, rtol=1e-5, atol=1e-5)
+
+
+def linear_graph(quantize_output: bool, k: int = 32, n: int = 24) -> onnx.ModelProto:
+    """A Linear as torch exports it on a 3-D input: Q/DQ(x) @ Transpose(DQ(W [N, K])) + b [, Q/DQ]."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], name="x_q"),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], name="x_dq"),
+        helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=0),
+        helper.make_node("Transpose", ["wd"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["xd", "wt"], ["h"], name="linear"),
+        helper.make_node("Add", ["h", "b"], ["y" if not quantize_output else "hb"]),
+    ]
+    if quantize_output:
+        nodes += [
+            helper.make_node("QuantizeLinear", ["hb", "sy", "zy"], ["yq"]),
+            helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]),
+        ]
+    constants = {
+        "sx": np.array(0.04, F32), "zx": np.array(128, np.uint8),
+        "w": rng.integers(-127, 128, (n, k)).astype(np.int8), "sw": rng.uniform(0.002, 0.01, n).astype(F32),
+        "zw": np.zeros(n, np.int8), "b": rng.standard_normal(n).astype(F32),
+        "sy": np.array(0.25, F32), "zy": np.array(128, np.uint8),
+    }  # fmt: skip
+    return _model(nodes, [("x", TensorProto.FLOAT, ["batch", "sequence", k])], [("y", ["batch", "sequence", n])],
+                  constants)  # fmt: skip
+
+
+@pytest.mark.parametrize("quantize_output", [True, False])
+def test_a_linear_on_a_sequence_becomes_a_gemm_that_onnx_runtime_runs_as_qgemm(quantize_output, tmp_path):
+    import onnxruntime as ort
+
+    model = linear_graph(quantize_output)
+    x = np.random.default_rng(4).standard_normal((2, 5, 32)).astype(F32) * 2
+    before = _run(model, x=x)
+    g = GraphIndex(model)
+    assert matmuls_to_gemm(model, g) == 1
+    assert quantize_biases(g, []) == 1  # int32 at s_x * s_w: the Gemm reads DQ(x) through the Reshape
+    ops = [n.op_type for n in model.graph.node]
+    assert "MatMul" not in ops and "Transpose" not in ops and ops.count("Gemm") == 1
+    (gemm,) = [n for n in model.graph.node if n.op_type == "Gemm"]
+    assert len(gemm.input) == 3 and next(a.i for a in gemm.attribute if a.name == "transB") == 1
+    x_dq = next(n for n in model.graph.node if n.name == "x_dq")
+    assert x_dq.input[0] == "xq" and x_dq.output[0] == "xd"  # the input's Q/DQ pair is untouched
+    assert _run(model, x=x).shape == before.shape == (2, 5, 24)
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    fused = collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+    assert fused["QGemm"] == 1 and fused["Gemm"] == 0 and fused["MatMulIntegerToFloat"] == 0
+    assert fused["Add"] == 0  # the bias is inside the int8 kernel
+    assert fused["QuantizeLinear"] == 1  # the input's; the output's is folded into QGemm when there is one
+    got = session.run(None, {"x": x})[0]
+    if quantize_output:  # in output steps: the int32 bias moves the sum by <= s_x * s_w / 2, far below a step
+        assert np.abs(np.rint((got - before) / 0.25)).max() <= 1
+        assert np.mean(got == before) > 0.99
+    else:
+        assert np.abs(got - before).max() <= 0.5 * 0.04 * 0.01 + 1e-4  # half the largest s_x * s_w
+
+
+def test_a_linear_reading_a_layout_op_alone_stays_a_matmul():
+    """The attention context (``Reshape(Transpose(probs @ V))`` read only by its Q): reading its shape would
+    keep ORT from moving that Q back into the QLinearMatMul before it."""
+    model = linear_graph(True)
+    model.graph.node[0].input[0] = "x_moved"
+    model.graph.node.insert(0, helper.make_node("Transpose", ["x"], ["x_moved"], perm=[1, 0, 2]))
+    assert matmuls_to_gemm(model, GraphIndex(model)) == 0
