@@ -104,7 +104,9 @@ def test_attention_is_quantized_for_the_target_and_agrees_with_onnx_runtime(fami
     errors = float_segment_errors(model, path, inputs)
     name = next(iter(attention))
     assert {f"{name}.{q}" for q in wanted} <= set(errors)  # the attention quantizers are Q/DQ pairs of the file
-    assert max(errors.values()) < 1e-5
+    # float rounding only; the onnxruntime file also adds Linear biases as int32 at s_x * s_w (QGemm's form): a
+    # shift of at most s_x * s_w / 2, ~1e-5 of a projection's range
+    assert max(errors.values()) < (1e-5 if target == "tensorrt" else 1e-4)
 
 
 def test_hugging_face_model_gets_one_warning_naming_what_stays_float():

@@ -106,7 +106,8 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
         assert len(idle_qdq(g)) <= 3 and all("blocks" not in name for name in idle_qdq(g))
 
     assert teacher_forced_mismatches(quantized, path, example) == {}
-    assert max(float_segment_errors(quantized, path, example).values()) < 1e-5
+    # float rounding, plus the int32 biases of QGemm (at most s_x * s_w / 2 each)
+    assert max(float_segment_errors(quantized, path, example).values()) < 1e-4
     with torch.no_grad():
         expected = quantized(**example) if isinstance(example, dict) else quantized(example)
     expected = (expected.logits if hasattr(expected, "logits") else expected).numpy()
