@@ -26,12 +26,12 @@ range of its per-round medians relative to its median. Ratios are FP32 / variant
 variant / ORT dynamic (< 1: faster than ORT's best quantizer).
 
 Per variant also: int8 kernels in ORT's optimized graph (``qdq.runtime.ort.fusion_report``: weighted ops in
-int8 / float kernels), the QuantizeLinear / DequantizeLinear ORT left standing alone, split into those that
-feed an int8 kernel (the activation quantization itself; ORT's dynamic quantizer does the same inside
-``DynamicQuantizeLinear`` / ``DynamicQuantizeMatMul``) and those with no int8 kernel behind them (pure cost),
-and agreement with PyTorch on one batch: the
-float model for FP32 and ORT's quantizers, the fake-quant model for qdq; max |difference| as a percentage of
-the reference's logit range, and top-1 agreement.
+int8 / float kernels), the QuantizeLinear / DequantizeLinear ORT left standing alone (``FusionReport.problems``)
+split into the Qs that feed an int8 kernel (the activation quantization itself; ORT's dynamic quantizer does it
+inside ``DynamicQuantizeLinear`` / ``DynamicQuantizeMatMul``) and those with no int8 kernel behind them
+(``FusionReport.idle``: pure cost), and agreement with PyTorch on one batch: the float model for FP32 and ORT's
+quantizers, the fake-quant model for qdq; max |difference| as a percentage of the reference's logit range, and
+top-1 agreement.
 
 Usage: python benchmarks/transformers_int8.py [--models bert,vit] [--layers 12] [--seq 128]
        [--bert-batches 1,8] [--vit-batch 8] [--threads 2] [--iters 10] [--rounds 3]
@@ -54,10 +54,8 @@ import numpy as np
 import torch
 
 import qdq
-from qdq.graphs.onnx import GraphIndex
 from qdq.markdown import markdown_table
 from qdq.runtime.ort import fusion_report, inference_session, session_options
-from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
 from qdq.utils.batches import flatten_outputs
 
 VARIANTS = ("FP32", "ORT dynamic", "ORT static", "qdq", "qdq attn float")
@@ -212,34 +210,6 @@ def agreement(path: Path, case: Case, variant: str, threads: int) -> tuple[float
     return 100 * float(np.abs(out - reference).max()) / spread, top1
 
 
-def standalone_qdq(path: Path, threads: int) -> tuple[int, int]:
-    """(Q/DQ feeding an int8 kernel, Q/DQ with no int8 kernel behind them) in ORT's optimized graph of ``path``.
-
-    A QuantizeLinear whose readers (through layout ops and ops that move int8 data) are all int8 kernels
-    quantizes an activation for them; any other Q, and every DequantizeLinear not producing a graph output
-    (a float op reads it), only converts."""
-    import onnx
-
-    facts = ONNXRUNTIME_FUSION
-    with tempfile.TemporaryDirectory(prefix="qdq-optimized-") as tmp:
-        optimized = str(Path(tmp) / "optimized.onnx")
-        inference_session(path, session_options(threads=threads, optimized_model_path=optimized))  # writes it
-        g = GraphIndex(onnx.load(optimized, load_external_data=False))
-    through = facts.layout_ops | facts.int8_data_movers
-    feeding = idle = 0
-    for node in g.nodes:
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        readers = g.readers(node.output[0], through=through)
-        if node.op_type == "QuantizeLinear" and readers and all(
-            r is not None and r.op_type in facts.int8_kernels for r in readers
-        ):
-            feeding += 1
-        elif readers != [None]:
-            idle += 1
-    return feeding, idle
-
-
 def report(cases: list[Case], threads: int) -> str:
     rows = []
     kernels = {}
@@ -250,8 +220,8 @@ def report(cases: list[Case], threads: int) -> str:
             path = case.files[variant]
             if path not in kernels:
                 fusion = fusion_report(path, threads=threads)
-                feeding, idle = standalone_qdq(path, threads)
-                kernels[path] = f"{fusion.n_int8} / {fusion.n_float} / {feeding} / {idle}"
+                feeding = sum(u.feeds_int8 for u in fusion.problems)
+                kernels[path] = f"{fusion.n_int8} / {fusion.n_float} / {feeding} / {len(fusion.idle)}"
             rounds = [statistics.median(r) for r in case.times[variant]]
             spread = 100 * (max(rounds) - min(rounds)) / medians[variant]
             diff, top1 = agreement(path, case, variant, threads)

@@ -46,7 +46,9 @@ class UnfusedQdq:
     """A QuantizeLinear or DequantizeLinear left in the optimized graph, and why.
 
     ``boundary`` is True for the conversions expected at the model's edges: a Q on a graph input,
-    a DQ producing a graph output.
+    a DQ producing a graph output. ``feeds_int8`` is True for a Q whose readers (through layout ops and ops
+    that move int8 data) are all int8 kernels: it quantizes an activation for them, which an int8 model must
+    do somewhere (ORT's dynamic quantizer does it inside ``DynamicQuantizeMatMul``).
     """
 
     name: str
@@ -54,6 +56,7 @@ class UnfusedQdq:
     tensor: str
     reason: str
     boundary: bool = False
+    feeds_int8: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,12 @@ class FusionReport:
     def problems(self) -> tuple[UnfusedQdq, ...]:
         """Leftover Q/DQ that cost time: those not at the model's boundary."""
         return tuple(u for u in self.unfused if not u.boundary)
+
+    @property
+    def idle(self) -> tuple[UnfusedQdq, ...]:
+        """Leftover Q/DQ with no int8 kernel behind them (a DQ read by a float op, a Q not feeding int8
+        kernels only): pure conversion cost."""
+        return tuple(u for u in self.problems if not u.feeds_int8)
 
     def reasons(self) -> dict[str, int]:
         """How many leftover Q/DQ nodes each reason explains."""
@@ -211,7 +220,13 @@ class _Explainer:
         else:
             reason, boundary = self._explain_q(node)
             tensor = node.output[0]
-        return UnfusedQdq(node.name, node.op_type, tensor, reason, boundary)
+        return UnfusedQdq(node.name, node.op_type, tensor, reason, boundary, self._feeds_int8(node))
+
+    def _feeds_int8(self, node: onnx.NodeProto) -> bool:
+        if node.op_type != _Q:
+            return False
+        readers = self.index.readers(node.output[0], through=self.facts.layout_ops | self.facts.int8_data_movers)
+        return bool(readers) and all(r is not None and r.op_type in self.facts.int8_kernels for r in readers)
 
     def _explain_dq(self, node: onnx.NodeProto) -> tuple[str, bool]:
         readers = self.next_ops(node.output[0])

@@ -4,8 +4,8 @@ attention captured with the explicit API, quantized for ONNX Runtime, exported a
 What ONNX Runtime makes of the graph (its optimized graph): every Linear and both attention matmuls in int8
 kernels (the Linears as ``QGemm``, bias and output quantizer inside), the residual adds fused with their
 LayerNorm (``SkipLayerNormalization``, BERT) and no QuantizeLinear / DequantizeLinear without an int8 kernel
-behind it. What it computes: every quantizer within one step of PyTorch's on the same input (teacher forced)
-and the float ops between quantizers equal to float rounding.
+behind it (``FusionReport.idle``). What it computes: every quantizer within one step of PyTorch's on the same
+input (teacher forced) and the float ops between quantizers equal to float rounding (and int32 biases).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 import qdq
 from qdq.graphs.onnx import GraphIndex
 from qdq.runtime.ort import fusion_report, inference_session, session_options
-from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "export"))
 from export_helpers import float_segment_errors, teacher_forced_mismatches
@@ -35,25 +34,6 @@ def optimized_graph(path: Path, tmp_path: Path) -> GraphIndex:
     optimized = tmp_path / "optimized.onnx"
     inference_session(path, session_options(threads=1, optimized_model_path=str(optimized)))
     return GraphIndex(onnx.load(str(optimized)))
-
-
-def idle_qdq(g: GraphIndex) -> list[str]:
-    """Q/DQ nodes of an optimized graph with no int8 kernel behind them (a DQ read by a float op, a Q whose
-    readers are not all int8 kernels); a DQ producing a graph output is the model's edge."""
-    facts = ONNXRUNTIME_FUSION
-    through = facts.layout_ops | facts.int8_data_movers
-    idle = []
-    for node in g.nodes:
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        readers = g.readers(node.output[0], through=through)
-        if node.op_type == "QuantizeLinear" and readers and all(
-            r is not None and r.op_type in facts.int8_kernels for r in readers
-        ):
-            continue
-        if readers != [None]:
-            idle.append(node.name)
-    return idle
 
 
 def bert():
@@ -101,9 +81,9 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
     assert ops["Where"] <= 1  # the attention masks became Adds (one Where left on the mask's own size)
     if make is bert:
         assert ops["SkipLayerNormalization"] == 2 * layers  # residual add + LayerNorm, fused
-        assert idle_qdq(g) == []
+        assert report.idle == ()
     else:  # the patch embedding's conv output and the class-token concat: once per image, before block 0
-        assert len(idle_qdq(g)) <= 3 and all("blocks" not in name for name in idle_qdq(g))
+        assert len(report.idle) <= 3 and all("blocks" not in u.name for u in report.idle)
 
     assert teacher_forced_mismatches(quantized, path, example) == {}
     # float rounding, plus the int32 biases of QGemm (at most s_x * s_w / 2 each)
