@@ -35,8 +35,9 @@ the comparison pass costs 3.5x the histogram calibration pass (spread 0.7-10.6) 
 at 112x112 under load 0.9x and 1.6x; against 9.7x / 15.4x when every layer ran once per candidate on every batch.
 Computing each method's candidate ranges from the histograms comes on top (what :func:`qdq.load_amax` costs per
 method: a few ms per quantizer and method on a quiet machine, 10 to 100x that under load). Statistics and errors are
-summed across processes under ``torch.distributed``, so every rank chooses the same ranges. The pass reads no device
-value on the host per batch.
+summed across processes under ``torch.distributed``, so every rank chooses the same ranges; each rank scores its
+own first batches (and its layers see its own choices so far), so the ranges can differ from those one process
+chooses over the whole stream. The pass reads no device value on the host per batch.
 """
 
 from __future__ import annotations
