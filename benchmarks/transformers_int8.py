@@ -13,10 +13,9 @@ Variants, each an ONNX file run by ONNX Runtime's CPU provider with ``--threads`
 * ``ORT dynamic``: ``onnxruntime.quantization.quantize_dynamic`` of that file (int8 weights; its defaults);
 * ``ORT static``: ``quant_pre_process`` then ``quantize_static`` (QDQ, S8S8, per-channel weights, MinMax
   calibration on the same batches as qdq);
-* ``qdq``: attention captured with the explicit API (``capture_hf_attention`` for BERT; ``use_fused_attention``,
-  an fx trace and ``replace_sdpa_calls`` for timm), then ``qdq.quantize_model(model,
-  QuantConfig(target="onnxruntime"))``, calibrated (max) and exported for the target: every Linear and both
-  attention matmuls quantized;
+* ``qdq``: ``qdq.quantize_model(model, QuantConfig(target="onnxruntime"))`` (which captures the attention:
+  Hugging Face's attention registry for BERT, the F.sdpa calls for timm), calibrated (max) and exported for the
+  target: every Linear and both attention matmuls quantized;
 * ``qdq attn float``: the same with the four attention quantizers disabled (the attention matmuls in float),
   to show what quantizing the attention matmuls costs or saves at this size.
 
@@ -100,22 +99,6 @@ def vit() -> tuple[torch.nn.Module, callable]:
     return model, batch
 
 
-def capture_attention(name: str, model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` whose attention runs through ``QuantScaledDotProductAttention`` (explicit API)."""
-    model = copy.deepcopy(model)
-    if name.startswith("bert"):
-        from qdq.nn.huggingface import capture_hf_attention
-
-        capture_hf_attention(model)
-        return model
-    from qdq.nn.attention import replace_sdpa_calls, use_fused_attention
-
-    use_fused_attention(model)
-    traced = torch.fx.symbolic_trace(model)
-    replace_sdpa_calls(traced)
-    return traced
-
-
 def quantize(model: torch.nn.Module, calib: list, path: Path, attention: bool = True) -> torch.nn.Module:
     """``model`` placed for the onnxruntime target, calibrated (max) and exported to ``path``; with
     ``attention=False`` the attention matmuls' four quantizers are disabled (the matmuls stay float)."""
@@ -174,9 +157,9 @@ def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tu
             quantize_static(str(pre), str(files["ORT static"]), _Reader(calib), quant_format=QuantFormat.QDQ,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True)  # fmt: skip
         if "qdq" in variants:
-            quantized["qdq"] = quantize(capture_attention(name, model), calib, files["qdq"])
+            quantized["qdq"] = quantize(copy.deepcopy(model), calib, files["qdq"])
         if "qdq attn float" in variants:
-            quantized["qdq attn float"] = quantize(capture_attention(name, model), calib, files["qdq attn float"],
+            quantized["qdq attn float"] = quantize(copy.deepcopy(model), calib, files["qdq attn float"],
                                                    attention=False)  # fmt: skip
     print(f"{name}: exported and quantized in {time.perf_counter() - start:.0f} s", flush=True)
     cases = []
