@@ -16,7 +16,7 @@ from qdq.errors import QdqCalibrationWarning, QdqConfigError
 from qdq.nn import QuantAdd, QuantConcat, QuantLinear, QuantMatMul
 from qdq.nn.base import QuantModule
 from qdq.quantizer import TensorQuantizer
-from qdq.workflow.auto_calibration import CANDIDATES, SCORE_BATCHES, select_amax
+from qdq.workflow.auto_calibration import CANDIDATES, SCORE_FRACTION, select_amax
 from qdq.workflow.calibration import calibrate, collect_stats, method_label, named_quantizers
 from qdq.workflow.diagnostics import calibration_report
 from qdq.workflow.post_training import ptq
@@ -49,8 +49,8 @@ def _candidate_ranges(values: np.ndarray) -> dict[str, float]:
 def test_auto_keeps_the_detector_tail_and_matches_a_numpy_oracle():
     """On the shipped detector activation (entropy 0.165 against a max of 2.1), auto picks the candidate whose
     quantized 1x1 conv output (weights per-channel max, as exported) is closest to the float output, computed
-    here in float64 numpy on the scored batches (the first SCORE_BATCHES; the ranges come from all); it keeps the
-    tail (>= 90 % of the max)."""
+    here in float64 numpy on the scored samples (the first SCORE_FRACTION of each batch; the ranges come from all
+    of them); it keeps the tail (>= 90 % of the max)."""
     torch.manual_seed(3)
     model = qdq.quantize_model(Head())
     batches = _detector_batches()
@@ -59,8 +59,9 @@ def test_auto_keeps_the_detector_tail_and_matches_a_numpy_oracle():
     choice = result.choices[0]
     assert choice.quantizer == "conv._input_quantizer" and choice.layer == "conv"
 
-    assert result.batches == SCORE_BATCHES < len(batches)
-    x = np.stack([b.numpy() for b in batches[:SCORE_BATCHES]]).astype(np.float64)  # (B, N, C, H, W)
+    scored = int(8 * SCORE_FRACTION)  # of each batch of 8
+    assert result.batches == len(batches) and result.samples == scored * len(batches) < 8 * len(batches)
+    x = np.stack([b[:scored].numpy() for b in batches]).astype(np.float64)  # (B, N, C, H, W)
     w = model.conv.weight.detach().numpy()[:, :, 0, 0]
     w_q = fake_quant_np(w, np.abs(w).max(axis=1, keepdims=True)).astype(np.float64)
     bias = model.conv.bias.detach().numpy().astype(np.float64)[None, :, None, None]
@@ -122,8 +123,8 @@ def test_each_quantizer_is_compared_at_the_module_that_owns_it():
         "cat.input_quantizer": "cat",
         "out_quantizer": "out_quantizer",
     }
-    assert result.batches == SCORE_BATCHES
-    assert result.layer_runs == SCORE_BATCHES * sum(len(c.error) for c in result.choices)
+    assert result.batches == len(batches)
+    assert result.layer_runs == len(batches) * sum(len(c.error) for c in result.choices)
     for choice in result.choices:  # one candidate left after merging: nothing to compare
         assert not choice.error or choice.error[choice.chosen] == min(choice.error.values())
     assert "compared at" in result.table() and sum(result.counts().values()) == 7
@@ -137,7 +138,7 @@ def test_each_layer_is_compared_on_its_quantized_input():
     model = Mixed()
     batches = _heavy_batches()
     collect_stats(model, batches, calibrator="histogram", progress=False)
-    result = select_amax(model, batches, score_batches=1, progress=False)
+    result = select_amax(model, batches, num_batches=1, score_fraction=1.0, progress=False)
     choice = next(c for c in result.choices if c.quantizer == "add.input_quantizers.1")
     x = batches[0].numpy()
     with torch.no_grad():
@@ -153,6 +154,39 @@ def test_each_layer_is_compared_on_its_quantized_input():
             assert choice.error[label] == pytest.approx(error, rel=1e-4), label
 
 
+@pytest.mark.parametrize(
+    ("sizes", "fraction", "scored"),
+    [
+        ([16] * 4, 0.25, [4, 4, 4, 4]),  # the first quarter of each batch
+        ([1] * 8, 0.25, [1, 0, 0, 0, 1, 0, 0, 0]),  # batches of one: one batch in four, from the first
+        ([10, 3, 7], 0.5, [5, 2, 3]),  # after n samples, ceil(n / 2) scored
+        ([5, 5], 1.0, [5, 5]),
+    ],
+)
+def test_the_pass_scores_the_first_samples_of_each_batch(sizes, fraction, scored):
+    """``score_fraction``: after ``n`` samples ``ceil(n * fraction)`` were scored, the first of each batch; a batch
+    with none to score does not run. Counted by the rows the layer sees; labels are cut alike."""
+    model = nn.Sequential(QuantLinear(8, 4))
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(n, 8, generator=gen), torch.zeros(n, dtype=torch.long)) for n in sizes]
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    seen: list[int] = []
+    handle = model[0].register_forward_pre_hook(lambda _, args: seen.append(len(args[0])))
+    result = select_amax(model, batches, score_fraction=fraction, progress=False)
+    handle.remove()
+    ran = [n for n in scored if n]
+    assert seen == ran and result.samples == sum(scored) and result.batches == len(ran)
+
+
+def test_score_fraction_outside_zero_one_is_a_config_error():
+    model = qdq.quantize_model(Head())
+    batches = _detector_batches(2)
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    for bad in (0.0, 1.5):
+        with pytest.raises(QdqConfigError, match="score_fraction"):
+            select_amax(model, batches, score_fraction=bad, progress=False)
+
+
 def test_weights_are_quantized_as_exported():
     """A 4-bit per-channel weight quantizer: the errors include its effect (the float output is the reference)."""
     torch.manual_seed(0)
@@ -162,7 +196,7 @@ def test_weights_are_quantized_as_exported():
     result = select_amax(model, batches, progress=False)
     w = model[0].weight.detach().numpy()
     w_q = fake_quant_np(w, np.abs(w).max(axis=1, keepdims=True), num_bits=4).astype(np.float64)
-    x = np.concatenate([b.numpy() for b in batches])
+    x = np.concatenate([b[: int(len(b) * SCORE_FRACTION)].numpy() for b in batches])  # the samples scored
     bias = model[0].bias.detach().numpy().astype(np.float64)
     ref = x.astype(np.float64) @ w.T.astype(np.float64) + bias
     choice = result.choices[0]
@@ -230,7 +264,7 @@ def test_the_comparison_pass_reads_nothing_from_the_device_per_batch():
     for batches in (2, 6):
         copy = deepcopy(model)
         with profile() as prof:
-            select_amax(copy, data, num_batches=batches, score_batches=None, progress=False)
+            select_amax(copy, data, num_batches=batches, score_fraction=1.0, progress=False)
         names = [e.name for e in prof.events()]
         counts.append(sum(names.count(s) for s in syncs))
     assert counts[0] == counts[1]

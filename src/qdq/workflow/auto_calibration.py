@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from qdq.errors import QdqConfigError
 from qdq.markdown import markdown_table
 from qdq.nn.base import QuantModule
 from qdq.quantizer import TensorQuantizer
+from qdq.utils.batches import leading_samples, sample_count
 from qdq.validate import check_range
 from qdq.workflow.calibration import (
     ForwardFn,
@@ -70,14 +72,15 @@ from qdq.workflow.calibration import (
 from qdq.workflow.distributed import unwrap
 from qdq.workflow.progress import Progress, progress_bar
 
-__all__ = ["AUTO", "CANDIDATES", "SCORE_BATCHES", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
+__all__ = ["AUTO", "CANDIDATES", "SCORE_FRACTION", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
 
 _log = logging.getLogger(__name__)
 
 #: the method name (``qdq.calibrate(model, data, method="auto")``, ``qdq quantize --calib auto``)
 AUTO = "auto"
-#: calibration batches the comparison pass scores by default (the first ones; the statistics use them all)
-SCORE_BATCHES = 2
+#: share of the calibration samples the comparison pass scores by default (the statistics use them all): the
+#: first samples of each batch, so that after ``n`` samples ``ceil(n * SCORE_FRACTION)`` were scored
+SCORE_FRACTION = 0.25
 #: candidate ranges, as (method, options) of a histogram calibrator; the first of ranges within a quantization
 #: step of each other names them
 CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -114,8 +117,9 @@ class AutoResult:
 
     Attributes:
         choices: one :class:`AmaxChoice` per activation quantizer, in model order.
-        batches: calibration batches of the comparison pass.
+        batches: calibration batches of the comparison pass (those of which it scored samples).
         layer_runs: quantized-layer evaluations of that pass (candidates x layers x batches).
+        samples: samples it scored (a batch of no tensor counts as one).
         seconds: wall time of :func:`select_amax` (without the histogram pass).
         compare_seconds: of which the comparison pass (the rest computes each method's candidate ranges from
             the histograms, as :func:`qdq.load_amax` would for each method).
@@ -126,6 +130,7 @@ class AutoResult:
     layer_runs: int
     seconds: float
     compare_seconds: float = 0.0
+    samples: int = 0
 
     def counts(self) -> dict[str, int]:
         """How many quantizers got each candidate."""
@@ -186,7 +191,7 @@ def select_amax(
     weight_method: str | None = "max",
     forward_fn: ForwardFn | None = None,
     candidates: Iterable[tuple[str, dict[str, Any]]] = CANDIDATES,
-    score_batches: int | None = SCORE_BATCHES,
+    score_fraction: float = SCORE_FRACTION,
     progress: Progress = True,
     strict: bool = True,
 ) -> AutoResult:
@@ -200,7 +205,9 @@ def select_amax(
         model: the quantized model, statistics collected.
         data: calibration batches (the ones the statistics came from), fed with ``forward_fn``.
         num_batches: the statistics came from the first ``num_batches`` batches of ``data`` (None: all).
-        score_batches: compare the candidates on the first ``score_batches`` of those (None: all of them).
+        score_fraction: compare the candidates on this share of those batches' samples (0 < share <= 1): the
+            first samples of each batch (:data:`SCORE_FRACTION`; a batch :func:`qdq.utils.batches.sample_count`
+            cannot count is one sample, scored whole or skipped).
         weight_method: how weight quantizers get their range first (:func:`qdq.load_amax`); None keeps them.
         candidates: (method, options) pairs of the calibrators' ``compute_amax``.
         progress: show a progress bar.
@@ -209,23 +216,22 @@ def select_amax(
     Returns:
         An :class:`AutoResult`; the model is left with the chosen ranges.
     """
+    if not 0 < score_fraction <= 1:
+        raise QdqConfigError(f"score_fraction must be in (0, 1], got {score_fraction}.")
     started = time.perf_counter()
     module = unwrap(model)
     load_amax(model, "max", weight_method=weight_method, strict=strict, warn=False)  # also syncs the statistics
     options = _candidates(module, list(candidates))
     layers = _layers(module, list(options))
-    scored = _fewest(num_batches, score_batches)
     comparing = time.perf_counter()
-    errors = _compare(model, module, data, layers, options, scored, forward_fn or default_forward, progress)
+    errors = _compare(model, module, data, layers, options, (num_batches, score_fraction),
+                      forward_fn or default_forward, progress)  # fmt: skip
     compared = time.perf_counter() - comparing
     choices = _choose(module, layers, options, errors)
-    result = AutoResult(choices, errors.batches, errors.layer_runs, time.perf_counter() - started, compared)
+    result = AutoResult(choices, errors.batches, errors.layer_runs, time.perf_counter() - started, compared,
+                        errors.samples)  # fmt: skip
     _log.info("auto calibration: %s in %.2f s", result.counts(), result.seconds)
     return result
-
-
-def _fewest(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
 
 
 # -- candidates ---------------------------------------------------------------------------------------
@@ -306,6 +312,7 @@ class _Errors:
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     energy: dict[str, torch.Tensor] = field(default_factory=dict)
     batches: int = 0
+    samples: int = 0
     layer_runs: int = 0
     busy: bool = False  # a layer is being re-run: hooks of modules inside it stay out
 
@@ -368,13 +375,26 @@ def _quantizing(ranges: list[tuple[TensorQuantizer, torch.Tensor]], weights: lis
             q.disable_quant()
 
 
+def _scored(batches: Iterable[Any], fraction: float, errors: _Errors) -> Iterator[Any]:
+    """The batches cut to the samples scored: after ``n`` samples, ``ceil(n * fraction)`` of them, the first of
+    each batch (a batch of no tensor counts as one sample); batches with none to score are skipped."""
+    seen = 0
+    for batch in batches:
+        size = sample_count(batch)
+        seen += 1 if size is None else size
+        take = min(1 if size is None else size, math.ceil(seen * fraction - 1e-9) - errors.samples)
+        if take > 0:
+            errors.samples += take
+            yield batch if size is None else leading_samples(batch, take)
+
+
 def _compare(
     model: nn.Module,
     module: nn.Module,
     data: Iterable[Any],
     layers: list[_Layer],
     options: dict[str, dict[str, torch.Tensor]],
-    num_batches: int | None,
+    budget: tuple[int | None, float],
     forward: ForwardFn,
     progress: Progress,
 ) -> _Errors:
@@ -404,6 +424,7 @@ def _compare(
         return compare
 
     handles = [layer.module.register_forward_hook(hook(layer), with_kwargs=True) for layer in layers]
+    num_batches, fraction = budget
     total = len(data) if hasattr(data, "__len__") else None  # type: ignore[arg-type]
     total = total if num_batches is None else num_batches if total is None else min(total, num_batches)
     try:
@@ -413,7 +434,8 @@ def _compare(
                 if quant and id(quantizer) not in hooked and quantizer.amax is not None:
                     quantizer.enable_quant()
             batches = _local_batches(data, num_batches)
-            for batch in progress_bar(batches, progress, "auto: comparing ranges", total=total):
+            for batch in _scored(progress_bar(batches, progress, "auto: comparing ranges", total=total), fraction,
+                                 errors):  # fmt: skip
                 forward(model, batch)
                 errors.batches += 1
     finally:
