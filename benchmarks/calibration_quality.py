@@ -12,7 +12,9 @@ Three parts:
    4,000 train / 1,000 test, the same split on every run; the seed orders the training batches), SGD 3 epochs.
    Each is quantized for both targets (W8 per channel, A8) and calibrated on 8 training batches of 64 with
    every global method and with ``auto``: test top-1, agreement of the top-1 with the FP32 model, the logits'
-   relative squared error against FP32, and the number of quantizers the clipping warning names.
+   relative squared error against FP32, and the number of quantizers the clipping warning names; auto is set
+   against the best global method on the test labels and against the one chosen on held-out labels
+   (:func:`_held_out_global`).
 2. **Per-quantizer sweep** (the evidence for ``qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT``): every range at
    max except one quantizer at a method's range (entropy, percentile 99.9 and 99, mse); its clipping error and
    energy above amax against the accuracy it costs.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import pytest
 import torch
 from torch import nn
@@ -11,9 +13,11 @@ from qdq.utils.batches import (
     ModelInputs,
     call_model,
     flatten_outputs,
+    leading_samples,
     model_inputs,
     onnx_input_names,
     output_names,
+    sample_count,
     split_labels,
 )
 
@@ -155,3 +159,21 @@ def test_outputs_flatten_in_export_order():
     assert [t is v for t, v in zip(flatten_outputs(out), (X, IDS, MASK))] == [True] * 3
     assert output_names(out) == ["logits", "hidden_states_0", "hidden_states_1"]
     assert output_names((X, IDS)) == ["output_0", "output_1"] and output_names(X) == ["output"]
+
+
+def test_sample_count_is_dimension_zero_of_the_first_tensor():
+    assert sample_count(torch.zeros(5, 3)) == 5
+    assert sample_count(((None, torch.zeros(4, 2)), torch.zeros(9))) == 4  # depth first
+    assert sample_count({"mask": None, "input_ids": torch.zeros(3, 7, dtype=torch.long)}) == 3
+    assert sample_count(torch.tensor(2.0)) is None and sample_count("text") is None and sample_count([]) is None
+
+
+def test_leading_samples_cuts_every_per_sample_tensor_alike():
+    Pair = namedtuple("Pair", "x y")
+    x, y, shared = torch.arange(12.0).reshape(6, 2), torch.arange(6), torch.ones(1, 2)
+    cut = leading_samples(((x, shared), {"y": y, "n": 3}), 2)
+    assert torch.equal(cut[0][0], x[:2]) and cut[0][1] is shared  # dimension 0 of another size: as it is
+    assert torch.equal(cut[1]["y"], y[:2]) and cut[1]["n"] == 3
+    named = leading_samples(Pair(x, y), 4)
+    assert isinstance(named, Pair) and named.x.shape == (4, 2) and named.y.shape == (4,)
+    assert leading_samples(x, 6) is x and leading_samples("text", 1) == "text"
