@@ -205,3 +205,28 @@ def test_exports_as_matmul_softmax_matmul_with_qdq(tmp_path, dynamo):
     probs_step = AMAX["probs_quantizer"] / 127
     assert np.abs(out - expected).max() <= probs_step * float(np.abs(fake_quant_np(v.numpy(), 1.5)).max()) + 1e-5
     assert np.mean(np.abs(out - expected) < 1e-5) > 0.97
+
+
+@pytest.mark.parametrize("dim", [4, 16, 64])
+def test_scale_on_the_query_is_the_same_attention_for_a_power_of_two_scale(dim):
+    """``scale_query`` (the onnxruntime target): ``query_quantizer(Q · s) · Kᵀ`` with the query's range scaled
+    by s (what max calibration then finds) equals ``(query_quantizer(Q) · Kᵀ) · s`` bit for bit when
+    s = 1/sqrt(dim) is a power of two: the quantizer sees its input and range scaled by the same power of two."""
+    q, k, v = _qkv(dim=dim)
+    factor = 1 / np.sqrt(dim)
+    outputs = {}
+    for scale_query in (False, True):
+        module = QuantScaledDotProductAttention()
+        module.scale_query = scale_query
+        for name, quantizer in module.quantizers().items():
+            quantizer.amax = AMAX[name] * (factor if scale_query and name == "query_quantizer" else 1.0)
+        outputs[scale_query] = module(q, k, v, return_probs=True)
+    for plain, scaled in zip(outputs[False], outputs[True]):
+        torch.testing.assert_close(scaled, plain, rtol=0, atol=0)  # the plain form: checked against numpy above
+
+
+def test_scale_on_the_query_without_quantizers_is_the_function():
+    q, k, v = _qkv(dim=12)  # 1/sqrt(12): not a power of two, float rounding only
+    module = _disabled()
+    module.scale_query = True
+    torch.testing.assert_close(module(q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=1e-5, atol=1e-6)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = [
+    "INPUT_SCALE_KEY",
     "MERGED_KEY",
     "QUANTIZER_KEY",
     "TAG_DOMAIN",
@@ -56,6 +57,9 @@ QUANTIZER_KEY = "qdq.quantizer"
 #: Node metadata key listing every quantizer a Q/DQ pair stands for (comma-separated), when several
 #: identical quantizers of one tensor were merged into it.
 MERGED_KEY = "qdq.quantizers"
+#: QuantizeLinear metadata: the constant factor the node applies to its input before quantizing (a power-of-two
+#: ``Mul`` folded into its scale by a rewrite): the quantizer's input is ``input * factor``.
+INPUT_SCALE_KEY = "qdq.input_scale"
 #: Domain and op of the marker node the TorchScript exporter path emits after each Q/DQ pair
 #: (``qdq::QuantizerTag``, removed by :func:`annotate_quantizers`).
 TAG_DOMAIN = "qdq"
@@ -77,6 +81,9 @@ class QdqSite:
         axis: channel axis of a per-channel scale, None per tensor.
         quantizers: every quantizer this pair stands for (``quantizer`` first; more when identical
             quantizers of one tensor were merged).
+        input_scale: the factor the QuantizeLinear applies to ``input`` before quantizing (a power-of-two
+            ``Mul`` a rewrite folded into its scale, :data:`INPUT_SCALE_KEY`): the quantizer's input is
+            ``input * input_scale``; 1.0 otherwise.
     """
 
     quantizer: str
@@ -88,6 +95,7 @@ class QdqSite:
     zero_point: np.ndarray
     axis: int | None
     quantizers: tuple[str, ...] = ()
+    input_scale: float = 1.0
 
 
 def initializer_map(model: onnx.ModelProto) -> dict[str, Any]:
@@ -356,6 +364,7 @@ def qdq_sites(model: onnx.ModelProto) -> list[QdqSite]:
                 zero_point=_array(tables, node.input[2]),
                 axis=_axis(node) if scale.ndim == 1 else None,
                 quantizers=tuple(quantizer_names(node)),
+                input_scale=float(_meta(q, INPUT_SCALE_KEY) or 1.0) if q is not None else 1.0,
             )
         )
     return sites

@@ -73,6 +73,9 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
         self.calibrated_shape: tuple[int, int] | None = None
         #: the placement target's :class:`~qdq.targets.AttentionFacts` (set by placement), or None.
         self.target_facts: Any = None
+        #: True: the softmax scale multiplies the query before its quantizer, not ``Q·Kᵀ`` (set by placement from
+        #: the target's facts; see :attr:`qdq.targets.AttentionFacts.scale_query`).
+        self.scale_query = False
 
     def quantizers(self) -> dict[str, TensorQuantizer]:
         """The four quantizers by attribute name, in the order the data meets them."""
@@ -112,7 +115,7 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
         if enable_gqa:
             key, value = _repeat_heads(key, query.size(-3)), _repeat_heads(value, query.size(-3))
         factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
-        scores = torch.matmul(self.query_quantizer(query), self.key_quantizer(key).transpose(-2, -1)) * factor
+        scores = self._scores(query, key, factor)
         if is_causal:
             attn_mask = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
         if attn_mask is not None:
@@ -123,6 +126,12 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
         out = torch.matmul(probs, self.value_quantizer(value))
         return (out, probs) if return_probs else out
 
+    def _scores(self, query: torch.Tensor, key: torch.Tensor, factor: float) -> torch.Tensor:
+        """``Q·Kᵀ · factor``, the factor on ``Q·Kᵀ`` or, with :attr:`scale_query`, on Q before its quantizer."""
+        keys = self.key_quantizer(key).transpose(-2, -1)
+        if self.scale_query:
+            return torch.matmul(self.query_quantizer(query * factor), keys)
+        return torch.matmul(self.query_quantizer(query), keys) * factor
 
     def _record_shape(self, query: torch.Tensor, key: torch.Tensor) -> None:
         """Remember the head size and the longest sequence while any quantizer calibrates (plain ints only:

@@ -122,11 +122,12 @@ def capture_graph(
 
 def apply_attention_facts(model: nn.Module, facts: AttentionFacts) -> int:
     """Give every attention module of ``model`` the target's ``facts``: the quantizers they do not list are
-    disabled, and calibration checks the shapes against them (:func:`settle_attention`). Returns the number
-    of attention modules."""
+    disabled, the softmax scale goes where they say (``scale_query``), and calibration checks the shapes against
+    them (:func:`settle_attention`). Returns the number of attention modules."""
     modules = [m for m in model.modules() if isinstance(m, QuantScaledDotProductAttention)]
     for module in modules:
         module.target_facts = facts
+        module.scale_query = facts.scale_query
         for name, quantizer in module.quantizers().items():
             if name not in facts.quantized:
                 quantizer.disable()

@@ -86,12 +86,18 @@ class AttentionFacts:
         head_sizes: the head sizes (last dimension of Q) the int8 kernel takes; None: any.
         max_length: the longest query or key sequence the int8 kernel takes; None: any.
         reason: one sentence: why the shapes matter (said when they leave attention float).
+        scale_query: where the softmax scale multiplies: False, ``Q·Kᵀ`` (``(Q·Kᵀ) · scale``, the pattern
+            TensorRT's fused attention matches); True, the query before its quantizer
+            (``query_quantizer(Q · scale)·Kᵀ``): the same numbers for a power-of-two scale (head sizes 4, 16,
+            64, 256...), and an ONNX rewrite can fold that ``Mul`` into the query's QuantizeLinear, where ONNX
+            Runtime's int8 ``Q·Kᵀ`` kernel cannot take a scale after it.
     """
 
     quantized: tuple[str, ...] = ATTENTION_QUANTIZER_NAMES
     head_sizes: tuple[int, ...] | None = None
     max_length: int | None = None
     reason: str = ""
+    scale_query: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.quantized) - set(ATTENTION_QUANTIZER_NAMES))

@@ -218,3 +218,81 @@ def test_a_linear_reading_a_layout_op_alone_stays_a_matmul():
     model.graph.node[0].input[0] = "x_moved"
     model.graph.node.insert(0, helper.make_node("Transpose", ["x"], ["x_moved"], perm=[1, 0, 2]))
     assert matmuls_to_gemm(model, GraphIndex(model)) == 0
+
+
+def scaled_query_graph(factor: float, step: float = 0.02) -> onnx.ModelProto:
+    """``Q(query * factor) · DQ(K)ᵀ`` (the onnxruntime target's attention scores): Mul, Q/DQ int8, MatMul."""
+    nodes = [
+        helper.make_node("Mul", ["query", "factor"], ["scaled"]),
+        helper.make_node("QuantizeLinear", ["scaled", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"]),
+        helper.make_node("QuantizeLinear", ["keyT", "sk", "z"], ["qk"]),
+        helper.make_node("DequantizeLinear", ["qk", "sk", "z"], ["dk"]),
+        helper.make_node("MatMul", ["dq", "dk"], ["scores"]),
+    ]
+    return _model(
+        nodes,
+        [("query", TensorProto.FLOAT, [2, 3, 5, 8]), ("keyT", TensorProto.FLOAT, [2, 3, 8, 5])],
+        [("scores", [2, 3, 5, 5]), ("dq", [2, 3, 5, 8])],
+        {"factor": np.array(factor, F32), "s": np.array(step, F32), "sk": np.array(0.03, F32),
+         "z": np.array(0, np.int8)},
+    )
+
+
+def _query_feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    # values on and next to rounding boundaries of the scaled grid: x * factor / step = n + 0.5 exactly
+    query = (rng.integers(-300, 300, (2, 3, 5, 8)) + 0.5).astype(F32) * F32(0.02) / F32(0.125)
+    query.reshape(-1)[::7] = rng.standard_normal(query.size)[::7].astype(F32) * 10
+    return {"query": query, "keyT": rng.standard_normal((2, 3, 8, 5)).astype(F32)}
+
+
+@pytest.mark.parametrize("factor", [0.125, 0.25, 2.0])
+def test_power_of_two_mul_folds_into_the_quantizer_exactly(factor):
+    from qdq.graphs.onnx import INPUT_SCALE_KEY
+    from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
+
+    model = scaled_query_graph(factor)
+    feeds = _query_feeds()
+    before = _run(model, **feeds)
+    q_before = _run(_with_output(model, "dq"), **feeds)
+    assert fold_scaled_inputs(GraphIndex(model)) == 1
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    assert ops["Mul"] == 0
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.output[0] == "q")
+    assert q.input[0] == "query"
+    step = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == q.input[1]))
+    assert step * F32(factor) == F32(0.02) and step == F32(0.02) / F32(factor)
+    assert {p.key: p.value for p in q.metadata_props}[INPUT_SCALE_KEY] == repr(factor)
+    # the DQ is unchanged: the same codes, so the same scores, bit for bit (ties at n + 0.5 included)
+    np.testing.assert_array_equal(_run(_with_output(model, "dq"), **feeds), q_before)
+    np.testing.assert_array_equal(_run(model, **feeds), before)
+    np.testing.assert_array_equal(_run(model, optimize=True, **feeds), before)  # ORT's fused int8 matmul
+
+
+@pytest.mark.parametrize("factor", [1 / np.sqrt(32), 0.0, -0.125])
+def test_other_multipliers_are_left(factor):
+    from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
+
+    model = scaled_query_graph(factor)
+    assert fold_scaled_inputs(GraphIndex(model)) == 0
+    assert collections.Counter(n.op_type for n in model.graph.node)["Mul"] == 1
+
+
+def test_a_mul_read_elsewhere_is_left():
+    from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
+
+    model = scaled_query_graph(0.125)
+    model.graph.output.append(helper.make_tensor_value_info("scaled", TensorProto.FLOAT, [2, 3, 5, 8]))
+    assert fold_scaled_inputs(GraphIndex(model)) == 0
+
+
+def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose first output is ``name``."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    first = next(o for o in copy.graph.output if o.name == name)
+    kept = [o for o in copy.graph.output if o.name != name]
+    del copy.graph.output[:]
+    copy.graph.output.extend([first, *kept])
+    return copy

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import qdq
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx import GraphIndex, qdq_sites
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "export"))
@@ -84,6 +84,15 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
         assert report.idle == ()
     else:  # the patch embedding's conv output and the class-token concat: once per image, before block 0
         assert len(report.idle) <= 3 and all("blocks" not in u.name for u in report.idle)
+
+    # the softmax scale (1/4 for BERT's head size 16, 1/8 for ViT's 64) folded into the query's QuantizeLinear:
+    # no Mul after Q·Kᵀ (nor before the query's Q) in the file, and none in ORT's graph
+    exported = GraphIndex(onnx.load(str(path)))
+    assert not [n for n in exported.nodes if n.op_type == "Mul" and exported.producer.get(n.input[0]) is not None
+                and exported.producer[n.input[0]].op_type == "MatMul"]  # fmt: skip
+    scaled = [s for s in qdq_sites(exported.model) if s.input_scale != 1.0]
+    assert len(scaled) == layers and all(s.quantizer.endswith("query_quantizer") for s in scaled)
+    assert ops["Mul"] == 0
 
     assert teacher_forced_mismatches(quantized, path, example) == {}
     # float rounding, plus the int32 biases of QGemm (at most s_x * s_w / 2 each)

@@ -13,6 +13,9 @@ quantizers, so that what is calibrated and trained is what ONNX Runtime computes
   squeeze-excitation gates as ``QLinearSigmoid`` / ``QLinearMul``;
 * ``unsigned_activations`` (:mod:`.rules.unsigned`): non-negative tensors quantized as uint8, zero point 0.
 
+Attention (:mod:`.attention`): all four attention quantizers at any shape, the softmax scale on the query
+before its quantizer (``scale_query``), which the rewrite folds into the query's QuantizeLinear.
+
 The exported graph is rewritten by :func:`~qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime` (one
 pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from qdq.targets.common.concat import CONCAT
 from qdq.targets.common.residual import RESIDUAL_ADD
+from qdq.targets.onnxruntime.attention import ONNXRUNTIME_ATTENTION
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
 from qdq.targets.onnxruntime.rewrite import DEFAULT_WEIGHTS, rewrite_for_onnxruntime
 from qdq.targets.onnxruntime.rules.conv_output import CONV_OUTPUT
@@ -57,4 +61,5 @@ ONNXRUNTIME = Target(
     fusion=ONNXRUNTIME_FUSION,
     export=ExportDefaults(opset=None, options={"weights": DEFAULT_WEIGHTS}),
     runtimes=RUNTIMES,
+    attention=ONNXRUNTIME_ATTENTION,
 )

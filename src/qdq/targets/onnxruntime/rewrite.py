@@ -15,7 +15,9 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 8. ``gemm``: ``MatMul`` of a 2-D input by a dequantized weight (Keras Dense) becomes ``Gemm``;
 9. ``weight_encoding``: ``weights="uint8"`` stores weights as uint8 (exact on CPUs without VNNI);
 10. ``attention_mask``: ``Where(mask, -inf, scores)`` before a Softmax becomes ``scores + Where(mask, -inf, 0)``;
-11. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
+11. ``scaled_inputs``: ``Mul(x, 2^k) -> Q`` becomes a Q of ``x`` with its scale divided by ``2^k`` (the attention's
+    softmax scale on the query, folded; exact);
+12. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
 per cause. Only the top-level graph is rewritten.
@@ -37,6 +39,7 @@ from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, rem
 from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, warn_float_convs
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
+from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
 from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8, resolve_weights
@@ -66,8 +69,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     Returns:
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
-        ``uint8_weights``, ``masks_to_adds``, ``shapes`` (tensors whose type and shape are recorded); and
-        ``float_convs``, the Convs ORT cannot fuse (warned).
+        ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``shapes`` (tensors whose type and shape are
+        recorded); and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
     tidy(model)
@@ -82,6 +85,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "duplicates": merge_duplicate_pairs(g),
         "uint8": activations_to_uint8(g),
         "masks_to_adds": masks_to_adds(g),
+        "scaled_inputs": fold_scaled_inputs(g),
     }
     counts["requantizations"] = remove_requantization(g)
     float_convs = unfusable_conv_nodes(g)

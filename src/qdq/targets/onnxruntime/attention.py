@@ -1,0 +1,19 @@
+"""Attention on ONNX Runtime's CPU provider: which attention-matmul inputs it runs in int8, and where the softmax
+scale goes.
+
+ORT runs ``DQ(Q) · DQ(Kᵀ)`` as ``MatMulIntegerToFloat`` and ``DQ(softmax) · DQ(V) -> Q`` as ``QLinearMatMul``,
+at every head size and sequence length: all four quantizers, any shape. ``MatMulIntegerToFloat`` has no
+output scale, so a ``Mul`` by the softmax scale after ``Q·Kᵀ`` runs as its own pass over the
+``[batch, heads, sequence, sequence]`` scores (ORT's own quantizer leaves a float ``FusedMatMul`` there, which
+takes it). This target multiplies the query by the scale before its quantizer instead (``scale_query``):
+for a power-of-two scale (head sizes 4, 16, 64, 256) the same numbers, and the rewrite folds that ``Mul``
+into the query's QuantizeLinear (:mod:`qdq.targets.onnxruntime.passes.scaled_inputs`), so no op is left.
+"""
+
+from __future__ import annotations
+
+from qdq.targets.target import ATTENTION_QUANTIZER_NAMES, AttentionFacts
+
+__all__ = ["ONNXRUNTIME_ATTENTION"]
+
+ONNXRUNTIME_ATTENTION = AttentionFacts(quantized=ATTENTION_QUANTIZER_NAMES, scale_query=True)
