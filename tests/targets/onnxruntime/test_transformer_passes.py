@@ -20,6 +20,7 @@ from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.biases import quantize_biases
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
+from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 
 F32 = np.float32
 STEP = 1 / 255  # the softmax output quantizer's step (uint8, zero point 0)
@@ -296,3 +297,127 @@ def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     del copy.graph.output[:]
     copy.graph.output.extend([first, *kept])
     return copy
+
+
+def packed_qkv_graph(bias: bool = True) -> onnx.ModelProto:
+    """timm's packed qkv after the gemm pass (int8 activations, float bias: the passes after it retype them):
+    Q/DQ(x [2, 5, 8]) -> Reshape [-1, 8] -> Gemm(W [3*2*4, 8] per row) -> Reshape back [2, 5, 24] ->
+    Reshape [-1, 5, 3, 2, 4] -> Transpose (2, 0, 3, 1, 4) -> Slice/Squeeze per part -> Q/DQ (three scales)."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(-127, 128, (24, 8)).astype(np.int8)
+    constants = {"sx": np.array(0.05, F32), "zx": np.array(0, np.int8), "w": w,
+                 "sw": (rng.random(24) * 0.01 + 0.005).astype(F32), "zw": np.zeros(24, np.int8),
+                 "rows": np.array([-1, 8]), "columns": np.array([24]), "view": np.array([-1, 5, 3, 2, 4]),
+                 "zero": np.array([0]), "axis0": np.array([0])}  # fmt: skip
+    if bias:
+        constants["b"] = rng.standard_normal(24).astype(F32)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+        helper.make_node("Reshape", ["xd", "rows"], ["x2d"]),
+        helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=0),
+        helper.make_node("Gemm", ["x2d", "wd"] + (["b"] if bias else []), ["y2d"], transB=1),
+        helper.make_node("Shape", ["x"], ["lead"], start=0, end=-1),
+        helper.make_node("Concat", ["lead", "columns"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["y2d", "shape"], ["y"]),
+        helper.make_node("Reshape", ["y", "view"], ["v"]),
+        helper.make_node("Transpose", ["v"], ["t"], perm=[2, 0, 3, 1, 4]),
+    ]
+    outputs = []
+    for i, step in enumerate((0.04, 0.03, 0.02)):
+        constants[f"s{i}"], constants[f"at{i}"], constants[f"to{i}"] = (np.array(step, F32), np.array([i]),
+                                                                         np.array([i + 1]))  # fmt: skip
+        nodes += [
+            helper.make_node("Slice", ["t", f"at{i}", f"to{i}", "axis0"], [f"cut{i}"]),
+            helper.make_node("Squeeze", [f"cut{i}", "axis0"], [f"part{i}"]),
+            helper.make_node("QuantizeLinear", [f"part{i}", f"s{i}", "zx"], [f"q{i}"]),
+            helper.make_node("DequantizeLinear", [f"q{i}", f"s{i}", "zx"], [f"out{i}"]),
+        ]
+        outputs.append((f"out{i}", [2, 2, 5, 4]))
+    return _model(nodes, [("x", TensorProto.FLOAT, [2, 5, 8])], outputs, constants)
+
+
+def _run_all(model: onnx.ModelProto, optimize: bool, x: np.ndarray) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    level = ort.GraphOptimizationLevel
+    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_projection_becomes_one_gemm_per_quantized_part(bias, tmp_path):
+    from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
+
+    model = packed_qkv_graph(bias)
+    x = (np.random.default_rng(6).standard_normal((2, 5, 8)) * 2).astype(F32)
+    before = _run_all(model, False, x)
+    assert split_packed_projections(GraphIndex(model)) == 1
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    assert ops["Gemm"] == 3 and ops["Slice"] == ops["Squeeze"] == 0 and ops["Transpose"] == 3
+    for got, expected in zip(_run_all(model, False, x), before):  # reference kernels: the same codes
+        np.testing.assert_array_equal(got, expected)
+    g = GraphIndex(model)  # the passes after it, as the rewrite runs them: uint8 activations, int32 biases
+    activations_to_uint8(g)
+    quantize_biases(g, [])
+    for got, expected, step in zip(_run_all(model, True, x), before, (0.04, 0.03, 0.02)):
+        assert np.abs(got - expected).max() <= step * 1.001  # QGemm requantizes in float, int32 bias: <= 1 step
+    optimized = tmp_path / "optimized.onnx"
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    fused = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    assert fused["QGemm"] == 3 and fused["Split"] == 0 and fused["QuantizeLinear"] == 1  # x's Q alone
+
+
+def test_a_packed_projection_with_a_float_part_is_left():
+    from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
+
+    model = packed_qkv_graph()
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "part2")
+    q.op_type, q.input[:] = "Relu", ["part2"]  # one part read by a float op: the cut stays
+    del model.graph.node[[n.output[0] for n in model.graph.node].index("out2")]
+    model.graph.output[2].name = "q2"
+    assert split_packed_projections(GraphIndex(model)) == 0
+
+
+def gelu_graph() -> onnx.ModelProto:
+    """DQ(x [6, 8]) -> Gemm(DQ(W [16, 8]), float bias) -> Gelu -> output (a transformer's fc1)."""
+    rng = np.random.default_rng(8)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=0),
+        helper.make_node("Gemm", ["xd", "wd", "b"], ["y"], transB=1),
+        helper.make_node("Gelu", ["y"], ["g"]),
+    ]
+    constants = {"sx": np.array(0.05, np.float32), "zx": np.array(128, np.uint8),
+                 "w": rng.integers(-127, 128, (16, 8)).astype(np.int8), "sw": np.full(16, 0.01, np.float32),
+                 "zw": np.zeros(16, np.int8), "b": rng.standard_normal(16).astype(np.float32)}  # fmt: skip
+    model = _model(nodes, [("x", TensorProto.FLOAT, [6, 8])], [("g", [6, 16])], constants)
+    model.opset_import[0].version = 20  # Gelu
+    return model
+
+
+def test_the_bias_of_a_gemm_before_a_gelu_becomes_a_float_add(tmp_path):
+    import onnxruntime as ort
+
+    from qdq.targets.onnxruntime.passes.gelu_biases import biases_before_gelu
+
+    model = gelu_graph()
+    x = (np.random.default_rng(9).standard_normal((6, 8)) * 3).astype(F32)
+    before = _run(model, x=x)
+    assert biases_before_gelu(GraphIndex(model)) == 1
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    assert len(gemm.input) == 2
+    np.testing.assert_allclose(_run(model, x=x), before, rtol=1e-6, atol=1e-6)  # the same float bias, added after
+    np.testing.assert_allclose(_run(model, optimize=True, x=x), before, rtol=1e-5, atol=1e-5)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    fused = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    assert fused["BiasGelu"] == 1 and fused["QGemm"] == 1  # ORT: the int8 product, then bias + GELU in one kernel

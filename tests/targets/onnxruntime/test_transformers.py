@@ -74,11 +74,14 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
     report = fusion_report(path, threads=1)
     linears = sum(isinstance(m, torch.nn.Linear) for m in quantized.modules())
     assert report.n_float == 0  # every Linear and attention matmul in an int8 kernel
-    assert report.n_int8 == linears + 2 * layers + (1 if make is vit else 0)  # + the patch-embedding conv
-    assert report.count("QGemm") >= linears - layers  # Linears as QGemm (BERT's attention output: see gemm.py)
+    packed = 2 * layers if make is vit else 0  # timm's packed qkv Linear: one Gemm per part (packed_projections)
+    assert report.n_int8 == linears + packed + 2 * layers + (1 if make is vit else 0)  # + the patch-embedding conv
+    assert report.count("QGemm") >= linears + packed - layers  # as QGemm (BERT's attention output: see gemm.py)
     g = optimized_graph(path, tmp_path)
     ops = collections.Counter(n.op_type for n in g.nodes)
     assert ops["Where"] <= 1  # the attention masks became Adds (one Where left on the mask's own size)
+    assert ops["Split"] == 0  # no float cut of a packed projection's output
+    assert ops["BiasGelu"] == layers  # fc1's float bias joined its GELU (gelu_biases), not QGemm's int32 bias
     if make is bert:
         assert ops["SkipLayerNormalization"] == 2 * layers  # residual add + LayerNorm, fused
         assert report.idle == ()

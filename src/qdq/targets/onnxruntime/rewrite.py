@@ -17,7 +17,12 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 10. ``attention_mask``: ``Where(mask, -inf, scores)`` before a Softmax becomes ``scores + Where(mask, -inf, 0)``;
 11. ``scaled_inputs``: ``Mul(x, 2^k) -> Q`` becomes a Q of ``x`` with its scale divided by ``2^k`` (the attention's
     softmax scale on the query, folded; exact);
-12. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
+12. ``packed_projections``: a Linear whose output is cut into separately quantized parts (timm's packed ``qkv``)
+    becomes one ``Gemm`` per part, each followed by its own quantizer (``QGemm`` with int8 output, no float
+    ``Split``);
+13. ``gelu_biases``: a Gemm read only by a ``Gelu`` keeps its float bias as an ``Add`` before it (ORT's
+    ``BiasGelu``), not as an int32 bias inside ``QGemm`` (an extra pass over its output);
+14. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
 per cause. Only the top-level graph is rewritten.
@@ -37,7 +42,9 @@ from qdq.targets.onnxruntime.passes.bias_adds import fold_bias_adds
 from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
 from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, remove_requantization
 from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, warn_float_convs
+from qdq.targets.onnxruntime.passes.gelu_biases import biases_before_gelu
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
+from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
 from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
 from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
@@ -69,8 +76,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     Returns:
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
-        ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``shapes`` (tensors whose type and shape are
-        recorded); and ``float_convs``, the Convs ORT cannot fuse (warned).
+        ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``gelu_biases``,
+        ``shapes`` (tensors whose type and shape are recorded); and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
     tidy(model)
@@ -86,6 +93,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "uint8": activations_to_uint8(g),
         "masks_to_adds": masks_to_adds(g),
         "scaled_inputs": fold_scaled_inputs(g),
+        "packed_projections": split_packed_projections(g),
+        "gelu_biases": biases_before_gelu(g),
     }
     counts["requantizations"] = remove_requantization(g)
     float_convs = unfusable_conv_nodes(g)
