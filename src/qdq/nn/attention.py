@@ -12,7 +12,10 @@ placement rule decides which run (TensorRT fuses int8 multi-head attention when 
 sizes 16/32/64 and sequences up to 512). All disabled, the module computes what
 ``F.scaled_dot_product_attention`` computes (to float rounding: the scale multiplies ``Q·Kᵀ`` instead of
 ``Q`` and ``K``). Exported, it is ``MatMul -> Mul -> (Add | Where) -> Softmax -> MatMul`` with Q/DQ on the
-matmul inputs, never a fused attention op, so each runtime sees the pattern it fuses.
+matmul inputs, never a fused attention op, so each runtime sees the pattern it fuses. With :attr:`scale_query`
+(set by placement for a target whose :class:`~qdq.targets.AttentionFacts` say so: ONNX Runtime) the scale
+multiplies the query before its quantizer instead, ``Mul -> Q/DQ -> MatMul``: for a power-of-two scale the same
+numbers, with the ``Mul`` where an ONNX rewrite can fold it into the QuantizeLinear.
 
 :func:`replace_sdpa_calls` routes the ``F.scaled_dot_product_attention`` calls of a ``torch.fx`` graph through
 new modules of this class (the capture for code that calls the function: user code, and timm's attention
