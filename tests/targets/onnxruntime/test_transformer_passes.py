@@ -385,39 +385,65 @@ def test_a_packed_projection_with_a_float_part_is_left():
     assert split_packed_projections(GraphIndex(model)) == 0
 
 
-def gelu_graph() -> onnx.ModelProto:
-    """DQ(x [6, 8]) -> Gemm(DQ(W [16, 8]), float bias) -> Gelu -> output (a transformer's fc1)."""
+def bias_graph(reader: str) -> onnx.ModelProto:
+    """DQ(x [6, 8]) -> Gemm(DQ(W [16, 8]), float bias) -> ``reader``: ``"gelu"``, a Gelu (a transformer's fc1);
+    ``"residual"``, a Reshape to [2, 3, 16], an Add of a float skip, a LayerNormalization (BERT's fc2)."""
     rng = np.random.default_rng(8)
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
         helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=0),
         helper.make_node("Gemm", ["xd", "wd", "b"], ["y"], transB=1),
-        helper.make_node("Gelu", ["y"], ["g"]),
     ]
     constants = {"sx": np.array(0.05, np.float32), "zx": np.array(128, np.uint8),
                  "w": rng.integers(-127, 128, (16, 8)).astype(np.int8), "sw": np.full(16, 0.01, np.float32),
                  "zw": np.zeros(16, np.int8), "b": rng.standard_normal(16).astype(np.float32)}  # fmt: skip
-    model = _model(nodes, [("x", TensorProto.FLOAT, [6, 8])], [("g", [6, 16])], constants)
+    inputs = [("x", TensorProto.FLOAT, [6, 8])]
+    if reader == "gelu":
+        nodes.append(helper.make_node("Gelu", ["y"], ["out"]))
+    else:
+        # the gemm pass's form: the Gemm between Reshapes, [2, 3, 16] back (ORT fuses SkipLayerNorm on 3-D only)
+        nodes += [helper.make_node("Reshape", ["y", "shape"], ["y3"]),
+                  helper.make_node("Add", ["y3", "skip"], ["sum"]),
+                  helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["out"], axis=-1)]  # fmt: skip
+        constants |= {"gamma": rng.uniform(0.5, 1.5, 16).astype(np.float32), "shape": np.array([2, 3, 16]),
+                      "beta": rng.standard_normal(16).astype(np.float32)}  # fmt: skip
+        inputs.append(("skip", TensorProto.FLOAT, [2, 3, 16]))
+    model = _model(nodes, inputs, [("out", [6, 16] if reader == "gelu" else [2, 3, 16])], constants)
     model.opset_import[0].version = 20  # Gelu
     return model
 
 
-def test_the_bias_of_a_gemm_before_a_gelu_becomes_a_float_add(tmp_path):
+@pytest.mark.parametrize(("reader", "fused"), [("gelu", "BiasGelu"), ("residual", "SkipLayerNormalization")])
+def test_the_bias_of_a_gemm_before_a_gelu_or_residual_layernorm_becomes_a_float_add(reader, fused, tmp_path):
     import onnxruntime as ort
 
-    from qdq.targets.onnxruntime.passes.gelu_biases import biases_before_gelu
+    from qdq.targets.onnxruntime.passes.float_biases import biases_to_float_adds
 
-    model = gelu_graph()
-    x = (np.random.default_rng(9).standard_normal((6, 8)) * 3).astype(F32)
-    before = _run(model, x=x)
-    assert biases_before_gelu(GraphIndex(model)) == 1
+    model = bias_graph(reader)
+    rng = np.random.default_rng(9)
+    feeds = {"x": (rng.standard_normal((6, 8)) * 3).astype(F32)}
+    if reader == "residual":
+        feeds["skip"] = rng.standard_normal((2, 3, 16)).astype(F32)
+    before = _run(model, **feeds)
+    assert biases_to_float_adds(GraphIndex(model)) == 1
     gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
     assert len(gemm.input) == 2
-    np.testing.assert_allclose(_run(model, x=x), before, rtol=1e-6, atol=1e-6)  # the same float bias, added after
-    np.testing.assert_allclose(_run(model, optimize=True, x=x), before, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_run(model, **feeds), before, rtol=1e-6, atol=1e-6)  # the same float bias, after
+    np.testing.assert_allclose(_run(model, optimize=True, **feeds), before, rtol=1e-5, atol=1e-5)
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    fused = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
-    assert fused["BiasGelu"] == 1 and fused["QGemm"] == 1  # ORT: the int8 product, then bias + GELU in one kernel
+    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    assert ops[fused] == 1 and ops["QGemm"] == 1 and ops["Add"] == 0  # the int8 product, then bias + op in one kernel
+
+
+def test_a_gemm_read_by_other_ops_keeps_its_bias():
+    from qdq.targets.onnxruntime.passes.float_biases import biases_to_float_adds
+
+    model = bias_graph("residual")
+    norm = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    norm.op_type, norm.input[:] = "Relu", ["sum"]  # an add no LayerNorm reads (e.g. a CNN's): nothing fuses it
+    for attribute in list(norm.attribute):
+        norm.attribute.remove(attribute)
+    assert biases_to_float_adds(GraphIndex(model)) == 0

@@ -81,7 +81,7 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
     ops = collections.Counter(n.op_type for n in g.nodes)
     assert ops["Where"] <= 1  # the attention masks became Adds (one Where left on the mask's own size)
     assert ops["Split"] == 0  # no float cut of a packed projection's output
-    assert ops["BiasGelu"] == layers  # fc1's float bias joined its GELU (gelu_biases), not QGemm's int32 bias
+    assert ops["BiasGelu"] == layers  # fc1's float bias joined its GELU (float_biases), not QGemm's int32 bias
     if make is bert:
         assert ops["SkipLayerNormalization"] == 2 * layers  # residual add + LayerNorm, fused
         assert report.idle == ()

@@ -20,8 +20,9 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 12. ``packed_projections``: a Linear whose output is cut into separately quantized parts (timm's packed ``qkv``)
     becomes one ``Gemm`` per part, each followed by its own quantizer (``QGemm`` with int8 output, no float
     ``Split``);
-13. ``gelu_biases``: a Gemm read only by a ``Gelu`` keeps its float bias as an ``Add`` before it (ORT's
-    ``BiasGelu``), not as an int32 bias inside ``QGemm`` (an extra pass over its output);
+13. ``float_biases``: a Gemm read only by a ``Gelu``, or by a residual ``Add`` before a LayerNorm, keeps its float
+    bias as an ``Add`` after it (ORT's ``BiasGelu`` / ``SkipLayerNormalization``), not as an int32 bias inside
+    ``QGemm`` (an extra pass over its output);
 14. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
@@ -41,8 +42,8 @@ from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.bias_adds import fold_bias_adds
 from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
 from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, remove_requantization
+from qdq.targets.onnxruntime.passes.float_biases import biases_to_float_adds
 from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, warn_float_convs
-from qdq.targets.onnxruntime.passes.gelu_biases import biases_before_gelu
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
@@ -76,7 +77,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     Returns:
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
-        ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``gelu_biases``,
+        ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``float_biases``,
         ``shapes`` (tensors whose type and shape are recorded); and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
@@ -94,7 +95,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "masks_to_adds": masks_to_adds(g),
         "scaled_inputs": fold_scaled_inputs(g),
         "packed_projections": split_packed_projections(g),
-        "gelu_biases": biases_before_gelu(g),
+        "float_biases": biases_to_float_adds(g),
     }
     counts["requantizations"] = remove_requantization(g)
     float_convs = unfusable_conv_nodes(g)
