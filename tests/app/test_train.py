@@ -17,7 +17,8 @@ from qdq.app.train import evaluate, make_optimizer, make_scheduler, train_classi
 from qdq.errors import QdqConfigError
 
 # The time budget is 3 epochs at batch 64 (SGD, lr 0.1). Measured on the 2-core dev machine, 2 threads,
-# seeds 0-2, quiet machine: digits_resnet 0.6-1.7 s / 97.3-98.7 %, digits_mobilenet 1.7-3.0 s / 96.2-97.8 %. Wall time
+# seeds 0-2, quiet machine: digits_resnet 0.6-1.7 s / 97.3-98.7 %, digits_mobilenet 1.7-3.0 s / 96.2-97.8 % (at half its
+# present widths). Wall time
 # is printed, not asserted: the cores are shared, and other jobs slowed the same run down by 5-20x.
 # Fewer epochs are not enough: after 2 epochs (AdamW) the MobileNet's BatchNorm running statistics still
 # lagged its weights (13-40 % top-1 in eval mode, 95 % once re-estimated).

@@ -183,7 +183,7 @@ class InvertedResidual(nn.Module):
 
 
 # (out channels, stride, expansion) of each InvertedResidual after the stem.
-_MOBILENET_BLOCKS: tuple[tuple[int, int, int], ...] = ((16, 1, 1), (32, 2, 4), (32, 1, 4), (64, 2, 4), (64, 1, 4))
+_MOBILENET_BLOCKS: tuple[tuple[int, int, int], ...] = ((32, 1, 1), (64, 2, 4), (64, 1, 4), (128, 2, 4), (128, 1, 4))
 
 
 class DigitsMobileNet(nn.Module):
@@ -200,7 +200,7 @@ class DigitsMobileNet(nn.Module):
 
     def __init__(
         self, num_classes: int = 10, se: bool = False, blocks: tuple[tuple[int, int, int], ...] = _MOBILENET_BLOCKS,
-        stem_width: int = 32, head_width: int = 256, stem_stride: int = 2, act: str = "relu6",
+        stem_width: int = 32, head_width: int = 512, stem_stride: int = 2, act: str = "relu6",
     ):  # fmt: skip
         super().__init__()
         self.stem = nn.Sequential(*_conv_bn(3, stem_width, 3, stem_stride), _activation(act))
@@ -220,13 +220,15 @@ class DigitsMobileNet(nn.Module):
 
 
 def digits_mobilenet(num_classes: int = 10, se: bool = False, act: str = "relu6") -> DigitsMobileNet:
-    """The MobileNetV2-style digits CNN (85 k parameters, 2.3 M multiply-adds per 28×28 image).
+    """The MobileNetV2-style digits CNN (315 k parameters, 8.0 M multiply-adds per 28×28 image).
 
-    For a 28×28 input: stem conv stride 2 → 32 ch @14²; inverted residual blocks 16 @14² (no expansion),
-    32 @7² ×2, 64 @4² ×2 (expansion 4, depthwise 3×3, ReLU6, residual add in the second block of each
-    pair); 1×1 head conv 256 ch; global average pool; Linear. ``se=True, act="silu"`` gives the
-    EfficientNet-style variant (squeeze-excitation, SiLU), whose int8 kernels do not pay on ONNX Runtime or
-    OpenVINO at this size (benchmarks/RESULTS.md, "qdq demo").
+    For a 28×28 input: stem conv stride 2 → 32 ch @14²; inverted residual blocks 32 @14² (no expansion),
+    64 @7² ×2, 128 @4² ×2 (expansion 4, depthwise 3×3, ReLU6, residual add in the second block of each
+    pair); 1×1 head conv 512 ch; global average pool; Linear. Sized so that int8 kernels pay on a 2-core CPU:
+    at half these widths (85 k parameters, 2.3 M multiply-adds) ONNX Runtime's int8 convolutions were 1.19x
+    faster than its float ones but the NHWC Transposes and the unfused QLinearAdds took it back (1.04x the FP32
+    latency at batch 8, per-node profile; benchmarks/RESULTS.md, "demo"); at these widths 1.8x.
+    ``se=True, act="silu"`` gives the EfficientNet-style variant (squeeze-excitation, SiLU).
     """
     return DigitsMobileNet(num_classes, se=se, act=act)
 
