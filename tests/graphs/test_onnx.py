@@ -42,6 +42,9 @@ def test_maps():
     assert index.single_reader("t").name == "relu"
     assert index.single_reader("r") is None  # two reads
     assert index.single_reader("y") is None  # a graph output
+    assert names(index.only_readers("r", ("Add", "Mul"))) == ["add", "add"]  # every reader of an allowed type
+    assert index.only_readers("r", ("Mul",)) is None  # a reader of another type
+    assert index.only_readers("y", ("Mul",)) is None and index.only_readers("nothing", ("Mul",)) is None
     assert index.const_input(index.producer["y"], 1) == np.float32(2.0)
     assert index.const_input(index.producer["y"], 0) is None and index.const_input(index.producer["y"], 5) is None
 

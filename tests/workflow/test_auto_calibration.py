@@ -128,7 +128,13 @@ def test_each_quantizer_is_compared_at_the_module_that_owns_it():
     groups: dict[tuple, list] = {}  # quantizers reading one tensor: equal candidate ranges
     for choice in result.choices:
         groups.setdefault(tuple(choice.amax.items()), []).append(choice)
-    assert any(len(group) > 1 for group in groups.values())  # out_quantizer reads what the concat's reads
+    # from Mixed.forward: fc and the add's second operand read x; the matmul reads z twice; out_quantizer reads
+    # the concat's output, which (quantizers off while collecting) is what the concat's quantizer reads
+    assert sorted(sorted(c.quantizer for c in group) for group in groups.values() if len(group) > 1) == [
+        ["add.input_quantizers.1", "fc._input_quantizer"],
+        ["cat.input_quantizer", "out_quantizer"],
+        ["matmul.input_quantizers.0", "matmul.input_quantizers.1"],
+    ]
     for group in groups.values():  # one choice per tensor: the smallest error summed over its readers
         assert len({c.chosen for c in group}) == 1
         if group[0].error:  # one candidate left after merging: nothing to compare

@@ -179,6 +179,13 @@ class GraphIndex:
         readers = self.consumers.get(tensor, [])
         return readers[0] if len(readers) == 1 and tensor not in self.outputs else None
 
+    def only_readers(self, tensor: str, op_types: Iterable[str]) -> list[Any] | None:
+        """The nodes reading ``tensor`` when there are some, each of one of ``op_types``, and ``tensor`` is not a
+        graph output; else None."""
+        readers, allowed = self.consumers.get(tensor, []), frozenset(op_types)
+        ok = readers and tensor not in self.outputs and all(r.op_type in allowed for r in readers)
+        return readers if ok else None
+
     def source(self, tensor: str, through: frozenset[str] | set[str] = frozenset()) -> Any | None:
         """The node producing ``tensor``, looking back through ops in ``through`` (None: an input or constant)."""
         node = self.producer.get(tensor)

@@ -580,7 +580,7 @@ def _choose(
     modules = dict(model.named_modules())
     relative = {name: _relative_errors(errors, name) for name in options}
     chosen: dict[str, str] = {}
-    for group in same_tensor_groups(options):
+    for group in _same_tensor_groups(options):
         labels = list(options[group[0]])
         largest = [float(options[group[0]][label].max()) for label in labels]
         total = [sum(relative[name][k] for name in group) for k in range(len(labels))]
@@ -604,7 +604,7 @@ def _relative_errors(errors: _Errors, name: str) -> list[float]:
     return [s / energy if energy > 0 else 0.0 for s in errors.sums[name].cpu().tolist()]
 
 
-def same_tensor_groups(options: dict[str, dict[str, torch.Tensor]]) -> list[list[str]]:
+def _same_tensor_groups(options: dict[str, dict[str, torch.Tensor]]) -> list[list[str]]:
     """Quantizer names grouped by their candidate ranges: equal in every candidate means equal statistics, i.e.
     quantizers reading one tensor (each name in one group, groups in the order of their first member)."""
     groups: dict[tuple[Any, ...], list[str]] = {}

@@ -22,8 +22,7 @@ def masks_to_adds(g: GraphIndex) -> int:
 
     count = 0
     for where in list(g.graph.node):
-        readers = g.consumers.get(where.output[0], []) if where.op_type == "Where" else []
-        if not readers or any(r.op_type != "Softmax" for r in readers) or where.output[0] in g.outputs:
+        if where.op_type != "Where" or not g.only_readers(where.output[0], ("Softmax",)):
             continue
         fills = [i for i in (1, 2) if _is_minus_inf(g, where.input[i])]
         if len(fills) != 1:

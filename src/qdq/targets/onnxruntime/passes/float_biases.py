@@ -26,14 +26,6 @@ from qdq.graphs.onnx import GraphIndex
 __all__ = ["biases_to_float_adds"]
 
 
-def _reads_only(g: GraphIndex, tensor: str, op_type: str) -> list[Any] | None:
-    """The readers of ``tensor`` if there are some, all ``op_type``, and ``tensor`` is not a graph output."""
-    readers = g.consumers.get(tensor, [])
-    if not readers or tensor in g.outputs or any(r.op_type != op_type for r in readers):
-        return None
-    return readers
-
-
 def _fused_reader_input(g: GraphIndex, gemm: Any) -> str | None:
     """The tensor a bias ``Add`` goes after: ``gemm``'s output or its one ``Reshape``, when only ``Gelu`` nodes
     read it, or only one ``Add`` whose sum a ``LayerNormalization`` reads; else None."""
@@ -41,9 +33,9 @@ def _fused_reader_input(g: GraphIndex, gemm: Any) -> str | None:
     reshape = g.single_reader(tensor)
     if reshape is not None and reshape.op_type == "Reshape":
         tensor = reshape.output[0]
-    if _reads_only(g, tensor, "Gelu"):
+    if g.only_readers(tensor, ("Gelu",)):
         return tensor
-    adds = _reads_only(g, tensor, "Add")
+    adds = g.only_readers(tensor, ("Add",))
     if adds is None or len(adds) != 1:
         return None
     norms = [r for r in g.consumers.get(adds[0].output[0], []) if r.op_type == "LayerNormalization"]

@@ -66,9 +66,7 @@ def _squeezed(g: GraphIndex, node: Any, axis: int) -> Any | None:
     axes = g.const_input(squeeze, 1)
     if axes is None or [int(a) for a in axes.reshape(-1)] != [axis]:
         return None
-    readers = g.consumers.get(squeeze.output[0], [])
-    quantized = readers and squeeze.output[0] not in g.outputs and all(r.op_type == "QuantizeLinear" for r in readers)
-    return squeeze if quantized else None
+    return squeeze if g.only_readers(squeeze.output[0], ("QuantizeLinear",)) else None
 
 
 def _weight(g: GraphIndex, gemm: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None:

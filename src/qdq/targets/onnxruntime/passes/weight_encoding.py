@@ -48,8 +48,7 @@ def _as_uint8(values: np.ndarray) -> np.ndarray:
 
 
 def _weight_reader_only(g: GraphIndex, dq: Any) -> bool:
-    readers = g.consumers.get(dq.output[0], [])
-    return bool(readers) and dq.output[0] not in g.outputs and all(r.op_type in _WEIGHT_READERS for r in readers)
+    return g.only_readers(dq.output[0], _WEIGHT_READERS) is not None
 
 
 def _int8_zero_point(g: GraphIndex, node: Any, shape: tuple[int, ...]) -> np.ndarray | None:
