@@ -13,6 +13,7 @@ from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.graphs.fx import PlacementContext
 from qdq.graphs.fx_ops import LEAF_CLASS_NAMES, QDQ_LEAVES
 from qdq.nn.base import QuantInputMixin
+from qdq.placement.attention_biases import fold_attention_biases
 from qdq.placement.capture import apply_attention_facts, capture_graph, capture_model
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import (
@@ -189,11 +190,12 @@ def apply_placement(
         )
     chosen = spec.rules_for("torch") if rules is None else tuple(_torch_rule(name) for name in rules)
     desc = _default_desc(model) if quant_desc is None else quant_desc
+    folded = fold_attention_biases(model) if spec.attention.fold_biases and previous is None else []
     captured = capture_model(model, desc, capture)
     placement = _Placement(spec, desc, chosen, tuple(leaf_modules), capture)
     placement.captured = frozenset(id(model.get_submodule(name)) for name in captured)
     placed, changes = placement.place(model, "")
-    changes = [f"{name}: quantized attention" for name in captured] + changes
+    changes = folded + [f"{name}: quantized attention" for name in captured] + changes
     attention = apply_attention_facts(placed, spec.attention)
     message = placement.warning(model, attention)
     if message is not None:

@@ -91,6 +91,9 @@ class AttentionFacts:
             (``query_quantizer(Q · scale)·Kᵀ``): the same numbers for a power-of-two scale (head sizes 4, 16,
             64, 256...), and an ONNX rewrite can fold that ``Mul`` into the query's QuantizeLinear, where ONNX
             Runtime's int8 ``Q·Kᵀ`` kernel cannot take a scale after it.
+        fold_biases: placement folds the key bias away and the value bias into the output Linear
+            (:mod:`qdq.placement.attention_biases`: the same float function) where the target's int8 GEMM pays for
+            a bias; the key and value projections then have none.
     """
 
     quantized: tuple[str, ...] = ATTENTION_QUANTIZER_NAMES
@@ -98,6 +101,7 @@ class AttentionFacts:
     max_length: int | None = None
     reason: str = ""
     scale_query: bool = False
+    fold_biases: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.quantized) - set(ATTENTION_QUANTIZER_NAMES))

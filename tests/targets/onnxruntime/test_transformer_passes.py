@@ -21,6 +21,7 @@ from qdq.targets.onnxruntime.passes.biases import quantize_biases
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
+from qdq.targets.onnxruntime.passes.zero_biases import drop_zero_biases
 
 F32 = np.float32
 STEP = 1 / 255  # the softmax output quantizer's step (uint8, zero point 0)
@@ -210,6 +211,31 @@ def test_a_linear_on_a_sequence_becomes_a_gemm_that_onnx_runtime_runs_as_qgemm(q
         assert np.mean(got == before) > 0.99
     else:
         assert np.abs(got - before).max() <= 0.5 * 0.04 * 0.01 + 1e-4  # half the largest s_x * s_w
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_a_gemm_bias_of_zeros_is_dropped_and_others_stay(zero, tmp_path):
+    """A folded key or value bias (all 0): no bias input left, so ORT's QGemm makes no int32 bias pass."""
+    import onnxruntime as ort
+
+    model = linear_graph(True)
+    if zero:
+        b = next(i for i in model.graph.initializer if i.name == "b")
+        b.CopyFrom(numpy_helper.from_array(np.zeros(24, F32), "b"))
+    x = np.random.default_rng(4).standard_normal((2, 5, 32)).astype(F32) * 2
+    before = _run(model, x=x)
+    g = GraphIndex(model)
+    matmuls_to_gemm(model, g)
+    assert drop_zero_biases(g) == int(zero)
+    (gemm,) = [n for n in model.graph.node if n.op_type == "Gemm"]
+    assert (len(gemm.input) == 3) is not zero
+    quantize_biases(g, [])
+    np.testing.assert_array_equal(_run(model, x=x), before)  # the same product (no bias, or the same one)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    (qgemm,) = [n for n in onnx.load(options.optimized_model_filepath).graph.node if n.op_type == "QGemm"]
+    assert (len(qgemm.input) > 6 and bool(qgemm.input[6])) is not zero  # QGemm's input 6: the int32 bias
 
 
 def test_a_linear_reading_a_layout_op_alone_stays_a_matmul():

@@ -36,6 +36,15 @@ def optimized_graph(path: Path, tmp_path: Path) -> GraphIndex:
     return GraphIndex(onnx.load(str(optimized)))
 
 
+def _trained_biases(model: torch.nn.Module) -> None:
+    """Random-init Linear biases are 0 (and dropped by the rewrite); trained ones are not."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
+
+
 def bert():
     tf = pytest.importorskip("transformers")
     from qdq.nn.huggingface import capture_hf_attention
@@ -44,6 +53,7 @@ def bert():
     config = tf.BertConfig(vocab_size=60, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=128, num_labels=3)  # fmt: skip
     model = tf.BertForSequenceClassification(config).eval()
+    _trained_biases(model)
     capture_hf_attention(model)
     ids = torch.randint(0, 60, (3, 16), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(3, 16, dtype=torch.long)
@@ -58,6 +68,7 @@ def vit():
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=32, patch_size=8,
                               depth=2).eval()  # fmt: skip
+    _trained_biases(model)
     use_fused_attention(model)
     traced = torch.fx.symbolic_trace(model)
     replace_sdpa_calls(traced)
@@ -70,6 +81,13 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
     quantized = qdq.quantize_model(model, qdq.QuantConfig(target="onnxruntime"))
     qdq.calibrate(quantized, [example], progress=False)
     path = qdq.export_onnx(quantized, example, tmp_path / "model.onnx", target="onnxruntime")
+
+    # BERT's key and value biases folded at placement (attention_biases): their Gemms have no bias, the others do.
+    # The ViT was traced before quantize_model: its attention modules are gone (nothing to probe), none folded.
+    exported = GraphIndex(onnx.load(str(path)))
+    float_biased = {n.name.removesuffix("/bias_Add") for n in exported.nodes if n.name.endswith("/bias_Add")}
+    gemms = [n for n in exported.nodes if n.op_type == "Gemm" and n.name not in float_biased]
+    assert sum(len(n.input) < 3 or not n.input[2] for n in gemms) == (2 * layers if make is bert else 0)
 
     report = fusion_report(path, threads=1)
     linears = sum(isinstance(m, torch.nn.Linear) for m in quantized.modules())
@@ -90,7 +108,6 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
 
     # the softmax scale (1/4 for BERT's head size 16, 1/8 for ViT's 64) folded into the query's QuantizeLinear:
     # no Mul after Q·Kᵀ (nor before the query's Q) in the file, and none in ORT's graph
-    exported = GraphIndex(onnx.load(str(path)))
     assert not [n for n in exported.nodes if n.op_type == "Mul" and exported.producer.get(n.input[0]) is not None
                 and exported.producer[n.input[0]].op_type == "MatMul"]  # fmt: skip
     scaled = [s for s in qdq_sites(exported.model) if s.input_scale != 1.0]

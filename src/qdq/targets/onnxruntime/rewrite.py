@@ -20,10 +20,12 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 12. ``packed_projections``: a Linear whose output is cut into separately quantized parts (timm's packed ``qkv``)
     becomes one ``Gemm`` per part, each followed by its own quantizer (``QGemm`` with int8 output, no float
     ``Split``);
-13. ``float_biases``: a Gemm read only by a ``Gelu``, or by a residual ``Add`` before a LayerNorm, keeps its float
+13. ``zero_biases``: a Gemm bias of zeros is dropped (the key and value projections after placement folded
+    their biases, :mod:`qdq.placement.attention_biases`): ``QGemm`` would still pass its int32 bias over the output;
+14. ``float_biases``: a Gemm read only by a ``Gelu``, or by a residual ``Add`` before a LayerNorm, keeps its float
     bias as an ``Add`` after it (ORT's ``BiasGelu`` / ``SkipLayerNormalization``), not as an int32 bias inside
     ``QGemm`` (an extra pass over its output);
-14. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
+15. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
 per cause. Only the top-level graph is rewritten.
@@ -52,6 +54,7 @@ from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8, resolve_weights
 from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
+from qdq.targets.onnxruntime.passes.zero_biases import drop_zero_biases
 from qdq.targets.onnxruntime.passes.zero_masks import drop_masks_of_zeros, fold_zero_masks
 
 if TYPE_CHECKING:
@@ -77,7 +80,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     Returns:
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
-        ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``float_biases``,
+        ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``zero_biases``,
         ``shapes`` (tensors whose type and shape are recorded); and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
@@ -95,6 +98,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "masks_to_adds": masks_to_adds(g),
         "scaled_inputs": fold_scaled_inputs(g),
         "packed_projections": split_packed_projections(g),
+        "zero_biases": drop_zero_biases(g),
         "float_biases": biases_to_float_adds(g),
     }
     counts["requantizations"] = remove_requantization(g)
