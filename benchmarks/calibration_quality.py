@@ -4,6 +4,7 @@ Run from the repository root (about 40 minutes on 2 shared CPU cores; ``--quick`
 sweep; ``--cache DIR`` keeps the trained MNIST weights for the next run)::
 
     python benchmarks/calibration_quality.py [--quick] [--no-sweep] [--seeds 0 1 2] [--cache DIR]
+        [--models digits_resnet,digits_mobilenet,digits_vit,digits_bert]
 
 Three parts:
 
@@ -14,7 +15,9 @@ Three parts:
    every global method and with ``auto``: test top-1, agreement of the top-1 with the FP32 model, the logits'
    relative squared error against FP32, and the number of quantizers the clipping warning names; auto is set
    against the best global method on the test labels and against the one chosen on held-out labels
-   (:func:`_held_out_global`).
+   (:func:`_held_out_global`). The digit transformers of :mod:`qdq.app.digit_transformers` (``digits_vit``,
+   ``digits_bert``: their own AdamW recipe, trained on the same split) go through the same comparison, their
+   attention matmuls quantized as each target places them (about 2 minutes of training per model and seed).
 2. **Per-quantizer sweep** (the evidence for ``qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT``): every range at
    max except one quantizer at a method's range (entropy, percentile 99.9 and 99, mse); its clipping error and
    energy above amax against the accuracy it costs.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import platform
 import statistics
@@ -43,6 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import qdq
 from qdq.app.data import MNIST_SPLIT, make_loaders, mnist_datasets
+from qdq.app.digit_transformers import digits_bert, digits_vit, train_digit_transformer
 from qdq.app.models import digits_mobilenet, digits_resnet
 from qdq.app.train import evaluate, train_classifier
 from qdq.markdown import markdown_table
@@ -58,6 +63,8 @@ PERCENTILES = (99.9, 99.99, 99.999, 99.9999)
 METHODS: list[tuple[str, dict]] = [("max", {}), ("entropy", {}), ("mse", {}),
                                    *(("percentile", {"percentile": p}) for p in PERCENTILES)]  # fmt: skip
 TARGETS = ("onnxruntime", "tensorrt")
+CNNS = {"digits_resnet": digits_resnet, "digits_mobilenet": digits_mobilenet}
+TRANSFORMERS = {"digits_vit": digits_vit, "digits_bert": digits_bert}
 
 
 def _label(method: str, options: dict) -> str:
@@ -160,9 +167,12 @@ def print_comparison(title: str, fp32: float, rows: list[dict]) -> None:
     best = max(r["top1"] for r in rows if r["method"] != "auto")
     held_out = _held_out_global([r for r in rows if r["method"] != "auto"])
     auto = next(r for r in rows if r["method"] == "auto")
+    best_row = max((r for r in rows if r["method"] != "auto"), key=lambda r: r["top1"])
+    only_auto, only_best, p = mcnemar(auto["correct"], best_row["correct"])
     print(f"\n{title}: FP32 {fp32:.1f} %, best global {best:.1f} %, chosen on held-out labels {held_out:.1f} %, "
-          f"auto {auto['top1']:.1f} % ({auto['top1'] - best:+.1f}, {auto['top1'] - held_out:+.1f}), auto's comparison "
-          f"pass {auto['seconds']:.2f} s")  # fmt: skip
+          f"auto {auto['top1']:.1f} % ({auto['top1'] - best:+.1f}, {auto['top1'] - held_out:+.1f}; against "
+          f"{best_row['method']}: {only_auto} test images right only with auto, {only_best} only with it, McNemar "
+          f"p = {p:.2f}), auto's comparison pass {auto['seconds']:.2f} s")  # fmt: skip
     table = [[r["method"], f"{r['top1']:.1f}", f"{r['agree']:.1f}", f"{r['error']:.2e}", str(r["flagged"]),
               f"{100 * r['worst']:.2f} %"] for r in rows]  # fmt: skip
     print(markdown_table(["calibration", "top-1 %", "agrees with FP32 %", "logits rel. error", "flagged",
@@ -189,13 +199,26 @@ def print_sweep(found: list[dict]) -> None:
               f"{f['above']:.3f}: -{f['drop']:.1f} points")  # fmt: skip
 
 
-def _auto_against_global(rows: list[dict]) -> tuple[float, float, float, float]:
-    """auto's top-1 and agreement minus the best global method's, its logits error over the smallest, and its
-    top-1 minus that of the global method chosen on held-out labels (:func:`_held_out_global`)."""
+def mcnemar(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, float]:
+    """Paired comparison of two classifiers on the same samples (``a``, ``b``: per sample, correct): the samples
+    only ``a`` gets right, those only ``b`` gets right, and McNemar's exact two-sided p-value (a binomial test of
+    the discordant samples against an even split: how likely a gap this large is when neither is better)."""
+    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
+    n, low = only_a + only_b, min(only_a, only_b)
+    p = 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n if n else 1.0
+    return only_a, only_b, min(1.0, p)
+
+
+def _auto_against_global(rows: list[dict]) -> tuple[float, float, float, float, float]:
+    """auto's top-1 and agreement minus the best global method's, its logits error over the smallest, its
+    top-1 minus that of the global method chosen on held-out labels (:func:`_held_out_global`), and the McNemar
+    p-value of auto against the best global method (:func:`mcnemar`)."""
     auto = next(r for r in rows if r["method"] == "auto")
     others = [r for r in rows if r["method"] != "auto"]
-    return (auto["top1"] - max(r["top1"] for r in others), auto["agree"] - max(r["agree"] for r in others),
-            auto["error"] / min(r["error"] for r in others), auto["top1"] - _held_out_global(others))  # fmt: skip
+    best = max(others, key=lambda r: r["top1"])
+    return (auto["top1"] - best["top1"], auto["agree"] - max(r["agree"] for r in others),
+            auto["error"] / min(r["error"] for r in others), auto["top1"] - _held_out_global(others),
+            mcnemar(auto["correct"], best["correct"])[2])  # fmt: skip
 
 
 def _held_out_global(rows: list[dict]) -> float:
@@ -212,6 +235,16 @@ def _held_out_global(rows: list[dict]) -> float:
     return 100 * right / correct.shape[1]
 
 
+def _loaded(model: nn.Module, path: Path) -> bool:
+    """Load cached weights into ``model``; False (and a note) when they are for another architecture."""
+    try:
+        model.load_state_dict(torch.load(path))
+    except RuntimeError:
+        print(f"{path} holds weights of another architecture: training again", flush=True)
+        return False
+    return True
+
+
 def _train(
     build: Callable[[], nn.Module], loaders: tuple[DataLoader, DataLoader], seed: int, cache: Path | None = None,
     **recipe,
@@ -220,8 +253,7 @@ def _train(
     torch.manual_seed(seed)
     model = build()
     path = None if cache is None else cache / f"{getattr(build, '__name__', 'model')}_{seed}.pt"
-    if path is not None and path.exists():
-        model.load_state_dict(torch.load(path))
+    if path is not None and path.exists() and _loaded(model, path):
         return model.eval()
     train_classifier(model, loaders[0], progress=False, **recipe)
     if path is not None:
@@ -230,12 +262,30 @@ def _train(
     return model.eval()
 
 
+def _trained(name: str, loaders: tuple[DataLoader, DataLoader], seed: int, cache: Path | None) -> nn.Module:
+    """A CNN (SGD, 3 epochs) or a digit transformer (its own recipe), trained with ``seed`` or loaded from ``cache``."""
+    if name in CNNS:
+        return _train(CNNS[name], loaders, seed, cache, epochs=3, lr=0.1)
+    path = None if cache is None else cache / f"{name}_{seed}.pt"
+    if path is not None and path.exists():
+        model = TRANSFORMERS[name]()
+        if _loaded(model, path):
+            return model.eval()
+    model = train_digit_transformer(name, seed=seed)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path)
+    return model
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, no per-quantizer sweep")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--no-sweep", action="store_true", help="skip the per-quantizer sweep")
     parser.add_argument("--cache", type=Path, help="folder for the trained MNIST weights (reused when present)")
+    parser.add_argument("--models", default=",".join([*CNNS, *TRANSFORMERS]),
+                        help="comma-separated MNIST models: " + ", ".join([*CNNS, *TRANSFORMERS]))  # fmt: skip
     args = parser.parse_args()
     seeds = args.seeds[:1] if args.quick else args.seeds
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -243,11 +293,15 @@ def main() -> None:
     cpu = platform.processor() or platform.machine()
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}, load {load:.2f}; {MNIST_SPLIT}")
-    gaps: list[tuple[float, float, float, float]] = []
-    for name, build in (("digits_resnet", digits_resnet), ("digits_mobilenet", digits_mobilenet)):
+    gaps: list[tuple[float, float, float, float, float]] = []
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = sorted(set(models) - {*CNNS, *TRANSFORMERS})
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join([*CNNS, *TRANSFORMERS])}")
+    for name in models:
         for seed in seeds:
             loaders = mnist_loaders(seed)
-            model = _train(build, loaders, seed, args.cache, epochs=3, lr=0.1)
+            model = _trained(name, loaders, seed, args.cache)
             fp32 = evaluate(model, loaders[1])
             for target in TARGETS:
                 rows = compare_methods(model, *loaders, target)
@@ -261,6 +315,10 @@ def main() -> None:
                               "top-1 - held-out global top-1 (points)")):  # fmt: skip
         values = [g[i] for g in gaps]
         print(f"  {what:<46} {statistics.median(values):+.2f} [{min(values):+.2f}, {max(values):+.2f}]")
+    behind = [g for g in gaps if g[0] < -0.1 - 1e-6]
+    print(f"  auto within 0.1 point of the best global method (or better) in {len(gaps) - len(behind)} of {len(gaps)}; "
+          f"behind by more in {len(behind)}, of which significant (McNemar p < 0.05): "
+          f"{sum(g[4] < 0.05 for g in behind)}")  # fmt: skip
     for seed in seeds:
         loaders = head_loaders(seed)
         model = _train(sparse_head, loaders, seed, epochs=20, lr=5e-3, optimizer="adamw")
