@@ -142,6 +142,17 @@ def test_a_gate_keeps_the_value_bias_and_folds_the_key_bias():
     torch.testing.assert_close(attention(x), before, rtol=0, atol=1e-6)
 
 
+def test_calibrated_modules_are_left_alone():
+    """Their ranges were measured on the unfolded key, value and output-Linear input."""
+    torch.manual_seed(0)
+    quantized = qdq.quantize_model(SelfAttention(32, heads=2))
+    random_biases(quantized)
+    qdq.calibrate(quantized, [torch.randn(4, 5, 32)], progress=False)
+    state = copy.deepcopy(quantized.state_dict())
+    assert fold_attention_biases(quantized) == []
+    assert all(torch.equal(state[k], v) for k, v in quantized.state_dict().items())
+
+
 @pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
 def test_placement_folds_for_the_targets_that_ask(target, tmp_path):
     """ONNX Runtime's facts ask (QGemm pays for a bias); TensorRT's do not (the model keeps its parameters). On

@@ -78,18 +78,25 @@ def register_attention_layout(name: str, layout: Layout, *, override: bool = Fal
 def fold_attention_biases(model: nn.Module) -> list[str]:
     """Fold the key and value biases of every attention module of ``model`` (module doc), in place.
 
+    A module whose quantizers are already calibrated is left as it is: its ranges were measured on the tensors
+    the fold would change.
+
     Returns:
         ``"<module>: key and value biases folded"`` (or ``key bias``) for each module changed.
     """
     done = []
     for name, module in model.named_modules():
         found = _layout_of(module)
-        if found is None:
+        if found is None or _calibrated(module):
             continue
         what = _fold_checked(module, found)
         if what:
             done.append(f"{name or type(module).__name__}: {what} folded")
     return done
+
+
+def _calibrated(module: nn.Module) -> bool:
+    return any(isinstance(m, TensorQuantizer) and m.amax is not None for m in module.modules())
 
 
 def _layout_of(module: nn.Module) -> AttentionBiases | None:
