@@ -99,7 +99,8 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
     ops = collections.Counter(n.op_type for n in g.nodes)
     assert ops["Where"] <= 1  # the attention masks became Adds (one Where left on the mask's own size)
     assert ops["Split"] == 0  # no float cut of a packed projection's output
-    assert ops["BiasGelu"] == layers  # fc1's float bias joined its GELU (float_biases), not QGemm's int32 bias
+    # fc1's bias is a float Add before the Reshape back (float_biases): not QGemm's int32 bias, not ORT's BiasGelu
+    assert ops["Gelu"] == layers and ops["BiasGelu"] == 0
     if make is bert:
         assert ops["SkipLayerNormalization"] == 2 * layers  # residual add + LayerNorm, fused
         assert report.idle == ()

@@ -23,8 +23,9 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 13. ``zero_biases``: a Gemm bias of zeros is dropped (the key and value projections after placement folded
     their biases, :mod:`qdq.placement.attention_biases`): ``QGemm`` would still pass its int32 bias over the output;
 14. ``float_biases``: a Gemm read only by a ``Gelu``, or by a residual ``Add`` before a LayerNorm, keeps its float
-    bias as an ``Add`` after it (ORT's ``BiasGelu`` / ``SkipLayerNormalization``), not as an int32 bias inside
-    ``QGemm`` (an extra pass over its output);
+    bias as an ``Add`` after it (before the Gelu's Reshape: ORT's ``BiasGelu`` is slower than the two apart; in
+    ``SkipLayerNormalization`` for the residual), not as an int32 bias inside ``QGemm`` (an extra pass over its
+    output);
 15. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
