@@ -245,37 +245,41 @@ def _loaded(model: nn.Module, path: Path) -> bool:
     return True
 
 
-def _train(
-    build: Callable[[], nn.Module], loaders: tuple[DataLoader, DataLoader], seed: int, cache: Path | None = None,
-    **recipe,
-) -> nn.Module:
-    """Train (seeded), or load the weights a previous run with the same ``cache`` folder saved."""
-    torch.manual_seed(seed)
-    model = build()
-    path = None if cache is None else cache / f"{getattr(build, '__name__', 'model')}_{seed}.pt"
-    if path is not None and path.exists() and _loaded(model, path):
-        return model.eval()
-    train_classifier(model, loaders[0], progress=False, **recipe)
+def _cached(key: str, cache: Path | None, build: Callable[[], nn.Module], fit: Callable[[], nn.Module]) -> nn.Module:
+    """The weights a previous run saved under ``cache`` as ``key`` loaded into ``build()``, or ``fit()``'s model
+    (then saved there); in eval mode."""
+    path = None if cache is None else cache / f"{key}.pt"
+    if path is not None and path.exists():
+        model = build()
+        if _loaded(model, path):
+            return model.eval()
+    model = fit()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path)
     return model.eval()
 
 
+def _train(
+    build: Callable[[], nn.Module], loaders: tuple[DataLoader, DataLoader], seed: int, cache: Path | None = None,
+    **recipe,
+) -> nn.Module:
+    """Train (seeded), or load the weights a previous run with the same ``cache`` folder saved."""
+
+    def fit() -> nn.Module:
+        torch.manual_seed(seed)
+        model = build()
+        train_classifier(model, loaders[0], progress=False, **recipe)
+        return model
+
+    return _cached(f"{getattr(build, '__name__', 'model')}_{seed}", cache, build, fit)
+
+
 def _trained(name: str, loaders: tuple[DataLoader, DataLoader], seed: int, cache: Path | None) -> nn.Module:
     """A CNN (SGD, 3 epochs) or a digit transformer (its own recipe), trained with ``seed`` or loaded from ``cache``."""
     if name in CNNS:
         return _train(CNNS[name], loaders, seed, cache, epochs=3, lr=0.1)
-    path = None if cache is None else cache / f"{name}_{seed}.pt"
-    if path is not None and path.exists():
-        model = TRANSFORMERS[name]()
-        if _loaded(model, path):
-            return model.eval()
-    model = train_digit_transformer(name, seed=seed)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), path)
-    return model
+    return _cached(f"{name}_{seed}", cache, TRANSFORMERS[name], lambda: train_digit_transformer(name, seed=seed))
 
 
 def main() -> None:

@@ -28,3 +28,13 @@ def hugging_face_model(name: str, layers: int = 1) -> tuple[nn.Module, dict[str,
         return tf.DistilBertForSequenceClassification(config), text
     config = tf.ViTConfig(image_size=8, patch_size=4, hidden_size=32, **small)
     return tf.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 8, 8)}
+
+
+def random_biases(model: nn.Module, std: float = 0.3, seed: int = 0) -> None:
+    """Trained-looking biases, in place: every parameter named ``bias`` (MultiheadAttention's ``in_proj_bias``
+    too) drawn from N(0, std²). Random init leaves them 0, and a rewrite may drop a bias of zeros."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.copy_(std * torch.randn(param.shape, generator=generator))

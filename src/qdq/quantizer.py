@@ -34,8 +34,9 @@ use. So the model quantizes exactly as the low-precision file does, and ``amax``
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.utils.reduce_amax import amax_over
 from qdq.validate import check_range
 
-__all__ = ["ROLES", "STEP_TYPES", "TensorQuantizer"]
+__all__ = ["ROLES", "STEP_TYPES", "TensorQuantizer", "disabled_quantizers"]
 
 #: What a quantizer can be for (:attr:`TensorQuantizer.role`).
 ROLES = ("input", "weight", "output")
@@ -469,3 +470,18 @@ def _amax_str(amax: torch.Tensor | None) -> str:
     if amax.numel() == 1:
         return f"{amax.item():.4f}"
     return f"[{amax.min().item():.4f}, {amax.max().item():.4f}]({amax.numel()})"
+
+
+@contextlib.contextmanager
+def disabled_quantizers(model: nn.Module) -> Iterator[nn.Module]:
+    """Temporarily run ``model`` in float (every quantizer disabled); the ones that were enabled are enabled again."""
+    quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
+    enabled = [q.is_enabled for q in quantizers]
+    try:
+        for quantizer in quantizers:
+            quantizer.disable()
+        yield model
+    finally:
+        for quantizer, was_enabled in zip(quantizers, enabled):
+            if was_enabled:
+                quantizer.enable()

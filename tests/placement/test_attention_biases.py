@@ -18,18 +18,9 @@ from qdq.app.digit_transformers import SelfAttention, digits_vit
 from qdq.placement.attention_biases import fold_attention_biases
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from transformer_models import hugging_face_model
+from transformer_models import hugging_face_model, random_biases
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.fx cannot trace")
-
-
-def random_biases(model: nn.Module, seed: int = 0) -> None:
-    """Trained-looking biases (random init leaves them 0): every Linear's, and MultiheadAttention's in_proj."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
 
 
 def _outputs(model: nn.Module, example) -> torch.Tensor:

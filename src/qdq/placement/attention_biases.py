@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from qdq.quantizer import TensorQuantizer
+from qdq.quantizer import TensorQuantizer, disabled_quantizers
 from qdq.registry import Registry
 from qdq.utils.batches import flatten_outputs
 
@@ -173,17 +173,13 @@ def _first_output(module: nn.Module, *args: torch.Tensor, **kwargs) -> Callable[
 @contextlib.contextmanager
 def _float(module: nn.Module) -> Iterator[None]:
     """``module`` in float and eval mode: quantizers disabled (the check is about the float function)."""
-    quantizers = [m for m in module.modules() if isinstance(m, TensorQuantizer) and m.is_enabled]
     training = module.training
-    for quantizer in quantizers:
-        quantizer.disable()
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(training)
-        for quantizer in quantizers:
-            quantizer.enable()
+    with disabled_quantizers(module):
+        module.eval()
+        try:
+            yield
+        finally:
+            module.train(training)
 
 
 def _linear(module: object) -> nn.Linear | None:

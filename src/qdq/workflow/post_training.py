@@ -7,9 +7,8 @@ quantizer by its layer's output error, :mod:`qdq.workflow.auto_calibration`) add
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ from torch import nn
 
 from qdq.calib.registry import CALIBRATION_METHODS, check_method
 from qdq.markdown import markdown_table
-from qdq.quantizer import TensorQuantizer
+from qdq.quantizer import disabled_quantizers
 from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, method_label, named_quantizers
 from qdq.workflow.diagnostics import CalibrationReport, calibration_report, warn_clipping
 from qdq.workflow.progress import Progress, progress_bar
@@ -108,21 +107,6 @@ def restore_amax(
         modules[name].amax = value
     for name, method in (methods or {}).items():
         modules[name].amax_method = method
-
-
-@contextlib.contextmanager
-def disabled_quantizers(model: nn.Module) -> Iterator[nn.Module]:
-    """Temporarily run ``model`` in float (every quantizer disabled)."""
-    quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
-    enabled = [q.is_enabled for q in quantizers]
-    try:
-        for quantizer in quantizers:
-            quantizer.disable()
-        yield model
-    finally:
-        for quantizer, was_enabled in zip(quantizers, enabled):
-            if was_enabled:
-                quantizer.enable()
 
 
 def method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tuple[str, dict[str, Any]]]:

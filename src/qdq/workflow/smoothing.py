@@ -35,10 +35,9 @@ from torch import nn
 
 from qdq.errors import QdqConfigError
 from qdq.markdown import markdown_table
-from qdq.quantizer import TensorQuantizer
+from qdq.quantizer import TensorQuantizer, disabled_quantizers
 from qdq.utils.batches import call_model, flatten_outputs
 from qdq.workflow.calibration import ForwardFn, _batches
-from qdq.workflow.post_training import disabled_quantizers
 
 __all__ = ["SmoothingResult", "smooth_inputs", "smoothing_scales"]
 

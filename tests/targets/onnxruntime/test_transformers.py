@@ -24,7 +24,10 @@ from qdq.graphs.onnx import GraphIndex, qdq_sites
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "export"))
+sys.path.insert(0, str(Path(__file__).parents[2]))
 from export_helpers import float_segment_errors, teacher_forced_mismatches
+
+from transformer_models import random_biases
 
 # Hugging Face modules torch.fx cannot trace warn once per level (collapsing them is the placement's business)
 pytestmark = pytest.mark.filterwarnings("ignore:torch.fx cannot trace")
@@ -36,15 +39,6 @@ def optimized_graph(path: Path, tmp_path: Path) -> GraphIndex:
     return GraphIndex(onnx.load(str(optimized)))
 
 
-def _trained_biases(model: torch.nn.Module) -> None:
-    """Random-init Linear biases are 0 (and dropped by the rewrite); trained ones are not."""
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.bias is not None:
-                module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
-
-
 def bert():
     tf = pytest.importorskip("transformers")
     from qdq.nn.huggingface import capture_hf_attention
@@ -53,7 +47,7 @@ def bert():
     config = tf.BertConfig(vocab_size=60, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=128, num_labels=3)  # fmt: skip
     model = tf.BertForSequenceClassification(config).eval()
-    _trained_biases(model)
+    random_biases(model, std=0.1, seed=3)
     capture_hf_attention(model)
     ids = torch.randint(0, 60, (3, 16), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(3, 16, dtype=torch.long)
@@ -68,7 +62,7 @@ def vit():
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=32, patch_size=8,
                               depth=2).eval()  # fmt: skip
-    _trained_biases(model)
+    random_biases(model, std=0.1, seed=3)
     use_fused_attention(model)
     traced = torch.fx.symbolic_trace(model)
     replace_sdpa_calls(traced)
