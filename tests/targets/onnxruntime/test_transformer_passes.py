@@ -1,6 +1,7 @@
 """The ONNX Runtime rewrite's transformer passes on small graphs built by hand: the attention mask (``Where`` of
 ``-inf`` before a Softmax becomes an ``Add``), a Linear on a ``[batch, sequence, K]`` input as a ``Gemm``
-between Reshapes (ORT's ``QGemm``), and the symbolic shapes recorded for ORT's transformer fusions.
+between Reshapes (ORT's ``QGemm``), and a residual LayerNorm kept apart from its add (no
+``SkipLayerNormalization``).
 
 Each graph runs in ONNX Runtime before and after the pass (graph optimizations off: ORT computes exactly the
 nodes given; on: what ORT fuses) and the quantized outputs are compared in quantization steps.
@@ -19,7 +20,7 @@ from qdq.graphs.onnx import GraphIndex
 from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.biases import quantize_biases
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
-from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
+from qdq.targets.onnxruntime.passes.layernorms import keep_layernorms_apart
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 from qdq.targets.onnxruntime.passes.zero_biases import drop_zero_biases
 
@@ -130,28 +131,62 @@ def residual_graph() -> onnx.ModelProto:
     return model
 
 
-def test_symbolic_shapes_let_onnx_runtime_fuse_the_residual_add_with_layer_norm(tmp_path):
+def _optimized_ops(model: onnx.ModelProto, tmp_path) -> collections.Counter:
     import onnxruntime as ort
 
-    model = residual_graph()
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+def _with_symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with ORT's symbolic shapes recorded: the information ORT needs to fuse SkipLayerNormalization."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    del model.graph.value_info[:]
+    return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+
+
+def test_a_residual_layernorm_reads_its_add_through_a_reshape_and_is_not_fused(tmp_path):
+    """With named shapes ORT fuses Add(bias) + Add(residual) + LayerNorm into its slow SkipLayerNormalization;
+    after the pass it cannot, whatever shapes it is given, and the output is bit-identical (the same rows
+    normalized) and equal to a numpy LayerNorm."""
+    model = _with_symbolic_shapes(residual_graph())
     rng = np.random.default_rng(2)
     feeds = {k: rng.standard_normal((2, 5, 16)).astype(F32) for k in ("x", "r")}
     before = _run(model, **feeds)
+    assert _optimized_ops(model, tmp_path)["SkipLayerNormalization"] == 1  # what the pass prevents
 
-    def fused_ops(m: onnx.ModelProto) -> collections.Counter:
-        options = ort.SessionOptions()
-        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-        ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
-
-    assert fused_ops(model)["SkipLayerNormalization"] == 0  # unnamed dimensions: ORT cannot match the shapes
-    assert record_symbolic_shapes(model) > 0
-    recorded = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-                for v in model.graph.value_info}  # fmt: skip
-    assert recorded["h"] == ["batch", "sequence", 16]
-    assert fused_ops(model)["SkipLayerNormalization"] == 1
-    np.testing.assert_array_equal(_run(model, **feeds), before)  # the graph itself is unchanged
+    assert keep_layernorms_apart(GraphIndex(model)) == 1
+    model = _with_symbolic_shapes(model)  # ORT gets every shape it could use
+    ops = _optimized_ops(model, tmp_path)
+    assert ops["SkipLayerNormalization"] == 0 and ops["LayerNormalization"] == 1
+    after = _run(model, **feeds)
+    assert after.shape == (2, 5, 16)
+    np.testing.assert_array_equal(after, before)
+    # optimized, ORT's int8 product sums in another order: float rounding apart
     np.testing.assert_allclose(_run(model, optimize=True, **feeds), before, rtol=1e-5, atol=1e-5)
+
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    dq = lambda q, s, z=0: (q.astype(np.float64) - z) * s  # noqa: E731
+    xq = np.clip(np.rint(feeds["x"] / consts["sx"]) + consts["zx"], 0, 255)
+    total = dq(xq, consts["sx"], consts["zx"]) @ dq(consts["w"], consts["sw"]) + consts["b"] + feeds["r"]
+    mean, var = total.mean(-1, keepdims=True), total.var(-1, keepdims=True)
+    oracle = (total - mean) / np.sqrt(var + 1e-5) * consts["gamma"] + consts["beta"]
+    np.testing.assert_allclose(after, oracle, rtol=1e-4, atol=1e-4)
+
+
+def test_layernorms_of_other_inputs_or_shared_sums_stay(tmp_path):
+    """Only an Add read by the LayerNorm alone is what ORT fuses: a sum also read elsewhere (a pre-LN block's
+    residual stream) and a LayerNorm of a non-Add are left as they are."""
+    model = residual_graph()
+    model.graph.node.append(helper.make_node("Relu", ["sum"], ["other"]))
+    model.graph.output.append(helper.make_tensor_value_info("other", TensorProto.FLOAT, None))
+    assert keep_layernorms_apart(GraphIndex(model)) == 0
+    norm = residual_graph()
+    norm.graph.node[-1].input[0] = "hb"  # the LayerNorm reads the bias Add, which the residual Add also reads
+    assert keep_layernorms_apart(GraphIndex(norm)) == 0
 
 
 def linear_graph(quantize_output: bool, k: int = 32, n: int = 24) -> onnx.ModelProto:

@@ -22,9 +22,8 @@ Adds with no weighted input are left alone (a Q/DQ the runtime cannot fuse only 
 **Adds read by a layer normalization** (a transformer's residual adds: ``LayerNorm(x + sublayer(x))`` in BERT,
 ``x + attn(norm1(x))`` read by ``norm2`` in a pre-LN ViT) stay float with ``residual_add="both"``: ONNX Runtime
 has no int8 LayerNorm, so the add's output is float and no ``QLinearAdd`` can form; quantized inputs would
-only leave a standalone ``DequantizeLinear`` per input before a float ``Add`` (measured on BERT), where the
-float add fuses with the LayerNorm into ``SkipLayerNormalization``. TensorRT's ``"skip"`` keeps quantizing the
-shortcut there (its fused kernels read it in int8).
+only leave a standalone ``DequantizeLinear`` per input before a float ``Add`` (measured on BERT). TensorRT's
+``"skip"`` keeps quantizing the shortcut there (its fused kernels read it in int8).
 """
 
 from __future__ import annotations

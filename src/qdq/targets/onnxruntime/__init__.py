@@ -7,7 +7,7 @@ quantizers, so that what is calibrated and trained is what ONNX Runtime computes
 
 * ``float_recurrent`` (:mod:`.rules.recurrent`): LSTM / GRU layers stay float (ORT's float LSTM kernel);
 * ``residual_add`` with ``residual_add="both"`` (a transformer's residual adds, read by a LayerNorm, stay
-  float: ORT fuses them with it into ``SkipLayerNormalization``) and ``concat`` (:mod:`qdq.targets.common`);
+  float: ORT has no int8 LayerNorm) and ``concat`` (:mod:`qdq.targets.common`);
 * ``conv_output`` (:mod:`.rules.conv_output`): every conv output quantized, after BN and a folded ReLU;
 * ``silu``, ``sigmoid_output`` (:mod:`.rules.sigmoid`), ``mul_inputs`` (:mod:`.rules.mul_inputs`): SiLU and
   squeeze-excitation gates as ``QLinearSigmoid`` / ``QLinearMul``;

@@ -23,10 +23,12 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 13. ``zero_biases``: a Gemm bias of zeros is dropped (the key and value projections after placement folded
     their biases, :mod:`qdq.placement.attention_biases`): ``QGemm`` would still pass its int32 bias over the output;
 14. ``float_biases``: a Gemm read only by a ``Gelu``, or by a residual ``Add`` before a LayerNorm, keeps its float
-    bias as an ``Add`` after it (before the Gelu's Reshape: ORT's ``BiasGelu`` is slower than the two apart; in
-    ``SkipLayerNormalization`` for the residual), not as an int32 bias inside ``QGemm`` (an extra pass over its
-    output);
-15. ``shapes``: value types and symbolic shapes recorded again (ORT's transformer fusions compare dimension names).
+    bias as an ``Add`` after it (before the Gelu's Reshape: ORT's ``BiasGelu`` is slower than the two apart), not
+    as an int32 bias inside ``QGemm`` (an extra pass over its output);
+15. ``layernorms``: a LayerNorm reads its residual ``Add`` through a ``Reshape`` to 2-D, so that ORT does not fuse
+    the two into ``SkipLayerNormalization`` (a scalar kernel, several times slower than the two apart).
+
+The exporter's ``value_info`` is dropped (the rewrite retypes tensors); ONNX Runtime infers types itself.
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
 per cause. Only the top-level graph is rewritten.
@@ -48,10 +50,10 @@ from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, rem
 from qdq.targets.onnxruntime.passes.float_biases import biases_to_float_adds
 from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, warn_float_convs
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
+from qdq.targets.onnxruntime.passes.layernorms import keep_layernorms_apart
 from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
 from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
-from qdq.targets.onnxruntime.passes.shapes import record_symbolic_shapes
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8, resolve_weights
 from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
@@ -82,7 +84,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
         ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``zero_biases``,
-        ``shapes`` (tensors whose type and shape are recorded); and ``float_convs``, the Convs ORT cannot fuse (warned).
+        ``layernorms``; and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
     tidy(model)
@@ -101,10 +103,11 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "packed_projections": split_packed_projections(g),
         "zero_biases": drop_zero_biases(g),
         "float_biases": biases_to_float_adds(g),
+        "layernorms": keep_layernorms_apart(g),
     }
     counts["requantizations"] = remove_requantization(g)
     float_convs = unfusable_conv_nodes(g)
-    counts["float_biases"] = bias_after_float_convs(g, float_convs)
+    counts["float_biases"] += bias_after_float_convs(g, float_convs)
     counts["biases"] = quantize_biases(g, float_convs)
     tidy(model)
     g = GraphIndex(model)
@@ -113,5 +116,5 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     warn_float_convs(g, left)
     counts["uint8_weights"] = encode_weights_uint8(model) if encoding == "uint8" else 0
     set_metadata(model, WEIGHTS_METADATA_KEY, encoding)
-    counts["shapes"] = record_symbolic_shapes(model)
+    del model.graph.value_info[:]  # the exporter's types are stale (int8 -> uint8)
     return counts

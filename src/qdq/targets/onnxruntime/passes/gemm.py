@@ -9,8 +9,8 @@
   following QuantizeLinear is folded into its output, where ``MatMulIntegerToFloat`` (what ``DQ -> MatMul``
   becomes) leaves a float bias ``Add`` and a standalone QuantizeLinear. The input's Q/DQ pair is not touched.
   Left as a MatMul where ``t`` is a layout op's output read only by the Q (the attention context): reading
-  its shape would keep ORT from moving that Q back into the attention's ``QLinearMatMul``, and
-  ``MatMulIntegerToFloat``'s bias joins the residual add's ``SkipLayerNormalization`` there anyway.
+  its shape would keep ORT from moving that Q back into the attention's ``QLinearMatMul`` (the output is float
+  there anyway: a residual add reads it).
 
 The same product; the weight keeps its integers and scales (per-column scales move to axis 0).
 """
