@@ -12,6 +12,9 @@ on the weights' values):
 Variants, each an ONNX file run by ONNX Runtime's CPU provider with ``--threads`` threads:
 
 * ``FP32``: the float model exported by ``qdq.export_onnx`` (dynamo) — the baseline of every ratio;
+* ``FP32 LN apart``: that file with the ``"onnxruntime"`` rewrite's ``layernorms`` pass alone (each residual
+  LayerNorm reads its add through a Reshape, so ORT does not fuse them into its slow ``SkipLayerNormalization``):
+  the float baseline with the one rewrite that is not about int8, to show how much of qdq's lead it explains;
 * ``ORT dynamic``: ``onnxruntime.quantization.quantize_dynamic`` of that file (int8 weights; its defaults);
 * ``ORT static``: ``quant_pre_process`` then ``quantize_static`` (QDQ, S8S8, per-channel weights, MinMax
   calibration on the same batches as qdq);
@@ -36,7 +39,7 @@ top-1 agreement.
 
 Usage: python benchmarks/transformers_int8.py [--models bert,vit] [--layers 12] [--seq 128]
        [--bert-batches 1,8] [--vit-batch 8] [--threads 2] [--iters 10] [--rounds 3]
-       [--variants "FP32,ORT dynamic,ORT static,qdq,qdq attn float"]
+       [--variants "FP32,FP32 LN apart,ORT dynamic,ORT static,qdq,qdq attn float"]
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from qdq.markdown import markdown_table
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 from qdq.utils.batches import flatten_outputs
 
-VARIANTS = ("FP32", "ORT dynamic", "ORT static", "qdq", "qdq attn float")
+VARIANTS = ("FP32", "FP32 LN apart", "ORT dynamic", "ORT static", "qdq", "qdq attn float")
 
 
 @dataclass
@@ -161,6 +164,8 @@ def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tu
         warnings.simplefilter("ignore")
         fp32 = workdir / f"{name}_FP32.onnx"
         qdq.export_onnx(model, calib[0], fp32)
+        if "FP32 LN apart" in variants:
+            layernorms_apart(fp32, files["FP32 LN apart"])
         if "ORT dynamic" in variants:
             quantize_dynamic(str(fp32), str(files["ORT dynamic"]), weight_type=QuantType.QInt8)
         if "ORT static" in variants:
@@ -181,6 +186,18 @@ def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tu
         fake_quant = {v: _logits(q, example) for v, q in quantized.items()}
         cases.append(Case(label, files, _feed(example), _logits(model, example), fake_quant))
     return cases
+
+
+def layernorms_apart(source: Path, path: Path) -> None:
+    """``source`` with the onnxruntime rewrite's ``layernorms`` pass applied, saved to ``path``."""
+    import onnx
+
+    from qdq.graphs.onnx import GraphIndex
+    from qdq.targets.onnxruntime.passes.layernorms import keep_layernorms_apart
+
+    model = onnx.load(str(source))
+    keep_layernorms_apart(GraphIndex(model))
+    onnx.save(model, str(path))
 
 
 def time_variant(path: Path, feed: dict[str, np.ndarray], threads: int, iters: int, warmup: int = 2) -> list[float]:
