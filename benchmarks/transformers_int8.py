@@ -16,6 +16,10 @@ Variants, each an ONNX file run by ONNX Runtime's CPU provider with ``--threads`
   LayerNorm reads its add through a Reshape, so ORT does not fuse them into its slow ``SkipLayerNormalization``):
   the float baseline with the one rewrite that is not about int8, to show how much of qdq's lead it explains;
 * ``ORT dynamic``: ``onnxruntime.quantization.quantize_dynamic`` of that file (int8 weights; its defaults);
+* ``ORT optimizer + dynamic``: ONNX Runtime's own recipe for transformers: the model exported by torch's
+  TorchScript exporter (Hugging Face attention in its ``eager`` form, which ORT's fusions know), fused by
+  ``onnxruntime.transformers.optimizer.optimize_model`` (``model_type`` ``bert`` / ``vit``: ``Attention``,
+  ``SkipLayerNormalization``, ``BiasGelu``...), then ``quantize_dynamic`` (``Attention`` becomes ``QAttention``);
 * ``ORT static``: ``quant_pre_process`` then ``quantize_static`` (QDQ, S8S8, per-channel weights, MinMax
   calibration on the same batches as qdq);
 * ``qdq``: ``qdq.quantize_model(model, QuantConfig(target="onnxruntime"))`` (which captures the attention:
@@ -39,7 +43,7 @@ top-1 agreement.
 
 Usage: python benchmarks/transformers_int8.py [--models bert,vit] [--layers 12] [--seq 128]
        [--bert-batches 1,8] [--vit-batch 8] [--threads 2] [--iters 10] [--rounds 3]
-       [--variants "FP32,FP32 LN apart,ORT dynamic,ORT static,qdq,qdq attn float"]
+       [--variants "FP32,FP32 LN apart,ORT dynamic,ORT optimizer + dynamic,ORT static,qdq,qdq attn float"]
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from qdq.markdown import markdown_table
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 from qdq.utils.batches import flatten_outputs
 
-VARIANTS = ("FP32", "FP32 LN apart", "ORT dynamic", "ORT static", "qdq", "qdq attn float")
+VARIANTS = ("FP32", "FP32 LN apart", "ORT dynamic", "ORT optimizer + dynamic", "ORT static", "qdq", "qdq attn float")
 
 
 @dataclass
@@ -85,6 +89,19 @@ def trained_biases(model: torch.nn.Module) -> torch.nn.Module:
             if name.rsplit(".", 1)[-1] == "bias":
                 param.copy_(0.02 * torch.randn(param.shape, generator=generator))
     return model
+
+
+@dataclass(frozen=True)
+class OrtFusion:
+    """What ``onnxruntime.transformers.optimizer.optimize_model`` needs to know of a model."""
+
+    model_type: str
+    num_heads: int
+    hidden_size: int
+
+
+BERT_FUSION = OrtFusion("bert", 12, 768)
+VIT_FUSION = OrtFusion("vit", 6, 384)
 
 
 def bert(layers: int, seq: int) -> tuple[torch.nn.Module, callable]:
@@ -151,7 +168,8 @@ class _Reader:
         return next(self._items, None)
 
 
-def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tuple[str, ...]) -> list[Case]:
+def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tuple[str, ...],
+          fusion: OrtFusion) -> list[Case]:  # fmt: skip
     """Export the variants once (dynamic batch); one Case per batch size."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -168,6 +186,8 @@ def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tu
             layernorms_apart(fp32, files["FP32 LN apart"])
         if "ORT dynamic" in variants:
             quantize_dynamic(str(fp32), str(files["ORT dynamic"]), weight_type=QuantType.QInt8)
+        if "ORT optimizer + dynamic" in variants:
+            ort_recipe(model, calib[0], fusion, workdir / f"{name}_torchscript.onnx", files["ORT optimizer + dynamic"])
         if "ORT static" in variants:
             pre = workdir / f"{name}_pre.onnx"
             quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
@@ -186,6 +206,29 @@ def build(name: str, model, make_batch, batch_sizes, workdir: Path, variants: tu
         fake_quant = {v: _logits(q, example) for v, q in quantized.items()}
         cases.append(Case(label, files, _feed(example), _logits(model, example), fake_quant))
     return cases
+
+
+def ort_recipe(model, example, fusion: OrtFusion, exported: Path, path: Path) -> None:
+    """ONNX Runtime's transformer recipe (module doc): TorchScript export, ``optimize_model``, ``quantize_dynamic``."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = copy.deepcopy(model)
+    if hasattr(model, "set_attn_implementation"):  # Hugging Face: the attention form ORT's fusion matches
+        model.set_attn_implementation("eager")
+    names = list(example) if isinstance(example, dict) else ["input"]
+    axes = {n: {0: "batch", 1: "sequence"} if isinstance(example, dict) else {0: "batch"} for n in names}
+    args, kwargs = ((), example) if isinstance(example, dict) else ((example,), None)
+    torch.onnx.export(model, args, str(exported), kwargs=kwargs, dynamo=False, input_names=names,
+                      output_names=["logits"], dynamic_axes=axes, opset_version=17)  # fmt: skip
+    fused = optimize_model(str(exported), model_type=fusion.model_type, num_heads=fusion.num_heads,
+                           hidden_size=fusion.hidden_size, opt_level=0)  # fmt: skip
+    fused_path = exported.with_name(exported.stem + "_fused.onnx")
+    fused.save_model_to_file(str(fused_path))
+    # the contrib ops (Attention, SkipLayerNormalization) defeat ONNX shape inference: weights are float32
+    quantize_dynamic(str(fused_path), str(path), weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # fmt: skip
 
 
 def layernorms_apart(source: Path, path: Path) -> None:
@@ -276,10 +319,10 @@ def main() -> None:
             if name == "bert":
                 model, make = bert(args.layers, args.seq)
                 cases += build(f"bert-{args.layers}L", model, make, [int(b) for b in args.bert_batches.split(",")],
-                               Path(tmp), variants)  # fmt: skip
+                               Path(tmp), variants, BERT_FUSION)  # fmt: skip
             elif name == "vit":
                 model, make = vit()
-                cases += build("vit-s16", model, make, [args.vit_batch], Path(tmp), variants)
+                cases += build("vit-s16", model, make, [args.vit_batch], Path(tmp), variants, VIT_FUSION)
             else:
                 raise SystemExit(f"unknown model {name!r}; use bert and/or vit")
         for round_ in range(args.rounds):
