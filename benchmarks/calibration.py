@@ -16,8 +16,8 @@ It prints, per quantizer (one 2048-bin histogram):
 * histogram collection throughput on activation-sized tensors, and what an exact per-bin sum of ``x**2`` (instead
   of the diagnostics' estimate from the counts) would add to it;
 * on resnet18: the calibration pass with the clipping diagnostics against the same pass without them
-  (interleaved; issue 24's target <= 1.05x), and the cost of ``method="auto"`` (its comparison pass) against
-  the histogram pass and an FP32 forward.
+  (interleaved; issue 24's target <= 1.05x), and the cost of ``method="auto"`` (its comparison pass and its
+  model check) against the histogram pass and an FP32 forward.
 
 :func:`time_histogram_collection` is the reusable part: it times one calibration pass of histogram
 collection over any list of tensors (e.g. the activations a model produces), for comparison with the
@@ -236,6 +236,7 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
 
     auto_pass: list[float] = []
     compare_pass: list[float] = []
+    check_pass: list[float] = []
 
     def auto() -> None:
         collect_stats(quant_model, data, calibrator="histogram", progress=False)
@@ -243,6 +244,7 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
         result = select_amax(quant_model, data, progress=False)
         auto_pass.append(time.perf_counter() - start)
         compare_pass.append(result.compare_seconds)
+        check_pass.append(result.check_seconds)
 
     variants = {"FP32 forward": fp32, "calibration, no diagnostics": calibration(False),
                 "calibration + diagnostics": calibration(True), "calibration with auto": auto}  # fmt: skip
@@ -251,8 +253,8 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
         warnings.simplefilter("ignore", qdq.QdqCalibrationWarning)  # random weights: entropy clips; still computed
         for fn in variants.values():
             fn()
-        auto_pass.clear()
-        compare_pass.clear()
+        for passes in (auto_pass, compare_pass, check_pass):
+            passes.clear()
         for _ in range(repeats):  # interleaved, so load changes hit every variant
             for name, fn in variants.items():
                 times[name].append(_once(fn))
@@ -267,7 +269,9 @@ def bench_diagnostics_and_auto(repeats: int, batches: int = 4, batch: int = 16, 
     hist = med["calibration, no diagnostics"]
     print(f"  calibration / FP32 forward    {min(base) / min(times['FP32 forward']):8.2f} min "
           f"{hist / med['FP32 forward']:8.2f} median (issue 10's CPU target <= 1.3x)")
-    for what, passes in (("auto (candidates + comparison)", auto_pass), ("of which the comparison pass", compare_pass)):
+    parts = (("auto (candidates, comparison, check)", auto_pass), ("of which the comparison pass", compare_pass),
+             ("of which the model check", check_pass))  # fmt: skip
+    for what, passes in parts:
         to_hist = [a / b for a, b in zip(passes, base)]
         to_fp32 = [a / f for a, f in zip(passes, times["FP32 forward"])]
         print(

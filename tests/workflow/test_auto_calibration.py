@@ -178,17 +178,21 @@ def test_each_layer_is_compared_on_its_quantized_input():
 )
 def test_the_pass_scores_the_first_samples_of_each_batch(sizes, fraction, scored):
     """``score_fraction``: after ``n`` samples ``ceil(n * fraction)`` were scored, the first of each batch; a batch
-    with none to score does not run. Counted by the rows the layer sees; labels are cut alike."""
+    with none to score does not run. Counted by the rows the layer sees; labels are cut alike. The model check
+    runs the model three times (float, chosen, widest) on the same samples."""
     model = nn.Sequential(QuantLinear(8, 4))
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randn(n, 8, generator=gen), torch.zeros(n, dtype=torch.long)) for n in sizes]
     collect_stats(model, batches, calibrator="histogram", progress=False)
-    seen: list[int] = []
-    handle = model[0].register_forward_pre_hook(lambda _, args: seen.append(len(args[0])))
-    result = select_amax(model, batches, score_fraction=fraction, progress=False)
-    handle.remove()
     ran = [n for n in scored if n]
-    assert seen == ran and result.samples == sum(scored) and result.batches == len(ran)
+    for check in (False, True):
+        seen: list[int] = []
+        handle = model[0].register_forward_pre_hook(lambda _, args, seen=seen: seen.append(len(args[0])))
+        result = select_amax(model, batches, score_fraction=fraction, model_check=check, progress=False)
+        handle.remove()
+        assert seen == ran + ([n for n in ran for _ in range(3)] if check else [])
+        assert result.samples == sum(scored) and result.batches == len(ran)
+        assert bool(result.model_error) == check
 
 
 def test_score_fraction_outside_zero_one_is_a_config_error():
@@ -313,3 +317,61 @@ def test_re_running_a_layer_does_not_feed_the_layers_inside_it():
     assert got.error and got.error.keys() == want.error.keys()
     for label, error in want.error.items():
         assert got.error[label] == pytest.approx(error, rel=1e-6), label
+
+
+class Amplified(nn.Module):
+    """A Linear whose output goes through ``exp`` to another: an error on a large pre-activation (what clipping the
+    input's tail causes) grows on its way to the model output, more than the first layer's own error says."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = QuantLinear(8, 16)
+        self.fc2 = QuantLinear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.exp(self.fc1(x)))
+
+
+def _outlier_batches(seed: int, share: float = 0.05) -> list[torch.Tensor]:
+    """Gaussian rows with a ``share`` of entries given an extra N(0, 6²) (outliers)."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(4):
+        x = torch.randn(64, 8, generator=gen)
+        outliers = torch.rand(64, 8, generator=gen) < share
+        batches.append(x + outliers * torch.randn(64, 8, generator=gen) * 6)
+    return batches
+
+
+def _relative_error(model: nn.Module, batches, reference: torch.Tensor) -> float:
+    with torch.no_grad():
+        out = torch.cat([model(x) for x in batches])
+    return float(((out - reference) ** 2).sum() / (reference**2).sum())
+
+
+@pytest.mark.parametrize(("seed", "expected"), [(1, "max"), (2, "auto")])
+def test_the_model_check_keeps_the_ranges_whose_model_output_is_closer_to_float(seed, expected):
+    """Both errors recomputed here from the model: auto's ranges without the check, and every range at max; the
+    model is left with the smaller, and the choices say which (the two seeds give one of each)."""
+    torch.manual_seed(seed)
+    model, batches = Amplified(), _outlier_batches(seed)
+    collect_stats(model, batches, calibrator="histogram", progress=False)
+    with qdq.quantizer.disabled_quantizers(model), torch.no_grad():
+        reference = torch.cat([model(x) for x in batches])
+    local = deepcopy(model)
+    select_amax(local, batches, score_fraction=1.0, model_check=False, progress=False)
+    widest = deepcopy(model)
+    qdq.load_amax(widest, "max", warn=False)
+    errors = {"auto": _relative_error(local, batches, reference), "max": _relative_error(widest, batches, reference)}
+
+    result = select_amax(model, batches, score_fraction=1.0, progress=False)
+    assert result.model_error == pytest.approx(errors, rel=1e-5)
+    assert result.kept == min(errors, key=errors.get) == expected
+    assert errors["auto"] != pytest.approx(errors["max"], rel=1e-3)  # a real choice
+    assert _relative_error(model, batches, reference) == pytest.approx(errors[expected], rel=1e-6)
+    methods = [q.amax_method for _, q in named_quantizers(model, weights=False)]
+    if expected == "max":
+        assert {c.chosen for c in result.choices} == {"max"}
+        assert methods == ["auto: max (model check)"] * 2
+    else:
+        assert "(model check)" not in " ".join(methods)
