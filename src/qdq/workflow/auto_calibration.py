@@ -158,7 +158,7 @@ class AutoResult:
     compare_seconds: float = 0.0
     samples: int = 0
     model_error: dict[str, float] = field(default_factory=dict)
-    kept: str = "auto"
+    kept: str = AUTO
     check_seconds: float = 0.0
 
     def counts(self) -> dict[str, int]:
@@ -263,7 +263,8 @@ def select_amax(
     model_error: dict[str, float] = {}
     checking = time.perf_counter()
     if model_check and options:
-        model_error = _model_check(model, module, data, options, (num_batches, score_fraction),
+        widest = {name: ranges[_widest(ranges)] for name, ranges in options.items()}
+        model_error = _model_check(model, module, data, widest, (num_batches, score_fraction),
                                    forward_fn or default_forward, progress)  # fmt: skip
     kept = MAX if model_error and model_error[MAX] < model_error[AUTO] else AUTO
     if kept == MAX:
@@ -400,20 +401,31 @@ def _float_mode(model: nn.Module) -> Iterator[list[tuple[TensorQuantizer, bool]]
 
 @contextlib.contextmanager
 def _quantizing(ranges: list[tuple[TensorQuantizer, torch.Tensor]], weights: list[TensorQuantizer]) -> Iterator[None]:
-    """Each quantizer of ``ranges`` quantizes with its range (set without the checks of the ``amax`` setter,
-    which read the device: the candidates were checked once), and so do the layer's weight quantizers."""
+    """Each quantizer of ``ranges`` quantizes with its range (:func:`_ranges`), and so do the layer's weight
+    quantizers."""
+    quantizers = (*(q for q, _ in ranges), *weights)
+    with _ranges(ranges):
+        try:
+            for q in quantizers:
+                q.enable_quant()
+            yield
+        finally:
+            for q in quantizers:
+                q.disable_quant()
+
+
+@contextlib.contextmanager
+def _ranges(ranges: list[tuple[TensorQuantizer, torch.Tensor]]) -> Iterator[None]:
+    """Each quantizer with its range for a while (set without the checks of the ``amax`` setter, which read the
+    device: the candidates were checked once)."""
     stored = [(quantizer, quantizer._amax) for quantizer, _ in ranges]
     try:
         for quantizer, amax in ranges:
             quantizer._amax = amax
-        for q in (*(q for q, _ in ranges), *weights):
-            q.enable_quant()
         yield
     finally:
         for quantizer, amax in stored:
             quantizer._amax = amax
-        for q in (*(q for q, _ in ranges), *weights):
-            q.disable_quant()
 
 
 def _scored(batches: Iterable[Any], fraction: float, errors: _Errors) -> Iterator[Any]:
@@ -669,54 +681,28 @@ def _checking(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-@contextlib.contextmanager
-def _ranges(ranges: list[tuple[TensorQuantizer, torch.Tensor]]) -> Iterator[None]:
-    """Each quantizer with its range for a while (no checks: the candidates were checked once)."""
-    stored = [(quantizer, quantizer._amax) for quantizer, _ in ranges]
-    try:
-        for quantizer, amax in ranges:
-            quantizer._amax = amax
-        yield
-    finally:
-        for quantizer, amax in stored:
-            quantizer._amax = amax
-
-
-@contextlib.contextmanager
-def _float(quantizers: list[TensorQuantizer]) -> Iterator[None]:
-    """The quantizers pass their input through for a while."""
-    try:
-        for quantizer in quantizers:
-            quantizer.disable_quant()
-        yield
-    finally:
-        for quantizer in quantizers:
-            quantizer.enable_quant()
-
-
 def _model_check(
     model: nn.Module,
     module: nn.Module,
     data: Iterable[Any],
-    options: dict[str, dict[str, torch.Tensor]],
+    widest: dict[str, torch.Tensor],
     budget: tuple[int | None, float],
     forward: ForwardFn,
     progress: Progress,
 ) -> dict[str, float]:
     """The model's output error against the float model's, over its energy, on the scored samples: with the chosen
-    ranges (``auto``) and with every compared quantizer at its widest candidate (``max``)."""
+    ranges (``auto``) and with the ``widest`` (quantizer name -> range; ``max``)."""
     quantizers = dict(module.named_modules())
-    widest = [(quantizers[name], ranges[_widest(ranges)]) for name, ranges in options.items()]
-    quantizing = [q for _, q in named_quantizers(module) if q.quant_enabled]
+    wide_ranges = [(quantizers[name], amax) for name, amax in widest.items()]
     num_batches, fraction = budget
     total: torch.Tensor | None = None  # energy, auto's error, max's error: summed on the device
     with _checking(module), torch.no_grad():
         batches = progress_bar(_local_batches(data, num_batches), progress, "auto: checking the model")
         for batch in _scored(batches, fraction, _Errors()):
-            with _float(quantizing):
+            with _float_mode(module):
                 reference = [t.detach() for t in _tensors(forward(model, batch))]
             chosen = _squared_error(forward(model, batch), reference)
-            with _ranges(widest):
+            with _ranges(wide_ranges):
                 wide = _squared_error(forward(model, batch), reference)
             sums = torch.stack([_squared_sum(reference), chosen, wide])
             total = sums if total is None else total + sums

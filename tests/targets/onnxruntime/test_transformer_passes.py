@@ -131,13 +131,18 @@ def residual_graph() -> onnx.ModelProto:
     return model
 
 
-def _optimized_ops(model: onnx.ModelProto, tmp_path) -> collections.Counter:
+def _optimized_nodes(model: onnx.ModelProto, tmp_path) -> list:
+    """The nodes of the graph ONNX Runtime makes of ``model`` (every optimization on)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+    return list(onnx.load(options.optimized_model_filepath).graph.node)
+
+
+def _optimized_ops(model: onnx.ModelProto, tmp_path) -> collections.Counter:
+    return collections.Counter(n.op_type for n in _optimized_nodes(model, tmp_path))
 
 
 def _with_symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -251,8 +256,6 @@ def test_a_linear_on_a_sequence_becomes_a_gemm_that_onnx_runtime_runs_as_qgemm(q
 @pytest.mark.parametrize("zero", [True, False])
 def test_a_gemm_bias_of_zeros_is_dropped_and_others_stay(zero, tmp_path):
     """A folded key or value bias (all 0): no bias input left, so ORT's QGemm makes no int32 bias pass."""
-    import onnxruntime as ort
-
     model = linear_graph(True)
     if zero:
         b = next(i for i in model.graph.initializer if i.name == "b")
@@ -266,10 +269,7 @@ def test_a_gemm_bias_of_zeros_is_dropped_and_others_stay(zero, tmp_path):
     assert (len(gemm.input) == 3) is not zero
     quantize_biases(g, [])
     np.testing.assert_array_equal(_run(model, x=x), before)  # the same product (no bias, or the same one)
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    (qgemm,) = [n for n in onnx.load(options.optimized_model_filepath).graph.node if n.op_type == "QGemm"]
+    (qgemm,) = [n for n in _optimized_nodes(model, tmp_path) if n.op_type == "QGemm"]
     assert (len(qgemm.input) > 6 and bool(qgemm.input[6])) is not zero  # QGemm's input 6: the int32 bias
 
 
@@ -425,13 +425,7 @@ def test_packed_projection_becomes_one_gemm_per_quantized_part(bias, tmp_path):
     quantize_biases(g, [])
     for got, expected, step in zip(_run_all(model, True, x), before, (0.04, 0.03, 0.02)):
         assert np.abs(got - expected).max() <= step * 1.001  # QGemm requantizes in float, int32 bias: <= 1 step
-    optimized = tmp_path / "optimized.onnx"
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(optimized)
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    fused = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    fused = _optimized_ops(model, tmp_path)
     assert fused["QGemm"] == 3 and fused["Split"] == 0 and fused["QuantizeLinear"] == 1  # x's Q alone
 
 
@@ -486,8 +480,6 @@ def bias_graph(reader: str) -> onnx.ModelProto:
 def test_the_bias_of_a_gemm_before_a_gelu_or_residual_layernorm_becomes_a_float_add(reader, fused, tmp_path):
     """Before the gemm pass's Reshape, the Add stays apart from the Gelu (ORT's BiasGelu is the slower form); a
     2-D Gemm read by the Gelu itself leaves ORT to fuse them."""
-    import onnxruntime as ort
-
     from qdq.targets.onnxruntime.passes.float_biases import biases_to_float_adds
 
     model = bias_graph(reader)
@@ -501,10 +493,7 @@ def test_the_bias_of_a_gemm_before_a_gelu_or_residual_layernorm_becomes_a_float_
     assert len(gemm.input) == 2
     np.testing.assert_allclose(_run(model, **feeds), before, rtol=1e-6, atol=1e-6)  # the same float bias, after
     np.testing.assert_allclose(_run(model, optimize=True, **feeds), before, rtol=1e-5, atol=1e-5)
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    ops = _optimized_ops(model, tmp_path)
     assert ops[fused] == 1 and ops["QGemm"] == 1  # the int8 product, then the float bias and the op
     if reader == "gelu_3d":  # the Add on the Gemm's 2-D output, the Reshape, the Gelu
         assert ops["BiasGelu"] == 0 and ops["Add"] == 1
