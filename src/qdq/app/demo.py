@@ -446,15 +446,16 @@ def demo_legend(
     """What every column means, the data, the statistic, the machine, and the models."""
     from qdq.app.data import MNIST_SPLIT
 
-    grid = 3 + len(settings.percentiles)
+    grid = 4 + len(settings.percentiles)  # max, entropy, mse, the percentiles and auto (calib 'all')
     images = next((e["samples"] for run in runs for e in run.summary.get("engines", {}).values()), None)
     scored = "the test images" if images is None else f"{'the ' if images == 1000 else ''}{images:,} test images"
     lines = [
         f"Data: {MNIST_SPLIT}. FP32, PTQ, QAT and INT8 columns: top-1 % on {scored}.",
         f"FP32: the float model after {_count(settings.train_epochs, 'epoch')} of training (a model with its own "
         "recipe says so in its line below). PTQ (best): the best of "
-        f"{grid} calibrations from one pass (max, entropy, mse, {len(settings.percentiles)} percentiles; the winner "
-        f"in brackets), scored on the test images. QAT: after {_count(settings.qat_epochs, 'epoch')} of "
+        f"{grid} calibrations (max, entropy, mse and {len(settings.percentiles)} percentiles from one pass, and auto: "
+        "a range per quantizer by its layer's output error; the winner in brackets), scored on the test images. "
+        f"QAT: after {_count(settings.qat_epochs, 'epoch')} of "
         "quantization-aware training from the PTQ model (the seed's schedule, from 1 % of the training LR)"
         + ("." if settings.qat_min_drop == 0 else f", run where PTQ lost more than {settings.qat_min_drop:g} points."),
         "INT8 <runtime>: the exported Q/DQ ONNX model running on that runtime. FAIL: its outputs depart from the "
