@@ -419,3 +419,27 @@ def test_plotted_histograms_merge_groups_of_neighbouring_bins():
     assert shown.shape == (250,) and shown_edges.shape == (251,)
     np.testing.assert_array_equal(shown, counts.reshape(250, 4).sum(axis=1))
     assert shown_edges[1] == 2.0 and shown_edges[-1] == 500.0
+
+
+def test_a_method_has_one_line_style_in_every_plot_whatever_the_order_of_its_range():
+    """Two histograms whose methods' ranges sort differently: each method's line keeps its colour and dash."""
+    from matplotlib.figure import Figure
+
+    from qdq.app.report.plots import _draw_histogram
+
+    counts, edges = np.ones(8), np.arange(9.0)
+    first = LayerHistogram(counts, edges, {"max": 8.0, "entropy": 2.0, "mse": 5.0})
+    second = LayerHistogram(counts, edges, {"max": 8.0, "entropy": 6.0, "mse": 3.0})
+    methods = ["max", "entropy", "mse"]
+    styles = []
+    for hist in (first, second):
+        ax = Figure().add_subplot()
+        _draw_histogram(ax, hist, methods)
+        lines = {line.get_label().split(":")[0]: (line.get_color(), line.get_linestyle()) for line in ax.get_lines()
+                 if not line.get_label().startswith("_")}  # fmt: skip
+        styles.append(lines)
+        # the legend lists them by value
+        labels = [text.split(":")[0] for text in ax.get_legend_handles_labels()[1]]
+        assert labels == sorted(hist.amax, key=hist.amax.get)
+    assert styles[0] == styles[1]
+    assert len(set(styles[0].values())) == 3

@@ -159,27 +159,27 @@ def _display_bins(hist: LayerHistogram, max_bins: int = _DISPLAY_BINS) -> tuple[
     return merged[: starts.size], edges[np.r_[starts, keep]]
 
 
-def _histogram_figure(name: str, hist: LayerHistogram) -> Figure:
+def _histogram_figure(name: str, hist: LayerHistogram, methods: Sequence[str]) -> Figure:
     """Log-count histogram with a vertical line per method's amax (legend outside, on the right)."""
     figure = _new_figure(9.0, 3.8)
     ax = figure.add_subplot()
-    _draw_histogram(ax, hist)
+    _draw_histogram(ax, hist, methods)
     ax.set_title(name, fontsize=10)
     if hist.amax:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="amax by method", title_fontsize=7)
     return figure
 
 
-def _draw_histogram(ax: Any, hist: LayerHistogram, extra: Sequence[float] = ()) -> None:
-    """The log-count histogram of ``hist`` and a line per method's amax, on ``ax``; the x axis also reaches
-    the values of ``extra``."""
+def _draw_histogram(ax: Any, hist: LayerHistogram, methods: Sequence[str], extra: Sequence[float] = ()) -> None:
+    """The log-count histogram of ``hist`` and a line per method's amax, on ``ax`` (styled by :func:`_amax_lines`);
+    the x axis also reaches the values of ``extra``."""
     reach = {**hist.amax, **{f"extra {i}": value for i, value in enumerate(extra)}}
     counts, edges = _display_bins(LayerHistogram(hist.counts, hist.edges, reach))
     shown = np.where(counts > 0, counts, 0.5).astype(np.float64)
     ax.stairs(shown, edges, baseline=0.5, fill=True, color=_COLORS[0], alpha=0.45)
     ax.set_yscale("log")
     ax.set_ylim(0.5, max(float(shown.max()) * 3, 10.0))  # at least a decade: major tick labels only
-    _amax_lines(ax, hist.amax)
+    _amax_lines(ax, hist.amax, methods)
     ax.set_xlim(float(edges[0]), max([float(edges[-1]), *hist.amax.values(), *extra]) * 1.03)
     ax.set_xlabel("|activation|")
     ax.set_ylabel("count (log scale)")
@@ -187,7 +187,7 @@ def _draw_histogram(ax: Any, hist: LayerHistogram, extra: Sequence[float] = ()) 
 
 
 def _calibration_figure(
-    report: CalibrationReport, hists: Mapping[str, LayerHistogram], count: int = 4
+    report: CalibrationReport, hists: Mapping[str, LayerHistogram], methods: Sequence[str], count: int = 4
 ) -> Figure | None:
     """The ``count`` quantizers with the largest clipping error that have a histogram: each with every PTQ
     method's range and the range kept (thick black line), titled with what it clips."""
@@ -196,7 +196,7 @@ def _calibration_figure(
         return None
     figure = _new_figure(9.5, 2.7 * len(worst) + 0.4)
     for ax, row in zip(figure.subplots(len(worst), 1, squeeze=False)[:, 0], worst):
-        _draw_histogram(ax, hists[row.name], [row.amax])
+        _draw_histogram(ax, hists[row.name], methods, [row.amax])
         ax.axvline(row.amax, color="black", linewidth=2.5, label=f"kept ({row.method or '?'}): {row.amax:.4g}")
         error = 100 * (row.clipping_error or 0.0)
         values = 100 * (row.clipped_values or 0.0)
@@ -205,12 +205,16 @@ def _calibration_figure(
     return figure
 
 
-def _amax_lines(ax: Any, amax: Mapping[str, float]) -> None:
-    """A vertical line per method, with a marker at a staggered height so that equal amax stay visible."""
-    for i, (method, value) in enumerate(sorted(amax.items(), key=lambda item: item[1])):
+def _amax_lines(ax: Any, amax: Mapping[str, float], methods: Sequence[str]) -> None:
+    """A vertical line per method, listed by value, with a marker at a staggered height so that equal amax stay
+    visible. A method's colour and dash come from its place in ``methods`` (the report's methods, in one order),
+    so it looks the same in every plot of the report."""
+    order = {method: i for i, method in enumerate(dict.fromkeys([*methods, *amax]))}
+    for rank, (method, value) in enumerate(sorted(amax.items(), key=lambda item: item[1])):
+        i = order[method]
         color, style = _COLORS[(i + 1) % len(_COLORS)], _LINESTYLES[i % len(_LINESTYLES)]
         ax.axvline(value, color=color, linestyle=style, linewidth=1.5, label=f"{method}: {value:.4g}")
-        height = 0.95 - 0.08 * (i % 10)
+        height = 0.95 - 0.08 * (rank % 10)
         ax.plot([value], [height], marker="v", color=color, markersize=6, transform=ax.get_xaxis_transform())
 
 
@@ -240,11 +244,12 @@ def write_plots(out: Path, data: ReportData, prefix: str, dpi: int) -> dict[str,
     if latency:
         save("latency", f"{prefix}latency.png", _latency_figure(latency, f"{label}latency, FP32 vs INT8"))
     hists = histograms(data)
+    methods = list(dict.fromkeys(method for hist in hists.values() for method in hist.amax))
     if data.calibration is not None:
-        figure = _calibration_figure(data.calibration, hists)
+        figure = _calibration_figure(data.calibration, hists, methods)
         if figure is not None:
             save("calibration", f"{prefix}calibration_worst.png", figure)
     slugs = unique_slugs(hists)
     for name, hist in hists.items():
-        save(f"hist:{name}", f"{prefix}hist_{slugs[name]}.png", _histogram_figure(name, hist))
+        save(f"hist:{name}", f"{prefix}hist_{slugs[name]}.png", _histogram_figure(name, hist, methods))
     return files
