@@ -18,10 +18,11 @@ carries the signal). ``auto`` decides per quantizer, without labels:
    quantized inputs, MatMul, an add, LSTM, tunes the second with the first at its choice). The best range so far
    is the candidate with the smallest error summed over the samples scored so far; the final choice is that over
    all of them. On the MNIST digits CNNs and transformers (4 models, 5 seeds, 2 targets), with the model check of
-   6., its mean top-1 per model is within 0.05 point of the FP32 model's and within 0.1 of the best global
-   method's on 3 of 4 (-0.11 on the MobileNet, 11 images, p = 0.23); case by case it is -0.3 to +0.1 from the best
-   of the seven chosen on the test labels themselves (within 0.1 in 27 of 40), never significantly worse
-   (McNemar p >= 0.25; benchmarks/RESULTS.md, ``calibration_quality``).
+   6., its mean top-1 per model is within 0.1 point of the FP32 model's and, in two runs that trained the models on
+   two machines, within 0.1 of the best global method's on 3 of 4 models (-0.11 on the MobileNet, 11 images,
+   p = 0.23) and on 4 of 4 (MobileNet -0.07); case by case it is -0.4 to +0.1 from the best of the seven chosen on
+   the test labels themselves (within 0.1 in 27 and 28 of 40), never significantly worse (McNemar p >= 0.12;
+   benchmarks/RESULTS.md, ``calibration_quality``).
 4. A quantizer no quantized module declares (what placement adds in the graph: an output or sigmoid
    quantizer, a residual operand's) is measured at its own output. The operation that reads it (an add, a
    runtime's fused int8 kernel) passes the quantization error on unchanged, so the tensor's own error is that
