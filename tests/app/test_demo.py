@@ -104,7 +104,8 @@ def test_the_legend_states_metric_images_batch_threads_statistic_and_machine():
     for fact in ("4,000 train / 1,000 test", "top-1 % on the 1,000 test images", "batch 8, 2 threads",
                  "median over 7 rounds of 20 runs", "25th-75th percentile", "FP32 and INT8 interleaved",
                  "Test CPU, 2 cores, VNNI (avx512_vnni)", "load average 0.5 before the run, 1.25 after",
-                 "took 123 s", "keras_digits_resnet: not run (no TensorFlow)", "digits_resnet: ResNet-style"):
+                 "took 123 s", "keras_digits_resnet: not run (no TensorFlow)", "digits_resnet: ResNet-style",
+                 "the best of 8 calibrations"):  # max, entropy, mse, the 4 default percentiles, auto
         assert fact in legend, fact
     no_vnni = {**machine, "vnni": [], "int8_saturates": True}
     assert "no VNNI" in "\n".join(demo_legend(DemoSettings(), runs, no_vnni, 1.0))

@@ -27,7 +27,7 @@ from typing import Any
 
 from qdq.app.digit_transformers import RECIPES
 from qdq.app.keras_digits import KERAS_MODEL, keras_missing, run_keras_job, train_keras_digits
-from qdq.app.pipeline import PipelineConfig, run_pipeline
+from qdq.app.pipeline import ALL_METHODS, PipelineConfig, run_pipeline
 from qdq.atomic import write_text_atomic
 from qdq.markdown import markdown_table
 from qdq.registry import Registry
@@ -446,7 +446,7 @@ def demo_legend(
     """What every column means, the data, the statistic, the machine, and the models."""
     from qdq.app.data import MNIST_SPLIT
 
-    grid = 4 + len(settings.percentiles)  # max, entropy, mse, the percentiles and auto (calib 'all')
+    grid = len(ALL_METHODS) - 1 + len(settings.percentiles)  # calib 'all': 'percentile' once per percentile
     images = next((e["samples"] for run in runs for e in run.summary.get("engines", {}).values()), None)
     scored = "the test images" if images is None else f"{'the ' if images == 1000 else ''}{images:,} test images"
     lines = [

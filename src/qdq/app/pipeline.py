@@ -44,7 +44,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-_CALIB = ("all", *CALIBRATION_METHODS, AUTO)
+#: what ``calib="all"`` runs: every calibration method from one pass (``percentile`` once per percentile), and auto
+ALL_METHODS: tuple[str, ...] = (*CALIBRATION_METHODS, AUTO)
+_CALIB = ("all", *ALL_METHODS)
 
 
 @dataclass
@@ -243,7 +245,7 @@ def _calibrate(job: _Job) -> None:
     calib = list(itertools.islice(iter(job.train_loader), cfg.calib_batches))
     if dist.is_distributed():  # each rank calibrates on its share; statistics are all-reduced
         calib = calib[dist.rank() :: dist.world_size()]
-    methods = (*CALIBRATION_METHODS, AUTO) if cfg.calib == "all" else (cfg.calib,)
+    methods = ALL_METHODS if cfg.calib == "all" else (cfg.calib,)
     result = ptq(job.model, calib, job.evaluate, methods, percentiles=cfg.percentiles, progress=job.progress)
     job.extras["ptq"] = result
     job.summary["ptq"] = result.to_dict()

@@ -82,6 +82,7 @@ from qdq.validate import check_range
 from qdq.workflow.calibration import (
     ForwardFn,
     _local_batches,
+    batch_total,
     collect_stats,
     default_forward,
     load_amax,
@@ -443,12 +444,6 @@ def _scored(batches: Iterable[Any], fraction: float, errors: _Errors) -> Iterato
             yield batch if size is None else leading_samples(batch, take)
 
 
-def _batch_total(data: Iterable[Any], num_batches: int | None) -> int | None:
-    """How many batches a pass over the first ``num_batches`` of ``data`` reads, where that is known (progress)."""
-    total = len(data) if hasattr(data, "__len__") else None  # type: ignore[arg-type]
-    return total if num_batches is None else num_batches if total is None else min(total, num_batches)
-
-
 def _compare(
     model: nn.Module,
     module: nn.Module,
@@ -486,7 +481,7 @@ def _compare(
 
     handles = [layer.module.register_forward_hook(hook(layer), with_kwargs=True) for layer in layers]
     num_batches, fraction = budget
-    total = _batch_total(data, num_batches)
+    total = batch_total(data, num_batches)
     try:
         with _float_mode(module) as saved, torch.no_grad():
             hooked = {id(q) for layer in layers for q in (*layer.weights, *(q for _, q in layer.tuned))}
@@ -705,7 +700,7 @@ def _model_check(
     total: torch.Tensor | None = None  # energy, auto's error, max's error: summed on the device
     with _checking(module), torch.no_grad():
         batches = progress_bar(_local_batches(data, num_batches), progress, "auto: checking the model",
-                               total=_batch_total(data, num_batches))
+                               total=batch_total(data, num_batches))
         for batch in _scored(batches, fraction, _Errors()):
             with _float_mode(module):
                 reference = [t.detach() for t in _tensors(forward(model, batch))]

@@ -180,7 +180,7 @@ def collect_stats(
     for _, quantizer in quantizers:
         quantizer.calibrator = _make_calibrator(quantizer, calibrator, **calibrator_options)
     forward = forward_fn or default_forward
-    total = num_batches if num_batches is not None else (len(data) if hasattr(data, "__len__") else None)  # type: ignore[arg-type]
+    total = batch_total(data, num_batches)
     forget_attention_shapes(model)
     with _calibration_mode(model, quantizers), torch.no_grad():
         for batch in progress_bar(batches, progress, "calibrating", total=total):
@@ -189,6 +189,13 @@ def collect_stats(
     if message is not None:
         warnings.warn(message, stacklevel=2)
     return wrapper
+
+
+def batch_total(data: Iterable[Any], num_batches: int | None) -> int | None:
+    """How many batches a pass over the first ``num_batches`` of ``data`` reads, where that is known (for progress
+    bars): ``len(data)`` capped at ``num_batches``."""
+    total = len(data) if hasattr(data, "__len__") else None  # type: ignore[arg-type]
+    return total if num_batches is None else num_batches if total is None else min(total, num_batches)
 
 
 def _local_batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]:
