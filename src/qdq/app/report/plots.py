@@ -160,7 +160,8 @@ def _display_bins(hist: LayerHistogram, max_bins: int = _DISPLAY_BINS) -> tuple[
 
 
 def _histogram_figure(name: str, hist: LayerHistogram, methods: Sequence[str]) -> Figure:
-    """Log-count histogram with a vertical line per method's amax (legend outside, on the right)."""
+    """Log-count histogram with a vertical line per method's amax, styled by its place in ``methods`` (legend
+    outside, on the right)."""
     figure = _new_figure(9.0, 3.8)
     ax = figure.add_subplot()
     _draw_histogram(ax, hist, methods)
@@ -190,7 +191,8 @@ def _calibration_figure(
     report: CalibrationReport, hists: Mapping[str, LayerHistogram], methods: Sequence[str], count: int = 4
 ) -> Figure | None:
     """The ``count`` quantizers with the largest clipping error that have a histogram: each with every PTQ
-    method's range and the range kept (thick black line), titled with what it clips."""
+    method's range (styled by its place in ``methods``) and the range kept (thick black line), titled with what it
+    clips."""
     worst = [d for d in report.worst() if d.name in hists][:count]
     if not worst:
         return None
