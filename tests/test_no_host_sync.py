@@ -107,3 +107,29 @@ def test_calibration_forward_of_a_model_has_no_host_reads(method):
         model(x)
         assert _count_syncs(lambda: model(x)) == dict.fromkeys(_SYNCS, 0)
     assert all(q.calibrator.compute_amax("max") is not None for q in quantizers)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("step_type", ["float32", "float16"])
+@pytest.mark.parametrize("learned", [False, True])
+def test_cuda_training_and_calibration_never_synchronize(learned, step_type):
+    """On the device itself: CUDA's sync debug mode raises at any operation that waits for the GPU."""
+    model = _model(learned, step_type).cuda()
+    x, y = torch.randn(4, 3, 32, 32, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    step()  # first call: lazy initialisation (cuDNN, Triton compilation) may synchronize
+    cal = HistogramCalibrator()
+    cal.collect(x)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        cal.collect(x * 2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -77,6 +77,25 @@ def test_eager_entry_point_equals_the_operator_in_value_and_gradient(qmin, qmax,
         assert ops.quantize_ste(x.requires_grad_(True), amax, qmin, qmax, True).grad_fn is None
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("qmin", "qmax"), [(-128, 127), (0, 255)])
+def test_low_precision_gradient_keeps_the_float32_edge_of_the_range(dtype, qmin, qmax):
+    # amax lies a quarter step below ``up``, the data type's next value after 3.0, so it rounds to ``up`` in that
+    # type. The forward clamps in float32, so the straight-through mask must too: 3.0 passes, ``up`` is clipped
+    # (found on a GPU, whose Triton kernel compares in float32, against this CPU path, which compared in the
+    # data's type and let ``up`` through).
+    up = torch.nextafter(torch.tensor(3.0, dtype=dtype), torch.tensor(4.0, dtype=dtype)).item()
+    amax = torch.tensor(up - (up - 3.0) / 4)
+    assert amax.to(dtype).item() == up
+    x = torch.tensor([3.0, up, -3.0, 1.0], dtype=dtype)
+    xg = x.clone().requires_grad_(True)
+    ops.quantize_ste(xg, amax, qmin, qmax, True).backward(torch.ones_like(x))
+    lo = 0.0 if qmin == 0 else -amax
+    expected = ((x.float() >= lo) & (x.float() <= amax)).to(dtype)  # hand-checked: [1, 0, 1 signed / 0 unsigned, 1]
+    assert expected.tolist() == [1.0, 0.0, float(qmin < 0), 1.0]
+    assert xg.grad.dtype == dtype and torch.equal(xg.grad, expected)
+
+
 @pytest.mark.parametrize(("num_bits", "unsigned"), [(2, False), (8, False), (8, True), (16, False), (16, True)])
 def test_round_to_grid_equals_numpy_at_the_edges_of_the_rounding_trick(num_bits, unsigned):
     # the rounding constant 1.5 * 2**23 is added before the clamp: quotients beyond +-2**22 (where the sum
@@ -112,12 +131,43 @@ def test_triton_kernels_match_aten_bit_for_bit_under_the_interpreter():
 def _cpu_and_cuda(x: torch.Tensor, amax: torch.Tensor, bits: int, unsigned: bool, narrow: bool):
     results = []
     for device in ("cpu", "cuda"):
-        xd = x.to(device).requires_grad_(True)
+        xd = x.detach().clone().to(device).requires_grad_(True)  # a leaf on each device
         out = fake_tensor_quant(xd, amax.to(device), bits, unsigned, narrow)
         q, _ = tensor_quant(xd.detach(), amax.to(device), bits, unsigned, narrow)
         out.backward(torch.ones_like(out))
         results.append((out.detach().cpu(), q.cpu(), xd.grad.cpu()))
     return results
+
+
+_KERNEL_SIGNATURES = {
+    "_quantize_kernel": dict(x_ptr="*bf16", amax_ptr="*fp32", out_ptr="*bf16", n="i32", inner="i32",
+                             channels="i32", qmin="fp32", qmax="fp32", PER_TENSOR="constexpr",
+                             DEQUANTIZE="constexpr", BLOCK="constexpr"),
+    "_quantize_backward_kernel": dict(grad_ptr="*fp32", x_ptr="*fp32", amax_ptr="*fp32", out_ptr="*fp32", n="i32",
+                                      inner="i32", channels="i32", PER_TENSOR="constexpr", UNSIGNED="constexpr",
+                                      BLOCK="constexpr"),
+}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("kernel", sorted(_KERNEL_SIGNATURES))
+@pytest.mark.parametrize("per_tensor", [True, False])
+def test_triton_kernels_compile_for_hopper_without_a_gpu(kernel, per_tensor):
+    """The real compiler (to a cubin for sm_90), which the interpreter skips: it rejects what the interpreter runs
+    (a non-constexpr global, two returns of different shapes), found only on a GPU before this test."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from qdq import triton_kernels
+
+    flags = {"PER_TENSOR": per_tensor, "DEQUANTIZE": True, "UNSIGNED": False, "BLOCK": 1024}
+    signature = _KERNEL_SIGNATURES[kernel]
+    source = triton.compiler.ASTSource(
+        fn=getattr(triton_kernels, kernel),
+        signature=signature,
+        constexprs={name: value for name, value in flags.items() if name in signature},
+    )
+    assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 
 
 @pytest.mark.gpu

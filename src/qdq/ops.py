@@ -87,10 +87,13 @@ def _quantize_aten(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, de
 
 def _quantize_grad_aten(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor, unsigned: bool) -> torch.Tensor:
     amax = amax.to(x.dtype) if x.dtype == torch.float64 else amax.float()
+    # Compared in amax's precision, as the forward clamps: a 0-d float32 amax beside bfloat16/float16 data
+    # would otherwise be rounded to the data's type first (type promotion) and move the edge of the range.
+    x = x if x.dtype in (torch.float32, torch.float64) else x.float()
     # In-place comparisons on a float copy write 1.0 / 0.0 and vectorise on CPU (about 3x faster than a
     # bool mask and torch.where); the product zeroes the gradient outside the range.
     inside = x.clone().ge_(0.0).mul_(x.clone().le_(amax)) if unsigned else x.abs().le_(amax)
-    return inside.mul_(grad) if inside.dtype == grad.dtype else grad * inside
+    return inside.mul_(grad) if inside.dtype == grad.dtype else inside.to(grad.dtype).mul_(grad)
 
 
 # -- Triton dispatch ----------------------------------------------------------------------------------
@@ -132,11 +135,12 @@ def _triton_layout(x: torch.Tensor, amax: torch.Tensor) -> int | None:
 
 
 def _triton_for(x: torch.Tensor, amax: torch.Tensor) -> tuple[Any, int] | None:
-    """:mod:`qdq.triton_kernels` and the ``inner`` block size for ``x`` on CUDA, or None for the ATen path."""
+    """:mod:`qdq.triton_kernels` and the ``inner`` block size for ``x`` on CUDA, or None for the ATen path (also
+    where ``amax`` lives on another device: ATen reads a 0-d CPU range beside CUDA data, Triton cannot)."""
     if not x.is_cuda:
         return None
     kernels = _triton_module()
-    inner = None if kernels is None else _triton_layout(x, amax)
+    inner = None if kernels is None or amax.device != x.device else _triton_layout(x, amax)
     return None if inner is None else (kernels, inner)
 
 

@@ -28,6 +28,7 @@ from torch import nn
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.placement import apply_placement
+from qdq.quantizer import TensorQuantizer
 from qdq.replace import ModuleFilter, Pattern, replace_modules
 from qdq.targets import Target, check_not_superseded, resolve_target
 
@@ -124,7 +125,22 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
         raise QdqTypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}.")
     check_not_superseded(model)
     quantized = replace_modules(model, config.module_filter, config.quant_desc_input, config.quant_desc_weight)
-    if config.target is None:
-        return quantized
-    return apply_placement(quantized, target=resolve_target(config.target), quant_desc=config.quant_desc_input,
-                           target_options=config.target_options)  # fmt: skip
+    if config.target is not None:
+        quantized = apply_placement(
+            quantized,
+            target=resolve_target(config.target),
+            quant_desc=config.quant_desc_input,
+            target_options=config.target_options,
+        )
+    return _quantizers_beside_parameters(quantized)
+
+
+def _quantizers_beside_parameters(model: nn.Module) -> nn.Module:
+    """``model`` with every quantizer on the device of its first parameter: a model quantized on a GPU keeps
+    its ranges there (placement adds quantizers built on the CPU; the kernels read ranges on the device)."""
+    parameter = next(model.parameters(), None)
+    if parameter is not None and parameter.device.type not in ("cpu", "meta"):
+        for module in model.modules():
+            if isinstance(module, TensorQuantizer):
+                module.to(parameter.device)
+    return model

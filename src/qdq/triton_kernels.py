@@ -26,15 +26,20 @@ import triton.language as tl
 __all__ = ["quantize_backward_triton", "quantize_triton"]
 
 _BLOCK = 1024
-_ROUNDER = 12582912.0  # 1.5 * 2**23
-_AMAX_EPSILON = 2.0**-24  # qdq.tensor_quant.AMAX_EPSILON (kept literal: the kernel needs a constant)
+# Globals a kernel reads must be tl.constexpr: the compiler refuses plain Python globals (the interpreter
+# does not, so only a compilation catches it: tests/test_ops.py compiles the kernels for sm_90 on any machine).
+_ROUNDER = tl.constexpr(12582912.0)  # 1.5 * 2**23
+_AMAX_EPSILON = tl.constexpr(2.0**-24)  # qdq.tensor_quant.AMAX_EPSILON (kept literal: the kernel needs a constant)
 
 
 @triton.jit
 def _channel_amax(amax_ptr, offs, mask, inner, channels, PER_TENSOR: tl.constexpr):
+    # One return of either shape: a constexpr branch compiles only the taken side (two returns must agree).
     if PER_TENSOR:
-        return tl.load(amax_ptr).to(tl.float32)
-    return tl.load(amax_ptr + (offs // inner) % channels, mask=mask, other=1.0).to(tl.float32)
+        amax = tl.load(amax_ptr).to(tl.float32)
+    else:
+        amax = tl.load(amax_ptr + (offs // inner) % channels, mask=mask, other=1.0).to(tl.float32)
+    return amax
 
 
 @triton.jit

@@ -17,6 +17,7 @@ and, with a weight, ``quant_desc_weight=``: the one ``__init__`` of :class:`Quan
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
@@ -100,7 +101,7 @@ class QuantInputMixin(QuantModule):
         """A quantized copy of ``module`` that shares its parameters, buffers and hooks."""
         new = _adopt(cls, module)
         new.init_quantizer(quant_desc_input)
-        return new
+        return _quantizers_on_device_of(new, module)
 
     def to_float(self) -> nn.Module:
         """The float module this one replaces (``float_class_of``), sharing its parameters, buffers and hooks,
@@ -159,7 +160,17 @@ class QuantMixin(QuantInputMixin):
     ) -> M:
         new = _adopt(cls, module)
         new.init_quantizer(quant_desc_input, quant_desc_weight)
-        return new
+        return _quantizers_on_device_of(new, module)
+
+
+def _quantizers_on_device_of(new: M, module: nn.Module) -> M:
+    """``new`` with its quantizers' buffers on the device of ``module``'s first parameter or buffer (a model
+    quantized on a GPU keeps its ranges there: the kernels read them on the device)."""
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    if tensor is not None and tensor.device.type != "cpu":
+        for quantizer in new.quantizers().values():
+            quantizer.to(tensor.device)
+    return new
 
 
 def _adopt(cls: type[M], module: nn.Module) -> M:

@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import PackedSequence
 from qdq import descriptor as d
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
-from qdq.nn.base import QuantMixin, _adopt, _check_desc
+from qdq.nn.base import QuantMixin, _adopt, _check_desc, _quantizers_on_device_of
 from qdq.nn.registry import quantizes
 from qdq.quantizer import TensorQuantizer
 
@@ -175,7 +175,7 @@ class QuantLSTM(QuantMixin, nn.LSTM):
         new.__dict__["_flat_weights"] = list(module.__dict__.get("_flat_weights", []))
         new.__dict__["_flat_weight_refs"] = list(module.__dict__.get("_flat_weight_refs", []))
         new.init_quantizer(quant_desc_input, quant_desc_weight)
-        return new
+        return _quantizers_on_device_of(new, module)
 
     @property
     def input_quantizers(self) -> nn.ModuleList:
