@@ -40,6 +40,7 @@ WEIGHT_ENCODINGS = ("auto", "int8", "uint8")
 
 #: ops whose constant input ORT multiplies as an int8 weight (QLinearConv, QGemm, QLinearMatMul)
 _WEIGHT_READERS = frozenset({"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"})
+_LAYOUT_OPS = frozenset({"Transpose", "Reshape"})
 
 
 def _as_uint8(values: np.ndarray) -> np.ndarray:
@@ -48,7 +49,10 @@ def _as_uint8(values: np.ndarray) -> np.ndarray:
 
 
 def _weight_reader_only(g: GraphIndex, dq: Any) -> bool:
-    return g.only_readers(dq.output[0], _WEIGHT_READERS) is not None
+    """Every reader of the DQ's output is a weighted op, looking through layout ops (the dynamo exporter writes
+    a Linear on a 3-D input as ``DQ -> Transpose -> MatMul``, which ORT folds into one int8 weight)."""
+    readers = g.readers(dq.output[0], through=_LAYOUT_OPS)
+    return bool(readers) and all(r is not None and r.op_type in _WEIGHT_READERS for r in readers)
 
 
 def _int8_zero_point(g: GraphIndex, node: Any, shape: tuple[int, ...]) -> np.ndarray | None:
