@@ -112,8 +112,12 @@ def test_onnxruntime_rules_on_resnet18():
     modules = dict(placed.named_modules())
     for add in (m for m in modules.values() if isinstance(m, qnn.QuantAdd)):
         assert all(q.is_enabled for q in add.input_quantizers)
-    # the stem conv -> bn -> relu feeds a (float) max-pool: its output gets a quantizer
-    assert isinstance(modules.get("output_quantizer"), TensorQuantizer)
+    # the stem conv -> bn -> relu feeds a max-pool: its output gets a quantizer, whose range is the one of the
+    # quantizers reading the pool's output (ORT runs the max-pool on int8 data only with one scale around it)
+    stem = placed.get_submodule("output_quantizer")
+    assert isinstance(stem, TensorQuantizer) and stem.unsigned
+    assert stem is placed.get_submodule("layer1.0.conv1._input_quantizer")
+    assert stem is placed.get_submodule("layer1.0.residual_add.input_quantizers.1")
     unsigned = {name for name, m in modules.items() if isinstance(m, TensorQuantizer) and m.unsigned}
     assert "layer1.0.conv2._input_quantizer" in unsigned and "conv1._input_quantizer" not in unsigned
     seen_min: dict[str, float] = {}
@@ -181,20 +185,37 @@ def test_concat_rule():
     assert out[1].shape == (2, 7, 4, 4)
 
 
-class MixedCat(nn.Module):
+class UNetStep(nn.Module):
+    """An encoder conv read by a max-pool and by a concatenation with the upsampled deeper map (U-Net)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.conv = qnn.QuantConv2d(3, 3, 1)
+        self.enc, self.down, self.head = qnn.QuantConv2d(3, 4, 3, padding=1), qnn.QuantConv2d(4, 4, 3, padding=1), \
+            qnn.QuantConv2d(8, 2, 1)  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.relu(self.conv(x)), x], 1)  # x can be negative
+        skip = torch.relu(self.enc(x))
+        deep = torch.relu(self.down(nn.functional.max_pool2d(skip, 2)))
+        up = nn.functional.interpolate(deep, scale_factor=2.0, mode="nearest")
+        return self.head(torch.cat([up, skip], 1))
 
 
-def test_shared_concat_quantizer_stays_signed_when_one_input_can_be_negative():
-    placed = apply_placement(MixedCat(), target="onnxruntime")
-    cat = next(m for m in placed.modules() if isinstance(m, qnn.QuantConcat))
-    assert not cat.input_quantizer.unsigned
-    placed(torch.randn(2, 3, 4, 4))
+def test_onnxruntime_moves_int8_data_through_unet_pools_resizes_and_concatenations():
+    placed = apply_placement(UNetStep(), target="onnxruntime")
+    modules = {n: m for n, m in placed.named_modules(remove_duplicate=False)}
+    calls = [str(n.target) for n in placed.graph.nodes if n.op == "call_module"]
+    # the pool: one range before and after (the encoder's output quantizer is the down conv's input quantizer)
+    skip = placed.get_submodule("output_quantizer")
+    assert skip is modules["down._input_quantizer"]
+    # the resize: its input (the deep conv's output) and its output as the concatenation reads it share a range:
+    # one quantizer called on both sides
+    deep = placed.get_submodule("output_quantizer_1")
+    assert calls.count("output_quantizer_1") == 2
+    # the concatenation reads both inputs quantized (QLinearConcat), each with its own range
+    cat = next(n for n in placed.graph.nodes if n.target is torch.cat)
+    assert [str(t.target) for t in cat.args[0]] == ["output_quantizer_1", "output_quantizer"] and skip is not deep
+    assert all(m.unsigned for m in (skip, deep))
+    assert placed(torch.randn(1, 3, 8, 8)).shape == (1, 2, 8, 8)
 
 
 class SqueezeExcite(nn.Module):

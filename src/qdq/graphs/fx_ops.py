@@ -1,193 +1,179 @@
-"""The torch vocabulary placement rules read on a ``torch.fx`` graph: which node is a conv, an add, a ReLU...
+"""The PyTorch side of the op vocabulary: which ONNX op a ``torch.fx`` node is (:func:`op_type`).
 
 A node calls a module (``call_module``), a function (``call_function``: ``torch.cat``, ``operator.add``) or a
-tensor method (``call_method``: ``x.relu()``); each question below accepts all three spellings of an op.
-The answers are about the torch op and the ONNX op it exports to (:func:`onnx_activation`), never about a
-target: the targets' rules (:mod:`qdq.targets`) decide what to do with them.
+tensor method (``call_method``: ``x.relu()``); each spelling of an op gets the ONNX op type its export writes
+(``nn.Conv2d`` and ``F.conv2d``: ``"Conv"``; ``nn.ReLU6``: ``"Clip"`` with ``min`` 0, ``max`` 6; ``nn.SiLU``:
+``"Silu"``), with the attributes placement reads. Nothing here knows a target.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import QuantModule
 from qdq.nn.elementwise import QuantAdd, QuantConcat, QuantMatMul
 from qdq.quantizer import TensorQuantizer
 
-if TYPE_CHECKING:
-    from qdq.graphs.fx import PlacementContext
-
-__all__ = [
-    "QDQ_LEAVES",
-    "add_operands",
-    "concat_arguments",
-    "is_identity",
-    "is_layer_norm",
-    "is_nonnegative",
-    "is_norm",
-    "is_passthrough",
-    "is_recurrent",
-    "is_sigmoid",
-    "is_weighted_module",
-    "meta_outside",
-    "mul_operands",
-    "onnx_activation",
-    "silu_input",
-]
+__all__ = ["LEAF_CLASS_NAMES", "QDQ_LEAVES", "fetch_attr", "function_type", "is_tensor", "meta_outside", "op_type"]
 
 #: modules ``torch.fx`` keeps as calls (qdq's quantized modules and quantizers), whatever they contain
 QDQ_LEAVES: tuple[type, ...] = (QuantModule, TensorQuantizer)
 LEAF_CLASS_NAMES = frozenset({"StochasticDepth"})  # its forward bakes ``self.training`` into a traced call
 
-_WEIGHTED_MODULES = (nn.modules.conv._ConvNd, nn.Linear, QuantMatMul)
-_WEIGHTED_FUNCTIONS = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
-                       F.linear, torch.matmul, operator.matmul}  # fmt: skip
-_NORM_MODULES = (nn.modules.batchnorm._BatchNorm,)
-# Normalizations over features (exported as LayerNormalization / a float reduction): they read float.
-_LAYER_NORM_MODULES = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
-_LAYER_NORM_FUNCTIONS = {F.layer_norm, F.group_norm, F.rms_norm}
-_RECURRENT_MODULES = (nn.RNNBase, nn.RNNCellBase)
-# The ONNX op each activation a runtime may fold into an int8 conv exports to (a target's fusion facts list
-# which ones it folds).
-_ACTIVATION_MODULE_OPS: dict[type, str] = {nn.ReLU: "Relu", nn.ReLU6: "Clip"}
-_ACTIVATION_FUNCTION_OPS: dict[Any, str] = {F.relu: "Relu", torch.relu: "Relu", F.relu6: "Clip"}
-_ACTIVATION_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.GELU, nn.LeakyReLU, nn.Hardswish, nn.Sigmoid,
-                       nn.Tanh, nn.ELU, nn.Mish)  # fmt: skip
-_PASS_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identity)
-_ACTIVATION_FUNCTIONS = {F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, torch.sigmoid, F.leaky_relu}
-_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
-_ADD_METHODS = {"add", "add_"}
-_MUL_FUNCTIONS = {operator.mul, operator.imul, torch.mul}
-_MUL_METHODS = {"mul", "mul_"}
-_PASS_FUNCTION_NAMES = {"stochastic_depth", "dropout"}
+_NON_TENSOR_METHODS = {"size", "dim", "numel", "item", "tolist", "__len__", "nelement"}
 
-# Non-negative by construction, and ops that keep a non-negative input non-negative.
-_NONNEG_MODULES = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softmax)
-_NONNEG_FUNCTIONS = {F.relu, torch.relu, F.relu6, torch.sigmoid, F.sigmoid, F.hardsigmoid, F.softmax, torch.softmax}
-_NONNEG_METHODS = {"relu", "relu_", "sigmoid", "sigmoid_", "softmax"}
-_KEEP_SIGN_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
-                      nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool1d,
-                      nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, nn.Flatten, nn.Upsample, *_PASS_MODULES)  # fmt: skip
-_KEEP_SIGN_FUNCTIONS = {torch.flatten, torch.reshape, F.adaptive_avg_pool2d, F.adaptive_avg_pool1d,
-                        F.adaptive_avg_pool3d, F.avg_pool2d, F.max_pool2d, F.interpolate, torch.squeeze,
-                        torch.unsqueeze, torch.permute, torch.transpose}  # fmt: skip
-_KEEP_SIGN_METHODS = {"view", "reshape", "flatten", "contiguous", "permute", "transpose", "squeeze", "unsqueeze",
-                      "mean", "max"}  # fmt: skip
+# module class -> ONNX op type, most specific first (quantized modules subclass their float class)
+_MODULES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (QuantScaledDotProductAttention, "Attention"),
+    (QuantAdd, "Add"),
+    (QuantConcat, "Concat"),
+    (QuantMatMul, "MatMul"),
+    ((nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d), "ConvTranspose"),
+    (nn.modules.conv._ConvNd, "Conv"),
+    (nn.Linear, "Gemm"),
+    (nn.modules.batchnorm._BatchNorm, "BatchNormalization"),
+    ((nn.LayerNorm,), "LayerNormalization"),
+    ((nn.GroupNorm,), "GroupNormalization"),
+    ((nn.RMSNorm,), "RMSNormalization"),
+    ((nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d), "InstanceNormalization"),
+    ((nn.LSTM, nn.LSTMCell), "LSTM"),
+    ((nn.GRU, nn.GRUCell), "GRU"),
+    ((nn.RNN, nn.RNNCell), "RNN"),
+    (nn.ReLU, "Relu"),
+    (nn.Hardtanh, "Clip"),  # ReLU6 is a Hardtanh
+    (nn.SiLU, "Silu"),
+    (nn.Sigmoid, "Sigmoid"),
+    (nn.Hardsigmoid, "HardSigmoid"),
+    (nn.Hardswish, "HardSwish"),
+    (nn.GELU, "Gelu"),
+    (nn.LeakyReLU, "LeakyRelu"),
+    (nn.Tanh, "Tanh"),
+    (nn.ELU, "Elu"),
+    (nn.Mish, "Mish"),
+    (nn.Softmax, "Softmax"),
+    ((nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identity), "Identity"),
+    ((nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d), "MaxPool"),
+    ((nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d), "AveragePool"),
+    ((nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d), "AveragePool"),
+    ((nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d), "MaxPool"),
+    (nn.Flatten, "Flatten"),
+    (nn.Upsample, "Resize"),
+    (nn.ZeroPad2d, "Pad"),
+)
+_FUNCTIONS: dict[Any, str] = {
+    F.conv1d: "Conv", F.conv2d: "Conv", F.conv3d: "Conv", F.conv_transpose1d: "ConvTranspose",
+    F.conv_transpose2d: "ConvTranspose", F.conv_transpose3d: "ConvTranspose", F.linear: "Gemm",
+    torch.matmul: "MatMul", operator.matmul: "MatMul", torch.bmm: "MatMul",
+    operator.add: "Add", operator.iadd: "Add", torch.add: "Add", operator.mul: "Mul", operator.imul: "Mul",
+    torch.mul: "Mul", torch.cat: "Concat", torch.concat: "Concat",
+    F.relu: "Relu", torch.relu: "Relu", F.relu6: "Clip", F.hardtanh: "Clip", F.silu: "Silu",
+    torch.sigmoid: "Sigmoid", F.sigmoid: "Sigmoid", F.hardsigmoid: "HardSigmoid", F.hardswish: "HardSwish",
+    F.gelu: "Gelu", F.leaky_relu: "LeakyRelu", torch.tanh: "Tanh", F.softmax: "Softmax", torch.softmax: "Softmax",
+    F.layer_norm: "LayerNormalization", F.group_norm: "GroupNormalization", F.rms_norm: "RMSNormalization",
+    F.max_pool1d: "MaxPool", F.max_pool2d: "MaxPool", F.max_pool3d: "MaxPool", F.avg_pool1d: "AveragePool",
+    F.avg_pool2d: "AveragePool", F.avg_pool3d: "AveragePool", F.adaptive_avg_pool1d: "AveragePool",
+    F.adaptive_avg_pool2d: "AveragePool", F.adaptive_avg_pool3d: "AveragePool", F.interpolate: "Resize",
+    torch.flatten: "Flatten", torch.reshape: "Reshape", torch.squeeze: "Squeeze", torch.unsqueeze: "Unsqueeze",
+    torch.permute: "Transpose", torch.transpose: "Transpose", F.pad: "Pad", F.dropout: "Identity",
+    operator.getitem: "Slice",
+}  # fmt: skip
+_FUNCTION_NAMES = {"stochastic_depth": "Identity", "dropout": "Identity"}
+_METHODS = {
+    "add": "Add", "add_": "Add", "mul": "Mul", "mul_": "Mul", "relu": "Relu", "relu_": "Relu",
+    "sigmoid": "Sigmoid", "sigmoid_": "Sigmoid", "softmax": "Softmax", "view": "Reshape", "reshape": "Reshape",
+    "flatten": "Flatten", "contiguous": "Identity", "permute": "Transpose", "transpose": "Transpose",
+    "squeeze": "Squeeze", "unsqueeze": "Unsqueeze", "mean": "ReduceMean", "max": "ReduceMax", "matmul": "MatMul",
+}  # fmt: skip
 
 
-def is_weighted_module(module: nn.Module) -> bool:
-    """Conv / ConvTranspose / Linear / QuantMatMul."""
-    return isinstance(module, _WEIGHTED_MODULES)
+def fetch_attr(root: nn.Module, target: str) -> Any:
+    """``root``'s attribute at the dotted path ``target``, or None."""
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
 
 
-def is_weighted_function(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target in _WEIGHTED_FUNCTIONS
-
-
-def is_norm(ctx: PlacementContext, node: fx.Node) -> bool:
-    """A BatchNorm (what a conv's output goes through before the activation)."""
-    return isinstance(ctx.module(node), _NORM_MODULES)
-
-
-def is_layer_norm(ctx: PlacementContext, node: fx.Node) -> bool:
-    """A LayerNorm / GroupNorm / RMSNorm (module or function): a transformer's normalization."""
-    module = ctx.module(node)
-    if module is not None:
-        return isinstance(module, _LAYER_NORM_MODULES)
-    return node.op == "call_function" and node.target in _LAYER_NORM_FUNCTIONS
-
-
-def is_recurrent(ctx: PlacementContext, node: fx.Node) -> bool:
-    """An LSTM / GRU / RNN layer or cell (float or quantized)."""
-    return isinstance(ctx.module(node), _RECURRENT_MODULES)
-
-
-def is_passthrough(ctx: PlacementContext, node: fx.Node) -> bool:
-    """BatchNorm, an activation, dropout or stochastic depth: what a runtime fuses after a weighted op."""
-    module = ctx.module(node)
-    if module is not None:
-        return isinstance(module, (*_NORM_MODULES, *_ACTIVATION_MODULES, *_PASS_MODULES)) or (
-            type(module).__name__ in LEAF_CLASS_NAMES
-        )
+def is_tensor(root: nn.Module, node: Any) -> bool:
+    """Best-effort: does ``node`` produce a tensor (not a size, a shape entry or a Python number)?"""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "get_attr":
+        return isinstance(fetch_attr(root, str(node.target)), torch.Tensor)
+    if node.op == "call_method":
+        return node.target not in _NON_TENSOR_METHODS
     if node.op == "call_function":
-        return node.target in _ACTIVATION_FUNCTIONS or getattr(node.target, "__name__", "") in _PASS_FUNCTION_NAMES
-    return node.op == "call_method" and node.target in ("relu", "relu_")
+        if node.target in (getattr, len):
+            return False
+        if node.target is operator.getitem:
+            return is_tensor(root, node.args[0])
+        if getattr(node.target, "__module__", None) in ("_operator", "operator"):
+            return any(is_tensor(root, a) for a in node.args)
+    return True
 
 
-def is_identity(ctx: PlacementContext, node: fx.Node) -> bool:
-    """Dropout, Identity or stochastic depth: the identity at inference."""
-    module = ctx.module(node)
+def op_type(node: fx.Node, module: nn.Module | None) -> tuple[str, dict[str, Any]]:
+    """The ONNX op type ``node`` exports to and the attributes placement reads; ``"torch:<name>"`` when unknown."""
     if module is not None:
-        return isinstance(module, _PASS_MODULES) or type(module).__name__ in LEAF_CLASS_NAMES
-    return node.op == "call_function" and getattr(node.target, "__name__", "") in _PASS_FUNCTION_NAMES
-
-
-def onnx_activation(ctx: PlacementContext, node: fx.Node) -> str | None:
-    """The ONNX op a ReLU / ReLU6 node exports to (``"Relu"``, ``"Clip"``), else None."""
-    module = ctx.module(node)
-    if module is not None:
-        return _ACTIVATION_MODULE_OPS.get(type(module))
-    return _ACTIVATION_FUNCTION_OPS.get(node.target) if node.op == "call_function" else None
-
-
-def _binary_operands(
-    ctx: PlacementContext, node: fx.Node, functions: set[Any], methods: set[str]
-) -> tuple[fx.Node, fx.Node] | None:
-    is_op = (node.op == "call_function" and node.target in functions) or (
-        node.op == "call_method" and node.target in methods
-    )
-    if not is_op or len(node.args) != 2:
-        return None
-    a, b = node.args
-    if not (ctx.is_tensor(a) and ctx.is_tensor(b)) or a.op == "get_attr" or b.op == "get_attr":  # type: ignore[union-attr]
-        return None
-    return a, b  # type: ignore[return-value]
-
-
-def add_operands(ctx: PlacementContext, node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """The two tensor operands of a tensor + tensor node (``+``, ``+=``, ``torch.add``), else None."""
-    if node.kwargs.get("alpha", 1) != 1:
-        return None
-    return _binary_operands(ctx, node, _ADD_FUNCTIONS, _ADD_METHODS)
-
-
-def mul_operands(ctx: PlacementContext, node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """The two tensor operands of a tensor * tensor node (constants and numbers excluded), else None."""
-    if node.kwargs:
-        return None
-    return _binary_operands(ctx, node, _MUL_FUNCTIONS, _MUL_METHODS)
-
-
-def concat_arguments(node: fx.Node) -> tuple[list[Any], int] | None:
-    """``(tensors, dim)`` of a ``torch.cat`` node with a literal list and dim, else None."""
-    if not (node.op == "call_function" and node.target in (torch.cat, torch.concat)):
-        return None
-    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    if not isinstance(tensors, list | tuple) or not isinstance(dim, int):
-        return None
-    return list(tensors), dim
-
-
-def is_sigmoid(ctx: PlacementContext, node: fx.Node) -> bool:
-    if isinstance(ctx.module(node), nn.Sigmoid):
-        return True
+        return _module_type(module)
     if node.op == "call_function":
-        return node.target in (torch.sigmoid, F.sigmoid)
-    return node.op == "call_method" and node.target == "sigmoid"
+        found = _FUNCTIONS.get(node.target) or _FUNCTION_NAMES.get(getattr(node.target, "__name__", ""))
+        if found is not None:
+            return found, _function_attrs(node, found)
+        return f"torch:{getattr(node.target, '__name__', node.target)}", {}
+    if node.op == "call_method":
+        found = _METHODS.get(str(node.target))
+        return (found, {}) if found is not None else (f"torch:{node.target}", {})
+    return f"torch:{node.op}", {}
 
 
-def silu_input(ctx: PlacementContext, node: fx.Node) -> Any:
-    """The input of a SiLU node (``nn.SiLU`` or ``F.silu``), else None."""
-    functional = node.op == "call_function" and node.target is F.silu
-    if not (functional or isinstance(ctx.module(node), nn.SiLU)):
-        return None
-    return node.args[0] if node.args else node.kwargs.get("input")
+def function_type(function: Any) -> str | None:
+    """The ONNX op type of a torch function (``operator.mul``) or tensor method name (``"mul"``), or None."""
+    if isinstance(function, str):
+        return _METHODS.get(function)
+    return _FUNCTIONS.get(function) or _FUNCTION_NAMES.get(getattr(function, "__name__", ""))
+
+
+def _module_type(module: nn.Module) -> tuple[str, dict[str, Any]]:
+    if type(module).__name__ in LEAF_CLASS_NAMES:  # stochastic depth: the identity at inference
+        return "Identity", {}
+    for classes, name in _MODULES:
+        if isinstance(module, classes):
+            return name, _module_attrs(module, name)
+    return f"torch:{type(module).__name__}", {}
+
+
+def _module_attrs(module: nn.Module, name: str) -> dict[str, Any]:
+    if name == "Clip":
+        return {"min": float(module.min_val), "max": float(module.max_val)}  # type: ignore[arg-type]
+    if name == "Resize":
+        return {"mode": str(getattr(module, "mode", "nearest"))}
+    if name == "Pad":
+        return {"mode": "constant", "value": 0.0}
+    return {}
+
+
+def _function_attrs(node: fx.Node, name: str) -> dict[str, Any]:
+    if node.target is F.relu6:
+        return {"min": 0.0, "max": 6.0}
+    if node.target is F.hardtanh:
+        return {"min": float(node.kwargs.get("min_val", node.args[1] if len(node.args) > 1 else -1.0)),
+                "max": float(node.kwargs.get("max_val", node.args[2] if len(node.args) > 2 else 1.0))}  # fmt: skip
+    if name == "Resize":
+        return {"mode": str(node.kwargs.get("mode", "nearest"))}
+    if node.target is F.pad:
+        mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
+        value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else 0.0)
+        return {"mode": str(mode), "value": float(value or 0.0)}
+    return {}
 
 
 def meta_outside(node: fx.Node) -> dict[str, Any]:
@@ -198,39 +184,3 @@ def meta_outside(node: fx.Node) -> dict[str, Any]:
     if stack and node.op == "call_module":
         meta["nn_module_stack"] = {k: v for k, v in stack.items() if k != node.target}
     return meta
-
-
-def is_nonnegative(ctx: PlacementContext, node: Any, depth: int = 0) -> bool:
-    """Is ``node`` non-negative by construction (ReLU, Sigmoid... possibly pooled or reshaped)?"""
-    if not isinstance(node, fx.Node) or depth > 32:
-        return False
-    module = ctx.module(node)
-    if module is not None:
-        return _module_nonnegative(ctx, module, node, depth)
-    if node.op == "call_function":
-        if node.target in _NONNEG_FUNCTIONS:
-            return True
-        if node.target in _KEEP_SIGN_FUNCTIONS or getattr(node.target, "__name__", "") in _PASS_FUNCTION_NAMES:
-            return is_nonnegative(ctx, node.args[0], depth + 1)
-        if node.target in (operator.add, operator.mul, torch.cat):
-            args = node.args[0] if node.target is torch.cat else node.args
-            return all(is_nonnegative(ctx, a, depth + 1) for a in args if isinstance(a, fx.Node))  # type: ignore[union-attr]
-        return False
-    if node.op == "call_method":
-        if node.target in _NONNEG_METHODS:
-            return True
-        return node.target in _KEEP_SIGN_METHODS and is_nonnegative(ctx, node.args[0], depth + 1)
-    return False
-
-
-def _module_nonnegative(ctx: PlacementContext, module: nn.Module, node: fx.Node, depth: int) -> bool:
-    if isinstance(module, _NONNEG_MODULES) or (isinstance(module, nn.Hardtanh) and module.min_val >= 0):
-        return True
-    if isinstance(module, TensorQuantizer):
-        return module.unsigned or is_nonnegative(ctx, node.args[0], depth + 1)
-    if isinstance(module, QuantConcat):
-        return all(is_nonnegative(ctx, a, depth + 1) for a in node.args[0])  # type: ignore[union-attr]
-    if isinstance(module, QuantAdd):
-        return all(is_nonnegative(ctx, a, depth + 1) for a in node.args[:2])
-    keeps = isinstance(module, _KEEP_SIGN_MODULES) or type(module).__name__ in LEAF_CLASS_NAMES
-    return keeps and is_nonnegative(ctx, node.args[0], depth + 1)

@@ -10,11 +10,13 @@ from torch import fx, nn
 
 from qdq.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
-from qdq.graphs.fx import PlacementContext
+from qdq.graphs.fx_edit import apply_notes, materialize
 from qdq.graphs.fx_ops import LEAF_CLASS_NAMES, QDQ_LEAVES
+from qdq.graphs.fx_view import build_view, untraced_view
+from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import QuantInputMixin
 from qdq.placement.attention_biases import fold_attention_biases
-from qdq.placement.capture import apply_attention_facts, capture_graph, capture_model
+from qdq.placement.capture import capture_graph, capture_model
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import (
     DEFAULT_TARGET,
@@ -79,6 +81,8 @@ class _Placement:
     ) -> None:
         self.target, self.desc, self.rules, self.leaves, self.capture = target, desc, rules, leaves, capture
         self.untraced: list[tuple[str, Exception]] = []
+        #: captured modules no traced graph calls (children of untraceable modules), by path
+        self.untraced_captured: dict[str, nn.Module] = {}
         #: modules the model capture steps made quantized (attention modules dispatching through a library's
         #: table, which torch.fx cannot trace): calls in the graph, so that the code around them traces.
         self.captured: frozenset[int] = frozenset()
@@ -88,24 +92,35 @@ class _Placement:
             gm = _trace(module, self.leaves, self.captured)
         except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
             return self.place_children(module, path, err)
-        ctx = PlacementContext(gm, self.target, self.desc)
-        ctx.changes += [f"{name}: quantized attention" for name in capture_graph(gm, self.desc, self.capture)]
+        changes = [f"{name}: quantized attention" for name in capture_graph(gm, self.desc, self.capture)]
+        view = build_view(gm, self.target)
         for rule in self.rules:
-            rule.torch(ctx)  # type: ignore[misc]  # rules_for("torch") keeps those with a torch function
-        if not ctx.changes:
+            rule.decide(view)
+        changes += materialize(view, gm, self.desc)
+        if not changes:
             return module, []
         gm.graph.lint()
         gm.recompile()
         prefix = f"{path}: " if path else ""
-        return gm, [prefix + line for line in ctx.changes]
+        return gm, [prefix + line for line in changes]
+
+    def place_untraced(self) -> None:
+        """Run the rules on the view of the captured modules no graph calls (their attention facts)."""
+        if self.untraced_captured:
+            view = untraced_view(self.untraced_captured, self.target)
+            for rule in self.rules:
+                rule.decide(view)
+            apply_notes(view)
 
     def place_children(self, module: nn.Module, path: str, err: Exception) -> tuple[nn.Module, list[str]]:
         self.untraced.append((path or type(module).__name__, err))
         changes: list[str] = []
         for name, child in list(module.named_children()):
+            child_path = f"{path}.{name}" if path else name
+            if id(child) in self.captured:
+                self.untraced_captured[child_path] = child
             if isinstance(child, QDQ_LEAVES + self.leaves) or id(child) in self.captured:
                 continue
-            child_path = f"{path}.{name}" if path else name
             new, lines = self.place(child, child_path)
             if new is not child:
                 setattr(module, name, new)
@@ -173,7 +188,7 @@ def apply_placement(
         the target's name (:func:`qdq.targets.placed_target`).
 
     Raises:
-        QdqConfigError: an unknown target or rule, a rule with no PyTorch implementation, a model already
+        QdqConfigError: an unknown target or rule, a model already
             placed for another target, a stale model (one a previous placement replaced), or an option the
             target does not take.
     """
@@ -188,15 +203,16 @@ def apply_placement(
             f"this model is already placed for target {previous!r}; placing it for {spec.name!r} too would mix "
             "both. Quantize a fresh copy of the float model for the other target."
         )
-    chosen = spec.rules_for("torch") if rules is None else tuple(_torch_rule(name) for name in rules)
+    chosen = spec.placement_rules if rules is None else tuple(PLACEMENT_RULES.get(name) for name in rules)
     desc = _default_desc(model) if quant_desc is None else quant_desc
     folded = fold_attention_biases(model) if spec.attention.fold_biases and previous is None else []
     captured = capture_model(model, desc, capture)
     placement = _Placement(spec, desc, chosen, tuple(leaf_modules), capture)
     placement.captured = frozenset(id(model.get_submodule(name)) for name in captured)
     placed, changes = placement.place(model, "")
+    placement.place_untraced()
     changes = folded + [f"{name}: quantized attention" for name in captured] + changes
-    attention = apply_attention_facts(placed, spec.attention)
+    attention = sum(isinstance(m, QuantScaledDotProductAttention) for m in placed.modules())
     message = placement.warning(model, attention)
     if message is not None:
         warnings.warn(message, stacklevel=2)
@@ -228,10 +244,3 @@ def _set_step_types(model: nn.Module, step_type: str) -> None:
     for module in model.modules():
         if isinstance(module, TensorQuantizer):
             module.step_type = step_type
-
-
-def _torch_rule(name: str) -> PlacementRule:
-    rule = PLACEMENT_RULES.get(name)  # unknown names raise with a suggestion
-    if not rule.supports("torch"):
-        raise QdqConfigError(f"placement rule {name!r} has no PyTorch implementation (front ends: {rule.frontends}).")
-    return rule

@@ -1,12 +1,13 @@
-"""Extending placement from outside qdq: register a PyTorch rule on targets, or build the common one."""
+"""Extending placement from outside qdq: register a rule on targets, or build the common one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from qdq.errors import QdqTypeError
-from qdq.graphs.fx import PlacementContext
+from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.graphs import fx_ops
+from qdq.graphs.view import GraphView
 from qdq.targets import (
     PLACEMENT_RULES,
     PlacementRule,
@@ -17,27 +18,31 @@ from qdq.targets import (
     target_names,
 )
 
-__all__ = ["function_inputs_rule", "placement_rules", "register_placement_rule", "unregister_placement_rule"]
+__all__ = [
+    "function_inputs_rule",
+    "op_inputs_rule",
+    "placement_rules",
+    "register_placement_rule",
+    "unregister_placement_rule",
+]
 
-Rule = Callable[[PlacementContext], None]
+Rule = Callable[[GraphView], None]
 
 
 def register_placement_rule(
     name: str, rule: Rule | None = None, *, targets: Sequence[str] | None = None, override: bool = False
 ) -> Any:
-    """Register a PyTorch placement rule ``rule(ctx: PlacementContext) -> None`` and append it to the rules of
-    ``targets`` (default: every registered target); usable as a decorator.
+    """Register a placement rule ``rule(view: GraphView) -> None`` and append it to the rules of ``targets``
+    (default: every registered target); usable as a decorator.
 
-    The rule is PyTorch-only (:class:`qdq.targets.PlacementRule` with ``torch=rule``): a Keras model quantized
-    for those targets is left as it was. To give a rule a Keras form too, build the ``PlacementRule`` yourself
-    and list it in a target (``register_target(Target(..., placement_rules=(...)))``).
+    The rule decides on the front-end-neutral view (:mod:`qdq.graphs.view`), so it runs for PyTorch, Keras and
+    ONNX models quantized for those targets alike.
 
     Example:
         >>> @register_placement_rule("my_mul", targets=("tensorrt",))  # doctest: +SKIP
-        ... def quantize_mul(ctx):
-        ...     for node in list(ctx.graph_module.graph.nodes):
-        ...         if node.target is operator.mul:
-        ...             ctx.quantize_input(node, 0)
+        ... def quantize_products(view):
+        ...     for mul in view.ops_of("Mul"):
+        ...         view.quantize_input(mul, 0, "my accelerator's product reads int8")
     """
     chosen = target_names() if targets is None else tuple(targets)
     for target in chosen:
@@ -46,18 +51,18 @@ def register_placement_rule(
     def _register(fn: Rule) -> Rule:
         if not callable(fn):
             raise QdqTypeError(f"a placement rule must be callable, got {fn!r}.")
-        register_rule(PlacementRule(name, torch=fn, description=(fn.__doc__ or "").strip()), override=override)
+        register_rule(PlacementRule(name, fn, (fn.__doc__ or "").strip()), override=override)
         add_placement_rule(name, chosen)
         return fn
 
     return _register if rule is None else _register(rule)
 
 
-def unregister_placement_rule(name: str) -> Rule | None:
-    """Remove a rule, and remove it from every target's rules; returns its PyTorch function."""
+def unregister_placement_rule(name: str) -> Rule:
+    """Remove a rule, and remove it from every target's rules; returns its function."""
     rule = PLACEMENT_RULES.unregister(name)
     remove_placement_rule(name)
-    return rule.torch
+    return rule.decide
 
 
 def placement_rules(target: str) -> list[str]:
@@ -65,21 +70,35 @@ def placement_rules(target: str) -> list[str]:
     return list(get_target(target).rule_names)
 
 
-def function_inputs_rule(functions: Iterable[Any], indices: Sequence[int] | None = None) -> Rule:
-    """A rule quantizing the tensor inputs ``indices`` (default: all) of every call to ``functions``.
+def op_inputs_rule(op_types: Iterable[str], indices: Sequence[int] | None = None) -> Rule:
+    """A rule quantizing the data inputs ``indices`` (default: all) of every op of ``op_types`` (ONNX names:
+    ``"Mul"``, ``"MatMul"``). The seed TF toolkit's EfficientNet case, for example, quantizes both inputs of the
+    squeeze-excitation product: ``register_placement_rule("se_mul", op_inputs_rule(["Mul"]))``."""
+    wanted = tuple(op_types)
 
-    ``functions`` may hold callables (``operator.mul``, ``torch.matmul``) or method names (``"mul"``). The
-    seed TF toolkit's EfficientNet case, for example, quantizes both inputs of the squeeze-excitation
-    multiply: ``register_placement_rule("se_mul", function_inputs_rule([operator.mul]))``.
-    """
-    wanted = list(functions)
-
-    def rule(ctx: PlacementContext) -> None:
-        for node in list(ctx.graph_module.graph.nodes):
-            if node.op not in ("call_function", "call_method") or node.target not in wanted:
-                continue
-            for index in indices if indices is not None else range(len(node.args)):
-                if index < len(node.args) and ctx.is_tensor(node.args[index]):
-                    ctx.quantize_input(node, index)
+    def rule(view: GraphView) -> None:
+        for op in view.ops_of(*wanted):
+            for position, (index, _) in enumerate(op.data_inputs):
+                if indices is None or position in indices:
+                    view.quantize_input(op, index, f"inputs of every {op.type}")
 
     return rule
+
+
+def function_inputs_rule(functions: Iterable[Any], indices: Sequence[int] | None = None) -> Rule:
+    """:func:`op_inputs_rule` for the ops that these torch callables (``operator.mul``, ``torch.matmul``) or
+    tensor method names (``"mul"``) export to.
+
+    Raises:
+        QdqConfigError: a function whose ONNX op qdq does not know.
+    """
+    types = []
+    for function in functions:
+        found = fx_ops.function_type(function)
+        if found is None:
+            raise QdqConfigError(
+                f"function_inputs_rule: qdq does not know which ONNX op {function!r} exports to; name the op type "
+                "with op_inputs_rule(['Mul', ...]) instead."
+            )
+        types.append(found)
+    return op_inputs_rule(types, indices)

@@ -1,7 +1,7 @@
 """Targets: one package per runtime a model is quantized for, and the registry of them by name.
 
-A :class:`Target` holds everything qdq knows about one runtime's int8 execution: its placement rules for
-PyTorch and Keras (:class:`PlacementRule`, each saying which front ends it supports), its ONNX rewrite, its
+A :class:`Target` holds everything qdq knows about one runtime's int8 execution: its placement rules
+(:class:`PlacementRule`, each written once against the front-end-neutral graph view), its ONNX rewrite, its
 fusion facts, its export defaults (opset, rewrite options such as the weight encoding) and how each runtime
 runs its graphs (:class:`RuntimeSupport`). Registered here:
 
@@ -11,8 +11,9 @@ runs its graphs (:class:`RuntimeSupport`). Registered here:
 
 How a target flows: ``QuantConfig(target="onnxruntime")`` names it; :func:`qdq.quantize_model` resolves the
 name once (:func:`get_target`) and passes the object to :func:`qdq.placement.apply_placement`, which runs its
-PyTorch rules and marks the model with the name (:func:`placed_target`); :func:`qdq.export.export_onnx` runs
-its ONNX rewrite with its export defaults and writes ``qdq.target`` into the file; a runtime
+rules on the model's graph view and marks the model with the name (:func:`placed_target`);
+:func:`qdq.export.export_onnx` runs its ONNX rewrite with its export defaults and writes ``qdq.target`` into the
+file; a runtime
 (:mod:`qdq.runtime`) reads that entry back and asks the target whether it runs the graph (:meth:`Target.support`).
 
 Adding a target is one call from anywhere, ``register_target(Target(...))``: nothing in qdq needs editing.
@@ -41,7 +42,7 @@ from qdq.targets.registry import (
     target_names,
     unregister_target,
 )
-from qdq.targets.rules import FRONTENDS, PLACEMENT_RULES, PlacementRule, register_rule
+from qdq.targets.rules import PLACEMENT_RULES, PlacementRule, register_rule
 from qdq.targets.target import (
     ATTENTION_QUANTIZER_NAMES,
     VERDICTS,
@@ -52,11 +53,11 @@ from qdq.targets.target import (
     Target,
 )
 from qdq.targets.tensorrt import TENSORRT
+from qdq.targets.tensorrt.cases import MAXPOOL_INPUTS, NORM_INPUTS, PRODUCT_INPUTS
 
 __all__ = [
     "ATTENTION_QUANTIZER_NAMES",
     "DEFAULT_TARGET",
-    "FRONTENDS",
     "ONNXRUNTIME_FUSION",
     "PLACEMENT_RULES",
     "TARGET_REGISTRY",
@@ -82,6 +83,8 @@ __all__ = [
     "unregister_target",
 ]
 
+for _rule in (NORM_INPUTS, MAXPOOL_INPUTS, PRODUCT_INPUTS):
+    register_rule(_rule)
 for _target in (TENSORRT, ONNXRUNTIME):
     for _rule in _target.placement_rules:
         register_rule(_rule)

@@ -229,10 +229,6 @@ class Target:
         """The names of :attr:`placement_rules`, in order."""
         return tuple(rule.name for rule in self.placement_rules)
 
-    def rules_for(self, frontend: str) -> tuple[PlacementRule, ...]:
-        """The rules with an implementation for ``frontend`` (``"torch"`` or ``"keras"``), in order."""
-        return tuple(rule for rule in self.placement_rules if rule.supports(frontend))
-
     def support(self, runtime: str) -> RuntimeSupport | None:
         """How ``runtime`` runs this target's graphs, or None when the target does not say."""
         return next((entry for entry in self.runtimes if entry.runtime == runtime), None)

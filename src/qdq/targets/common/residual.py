@@ -6,16 +6,14 @@ output precision (anchors §4.3, rule 4). So for a target with ``residual_add="s
 stays float and every other input is quantized: the fused conv then runs int8 in and int8 out. A target with
 ``residual_add="both"`` (ONNX Runtime's ``QLinearAdd``) quantizes every input.
 
-**Which input is fused** (one choice, both front ends, :func:`fused_input`): among the inputs that come from a
-weighted op (through BatchNorm, an activation, dropout or stochastic depth, each read once), the one with the
-most weighted ops on its longest path from the model's input; on a tie, the first in argument order. In a
-ResNet projection block both inputs come from a conv: the main branch (three convs in a bottleneck, two in a
-basic block) is fused and the projection shortcut (one conv) is quantized. Every block of the network then
-has the same int8 form: its last main-branch conv fused with the add, the shortcut arriving in int8 (in an
-identity block the shortcut is the block's input, already int8). Argument order cannot decide it:
-torchvision writes ``out += identity`` (main branch first) where keras.applications writes
-``Add([shortcut, x])`` (shortcut first), so a first-in-order rule quantized the shortcut in PyTorch and the
-main branch in Keras.
+**Which input is fused** (:func:`fused_input`): among the inputs that come from a weighted op (through
+BatchNorm, an activation, dropout or stochastic depth, each read once), the one with the most weighted ops on
+its longest path from the model's input; on a tie, the first in argument order. In a ResNet projection block
+both inputs come from a conv: the main branch (three convs in a bottleneck, two in a basic block) is fused and
+the projection shortcut (one conv) is quantized. Every block of the network then has the same int8 form: its
+last main-branch conv fused with the add, the shortcut arriving in int8 (in an identity block the shortcut is
+the block's input, already int8). Argument order cannot decide it: torchvision writes ``out += identity``
+(main branch first) where keras.applications writes ``Add([shortcut, x])`` (shortcut first).
 
 Adds with no weighted input are left alone (a Q/DQ the runtime cannot fuse only costs time).
 
@@ -31,13 +29,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from qdq.graphs import ops
 from qdq.targets.rules import PlacementRule
 
 if TYPE_CHECKING:
-    from qdq.graphs.fx import PlacementContext
-    from qdq.graphs.keras import KerasPlacement
+    from qdq.graphs.view import GraphView
 
-__all__ = ["RESIDUAL_ADD", "fused_input"]
+__all__ = ["RESIDUAL_ADD", "fused_input", "residual_adds"]
 
 
 def fused_input(follows_weighted: Sequence[bool], weighted_depth: Callable[[int], int]) -> int | None:
@@ -50,48 +48,31 @@ def fused_input(follows_weighted: Sequence[bool], weighted_depth: Callable[[int]
     return max(candidates, key=lambda i: (depths[i], -i))
 
 
-def _torch(ctx: PlacementContext) -> None:
-    from qdq.graphs.fx_ops import add_operands, is_layer_norm
-    from qdq.nn.elementwise import QuantAdd
-
-    both = ctx.target.residual_add == "both"
-    for node in list(ctx.graph_module.graph.nodes):
-        operands = add_operands(ctx, node)
-        if operands is None or (both and any(is_layer_norm(ctx, user) for user in node.users)):
+def residual_adds(view: GraphView, mode: str) -> None:
+    """Quantize the inputs of every add fed by a weighted op: all but the fused one (``"skip"``) or all
+    (``"both"``, except an add a layer normalization reads)."""
+    for add in view.ops_of("Add"):
+        inputs = add.data_inputs
+        if len(inputs) < 2:
             continue
-        follows = [ctx.follows_weighted(x) for x in operands]
-        fused = fused_input(follows, lambda i, xs=operands: ctx.weighted_depth(xs[i]))
+        if mode == "both" and any(r.type in ops.FEATURE_NORMS for r, _ in add.outputs[0].readers):
+            continue
+        values = [v for _, v in inputs]
+        fused = fused_input([view.follows_weighted(v) for v in values], lambda i, vs=values: view.weighted_depth(vs[i]))
         if fused is None:
             continue
-        quantize = (True, True) if both else tuple(i != fused for i in range(2))
-        new = ctx.replace_with_module(node, "residual_add", QuantAdd(ctx.quant_desc, quantize=quantize), operands)
-        ctx.changes.append(f"{new.target}: QuantAdd(quantize={quantize})")
+        for position, (index, _) in enumerate(inputs):
+            if mode == "both" or position != fused:
+                view.quantize_input(add, index, f"residual add ({mode})", stem="residual_add")
 
 
-def _keras(ctx: KerasPlacement) -> None:
-    for layer in ctx.layers:
-        if ctx.class_name(layer) != "Add":
-            continue
-        inputs = ctx.producers(layer)
-        if ctx.target.residual_add == "both":
-            if any(ctx.class_name(reader) == "LayerNormalization" for reader, _, _ in ctx.readers(layer)):
-                continue  # read by a float LayerNorm: the add stays float (module doc)
-            # once one input is quantized (a conv output, stage 0), all are: QLinearAdd
-            plan = ctx.plan(layer)
-            if plan is not None and plan.positions(len(inputs)):
-                ctx.quantize_all_inputs(layer)
-            continue
-        fused = fused_input([ctx.follows_weighted(p) for p in inputs], lambda i, xs=inputs: ctx.weighted_depth(xs[i]))
-        for position in range(len(inputs)) if fused is not None else ():
-            if position != fused:
-                ctx.quantize_input(layer, position, len(inputs))
+def _decide(view: GraphView) -> None:
+    residual_adds(view, view.target.residual_add)
 
 
 RESIDUAL_ADD = PlacementRule(
     "residual_add",
-    torch=_torch,
-    keras=_keras,
-    description="An add fed by a weighted op: with residual_add='skip' every input but the one TensorRT fuses "
-    "(the deepest weighted branch) is quantized; with 'both' every input (QLinearAdd), unless a LayerNorm reads "
-    "the sum (float there).",
+    _decide,
+    "An add fed by a weighted op: with residual_add='skip' every input but the one TensorRT fuses (the deepest "
+    "weighted branch) is quantized; with 'both' every input (QLinearAdd), unless a LayerNorm reads the sum.",
 )

@@ -2,44 +2,52 @@
 
 ONNX Runtime turns a ``DQ -> op -> Q`` group into an int8 kernel only when every data input is dequantized
 *and* the output quantized (:mod:`~qdq.targets.onnxruntime.fusion`; notes: ort-int8-notes.md). So this
-target quantizes more than TensorRT's inputs and weights, and the PyTorch / Keras model carries those
-quantizers, so that what is calibrated and trained is what ONNX Runtime computes. Its rules, in order:
+target quantizes more than TensorRT's inputs and weights, and the model carries those quantizers, so that what
+is calibrated and trained is what ONNX Runtime computes. Its rules (each written once against the graph view,
+:mod:`qdq.graphs.view`, for every front end), in order:
 
 * ``float_recurrent`` (:mod:`.rules.recurrent`): LSTM / GRU layers stay float (ORT's float LSTM kernel);
-* ``residual_add`` with ``residual_add="both"`` (a transformer's residual adds, read by a LayerNorm, stay
-  float: ORT has no int8 LayerNorm) and ``concat`` (:mod:`qdq.targets.common`);
+* ``residual_add`` with ``residual_add="both"`` (:mod:`qdq.targets.common.residual`; a transformer's residual
+  adds, read by a LayerNorm, stay float: ORT has no int8 LayerNorm);
 * ``conv_output`` (:mod:`.rules.conv_output`): every conv output quantized, after BN and a folded ReLU;
-* ``silu``, ``sigmoid_output`` (:mod:`.rules.sigmoid`), ``mul_inputs`` (:mod:`.rules.mul_inputs`): SiLU and
+* ``silu_gate``, ``sigmoid_output`` (:mod:`.rules.sigmoid`), ``mul_inputs`` (:mod:`.rules.mul_inputs`): SiLU and
   squeeze-excitation gates as ``QLinearSigmoid`` / ``QLinearMul``;
-* ``unsigned_activations`` (:mod:`.rules.unsigned`): non-negative tensors quantized as uint8, zero point 0.
-
-Attention (:mod:`.attention`): all four attention quantizers at any shape, the softmax scale on the query
-before its quantizer (``scale_query``), which the rewrite folds into the query's QuantizeLinear.
+* ``int8_concat`` (:mod:`.rules.int8_concat`): a concatenation read quantized gets every input quantized
+  (``QLinearConcat``);
+* ``data_movers`` (:mod:`.rules.data_movers`): MaxPool, Resize, Slice... of a quantized tensor keep one range
+  on both sides, so ORT runs them on int8 data;
+* ``unsigned_activations`` (:mod:`.rules.unsigned`): non-negative tensors quantized as uint8, zero point 0;
+* ``attention`` (:mod:`qdq.targets.common.attention`): all four attention quantizers at any shape, the softmax
+  scale on the query before its quantizer (``scale_query``, :mod:`.attention`), which the rewrite folds into the
+  query's QuantizeLinear.
 
 The exported graph is rewritten by :func:`~qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime` (one
 pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``.
 
-Adding a rule: a module in ``rules/`` defining a :class:`~qdq.targets.rules.PlacementRule`, listed in
-``RULES`` below at its place. Adding a pass: see :mod:`qdq.targets.onnxruntime.rewrite`.
+Adding a rule: a module in ``rules/`` defining a :class:`~qdq.targets.rules.PlacementRule` (a function of the
+graph view), listed in ``RULES`` below at its place. Adding a pass: see :mod:`qdq.targets.onnxruntime.rewrite`.
 """
 
 from __future__ import annotations
 
-from qdq.targets.common.concat import CONCAT
+from qdq.targets.common.attention import ATTENTION
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.onnxruntime.attention import ONNXRUNTIME_ATTENTION
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
 from qdq.targets.onnxruntime.rewrite import DEFAULT_WEIGHTS, rewrite_for_onnxruntime
 from qdq.targets.onnxruntime.rules.conv_output import CONV_OUTPUT
+from qdq.targets.onnxruntime.rules.data_movers import DATA_MOVERS
+from qdq.targets.onnxruntime.rules.int8_concat import INT8_CONCAT
 from qdq.targets.onnxruntime.rules.mul_inputs import MUL_INPUTS
 from qdq.targets.onnxruntime.rules.recurrent import FLOAT_RECURRENT
-from qdq.targets.onnxruntime.rules.sigmoid import SIGMOID_OUTPUT, SILU
+from qdq.targets.onnxruntime.rules.sigmoid import SIGMOID_OUTPUT, SILU_GATE
 from qdq.targets.onnxruntime.rules.unsigned import UNSIGNED_ACTIVATIONS
 from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
 
 __all__ = ["ONNXRUNTIME", "ONNXRUNTIME_FUSION", "RULES", "RUNTIMES"]
 
-RULES = (FLOAT_RECURRENT, RESIDUAL_ADD, CONCAT, CONV_OUTPUT, SILU, SIGMOID_OUTPUT, MUL_INPUTS, UNSIGNED_ACTIVATIONS)
+RULES = (FLOAT_RECURRENT, RESIDUAL_ADD, CONV_OUTPUT, SILU_GATE, SIGMOID_OUTPUT, MUL_INPUTS, INT8_CONCAT, DATA_MOVERS,
+         UNSIGNED_ACTIVATIONS, ATTENTION)
 
 RUNTIMES = (
     RuntimeSupport("onnxruntime", "native"),

@@ -7,7 +7,8 @@ the conv by itself. Placement adds what module replacement cannot reach (``RULES
 
 * ``residual_add`` (``residual_add="skip"``): the inputs of a residual add other than the one TensorRT fuses
   into the conv that produces it (:mod:`qdq.targets.common.residual`);
-* ``concat``: one scale for every input of a concatenation (:mod:`qdq.targets.common.concat`).
+* ``concat``: one scale for every input of a concatenation (:mod:`qdq.targets.common.concat`);
+* ``attention``: the target's attention facts for each quantized attention (:mod:`qdq.targets.common.attention`).
 
 Attention (captured by placement, :mod:`qdq.placement.capture`): Q, K, the softmax output and V quantized
 where TensorRT's fused int8 attention applies, else float (:mod:`.attention`, ``TENSORRT_ATTENTION``). In a
@@ -33,13 +34,15 @@ steps (``step_type``), so that PyTorch quantizes on the file's grid.
 OpenVINO runs the same graph (float32) with every convolution in u8; ONNX Runtime runs it, but fuses a Conv
 into ``QLinearConv`` only when its output is quantized, so its Convs stay float there.
 
-Adding a placement rule: write it (a :class:`~qdq.targets.rules.PlacementRule` with a ``torch`` and, where
-Keras can express it, a ``keras`` function) in a module of this package and append it to ``RULES`` below.
+Adding a placement rule: write it (a :class:`~qdq.targets.rules.PlacementRule`: one function of the graph
+view, :mod:`qdq.graphs.view`, run for PyTorch, Keras and ONNX models alike) in a module of this package and
+append it to ``RULES`` below.
 Adding an engine rule: see :mod:`.engine_rules`.
 """
 
 from __future__ import annotations
 
+from qdq.targets.common.attention import ATTENTION
 from qdq.targets.common.concat import CONCAT
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
@@ -48,7 +51,7 @@ from qdq.targets.tensorrt.rewrite import DEFAULT_FLOAT, rewrite_for_tensorrt, st
 
 __all__ = ["RULES", "RUNTIMES", "TENSORRT"]
 
-RULES = (RESIDUAL_ADD, CONCAT)
+RULES = (RESIDUAL_ADD, CONCAT, ATTENTION)
 
 RUNTIMES = (
     RuntimeSupport("tensorrt", "native"),

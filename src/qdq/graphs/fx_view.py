@@ -1,0 +1,143 @@
+"""The PyTorch front end's view: a traced model (``torch.fx``) as a :class:`~qdq.graphs.view.GraphView`.
+
+Every tensor-producing node becomes an op named in the ONNX vocabulary (:mod:`qdq.graphs.fx_ops`); a module's
+weights become constant inputs (position 1, the bias 2). Quantizers are not ops: a
+:class:`~qdq.quantizer.TensorQuantizer` called on a tensor, and the quantizers a quantized module reads its
+arguments through (:meth:`~qdq.nn.base.QuantModule.argument_quantizers`) and its weights with, become the
+view's existing quantizers at those sites (disabled ones are not quantizing anything and are left out). An
+``nn.SiLU`` is one ``Silu`` op whose sigmoid is an inner value (its front end splits it when a rule quantizes it).
+Quantized attention modules inside a module the graph calls as a whole are ``Attention`` ops without inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from qdq.graphs import fx_ops
+from qdq.graphs.view import GraphView, Op, Site, Value
+from qdq.nn.attention import QuantScaledDotProductAttention
+from qdq.nn.base import QuantModule
+from qdq.quantizer import TensorQuantizer
+
+__all__ = ["build_view", "untraced_view"]
+
+
+def build_view(gm: fx.GraphModule, target: Any) -> GraphView:
+    """The view of ``gm``'s graph for ``target`` (ops in graph order; each op's ``ref`` is its fx node)."""
+    view = GraphView("torch", target)
+    values: dict[fx.Node, Value] = {}
+    through: dict[fx.Node, tuple[Any, TensorQuantizer]] = {}  # a quantizer call -> (its input, the quantizer)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            values[node] = view.value(node.name)
+        elif node.op == "get_attr":
+            if fx_ops.is_tensor(gm, node):
+                values[node] = view.value(node.name, constant=True)
+        elif node.op == "output":
+            for arg in _flat(node.args):
+                source = _resolve(arg, through)[0]
+                if source in values:
+                    values[source].graph_output = True
+        else:
+            module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+            if isinstance(module, TensorQuantizer) and node.args:
+                through[node] = (node.args[0], module)
+            elif fx_ops.is_tensor(gm, node):
+                _add_node(view, gm, node, module, values, through)
+            if module is not None and not isinstance(module, QuantScaledDotProductAttention):
+                _inner_attention(view, str(node.target), module)
+    return view
+
+
+def untraced_view(modules: dict[str, nn.Module], target: Any) -> GraphView:
+    """The view of modules placement could not trace and no graph calls (captured Hugging Face attention layers
+    inside untraceable parents): an ``Attention`` op without inputs for each quantized attention in them."""
+    view = GraphView("torch", target)
+    for path, module in modules.items():
+        _inner_attention(view, path, module)
+    return view
+
+
+def _inner_attention(view: GraphView, path: str, module: nn.Module) -> None:
+    """An ``Attention`` op without inputs (``ref``: the module) for each quantized attention inside a module the
+    graph calls without tracing into it (a captured Hugging Face layer, ``QuantMultiheadAttention``): what the
+    target decides about attention reaches those too."""
+    for name, inner in module.named_modules():
+        if isinstance(inner, QuantScaledDotProductAttention) and f"{path}.{name}" not in {o.name for o in view.ops}:
+            view.add_op(f"{path}.{name}", "Attention", [], [view.value(f"{path}.{name}:output")], ref=inner)
+
+
+def _flat(args: Any) -> list[Any]:
+    out: list[Any] = []
+    for arg in args if isinstance(args, list | tuple) else [args]:
+        out += _flat(arg) if isinstance(arg, list | tuple) else [arg]
+    return out
+
+
+def _resolve(arg: Any, through: dict[fx.Node, tuple[Any, TensorQuantizer]]) -> tuple[Any, TensorQuantizer | None]:
+    """The tensor ``arg`` reads past quantizer calls, and the quantizer nearest to the reader (or None)."""
+    first = None
+    while arg in through:
+        arg, quantizer = through[arg]
+        first = first or quantizer
+    return arg, first
+
+
+def _arguments(node: fx.Node, op_type: str) -> list[Any]:
+    """The data arguments of ``node`` in ONNX input order (a concatenation's list flattened)."""
+    if op_type == "Concat":
+        tensors = node.args[0] if node.args else node.kwargs.get("tensors", [])
+        return list(tensors) if isinstance(tensors, list | tuple) else []
+    if op_type in ("Slice", "Resize", "Pad", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
+                   "ReduceMean", "ReduceMax"):  # fmt: skip
+        return [node.args[0]] if node.args else []
+    return [a for a in node.args if isinstance(a, fx.Node)]
+
+
+def _add_node(view: GraphView, gm: fx.GraphModule, node: fx.Node, module: nn.Module | None, values: dict,
+              through: dict) -> None:  # fmt: skip
+    op_type, attrs = fx_ops.op_type(node, module)
+    if op_type in ("Add", "Mul") and (node.kwargs.get("alpha", 1) != 1 or (op_type == "Mul" and node.kwargs)):
+        op_type = f"torch:{node.target}"
+    arguments = _arguments(node, op_type)
+    resolved = [_resolve(a, through) for a in arguments]
+    inputs = [values[a] if a in values else view.value(f"{node.name}:const{i}", constant=True)
+              for i, (a, _) in enumerate(resolved)]  # fmt: skip
+    weights = _module_weights(view, node, module)
+    output = values[node] = view.value(node.name)
+    inner = {"sigmoid": view.value(f"{node.name}:sigmoid", boundary=False)} if op_type == "Silu" else {}
+    weight_positions = range(len(inputs), len(inputs) + min(len(weights), 1))  # the weight; a bias is a constant
+    op = view.add_op(node.name, op_type, inputs + weights, [output], attrs=attrs, weights=weight_positions,
+                     inner=inner, ref=node)  # fmt: skip
+    for index, (_, quantizer) in enumerate(resolved):
+        if quantizer is not None and quantizer.is_quantizing:
+            view.existing(Site(op.inputs[index], op, index), quantizer, unsigned=quantizer.unsigned)
+    if isinstance(module, QuantModule):
+        _module_sites(view, op, module, node, len(inputs))
+
+
+def _module_weights(view: GraphView, node: fx.Node, module: nn.Module | None) -> list[Value]:
+    """A module's weight and bias as constant values (a conv's, a linear layer's, a norm's)."""
+    weight = getattr(module, "weight", None) if module is not None else None
+    if not isinstance(weight, torch.Tensor):
+        return []
+    found = [view.value(f"{node.name}.weight", constant=True)]
+    if isinstance(getattr(module, "bias", None), torch.Tensor):
+        found.append(view.value(f"{node.name}.bias", constant=True))
+    return found
+
+
+def _module_sites(view: GraphView, op: Op, module: QuantModule, node: fx.Node, n_inputs: int) -> None:
+    """The quantizers ``module`` reads its arguments through, and its weight quantizer, as existing sites."""
+    quantizers = module.argument_quantizers()
+    if op.type == "Concat":
+        quantizers = quantizers[:1] * n_inputs  # one quantizer for every tensor of the list
+    for index, quantizer in enumerate(quantizers[:n_inputs]):
+        if quantizer is not None and quantizer.is_quantizing:
+            view.existing(Site(op.inputs[index], op, index), quantizer, unsigned=quantizer.unsigned)
+    weight = getattr(module, "_weight_quantizer", None)
+    if isinstance(weight, TensorQuantizer) and weight.is_quantizing and n_inputs < len(op.inputs):
+        view.existing(Site(op.inputs[n_inputs], op, n_inputs), weight, per_channel=weight.axis is not None)
