@@ -80,10 +80,11 @@ def test_config_errors():
         quantize_model("model")
 
 
-def test_idempotent():
+def test_quantizing_twice_raises_and_leaves_the_model_as_it_was():
     model = quantize_model(_small_net())
     first = model[0]
-    quantize_model(model)
+    with pytest.raises(QdqConfigError, match="takes a float model"):
+        quantize_model(model)
     assert model[0] is first
 
 
@@ -184,3 +185,14 @@ def test_a_model_quantized_on_cuda_keeps_its_quantizers_there_and_computes_what_
 
 def _quantizers(model: nn.Module) -> list[qdq.TensorQuantizer]:
     return [m for m in model.modules() if isinstance(m, qdq.TensorQuantizer)]
+
+
+@pytest.mark.parametrize("target", [None, "onnxruntime"])
+def test_quantizing_a_model_with_quantized_parts_raises_one_clear_error(target):
+    backbone = quantize_model(torchvision.models.resnet18(num_classes=4), QuantConfig(target=target))
+    wrapper = nn.Sequential(backbone, nn.Linear(4, 2))
+    with pytest.raises(QdqConfigError, match=r"already (placed for target 'onnxruntime'|quantized).*apply_placement"):
+        quantize_model(wrapper, QuantConfig(target="tensorrt"))
+    held = 22 if target is None else 30  # 20 convs, the fc, the avg-pool; for ORT also the 8 residual QuantAdds
+    with pytest.raises(QdqConfigError, match=f"holds {held} quantized module"):
+        quantize_model(backbone)

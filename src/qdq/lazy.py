@@ -7,7 +7,7 @@ TensorFlow): their ``__init__.py`` lists where each public name lives and hands 
     __getattr__, __dir__ = lazy_names(__name__, {"export_onnx": "qdq.export.onnx_export"})
 
 A name is looked up in its module each time it is read (the module is imported once): a name whose value
-changes (``qdq.export.TARGETS``, the registered target names) stays current.
+changes stays current.
 """
 
 from __future__ import annotations

@@ -27,10 +27,11 @@ from torch import nn
 
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.nn.base import QuantModule
 from qdq.placement import apply_placement
 from qdq.quantizer import TensorQuantizer
 from qdq.replace import ModuleFilter, Pattern, replace_modules
-from qdq.targets import Target, check_not_superseded, resolve_target
+from qdq.targets import Target, check_not_superseded, placed_target, resolve_target
 
 __all__ = ["QuantConfig", "quantize_model"]
 
@@ -115,8 +116,8 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
         raises :class:`~qdq.errors.QdqConfigError` / :class:`~qdq.errors.QdqExportError`.
 
     Raises:
-        QdqConfigError: the config's patterns or types select nothing in the model, or ``model`` is stale or
-            already placed for another target.
+        QdqConfigError: the config's patterns or types select nothing in the model, ``model`` is stale, or it
+            already holds quantized modules (quantized before, or parts of it: quantize the float model once).
     """
     config = QuantConfig() if config is None else config
     if not isinstance(config, QuantConfig):
@@ -124,6 +125,7 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"quantize_model needs an nn.Module, got {type(model).__name__}.")
     check_not_superseded(model)
+    _check_float(model)
     quantized = replace_modules(model, config.module_filter, config.quant_desc_input, config.quant_desc_weight)
     if config.target is not None:
         quantized = apply_placement(
@@ -133,6 +135,21 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
             target_options=config.target_options,
         )
     return _quantizers_beside_parameters(quantized)
+
+
+def _check_float(model: nn.Module) -> None:
+    """Refuse a model that already holds quantized modules: quantizing it again would mix two placements."""
+    found = [name for name, module in model.named_modules() if isinstance(module, QuantModule)]
+    if not found:
+        return
+    target = placed_target(model)
+    held = f"placed for target {target!r}" if target is not None else "quantized"
+    raise QdqConfigError(
+        f"quantize_model takes a float model, but this one is already {held}: it holds {len(found)} quantized "
+        f"module(s) (first: {found[0] or type(model).__name__!r}). Quantize the float model once, with everything in "
+        "one QuantConfig; to place an already quantized model for a target, call "
+        "qdq.placement.apply_placement(model, target) instead."
+    )
 
 
 def _quantizers_beside_parameters(model: nn.Module) -> nn.Module:

@@ -161,7 +161,7 @@ def test_bf16_model_exports_at_opset_22(tmp_path):
     path = export_onnx(model, X.bfloat16(), tmp_path / "m.onnx", dynamo=True, opset=22, target=PLAIN)
     proto = onnx.load(str(path))
     assert onnx_opset(proto) == 22 and len(qdq_sites(proto)) == 4
-    assert {s.scale.dtype for s in qdq_sites(proto)} == {np.dtype(np.float32)}  # Q/DQ in float32, with Casts
+    assert {s.step.dtype for s in qdq_sites(proto)} == {np.dtype(np.float32)}  # Q/DQ in float32, with Casts
     with pytest.raises(QdqExportError, match="opset >= 22"):  # the TorchScript exporter stops at opset 20
         export_onnx(model, X.bfloat16(), tmp_path / "m2.onnx", dynamo=False, target=PLAIN)
 
@@ -230,7 +230,7 @@ def test_w4_max_calibrated_weights_need_no_clamp(tmp_path):
     assert "Min" not in ops and "Max" not in ops  # weights are within +-7 steps already
     site = {s.quantizer: s for s in qdq_sites(onnx.load(str(path)))}["0._weight_quantizer"]
     w = model[0].weight.detach()
-    np.testing.assert_allclose(site.scale, (w.abs().amax(dim=(1, 2, 3)) / 7).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(site.step, (w.abs().amax(dim=(1, 2, 3)) / 7).numpy(), rtol=1e-6)
 
 
 def test_export_leaves_the_model_as_it_was(tmp_path):

@@ -130,9 +130,9 @@ def test_qdq_nodes_match_quantizers(tmp_path_factory, per_channel, dynamo, targe
     for module_name, channels in (("conv", 8), ("up", 8), ("fc", 5)):
         site = by_name[f"{module_name}._weight_quantizer"]
         if per_channel:  # ConvTranspose weights (in, out, k, k): axis 0 = its 8 input channels
-            assert site.axis == 0 and site.scale.shape == (channels,)
+            assert site.axis == 0 and site.step.shape == (channels,)
         else:
-            assert site.axis is None and site.scale.shape == ()
+            assert site.axis is None and site.step.shape == ()
         assert site.zero_point.dtype == np.int8 and not site.zero_point.any()
     for site in sites:
         if site.quantizer.endswith("_weight_quantizer"):

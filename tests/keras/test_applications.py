@@ -126,7 +126,7 @@ def test_network_quantizes_trains_exports_and_matches_onnxruntime(name, case, tm
     assert np.isfinite(history.history["loss"][0])
     changed = [not np.array_equal(a, w.numpy()) for a, w in zip(before, qmodel.trainable_weights)]
     assert all(changed), "every trainable weight gets a straight-through gradient"
-    path = qk.export_onnx(qmodel, tmp_path / f"{name}.onnx")
+    path = qk.export_onnx(qmodel, None, tmp_path / f"{name}.onnx")
     graph = onnx.load(path).graph
     counts = Counter(n.op_type for n in graph.node)
     assert ("BatchNormalization" not in counts and "Mul" not in counts) or name == "EfficientNetB0"  # SE/swish Muls

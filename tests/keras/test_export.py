@@ -37,7 +37,7 @@ def calibrated(cnn):
 
 def test_tensorrt_graph_has_qdq_pairs_on_inputs_and_weights_and_no_batchnorm(calibrated, tmp_path):
     qmodel, _, _ = calibrated
-    path = qk.export_onnx(qmodel, tmp_path / "trt.onnx", target="tensorrt")
+    path = qk.export_onnx(qmodel, None, tmp_path / "trt.onnx", target="tensorrt")
     counts = ops(path)
     # inputs: stem, block_conv, block_add[1] (shares block_conv's tensor: one pair), dw, pool, gap, head;
     # weights: stem, block_conv, dw, head
@@ -61,7 +61,7 @@ def test_onnxruntime_engine_matches_keras_within_one_output_step(calibrated, tmp
     qmodel.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     qmodel.fit(x, y, epochs=1, batch_size=16, verbose=0)  # QAT moves weights; the export follows them
     for target in ("tensorrt", "onnxruntime"):
-        path = qk.export_onnx(qmodel, tmp_path / f"{target}.onnx", target=target)
+        path = qk.export_onnx(qmodel, None, tmp_path / f"{target}.onnx", target=target)
         result = qdq.verify(qk.fold_batchnorms(qmodel), path, [x[:32], x[32:]])
         assert result.top1_agreement == 100.0, (target, str(result))
         assert result.max_error_steps <= 1.0, (target, str(result))
@@ -78,7 +78,7 @@ def test_quantize_linear_codes_equal_keras_levels_within_one(tmp_path):
     rng = np.random.default_rng(0)
     x = (rng.normal(size=(16, 32, 32, 4)) * 2).astype(np.float32)
     ranges = qk.calibrate(qmodel, x, method="mse")
-    path = qk.export_onnx(qmodel, tmp_path / "one.onnx")
+    path = qk.export_onnx(qmodel, None, tmp_path / "one.onnx")
     graph = onnx.load(path).graph
     transpose = next(n for n in graph.node if n.op_type == "Transpose" and n.input[0] == "input")  # NHWC -> NCHW
     q_input = next(n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == transpose.output[0])
@@ -97,9 +97,9 @@ def test_export_needs_calibrated_ranges_and_opset_13(cnn, tmp_path):
     model, _, _ = cnn
     qmodel = qk.quantize_model(model)
     with pytest.raises(QdqExportError, match=r"no calibrated input range.*qdq.keras.calibrate"):
-        qk.export_onnx(qmodel, tmp_path / "m.onnx")
+        qk.export_onnx(qmodel, None, tmp_path / "m.onnx")
     with pytest.raises(QdqExportError, match="opset >= 13"):
-        qk.export_onnx(qmodel, tmp_path / "m.onnx", opset=11)
+        qk.export_onnx(qmodel, None, tmp_path / "m.onnx", opset=11)
     assert not (tmp_path / "m.onnx").exists()
 
 
@@ -152,6 +152,6 @@ def test_a_model_with_unfused_ops_still_matches(tmp_path):
     assert histogram["quant_cat/input_0"] == histogram["quant_cat/input_1"] == histogram["quant_maxpool/input_0"]
     ranges = qk.calibrate(qmodel, x)
     assert ranges["quant_cat/input_0"] == ranges["quant_cat/input_1"] == ranges["quant_maxpool/input_0"]
-    path = qk.export_onnx(qmodel, tmp_path / "cat.onnx")  # checked against TensorRT's rules (tests/conftest.py)
+    path = qk.export_onnx(qmodel, None, tmp_path / "cat.onnx")  # checked against TensorRT's rules (tests/conftest.py)
     result = qdq.verify(qmodel, path, [x])
     assert result.top1_agreement == 100.0 and result.max_error_steps <= 1.0, str(result)

@@ -78,7 +78,7 @@ def test_every_weighted_layer_runs_in_int8_and_matches_keras(ort_model, tmp_path
     qmodel, x, y, _ = ort_model
     qmodel.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     qmodel.fit(x, y, epochs=1, batch_size=16, verbose=0)  # QAT with unsigned quantizers
-    path = qk.export_onnx(qmodel, tmp_path / "ort.onnx")  # the model's own target
+    path = qk.export_onnx(qmodel, None, tmp_path / "ort.onnx")  # the model's own target
     report = fusion_report(path)
     assert report.int8_kernels == {"com.microsoft:QLinearConv": 3, "com.microsoft:QGemm": 1}
     assert report.float_kernels == {}
@@ -88,7 +88,7 @@ def test_every_weighted_layer_runs_in_int8_and_matches_keras(ort_model, tmp_path
 
 def test_unsigned_sites_export_as_uint8_with_zero_point_0(ort_model, tmp_path):
     qmodel, _, _, ranges = ort_model
-    path = qk.export_onnx(qmodel, tmp_path / "ort.onnx", target_options={"weights": "int8"})
+    path = qk.export_onnx(qmodel, None, tmp_path / "ort.onnx", target_options={"weights": "int8"})
     model = onnx.load(path)
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     unsigned = {np.float32(ranges[f"quant_{name}/input_{i}"]) / np.float32(255)
@@ -109,11 +109,11 @@ def test_unsigned_sites_export_as_uint8_with_zero_point_0(ort_model, tmp_path):
 
 def test_the_target_is_remembered_and_enforced(ort_model, tmp_path):
     qmodel, x, _, _ = ort_model
-    with pytest.raises(QdqExportError, match="quantized for target 'onnxruntime'"):
-        qk.export_onnx(qmodel, tmp_path / "trt.onnx", target="tensorrt")
+    with pytest.raises(QdqExportError, match="placed for target 'onnxruntime'"):
+        qk.export_onnx(qmodel, None, tmp_path / "trt.onnx", target="tensorrt")
     qmodel.save(tmp_path / "q.keras")
     loaded = keras.models.load_model(tmp_path / "q.keras")
-    path = qk.export_onnx(loaded, tmp_path / "loaded.onnx")
+    path = qk.export_onnx(loaded, None, tmp_path / "loaded.onnx")
     assert {p.key: p.value for p in onnx.load(path).metadata_props}["qdq.target"] == "onnxruntime"
     np.testing.assert_array_equal(loaded.predict_on_batch(x[:4]), qmodel.predict_on_batch(x[:4]))
 
@@ -135,9 +135,12 @@ def test_swish_inside_a_conv_is_split_out_so_the_conv_fuses(tmp_path):
     assert [type(layer).__name__ for layer in split.layers].count("Activation") == 2
     np.testing.assert_allclose(split.predict_on_batch(x_data), model.predict_on_batch(x_data), rtol=1e-5, atol=1e-6)
     qmodel = qk.quantize_model(model, target="onnxruntime")
-    assert placement(qmodel)["conv_activation"] == ((0,), ())  # Q/DQ between the conv and its swish
+    # Q/DQ between the conv and its swish, written x * sigmoid(x) with the sigmoid quantized (unsigned), as the
+    # PyTorch path writes nn.SiLU: QLinearSigmoid and QLinearMul
+    assert placement(qmodel)["conv_activation_sigmoid"] == ((0,), ())
+    assert placement(qmodel)["conv_activation_product"] == ((0, 1), (1,))
     qk.calibrate(qmodel, x_data)
-    report = fusion_report(qk.export_onnx(qmodel, tmp_path / "swish.onnx"))
+    report = fusion_report(qk.export_onnx(qmodel, None, tmp_path / "swish.onnx"))
     assert report.int8_kernels.get("com.microsoft:QLinearConv") == 2 and not report.float_kernels
 
 
@@ -153,7 +156,7 @@ def test_applications_run_every_weighted_layer_in_int8(name, tmp_path):
     )
     qmodel = qk.quantize_model(model, target="onnxruntime")
     qk.calibrate(qmodel, [x], method="max")
-    path = qk.export_onnx(qmodel, tmp_path / f"{name}.onnx")
+    path = qk.export_onnx(qmodel, None, tmp_path / f"{name}.onnx")
     convs = Counter(n.op_type for n in onnx.load(path).graph.node)["Conv"]
     report = fusion_report(path)
     assert report.int8_kernels == {"com.microsoft:QLinearConv": convs, "com.microsoft:QGemm": 1}

@@ -57,7 +57,7 @@ def test_w4a4_export_clips_to_the_4_bit_levels_and_matches_keras(cnn, tmp_path):
     model, x, _ = cnn
     qmodel = qk.quantize_model(model, num_bits=4, target="tensorrt")
     ranges = qk.calibrate(qmodel, x, method="max")
-    path = qk.export_onnx(qmodel, tmp_path / "w4a4.onnx")
+    path = qk.export_onnx(qmodel, None, tmp_path / "w4a4.onnx")
     graph = onnx.load(path).graph
     constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     producer = {out: n for n in graph.node for out in n.output}

@@ -1,9 +1,9 @@
 """A third target registered from outside qdq runs end to end: quantize -> calibrate -> export -> ONNX Runtime.
 
-The toy target, written here as a user would write one, quantizes only Linear layers: its one placement rule
-turns every other quantized module's quantizers off (through ``QuantModule.quantizers()``: no attribute name
-assumed), its ONNX rewrite takes one option with an export default, and it says ONNX Runtime runs its graphs
-with a caveat. Nothing in qdq is edited; the target is removed afterwards.
+The toy target, written here as a user would write one, quantizes only Linear layers: its one placement rule, a
+function of the front-end-neutral graph view, keeps every other quantized op float, its ONNX rewrite takes one
+option with an export default, and it says ONNX Runtime runs its graphs with a caveat. Nothing in qdq is edited;
+the target is removed afterwards.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 import qdq
-from qdq import nn as qnn
 from qdq.export import export_onnx, qdq_sites
 from qdq.runtime import load_runtime
 from qdq.targets import (
@@ -32,13 +31,12 @@ from qdq.targets import (
 X = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
 
 
-def linear_layers_only(ctx) -> None:
-    """Every quantized module but the Linear layers goes back to float (its quantizers off)."""
-    for module in ctx.graph_module.modules():
-        if isinstance(module, qnn.QuantModule) and not isinstance(module, nn.Linear):
-            for quantizer in module.quantizers().values():
-                quantizer.disable()
-    ctx.changes.append("quantizers of non-Linear modules off")
+def linear_layers_only(view) -> None:
+    """Every quantized op but the Linear layers (ONNX ``Gemm``) stays float: one rule on the graph view."""
+    for op in view.ops:
+        quantized = any(view.reads_quantized(op, i) for i in range(len(op.inputs)))
+        if op.type != "Gemm" and quantized:
+            view.keep_float(op, "the toy NPU runs Linear layers only")
 
 
 def tag_graph(model: onnx.ModelProto, *, tag: str) -> dict[str, int]:
@@ -49,7 +47,7 @@ def tag_graph(model: onnx.ModelProto, *, tag: str) -> dict[str, int]:
 TOY = Target(
     name="toy_npu",
     description="a toy accelerator that runs Linear layers in int8",
-    placement_rules=(PlacementRule("linear_layers_only", torch=linear_layers_only),),
+    placement_rules=(PlacementRule("linear_layers_only", linear_layers_only),),
     onnx_rewrite=tag_graph,
     export=ExportDefaults(options={"tag": "default"}),
     runtimes=(RuntimeSupport("onnxruntime", "runs", "only its Linear layers are quantized"),),

@@ -159,7 +159,7 @@ def run_keras_job(trained: tuple[Any, Arrays], cfg: PipelineConfig, progress: Pr
         return _accuracy(m.predict_on_batch, x_test, y_test, 2 * cfg.batch_size)
 
     summary: dict[str, Any] = {"config": cfg.to_dict(), "accuracy": {"FP32": evaluate(model)}}
-    qk.export_onnx(model, out / "model_fp32.onnx", target="tensorrt")  # no wrappers: the float graph
+    qk.export_onnx(model, None, out / "model_fp32.onnx", target="tensorrt")  # no wrappers: the float graph
     qmodel = qk.quantize_model(model, num_bits=cfg.activation_bits, weight_bits=cfg.weight_bits, target=cfg.target)
     calib = [x_train[i : i + cfg.batch_size] for i in range(0, cfg.calib_batches * cfg.batch_size, cfg.batch_size)]
     methods = CALIBRATION_METHODS if cfg.calib == "all" else (cfg.calib,)
@@ -181,7 +181,7 @@ def run_keras_job(trained: tuple[Any, Arrays], cfg: PipelineConfig, progress: Pr
         summary["qat_skipped"] = skipped
     with counter(progress, "export Q/DQ ONNX", 1) as bar, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        int8 = qk.export_onnx(qmodel, out / "model.onnx")
+        int8 = qk.export_onnx(qmodel, None, out / "model.onnx")
         bar.update()
     summary["export_notes"] = export_notes(caught)
     summary["files"] = {"onnx": int8.name, "fp32_onnx": "model_fp32.onnx"}

@@ -28,7 +28,6 @@ from qdq.lazy import lazy_names
 _LAZY = {
     "export_onnx": "qdq.export.onnx_export",
     "onnx_opset": "qdq.export.onnx_export",
-    "TARGETS": "qdq.export.onnx_export",
     "export_mode": "qdq.export.mode",
     "quantizer_specs": "qdq.export.mode",
     "QdqSpec": "qdq.export.mode",

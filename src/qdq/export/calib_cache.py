@@ -71,7 +71,7 @@ def _graph_sites(names: str | Path | onnx.ModelProto) -> dict[str, QdqSite]:
     constants = GraphIndex(model).constants
     table: dict[str, QdqSite] = {}
     for site in qdq_sites(model):
-        if site.quantize is None or site.input in constants or site.scale.ndim != 0:
+        if site.quantize is None or site.input in constants or site.step.ndim != 0:
             continue  # a weight, or a per-channel quantizer
         for quantizer in site.quantizers:
             table.setdefault(quantizer, site)
@@ -92,9 +92,9 @@ def _scales_from_graph(model: nn.Module, sites: dict[str, QdqSite]) -> _Found:
         if q is None:
             continue
         if q.maxbound == _SIGNED_MAX:  # the graph's step is TensorRT's scale
-            found[name] = (site.input, float(site.scale))
+            found[name] = (site.input, float(site.step))
         else:  # another grid (unsigned, fewer bits): back to the range, then over 127
-            found[name] = (site.input, _trt_scale(torch.tensor(site.scale, dtype=torch.float32) * q.maxbound))
+            found[name] = (site.input, _trt_scale(torch.tensor(site.step, dtype=torch.float32) * q.maxbound))
     return found
 
 

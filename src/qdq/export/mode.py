@@ -8,10 +8,10 @@ No global state is touched.
 
 How each quantizer setting is exported so that the graph computes what PyTorch computes, bit for bit:
 
-* ``scale`` is the quantizer's step (:meth:`~qdq.quantizer.TensorQuantizer.step`: ``amax / max_bound`` in
-  float32, 127 signed, 255 unsigned, of its effective range), the zero point is 0 of type int8 (uint8 when
-  ``unsigned``); per-channel ranges give ``scale`` of shape ``[C]`` and the ``axis`` attribute (needs opset
-  >= 13).
+* ``step`` (ONNX's ``y_scale``) is the quantizer's step (:meth:`~qdq.quantizer.TensorQuantizer.step`: ``amax /
+  max_bound`` in float32, 127 signed, 255 unsigned, of its effective range), the zero point is 0 of type int8 (uint8
+  when ``unsigned``); per-channel ranges give ``step`` of shape ``[C]`` and the ``axis`` attribute (needs opset >=
+  13).
 * ``narrow_range`` (grid ``[-127, 127]``): Q/DQ saturates at -128, so the input is first raised to at least
   ``-amax`` (``Max`` node); ``round(-amax / step) = -127`` makes this exact. For a weight the ``Max`` is only
   emitted when it changes a value (never with max-calibrated weights).
@@ -52,15 +52,15 @@ class QdqSpec:
 
     Attributes:
         name: the quantizer's module name in the model.
-        scale: float32 step, 0-d (per tensor) or ``[C]`` (per channel).
-        zero_point: int8 / uint8 zeros of ``scale``'s shape.
+        step: float32 step (ONNX's ``y_scale``), 0-d (per tensor) or ``[C]`` (per channel).
+        zero_point: int8 / uint8 zeros of ``step``'s shape.
         axis: ONNX ``axis`` of a per-channel scale (non-negative), -1 per tensor.
         unsigned: True for uint8.
         clip: learned ``(min, max)`` applied before quantizing, or None.
         lower: broadcastable float32 lower bound (``-amax`` narrow range, ``qmin * step`` below 8 bits), or None.
         upper: broadcastable float32 upper bound (``qmax * step``, below 8 bits), or None.
         mask: broadcastable float32 0/1 mask zeroing channels with amax <= 2**-24, or None.
-        amax: the effective float32 range (for calibration caches), same shape as ``scale``.
+        amax: the effective float32 range (for calibration caches), same shape as ``step``.
         is_constant: the quantizer quantizes a weight (its role), not an activation.
         ranks: ranks of the inputs the quantizer was called on.
         traced: the (traced) tensors it was called on during the last export; lets the exporter tell a
@@ -68,7 +68,7 @@ class QdqSpec:
     """
 
     name: str
-    scale: torch.Tensor
+    step: torch.Tensor
     zero_point: torch.Tensor
     axis: int
     unsigned: bool
@@ -95,7 +95,7 @@ class QdqSpec:
             self.axis == other.axis
             and self.clip == other.clip
             and self.zero_point.dtype == other.zero_point.dtype
-            and same(self.scale, other.scale)
+            and same(self.step, other.step)
             and same(self.lower, other.lower)
             and same(self.upper, other.upper)
             and same(self.mask, other.mask)
@@ -118,7 +118,7 @@ class QdqSpec:
                 y = torch.minimum(y, self.upper)
         if self.mask is not None:
             y = y * self.mask
-        y = fake_qdq(y, self.scale, self.zero_point, self.axis, self.name)
+        y = fake_qdq(y, self.step, self.zero_point, self.axis, self.name)
         return y if dtype == torch.float32 else y.to(dtype)
 
 
@@ -224,7 +224,7 @@ def _build_spec(q: TensorQuantizer, name: str, seen: _Seen) -> QdqSpec:
     zp_dtype = torch.uint8 if q.unsigned else torch.int8
     spec = QdqSpec(
         name=name,
-        scale=scale.contiguous(),
+        step=scale.contiguous(),
         zero_point=torch.zeros(flat.shape, dtype=zp_dtype, device=flat.device),
         axis=axis,
         unsigned=q.unsigned,
@@ -261,7 +261,7 @@ def _drop_needless_preops(q: TensorQuantizer, spec: QdqSpec, weight: torch.Tenso
         reference = q(weight.float())  # the quantizer's own forward (pre_quant_scale, clip, fake quant)
         if q.pre_quant_scale is not None:
             weight = weight * q.pre_quant_scale
-        plain = _fake_qdq_eager(weight.float(), spec.scale, spec.zero_point, spec.axis)
+        plain = _fake_qdq_eager(weight.float(), spec.step, spec.zero_point, spec.axis)
     if torch.equal(reference, plain):
         spec.lower, spec.upper, spec.mask = None, None, None
 

@@ -37,31 +37,16 @@ from qdq.export import _ops
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.graphs import onnx as graph
 from qdq.quantizer import TensorQuantizer
-from qdq.targets import (
-    DEFAULT_TARGET,
-    Target,
-    check_not_superseded,
-    get_target,
-    placed_options,
-    placed_target,
-    resolve_target,
-    target_names,
-)
+from qdq.targets import Target, export_target, placed_options
 from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["export_onnx", "finish_onnx", "onnx_opset"]  # and TARGETS (module __getattr__)
+__all__ = ["export_onnx", "finish_onnx", "onnx_opset"]
 
 _MIN_OPSET = 10  # QuantizeLinear / DequantizeLinear
 _MIN_OPSET_PER_CHANNEL = 13  # their ``axis`` attribute
-
-
-def __getattr__(name: str) -> Any:
-    if name == "TARGETS":  # the registered target names, as a tuple (qdq.targets holds the registry)
-        return target_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def export_onnx(
@@ -124,9 +109,9 @@ def export_onnx(
     """
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"export_onnx needs an nn.Module, got {type(model).__name__}.")
-    spec = _target_for(model, target)
+    chosen = export_target(model, target)
     target_options = {**placed_options(model), **dict(target_options or {})}  # the call's override the model's
-    opset = spec.export.opset if opset is None else opset
+    opset = chosen.export.opset if opset is None else opset
     inputs = _example(example_input, model)
     axes = _dynamic_axes(inputs, dynamic_batch, dynamic_sequence, dynamic_axes)
     path = Path(path)
@@ -139,24 +124,7 @@ def export_onnx(
             proto, names = _run_exporter(model, inputs, opset, axes, dynamo)
     finally:
         model.train(was_training)
-    return _finish(proto, specs, path, spec, opset, target_options, names)
-
-
-def _target_for(model: nn.Module, requested: str | Target | None) -> Target:
-    """The target to export ``model`` for: ``requested``, which must match the one it was placed for."""
-    check_not_superseded(model, QdqExportError)
-    placed = placed_target(model)
-    if requested is None:
-        return get_target(placed or DEFAULT_TARGET)
-    target = resolve_target(requested)
-    requested = target.name
-    if placed is not None and placed != requested:
-        raise QdqExportError(
-            f"this model was placed for target {placed!r} and cannot be exported for {requested!r}: its "
-            f"quantizers are where {placed} needs them. Export it with target={placed!r} (or no target), or "
-            f"quantize a fresh copy of the float model with qdq.QuantConfig(target={requested!r})."
-        )
-    return target
+    return _finish(proto, specs, path, chosen, opset, target_options, names)
 
 
 def _finish(

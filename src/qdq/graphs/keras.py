@@ -1,28 +1,50 @@
-"""What a Keras placement rule works on: a Functional/Sequential model's layer graph and a plan per layer.
+"""The Keras front end's view: a Functional/Sequential model's layer graph as a :class:`~qdq.graphs.view.GraphView`.
 
-:func:`qdq.keras.quantize_model` plans, per layer, which inputs and whether the kernel get Q/DQ
-(:class:`LayerPlan`), then runs the target's placement rules (:class:`qdq.targets.PlacementRule`, their
-``keras`` function) on a :class:`KerasPlacement`: the model, the plans, the target, and the questions rules
-ask of the layer graph (producers, readers, the activation a layer applies, the weighted ops before a
-tensor). A rule edits the plans only; the front end then wraps the layers.
+Each layer becomes an op named in the ONNX vocabulary (``Conv2D``: ``"Conv"``, ``Dense``: ``"Gemm"``, ``Add``,
+``Concatenate``: ``"Concat"``, ``MaxPooling2D``: ``"MaxPool"``...), whose output value is named after the layer; a
+weighted layer with its own activation is two ops, the second reading a value inside the layer (not a boundary:
+quantizing it splits the activation into its own layer). A ``swish`` activation is one ``Silu`` op whose sigmoid
+is an inner value. The quantizers the toolkit's plan already puts on layer inputs (:class:`LayerPlan`, from the
+mode, the spec and the cases) and kernels are the view's existing quantizers; inputs tied to one range (a
+Concatenate's, :attr:`LayerPlan.ties`) are one quantizer.
 
 This module reads Keras layers by their attributes and imports neither Keras nor TensorFlow.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["KerasPlacement", "LayerPlan", "consumers", "producers"]
+from qdq.graphs import ops
+from qdq.graphs.view import GraphView, Op, Site, Value
 
-_WEIGHTED = ("Conv2D", "DepthwiseConv2D", "Conv1D", "Conv3D", "SeparableConv2D", "Conv2DTranspose", "Dense")
-_PASS_THROUGH = ("BatchNormalization", "Activation", "ReLU", "Dropout")
-_NONNEG_ACTIVATIONS = frozenset({"relu", "relu6", "sigmoid", "softmax", "hard_sigmoid", "exponential"})
-_ONNX_ACTIVATIONS = {"relu": "Relu", "relu6": "Clip"}  # what tf2onnx writes (ReLU6: Clip(0, 6))
-_KEEP_SIGN = frozenset({"MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D", "GlobalMaxPooling2D",
-                        "Flatten", "Reshape", "Dropout", "ZeroPadding2D", "Cropping2D", "UpSampling2D", "Permute",
-                        "SpatialDropout2D", "Identity", "Add", "Multiply", "Concatenate"})  # fmt: skip
+__all__ = ["LayerPlan", "activation_name", "activation_type", "build_view", "consumers", "producers"]
+
+_LAYER_TYPES = {
+    "Conv1D": "Conv", "Conv2D": "Conv", "Conv3D": "Conv", "DepthwiseConv1D": "Conv", "DepthwiseConv2D": "Conv",
+    "SeparableConv1D": "Conv", "SeparableConv2D": "Conv", "Conv1DTranspose": "ConvTranspose",
+    "Conv2DTranspose": "ConvTranspose", "Conv3DTranspose": "ConvTranspose", "Dense": "Gemm",
+    "BatchNormalization": "BatchNormalization", "LayerNormalization": "LayerNormalization",
+    "GroupNormalization": "GroupNormalization", "Add": "Add", "Multiply": "Mul", "Concatenate": "Concat",
+    "MaxPooling1D": "MaxPool", "MaxPooling2D": "MaxPool", "MaxPooling3D": "MaxPool",
+    "AveragePooling1D": "AveragePool", "AveragePooling2D": "AveragePool", "AveragePooling3D": "AveragePool",
+    "GlobalAveragePooling1D": "GlobalAveragePool", "GlobalAveragePooling2D": "GlobalAveragePool",
+    "GlobalMaxPooling1D": "GlobalMaxPool", "GlobalMaxPooling2D": "GlobalMaxPool", "Flatten": "Flatten",
+    "Reshape": "Reshape", "Permute": "Transpose", "ZeroPadding1D": "Pad", "ZeroPadding2D": "Pad",
+    "ZeroPadding3D": "Pad", "Cropping1D": "Slice", "Cropping2D": "Slice", "Cropping3D": "Slice",
+    "UpSampling1D": "Resize", "UpSampling2D": "Resize", "UpSampling3D": "Resize", "Dropout": "Identity",
+    "SpatialDropout1D": "Identity", "SpatialDropout2D": "Identity", "SpatialDropout3D": "Identity",
+    "Identity": "Identity", "LSTM": "LSTM", "GRU": "GRU", "SimpleRNN": "RNN",
+}  # fmt: skip
+# what tf2onnx writes for each activation (ReLU6: Clip(0, 6); swish: x * Sigmoid(x))
+_ACTIVATION_TYPES = {
+    "relu": "Relu", "relu6": "Clip", "sigmoid": "Sigmoid", "silu": "Silu", "swish": "Silu", "gelu": "Gelu",
+    "softmax": "Softmax", "tanh": "Tanh", "hard_sigmoid": "HardSigmoid", "hard_silu": "HardSwish",
+    "hard_swish": "HardSwish", "elu": "Elu", "selu": "Selu", "leaky_relu": "LeakyRelu", "mish": "Mish",
+    "softplus": "Softplus", "linear": "Identity",
+}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------- the layer graph
@@ -50,6 +72,49 @@ def consumers(model: Any, layer: Any) -> list[Any]:
     return list(found.values())
 
 
+def activation_name(layer: Any) -> str:
+    """The name of the activation a layer applies (its own ``activation``; ReLU layers by their settings)."""
+    kind = type(layer).__name__
+    if kind == "ReLU":
+        plain = not getattr(layer, "negative_slope", 0) and not getattr(layer, "threshold", 0)
+        max_value = getattr(layer, "max_value", None)
+        if plain and max_value is None:
+            return "relu"
+        return "relu6" if plain and max_value is not None and float(max_value) == 6.0 else "other"
+    if kind == "Softmax":
+        return "softmax"
+    if kind == "LeakyReLU":
+        return "leaky_relu"
+    function = getattr(layer, "activation", None)
+    return getattr(function, "__name__", "linear") if function is not None else "linear"
+
+
+def activation_type(name: str) -> str:
+    """The ONNX op an activation of that name exports to (``"relu6"``: ``"Clip"``; ``"swish"``: ``"Silu"``)."""
+    return _activation_op(name)[0]
+
+
+def _activation_op(name: str) -> tuple[str, dict[str, Any]]:
+    found = _ACTIVATION_TYPES.get(name)
+    if found is None:
+        return f"keras:{name}", {}
+    return found, ({"min": 0.0, "max": 6.0} if name == "relu6" else {})
+
+
+def _layer_op(layer: Any) -> tuple[str, dict[str, Any]]:
+    kind = type(layer).__name__
+    if kind in ("Activation", "ReLU", "Softmax", "LeakyReLU"):
+        return _activation_op(activation_name(layer))
+    found = _LAYER_TYPES.get(kind)
+    if found is None:
+        return f"keras:{kind}", {}
+    if found == "Resize":
+        return found, {"mode": str(getattr(layer, "interpolation", "nearest"))}
+    if found == "Pad":
+        return found, {"mode": "constant", "value": 0.0}
+    return found, {}
+
+
 # ------------------------------------------------------------------------------------------- the plans
 @dataclass(frozen=True)
 class LayerPlan:
@@ -60,12 +125,15 @@ class LayerPlan:
         input_indices: the positions quantized (None: every input).
         quantize_weight: the kernel (weighted layers).
         unsigned: positions quantized unsigned (uint8 over ``[0, amax]``).
+        ties: position -> the name of the range it shares with other inputs (of this or other layers): those
+            inputs are calibrated together and get one range (one scale in the file).
     """
 
     quantize_inputs: bool
     input_indices: tuple[int, ...] | None
     quantize_weight: bool
     unsigned: frozenset[int] = frozenset()
+    ties: Mapping[int, str] = field(default_factory=dict)
 
     def positions(self, n_inputs: int) -> tuple[int, ...]:
         if not self.quantize_inputs:
@@ -81,126 +149,57 @@ class LayerPlan:
         return replace(self, quantize_inputs=True, input_indices=None if len(indices) == n_inputs else indices)
 
 
-@dataclass
-class KerasPlacement:
-    """What a Keras placement rule works on.
+# ------------------------------------------------------------------------------------------- the view
+def build_view(model: Any, plans: Mapping[str, LayerPlan], target: Any) -> GraphView:
+    """The view of ``model``'s layer graph, with the quantizers of ``plans`` (by layer name) as existing ones.
 
-    Attributes:
-        model: the float Functional/Sequential model being quantized (not modified).
-        plans: layer name -> :class:`LayerPlan` of the layers that get a wrapper; rules edit this dict.
-        target: the :class:`qdq.targets.Target` the model is quantized for.
-    """
+    Each op's ``ref`` is its layer, or ``(layer, "activation")`` for a weighted layer's own activation."""
+    view = GraphView("keras", target)
+    outputs = {tensor._keras_history.operation.name for tensor in model.outputs}
+    handles: dict[Any, object] = {}
+    for layer in model.layers:
+        if type(layer).__name__ == "InputLayer":
+            view.value(layer.name).graph_output = layer.name in outputs
+            continue
+        op = _add_layer(view, layer)
+        view.value(layer.name).graph_output = layer.name in outputs
+        plan = plans.get(layer.name)
+        if plan is not None:
+            _existing(view, op, plan, handles)
+    return view
 
-    model: Any
-    plans: dict[str, LayerPlan]
-    target: Any
-    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    # --- reading the graph
-    @property
-    def layers(self) -> list[Any]:
-        return list(self.model.layers)
+def _add_layer(view: GraphView, layer: Any) -> Op:
+    """The layer's op (and its own activation's op after it); returns the layer's first op."""
+    inputs = [view.value(parent.name) for parent in producers(layer)]
+    op_type, attrs = _layer_op(layer)
+    activation = activation_name(layer) if op_type in ops.WEIGHTED else "linear"
+    output = view.value(layer.name) if activation == "linear" else view.value(f"{layer.name}:linear", boundary=False)
+    weights = [view.value(f"{layer.name}.kernel", constant=True)] if op_type in ops.WEIGHTED else []
+    op = view.add_op(layer.name, op_type, inputs + weights, [output], attrs=attrs,
+                     weights=range(len(inputs), len(inputs) + len(weights)), inner=_inner(view, layer.name, op_type),
+                     ref=layer)  # fmt: skip
+    if activation != "linear":
+        act_type, act_attrs = _activation_op(activation)
+        name = f"{layer.name}:activation"
+        view.add_op(name, act_type, [output], [view.value(layer.name)], attrs=act_attrs,
+                    inner=_inner(view, name, act_type), ref=(layer, "activation"))  # fmt: skip
+    return op
 
-    @staticmethod
-    def class_name(layer: Any) -> str:
-        return type(layer).__name__
 
-    @staticmethod
-    def producers(layer: Any) -> list[Any]:
-        return producers(layer)
+def _inner(view: GraphView, name: str, op_type: str) -> dict[str, Value]:
+    return {"sigmoid": view.value(f"{name}:sigmoid", boundary=False)} if op_type == ops.SILU else {}
 
-    def readers(self, layer: Any) -> list[tuple[Any, int, int]]:
-        """``(consumer, input position, number of inputs)`` for every use of ``layer``'s output."""
-        found = []
-        for consumer in consumers(self.model, layer):
-            parents = producers(consumer)
-            found += [(consumer, i, len(parents)) for i, parent in enumerate(parents) if parent is layer]
-        return found
 
-    def single_use(self, layer: Any) -> Any | None:
-        """The one layer reading ``layer`` (None: several, none, or ``layer`` is called more than once)."""
-        found = consumers(self.model, layer)
-        return found[0] if len(found) == 1 and len(getattr(layer, "_inbound_nodes", [])) == 1 else None
-
-    @staticmethod
-    def activation(layer: Any) -> str:
-        """The name of the activation a layer applies (its own ``activation``; ReLU layers by their settings)."""
-        kind = type(layer).__name__
-        if kind == "ReLU":
-            plain = not getattr(layer, "negative_slope", 0) and not getattr(layer, "threshold", 0)
-            max_value = getattr(layer, "max_value", None)
-            if plain and max_value is None:
-                return "relu"
-            return "relu6" if plain and max_value is not None and float(max_value) == 6.0 else "other"
-        if kind == "Softmax":
-            return "softmax"
-        function = getattr(layer, "activation", None)
-        return getattr(function, "__name__", "linear") if function is not None else "linear"
-
-    def onnx_activation(self, layer: Any) -> str | None:
-        """The ONNX op a layer's ReLU / ReLU6 exports to (``"Relu"``, ``"Clip"``), else None."""
-        return _ONNX_ACTIVATIONS.get(self.activation(layer))
-
-    @staticmethod
-    def is_weighted(layer: Any) -> bool:
-        """Conv (any dimension, depthwise, separable, transposed) or Dense."""
-        return type(layer).__name__ in _WEIGHTED
-
-    def follows_weighted(self, layer: Any) -> bool:
-        """``layer``'s output is a weighted layer's, possibly through BatchNormalization / activation /
-        dropout layers, and each layer on the way (the weighted one included) has no other reader."""
-        for _ in range(6):
-            if len(consumers(self.model, layer)) != 1:
-                return False
-            if self.is_weighted(layer):
-                return True
-            parents = producers(layer)
-            if type(layer).__name__ not in _PASS_THROUGH or len(parents) != 1:
-                return False
-            layer = parents[0]
-        return False
-
-    def weighted_depth(self, layer: Any) -> int:
-        """How many weighted layers the longest path from the model's input to ``layer`` (included) goes
-        through (see :meth:`qdq.graphs.fx.PlacementContext.weighted_depth`)."""
-        depths = self._memo.setdefault("depth", {})
-        if layer.name not in depths:
-            stack = [layer]
-            while stack:  # iterative: a deep network would overflow Python's recursion
-                top = stack[-1]
-                pending = [p for p in producers(top) if p.name not in depths]
-                if pending:
-                    stack += pending
-                    continue
-                stack.pop()
-                before = max((depths[p.name] for p in producers(top)), default=0)
-                depths[top.name] = before + int(self.is_weighted(top))
-        return depths[layer.name]
-
-    def non_negative(self, layer: Any) -> bool:
-        """Is ``layer``'s output >= 0 whatever the model's input (by the ops alone)?"""
-        memo: dict[str, bool] = self._memo.setdefault("nonneg", {})
-        if layer.name not in memo:
-            memo[layer.name] = False  # a cycle guard; graphs are acyclic
-            if self.activation(layer) in _NONNEG_ACTIVATIONS:
-                memo[layer.name] = True
-            elif type(layer).__name__ in _KEEP_SIGN:
-                parents = producers(layer)
-                memo[layer.name] = bool(parents) and all(self.non_negative(p) for p in parents)
-        return memo[layer.name]
-
-    # --- editing the plans
-    def plan(self, layer: Any) -> LayerPlan | None:
-        return self.plans.get(layer.name)
-
-    def quantize_input(self, layer: Any, position: int, n_inputs: int) -> None:
-        """Quantize input ``position`` of ``layer`` (a layer without a plan gets one that quantizes only it)."""
-        plan = self.plans.get(layer.name) or LayerPlan(False, None, False)
-        self.plans[layer.name] = plan.with_input(position, n_inputs)
-
-    def quantize_all_inputs(self, layer: Any) -> None:
-        plan = self.plans.get(layer.name) or LayerPlan(False, None, False)
-        self.plans[layer.name] = replace(plan, quantize_inputs=True, input_indices=None)
-
-    def set_unsigned(self, layer: Any, positions: frozenset[int]) -> None:
-        self.plans[layer.name] = replace(self.plans[layer.name], unsigned=positions)
+def _existing(view: GraphView, op: Op, plan: LayerPlan, handles: dict[Any, object]) -> None:
+    """The plan's quantized inputs and kernel as existing quantizers: one per tensor and grid (calibration gives a
+    tensor two wrappers read the same way one range), or per tie."""
+    n_inputs = len(op.inputs) - len(op.weights)
+    for position in plan.positions(n_inputs):
+        value, unsigned = op.inputs[position], position in plan.unsigned
+        key = ("tie", plan.ties[position]) if position in plan.ties else (value.name, unsigned)
+        handle = handles.setdefault(key, object())
+        view.existing(Site(value, op, position), handle, unsigned=unsigned)
+    if plan.quantize_weight and op.weights:
+        position = min(op.weights)
+        view.existing(Site(op.inputs[position], op, position), object(), per_channel=True)

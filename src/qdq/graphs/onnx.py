@@ -76,8 +76,8 @@ class QdqSite:
         output: name of the dequantized float tensor.
         quantize: the QuantizeLinear node, or None when the input is a pre-quantized initializer.
         dequantize: the DequantizeLinear node.
-        scale: float32 step (0-d or ``[C]``).
-        zero_point: zero point (int8/uint8, same shape as ``scale``).
+        step: float32 step, ONNX's ``y_scale`` (0-d or ``[C]``).
+        zero_point: zero point (int8/uint8, same shape as ``step``).
         axis: channel axis of a per-channel scale, None per tensor.
         quantizers: every quantizer this pair stands for (``quantizer`` first; more when identical
             quantizers of one tensor were merged).
@@ -91,7 +91,7 @@ class QdqSite:
     output: str
     quantize: Any
     dequantize: Any
-    scale: np.ndarray
+    step: np.ndarray
     zero_point: np.ndarray
     axis: int | None
     quantizers: tuple[str, ...] = ()
@@ -367,7 +367,7 @@ def qdq_sites(model: onnx.ModelProto) -> list[QdqSite]:
                 output=node.output[0],
                 quantize=q,
                 dequantize=node,
-                scale=scale,
+                step=scale,
                 zero_point=_array(tables, node.input[2]),
                 axis=_axis(node) if scale.ndim == 1 else None,
                 quantizers=tuple(quantizer_names(node)),

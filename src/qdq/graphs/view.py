@@ -253,12 +253,18 @@ class GraphView:
     def weighted_depth(self, value: Value) -> int:
         """How many weighted ops the longest path from a graph input to ``value`` goes through."""
         depth = self._memo.setdefault("depth", {})
-        if not depth:
-            for op in self.ops:
-                before = max((depth.get(v.name, 0) for _, v in op.data_inputs), default=0)
-                for out in [*op.outputs, *op.inner.values()]:
-                    depth[out.name] = before + int(op.type in vocab.WEIGHTED)
-        return depth.get(value.name, 0)
+        stack = [value]
+        while stack:  # iterative: a deep network would overflow Python's recursion
+            top = stack[-1]
+            op = top.producer
+            pending = [v for _, v in op.data_inputs if v.name not in depth] if op is not None else []
+            if pending:
+                stack += pending
+                continue
+            stack.pop()
+            before = max((depth[v.name] for _, v in op.data_inputs), default=0) if op is not None else 0
+            depth[top.name] = before + int(op is not None and op.type in vocab.WEIGHTED)
+        return depth[value.name]
 
     def non_negative(self, value: Value) -> bool:
         """Is ``value`` >= 0 by construction (ReLU, Sigmoid, Softmax..., possibly pooled, moved, added)?"""

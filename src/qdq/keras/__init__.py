@@ -5,12 +5,12 @@ PyTorch path.
     qmodel = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])  # model is left untouched
     qk.calibrate(qmodel, calibration_batches, method="entropy")              # static activation ranges
     qmodel.compile(...); qmodel.fit(...)                                     # QAT (optional)
-    qk.export_onnx(qmodel, "model.onnx", target="tensorrt")
+    qk.export_onnx(qmodel, x[:1], "model.onnx", target="tensorrt")          # the PyTorch path's arguments
+    qdq.verify(qmodel, "model.onnx", batches)                                # the engine vs Keras
 
 For ONNX Runtime's int8 kernels quantize with ``qk.quantize_model(model, target="onnxruntime")`` (conv
-outputs, every input of residual adds, unsigned post-ReLU ranges); the model remembers its target and
-``export_onnx`` exports for it.
-    qdq.verify(qmodel, "model.onnx", batches)                                # the engine vs Keras
+outputs, every input of residual adds, unsigned post-ReLU ranges: the target's rules, the ones the PyTorch
+path runs); the model remembers its target and ``export_onnx`` exports for it.
 
 Importing ``qdq.keras`` imports nothing; TensorFlow is imported when a name below is first used (install
 it with ``pip install 'qdq[tf]'``).
@@ -35,7 +35,7 @@ _LAZY = {
     "export_onnx": "qdq.keras.export",
     "fold_batchnorms": "qdq.keras.fold",
     "split_activations": "qdq.keras.placement",
-    "placed_target": "qdq.keras.placement",
+    "placed_target": "qdq.targets.marks",
     "fake_quant": "qdq.keras.quantizer",
     "QuantizeWrapper": "qdq.keras.wrappers",
     "register_wrapper": "qdq.keras.wrappers",

@@ -84,22 +84,29 @@ class CalibrationStats:
         check_method(method)
         by_key = {key: _amax(cal, method, options) for key, cal in self.calibrators.items()}
         ranges = {f"{w.name}/input_{p}": by_key[_key(t, w, p)] for t, (w, _, p) in self._sites}
-        for wrapper, keys in self._shared().items():  # one range from the statistics of all its inputs
+        for names, keys in self._shared():  # one range from the statistics of all the tied inputs
             merged = copy.deepcopy(self.calibrators[keys[0]])
             for key in keys[1:]:
                 merged.merge(self.calibrators[key])
             amax = _amax(merged, method, options)
-            ranges.update({f"{wrapper.name}/input_{p}": amax for t, (w, _, p) in self._sites if w is wrapper})
+            ranges.update(dict.fromkeys(names, amax))
         return ranges
 
-    def _shared(self) -> dict[Any, list[tuple]]:
-        """The wrappers whose quantized inputs share one range (``shared_input_range``), with the keys of their
-        distinct calibrators; inputs on different grids (signed and unsigned) keep their own ranges."""
-        shared: dict[Any, dict[tuple, None]] = {}
+    def _shared(self) -> list[tuple[list[str], list[tuple]]]:
+        """The groups of inputs that share one range (a wrapper's ``range_ties``, or all inputs of a
+        ``shared_input_range`` wrapper): their ``"<wrapper>/input_<i>"`` names and the keys of their distinct
+        calibrators; inputs on different grids (signed and unsigned) keep their own ranges."""
+        groups: dict[Any, tuple[list[str], dict[tuple, None]]] = {}
         for tensor, (wrapper, _, position) in self._sites:
-            if getattr(wrapper, "shared_input_range", False):
-                shared.setdefault(wrapper, {})[_key(tensor, wrapper, position)] = None
-        return {w: list(keys) for w, keys in shared.items() if len(keys) > 1 and len({k[1:] for k in keys}) == 1}
+            tie = getattr(wrapper, "range_ties", {}).get(position)
+            if tie is None and getattr(wrapper, "shared_input_range", False):
+                tie = wrapper.name
+            if tie is not None:
+                names, keys = groups.setdefault(tie, ([], {}))
+                names.append(f"{wrapper.name}/input_{position}")
+                keys[_key(tensor, wrapper, position)] = None
+        return [(names, list(keys)) for names, keys in groups.values()
+                if len(keys) > 1 and len({k[1:] for k in keys}) == 1]  # fmt: skip
 
     def load(self, method: str, **options: Any) -> dict[str, float]:
         """Set the model's ranges by ``method`` (see :meth:`ranges`) and mark its wrappers calibrated."""

@@ -2,7 +2,10 @@
 
 A case looks at the original (float) model and the user's spec and returns a new
 :class:`~qdq.keras.spec.QuantizationSpec` with entries for the layers it treats specially; layers the user
-named are left to the user. The built-in cases (the NVIDIA TF2 toolkit's rules):
+named are left to the user. The built-in cases are placement rules written once against the graph view
+(:mod:`qdq.graphs.view`, the rules every front end runs): each runs its rule on the model's view and returns
+the inputs it decided to quantize as spec entries (:func:`spec_of_rule`). The built-in cases (the NVIDIA TF2
+toolkit's rules):
 
 * :class:`ResidualConnectionQDQCase`: on each ``Add``, Q/DQ on every input except the one TensorRT fuses: of
   the inputs that come from a Conv or Dense (directly, or through BatchNormalization / Activation / Dropout)
@@ -20,10 +23,15 @@ named are left to the user. The built-in cases (the NVIDIA TF2 toolkit's rules):
 from __future__ import annotations
 
 import abc
+import functools
+from collections.abc import Callable
 from typing import Any
 
-from qdq.keras.graph import producers
+from qdq.graphs.keras import build_view
+from qdq.graphs.view import GraphView
 from qdq.keras.spec import QuantizationSpec
+from qdq.targets.common.residual import residual_adds
+from qdq.targets.tensorrt.cases import MAXPOOL_INPUTS, NORM_INPUTS, PRODUCT_INPUTS
 
 __all__ = [
     "BNQDQCase",
@@ -35,6 +43,7 @@ __all__ = [
     "ResNetV1QDQCase",
     "ResNetV2QDQCase",
     "ResidualConnectionQDQCase",
+    "spec_of_rule",
 ]
 
 
@@ -53,58 +62,53 @@ class CustomQDQInsertionCase(abc.ABC):
         return (type(self).__doc__ or type(self).__name__).strip().splitlines()[0]
 
 
-def _layers_of(model: Any, class_name: str, qspec: QuantizationSpec) -> list[Any]:
+def spec_of_rule(keras_model: Any, qspec: QuantizationSpec, decide: Callable[[GraphView], None]) -> QuantizationSpec:
+    """The inputs a placement rule ``decide(view)`` quantizes on ``keras_model``'s graph view, as spec entries (one
+    per layer, its input positions); layers ``qspec`` names are left out."""
+    view = build_view(keras_model, {}, None)
+    decide(view)
     taken = qspec.names()
-    return [layer for layer in model.layers if type(layer).__name__ == class_name and layer.name not in taken]
+    positions: dict[str, set[int]] = {}
+    for quantizer in view.quantizers():
+        for site in quantizer.sites:
+            pairs = [(site.reader, site.index)] if site.reader is not None else site.value.readers
+            for op, index in pairs:
+                if not isinstance(op.ref, tuple) and op.ref.name not in taken:
+                    positions.setdefault(op.ref.name, set()).add(index)
+    spec = QuantizationSpec()
+    for name, found in positions.items():
+        spec.add(name, quantize_input=True, quantize_weight=False, quantization_index=sorted(found))
+    return spec
 
 
-def _is_conv(layer: Any) -> bool:
-    return "Conv" in type(layer).__name__
-
-
-class ResidualConnectionQDQCase(CustomQDQInsertionCase):
-    """Q/DQ on the residual inputs of every Add; the input TensorRT fuses into its conv stays float."""
+class _RuleCase(CustomQDQInsertionCase):
+    rule: Callable[[GraphView], None]
 
     def case(self, keras_model: Any, qspec: QuantizationSpec) -> QuantizationSpec:
-        """Every input of each Add but the one TensorRT fuses (every input when none comes from a weighted
-        layer): the choice of the ``residual_add`` placement rule, :func:`qdq.targets.common.residual.fused_input`
-        (of two weighted inputs, the deeper branch is fused: the shortcut of a projection block is quantized)."""
-        from qdq.graphs.keras import KerasPlacement
-        from qdq.targets.common.residual import fused_input
-
-        graph = KerasPlacement(keras_model, {}, None)
-        spec = QuantizationSpec()
-        for add in _layers_of(keras_model, "Add", qspec):
-            inputs = producers(add)
-            fused = fused_input(
-                [graph.follows_weighted(p) for p in inputs], lambda i, xs=inputs: graph.weighted_depth(xs[i])
-            )
-            index = [i for i in range(len(inputs)) if i != fused]
-            if index:
-                spec.add(add.name, quantize_input=True, quantize_weight=False, quantization_index=index)
-        return spec
+        return spec_of_rule(keras_model, qspec, type(self).rule)
 
 
-class BNQDQCase(CustomQDQInsertionCase):
+class ResidualConnectionQDQCase(_RuleCase):
+    """Q/DQ on the residual inputs of every Add; the input TensorRT fuses into its conv stays float.
+
+    Every input of each Add but the one TensorRT fuses (every input when none comes from a weighted layer): the
+    choice of the ``residual_add`` placement rule (:func:`qdq.targets.common.residual.fused_input`: of two
+    weighted inputs, the deeper branch is fused, so the shortcut of a projection block is quantized).
+    """
+
+    rule = staticmethod(functools.partial(residual_adds, mode="skip", lone=True))
+
+
+class BNQDQCase(_RuleCase):
     """Q/DQ on the input of every BatchNormalization whose input is not a Conv's output."""
 
-    def case(self, keras_model: Any, qspec: QuantizationSpec) -> QuantizationSpec:
-        spec = QuantizationSpec()
-        for bn in _layers_of(keras_model, "BatchNormalization", qspec):
-            parents = producers(bn)
-            if parents and not _is_conv(parents[0]):
-                spec.add(bn.name, quantize_input=True, quantize_weight=False)
-        return spec
+    rule = staticmethod(NORM_INPUTS.decide)
 
 
-class MaxPoolQDQCase(CustomQDQInsertionCase):
+class MaxPoolQDQCase(_RuleCase):
     """Q/DQ on the input of every MaxPooling2D."""
 
-    def case(self, keras_model: Any, qspec: QuantizationSpec) -> QuantizationSpec:
-        spec = QuantizationSpec()
-        for pool in _layers_of(keras_model, "MaxPooling2D", qspec):
-            spec.add(pool.name, quantize_input=True, quantize_weight=False)
-        return spec
+    rule = staticmethod(MAXPOOL_INPUTS.decide)
 
 
 class _Composite(CustomQDQInsertionCase):
@@ -141,13 +145,11 @@ class InceptionQDQCase(_Composite):
     parts = (MaxPoolQDQCase,)
 
 
+class _ProductCase(_RuleCase):
+    rule = staticmethod(PRODUCT_INPUTS.decide)
+
+
 class EfficientNetQDQCase(_Composite):
     """EfficientNet: the residual case and both inputs of each squeeze-excitation Multiply."""
 
-    parts = (ResidualConnectionQDQCase,)
-
-    def case(self, keras_model: Any, qspec: QuantizationSpec) -> QuantizationSpec:
-        spec = super().case(keras_model, qspec)
-        for multiply in _layers_of(keras_model, "Multiply", qspec):
-            spec.add(multiply.name, quantize_input=True, quantize_weight=False, quantization_index=[0, 1])
-        return spec
+    parts = (ResidualConnectionQDQCase, _ProductCase)

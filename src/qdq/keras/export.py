@@ -1,9 +1,9 @@
 """Export of a quantized Keras model to a Q/DQ ONNX graph, for the same targets as the PyTorch path.
 
-``export_onnx(qmodel, "model.onnx", target="tensorrt")``:
+``export_onnx(qmodel, example, "model.onnx", target="tensorrt")`` (the PyTorch path's arguments):
 
 1. folds BatchNormalization into the quantized convs (:mod:`qdq.keras.fold`);
-2. converts with tf2onnx (``from_keras``, opset 13 by default) without its ``q_dq_optimizer`` and
+2. converts with tf2onnx (``from_keras``, the target's opset, else 13) without its ``q_dq_optimizer`` and
    ``const_dequantize_optimizer``, so every QuantizeLinear is directly followed by its DequantizeLinear
    (what TensorRT's explicit quantization needs; NVIDIA's toolkit does the same);
 3. puts the layout ops tf2onnx writes on the Q/DQ paths out of the way, exactly: a weight's
@@ -21,6 +21,8 @@ The ONNX model takes the Keras layout (NHWC images).
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,69 +32,95 @@ import numpy as np
 from qdq.errors import QdqExportError
 from qdq.keras._backend import tf, tf2onnx
 from qdq.keras.graph import check_graph_model
+from qdq.targets import Target, export_target
 
 __all__ = ["export_onnx"]
 
 _DROPPED_OPTIMIZERS = ("q_dq_optimizer", "const_dequantize_optimizer")
+_DEFAULT_OPSET = 13  # tf2onnx's opset when the target names none
 _LAYOUT_OPS = frozenset({"Reshape", "Transpose"})
 
 
 def export_onnx(
     model: Any,
-    path: str | Path,
-    target: str | None = None,
+    example_input: Any = None,
+    path: str | Path | None = None,
+    target: str | Target | None = None,
+    opset: int | None = None,
     *,
-    opset: int = 13,
     fold_bn: bool = True,
     target_options: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the quantized Keras ``model`` as a Q/DQ ONNX file for ``target``.
+    """Write the quantized Keras ``model`` as a Q/DQ ONNX file for ``target``: the PyTorch path's
+    :func:`qdq.export.export_onnx`, argument for argument.
 
     Args:
         model: a model from :func:`qdq.keras.quantize_model`, calibrated (:func:`qdq.keras.calibrate`).
+        example_input: a batch (one array, or a list of arrays for several inputs), checked against the
+            model's inputs before converting; None: the model's own input signature alone. The batch axis
+            stays symbolic either way.
         path: the ``.onnx`` file (replaced atomically).
-        target: ``"tensorrt"`` or ``"onnxruntime"`` (any name in :mod:`qdq.targets`). None (default): the
-            target the model was quantized for (``quantize_model(target=...)``), else ``"tensorrt"``.
-        opset: ONNX opset, >= 13 (per-channel scales).
+        target: a registered target (:mod:`qdq.targets`). None (default): the target the model was quantized
+            for (``quantize_model(target=...)``), else ``"tensorrt"``.
+        opset: ONNX opset, >= 13 (per-channel scales); None: the target's default, else 13.
         fold_bn: fold BatchNormalization into the quantized convs first (recommended).
         target_options: options of the target's ONNX rewrite, as in :func:`qdq.export.export_onnx`
             (``"onnxruntime"``: ``{"weights": "auto" | "int8" | "uint8"}``).
 
+    ``export_onnx(model, path, ...)`` (the path second, qdq 0.1's order) still works and warns.
+
     Raises:
         QdqExportError: an uncalibrated quantized input, an opset below 13, a target other than the one the
-            model was quantized for, or a failed conversion.
+            model was quantized for, an example that does not fit the model's inputs, or a failed conversion.
     """
     from qdq.export.onnx_export import finish_onnx
     from qdq.keras.fold import fold_batchnorms
-    from qdq.targets import get_target
 
+    example_input, path = _legacy_order(example_input, path)
     check_graph_model(model, "export_onnx")
-    spec = get_target(_target_for(model, target))
+    chosen = export_target(model, target)
+    opset = (chosen.export.opset or _DEFAULT_OPSET) if opset is None else opset
     if opset < 13:
         raise QdqExportError(f"per-channel Q/DQ needs ONNX opset >= 13, got opset={opset}.")
+    _check_example(model, example_input)
     _check_calibrated(model)
     exported = fold_batchnorms(model) if fold_bn else model
     proto = _convert(exported, opset)
     _weights_through_layout(proto)
     _drop_identity_reshapes(proto)
     _layout_before_q(proto)
-    return finish_onnx(proto, path, spec, opset=opset, target_options=target_options)
+    return finish_onnx(proto, path, chosen, opset=opset, target_options=target_options)
 
 
-def _target_for(model: Any, requested: str | None) -> str:
-    from qdq.keras.placement import placed_target
-    from qdq.targets import DEFAULT_TARGET
-
-    placed = placed_target(model)
-    if requested is None:
-        return placed or DEFAULT_TARGET
-    if placed is not None and placed != requested:
-        raise QdqExportError(
-            f"model {model.name!r} was quantized for target {placed!r} and cannot be exported for {requested!r}: "
-            f"its Q/DQ are where {placed} needs them. Export it with target={placed!r} (or no target), or "
-            f"quantize the float model again with qdq.keras.quantize_model(model, target={requested!r})."
+def _legacy_order(example_input: Any, path: Any) -> tuple[Any, Path]:
+    """``(example, path)``, accepting the path in the example's place when no path is given."""
+    if path is None and isinstance(example_input, str | os.PathLike):
+        warnings.warn(
+            "qdq.keras.export_onnx(model, path) is the old argument order; write "
+            "export_onnx(model, example_input_or_None, path), as qdq.export.export_onnx takes them.",
+            DeprecationWarning,
+            stacklevel=3,
         )
-    return requested
+        return None, Path(example_input)
+    if path is None:
+        raise QdqExportError("export_onnx needs the .onnx file to write: export_onnx(model, example, path).")
+    return example_input, Path(path)
+
+
+def _check_example(model: Any, example: Any) -> None:
+    """One clear error when ``example`` does not fit the model's inputs (their count and non-batch shapes)."""
+    if example is None:
+        return
+    arrays = list(example) if isinstance(example, list | tuple) else [example]
+    if len(arrays) != len(model.inputs):
+        raise QdqExportError(f"the example has {len(arrays)} input(s); model {model.name!r} takes {len(model.inputs)}.")
+    for array, tensor in zip(arrays, model.inputs):
+        shape, wanted = tuple(np.shape(array))[1:], tuple(tensor.shape)[1:]
+        if len(shape) != len(wanted) or any(w is not None and w != d for w, d in zip(wanted, shape)):
+            raise QdqExportError(
+                f"an example input of shape {np.shape(array)} does not fit model {model.name!r}'s input "
+                f"{tensor.name!r} of shape {tuple(tensor.shape)} (the first axis is the batch)."
+            )
 
 
 def _check_calibrated(model: Any) -> None:

@@ -19,11 +19,12 @@ return entries that are added after the user's.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.keras.graph import check_graph_model, producers
-from qdq.keras.placement import LayerPlan, apply_rules, split_activations
+from qdq.keras.placement import LayerPlan, place
 from qdq.keras.spec import LayerConfig, QuantizationSpec
 from qdq.targets import get_target
 from qdq.validate import check_num_bits
@@ -54,11 +55,13 @@ def quantize_model(
         num_bits: width of the integer grids, 2..8 (8: int8; 4 simulates int4 and exports as int8 Q/DQ behind
             a clip to the 16 levels, as the PyTorch export does).
         weight_bits: width of the kernels' grid when it differs (W4A8: ``num_bits=8, weight_bits=4``).
-        target: the runtime the model is quantized for (:mod:`qdq.targets`): its placement rules' Keras forms run
-            on the toolkit's plan (:mod:`qdq.keras.placement`). ``"tensorrt"``: Q/DQ on inputs and weights, and
-            on the inputs of each residual add but the one TensorRT fuses (the same choice as the PyTorch path
-            and as :class:`~qdq.keras.cases.ResidualConnectionQDQCase`); ``"onnxruntime"``: also the conv
-            outputs, every input of adds, unsigned post-ReLU ranges (what ORT's int8 kernels need). The model
+        target: the runtime the model is quantized for (:mod:`qdq.targets`): its placement rules, the ones the
+            PyTorch path runs, run on the model's graph view from the toolkit's plan (:mod:`qdq.keras.placement`).
+            ``"tensorrt"``: Q/DQ on inputs and weights, and on the inputs of each residual add but the one
+            TensorRT fuses (the same choice as the PyTorch path and as
+            :class:`~qdq.keras.cases.ResidualConnectionQDQCase`); ``"onnxruntime"``: also the conv outputs, every
+            input of adds, one range around pools, unsigned post-ReLU ranges (what ORT's int8 kernels need). The
+            model
             remembers it; :func:`qdq.keras.export_onnx` exports for it. None (default): the toolkit's placement
             alone (the spec and the cases), exportable for any target.
 
@@ -75,7 +78,7 @@ def quantize_model(
     for bits in (num_bits, num_bits if weight_bits is None else weight_bits):
         if check_num_bits(bits) > 8:
             raise QdqConfigError(f"qdq.keras quantizes to at most 8 bits (int8 / uint8 Q/DQ in ONNX), got {bits}.")
-    spec_target = get_target(target) if target is not None else None  # an unknown name raises, listing them
+    chosen_target = get_target(target) if target is not None else None  # an unknown name raises, listing them
     if quantization_mode not in QUANTIZATION_MODES:
         raise QdqConfigError(
             f"quantization_mode must be one of {QUANTIZATION_MODES}, got {quantization_mode!r}."
@@ -85,12 +88,9 @@ def quantize_model(
     if quantization_mode == "partial" and not len(spec):
         raise QdqConfigError("quantization_mode='partial' quantizes only the layers a spec or case names; give one.")
     _validate(model, spec, wrapper_for)
-    if spec_target is not None and any(r.separates_activations for r in spec_target.rules_for("keras")):
-        fusion = spec_target.fusion
-        model = split_activations(model, fusion.folded_activations) if fusion is not None else split_activations(model)
     plans = _plans(model, spec, quantization_mode, wrapper_for)
-    if spec_target is not None:
-        plans = apply_rules(model, plans, spec_target)
+    if chosen_target is not None:
+        model, plans = place(model, plans, chosen_target)
     return _wrapped_copy(model, plans, (num_bits, num_bits if weight_bits is None else weight_bits), target)
 
 
@@ -176,6 +176,10 @@ def _plans(model: Any, spec: QuantizationSpec, mode: str, wrapper_for: Any) -> d
             )
         elif class_name in classes or (mode == "full" and class_name not in OFF_BY_DEFAULT):
             plans[layer.name] = LayerPlan(True, None, True)
+        plan = plans.get(layer.name)
+        if plan is not None and getattr(wrapper, "shared_input_range", False):  # one range for its inputs
+            n_inputs = max(1, len(producers(layer)))
+            plans[layer.name] = replace(plan, ties={i: layer.name for i in plan.positions(n_inputs)})
     return plans
 
 
@@ -192,7 +196,7 @@ def _wrapped_copy(model: Any, plans: dict[str, LayerPlan], bits: tuple[int, int]
         wrapper = wrapper_for(layer) or QuantizeWrapper  # the placement rules may quantize any layer's input
         return wrapper(
             fresh, plan.quantize_inputs, plan.input_indices, plan.quantize_weight, num_bits=bits[0],
-            weight_bits=bits[1], unsigned_indices=sorted(plan.unsigned), target=target,
+            weight_bits=bits[1], unsigned_indices=sorted(plan.unsigned), target=target, range_ties=dict(plan.ties),
         )  # fmt: skip
 
     quantized = keras().models.clone_model(model, clone_function=clone)

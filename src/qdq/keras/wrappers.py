@@ -22,6 +22,7 @@ from qdq.keras import quantizer
 from qdq.keras._backend import keras as _keras
 from qdq.keras._backend import tf as _tf
 from qdq.registry import Registry
+from qdq.targets.marks import mark_placed
 
 keras = _keras()
 tf = _tf()
@@ -74,6 +75,9 @@ class QuantizeWrapper(keras.layers.Wrapper):
             inputs that are non-negative by construction, for ONNX Runtime (:mod:`qdq.keras.placement`).
         target: the target whose placement put this wrapper (None: the toolkit's placement, any target).
         weight_bits: bits of the kernel's signed grid (default ``num_bits``; W4A8: 4 here, 8 there).
+        range_ties: input position -> the name of a range it shares with inputs of this or other wrappers (a
+            tensor before and after a MaxPool, ONNX Runtime's int8 data movers): :func:`qdq.keras.calibrate`
+            calibrates tied inputs together and gives them one range.
     """
 
     weighted = False
@@ -92,6 +96,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         unsigned_indices: Sequence[int] = (),
         target: str | None = None,
         weight_bits: int | None = None,
+        range_ties: Any = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"quant_{layer.name}")
@@ -103,7 +108,11 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self.calibrated = bool(calibrated)
         self.unsigned_indices = tuple(int(i) for i in unsigned_indices)
         self.target = target
+        if target is not None:
+            mark_placed(self, target)  # what qdq.targets.placed_target reads on the model's layers
         self.weight_bits = int(weight_bits) if weight_bits is not None else self.num_bits
+        ties = range_ties.items() if isinstance(range_ties, dict) else (range_ties or ())  # a dict, or saved pairs
+        self.range_ties = {int(position): str(name) for position, name in ties}
         #: identity on the inputs and float weights (set while calibrating: statistics of the float model)
         self.bypass = False
         self.input_amax: list[Any] = []
@@ -185,6 +194,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
             unsigned_indices=list(self.unsigned_indices),
             target=self.target,
             weight_bits=self.weight_bits,
+            range_ties=[[position, name] for position, name in sorted(self.range_ties.items())],
         )
         return config
 

@@ -36,8 +36,6 @@ adds stay float (use :class:`~qdq.nn.QuantAdd` there by hand).
 
 from __future__ import annotations
 
-from typing import Any
-
 from qdq.graphs.view import GraphView
 from qdq.placement.apply import apply_placement
 from qdq.placement.capture import CAPTURE_STEPS, CaptureStep, register_capture_step
@@ -48,9 +46,9 @@ from qdq.placement.extend import (
     register_placement_rule,
     unregister_placement_rule,
 )
-from qdq.targets import PLACEMENT_RULES, target_names
+from qdq.targets import PLACEMENT_RULES
 
-__all__ = [  # and TARGETS, the registered target names (module __getattr__)
+__all__ = [
     "CAPTURE_STEPS",
     "PLACEMENT_RULES",
     "CaptureStep",
@@ -64,8 +62,3 @@ __all__ = [  # and TARGETS, the registered target names (module __getattr__)
     "unregister_placement_rule",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "TARGETS":  # the registered target names, as a tuple (qdq.targets holds the registry)
-        return target_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

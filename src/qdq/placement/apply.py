@@ -192,22 +192,22 @@ def apply_placement(
             placed for another target, a stale model (one a previous placement replaced), or an option the
             target does not take.
     """
-    spec = resolve_target(target)
-    options = _checked_options(spec, target_options)
+    chosen = resolve_target(target)
+    options = _checked_options(chosen, target_options)
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"apply_placement needs an nn.Module, got {type(model).__name__}.")
     check_not_superseded(model)
     previous = placed_target(model)
-    if previous is not None and previous != spec.name:
+    if previous is not None and previous != chosen.name:
         raise QdqConfigError(
-            f"this model is already placed for target {previous!r}; placing it for {spec.name!r} too would mix "
+            f"this model is already placed for target {previous!r}; placing it for {chosen.name!r} too would mix "
             "both. Quantize a fresh copy of the float model for the other target."
         )
-    chosen = spec.placement_rules if rules is None else tuple(PLACEMENT_RULES.get(name) for name in rules)
+    rule_list = chosen.placement_rules if rules is None else tuple(PLACEMENT_RULES.get(name) for name in rules)
     desc = _default_desc(model) if quant_desc is None else quant_desc
-    folded = fold_attention_biases(model) if spec.attention.fold_biases and previous is None else []
+    folded = fold_attention_biases(model) if chosen.attention.fold_biases and previous is None else []
     captured = capture_model(model, desc, capture)
-    placement = _Placement(spec, desc, chosen, tuple(leaf_modules), capture)
+    placement = _Placement(chosen, desc, rule_list, tuple(leaf_modules), capture)
     placement.captured = frozenset(id(model.get_submodule(name)) for name in captured)
     placed, changes = placement.place(model, "")
     placement.place_untraced()
@@ -216,10 +216,10 @@ def apply_placement(
     message = placement.warning(model, attention)
     if message is not None:
         warnings.warn(message, stacklevel=2)
-    mark_placed(placed, spec.name, options)
-    _set_step_types(placed, spec.step_float_type(options))
+    mark_placed(placed, chosen.name, options)
+    _set_step_types(placed, chosen.step_float_type(options))
     if placed is not model:
-        mark_superseded(model, spec.name)
+        mark_superseded(model, chosen.name)
     if verbose:
         print("\n".join(changes) if changes else "apply_placement: no change")
     return placed

@@ -22,6 +22,7 @@ Importing this package imports neither torch nor onnx: a rule or a pass imports 
 
 from __future__ import annotations
 
+from qdq.targets.choice import export_target
 from qdq.targets.marks import (
     check_not_superseded,
     mark_placed,
@@ -70,6 +71,7 @@ __all__ = [
     "Target",
     "add_placement_rule",
     "check_not_superseded",
+    "export_target",
     "get_target",
     "mark_placed",
     "mark_superseded",

@@ -31,8 +31,9 @@ _SUPERSEDED_ATTR = "_qdq_superseded"  # set on a model placement replaced: the t
 
 
 def mark_placed(model: Any, target: str, options: Mapping[str, Any] | None = None) -> None:
-    """Record on ``model`` (an ``nn.Module``) that it was placed for the target named ``target`` with the target
-    options ``options`` (kept by ``copy.deepcopy`` and pickling, ``torch.fx.GraphModule`` included)."""
+    """Record on ``model`` (an ``nn.Module``, a Keras model or layer) that it was placed for the target named
+    ``target`` with the target options ``options`` (kept by ``copy.deepcopy`` and pickling,
+    ``torch.fx.GraphModule`` included)."""
     _set_mark(model, _TARGET_ATTR, target)
     _set_mark(model, _OPTIONS_ATTR, dict(options or {}))
 
@@ -100,7 +101,11 @@ def _refuse_forward(module: Any, args: Any) -> None:
 
 
 def _modules(model: Any) -> list[Any]:
-    return list(model.modules()) if hasattr(model, "modules") else []
+    """The parts a mark may sit on: a torch model's submodules, a Keras model's layers (its quantize wrappers,
+    which keep their target in a saved model)."""
+    if hasattr(model, "modules"):
+        return list(model.modules())
+    return list(getattr(model, "layers", []))
 
 
 def _set_mark(model: Any, key: str, value: Any) -> None:

@@ -48,9 +48,10 @@ def fused_input(follows_weighted: Sequence[bool], weighted_depth: Callable[[int]
     return max(candidates, key=lambda i: (depths[i], -i))
 
 
-def residual_adds(view: GraphView, mode: str) -> None:
+def residual_adds(view: GraphView, mode: str, *, lone: bool = False) -> None:
     """Quantize the inputs of every add fed by a weighted op: all but the fused one (``"skip"``) or all
-    (``"both"``, except an add a layer normalization reads)."""
+    (``"both"``, except an add a layer normalization reads); with ``lone``, every input of an add no weighted op
+    feeds too (the TF toolkit's residual case)."""
     for add in view.ops_of("Add"):
         inputs = add.data_inputs
         if len(inputs) < 2:
@@ -59,7 +60,7 @@ def residual_adds(view: GraphView, mode: str) -> None:
             continue
         values = [v for _, v in inputs]
         fused = fused_input([view.follows_weighted(v) for v in values], lambda i, vs=values: view.weighted_depth(vs[i]))
-        if fused is None:
+        if fused is None and not lone:
             continue
         for position, (index, _) in enumerate(inputs):
             if mode == "both" or position != fused:
