@@ -18,9 +18,8 @@ import torch
 from torch import nn
 
 import qdq
-from qdq.export import export_onnx
-
 from qdq.errors import QdqBackendUnavailable
+from qdq.export import export_onnx
 from qdq.keras import _backend
 
 try:
@@ -28,7 +27,7 @@ try:
 except QdqBackendUnavailable:
     pytest.skip("the Keras front end needs TensorFlow: pip install 'qdq[tf]'", allow_module_level=True)
 pytest.importorskip("tf2onnx", reason="the Keras export needs tf2onnx: pip install 'qdq[tf]'")
-import qdq.keras as qk  # noqa: E402
+import qdq.keras as qk
 
 _LOOK_THROUGH = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BatchNormalization",
                  "Cast"}  # fmt: skip
