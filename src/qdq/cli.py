@@ -212,8 +212,9 @@ def add_quantize_parser(subparsers: Any) -> None:
                    help="quantize a torchvision or digits model without --weights: its random initialisation "
                    "(for trying the pipeline; its accuracy means nothing)")  # fmt: skip
     p.add_argument("--data", help="mnist (default: 5,000 real digits, offline) | digits | imagefolder:DIR")
-    p.add_argument("--calib", help="all (default: every method and auto, the best kept), max, entropy, mse, "
-                   "percentile, or auto (per quantizer, the range with the smallest error at its layer's output)")
+    p.add_argument("--calib", action=_CalibAction, help="all (default: every registered calibration method, the "
+                   "best kept) or one of them: %(methods)s (auto: per quantizer, the range with the smallest error at "
+                   "its layer's output)")  # fmt: skip
     p.add_argument("--calib-batches", type=_positive_int, help="calibration batches (default 8)")
     p.add_argument("--batch-size", type=_positive_int, help="batch size for calibration/QAT/eval (default 64)")
     p.add_argument("--image-size", type=_positive_int, help="input height/width (default: the data's)")
@@ -228,6 +229,23 @@ def add_quantize_parser(subparsers: Any) -> None:
     p.add_argument("--sensitivity", action="store_true", default=None, help="per-layer sensitivity analysis")
     p.add_argument("--out", help="output folder (default qdq-out)")
     p.set_defaults(handler=run_quantize)
+
+
+class _CalibAction(argparse.Action):
+    """``--calib NAME``, stored as given (``PipelineConfig`` checks it against the registry); ``%(methods)s`` in
+    its help lists the registered calibration methods when the help is printed (the registry imports torch)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.methods = self  # formatted with str(): __str__ below
+
+    def __str__(self) -> str:
+        from qdq.calib.methods import METHOD_NAMES
+
+        return ", ".join(METHOD_NAMES)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
 
 
 def pipeline_config(args: argparse.Namespace) -> Any:

@@ -8,15 +8,21 @@ TensorFlow): their ``__init__.py`` lists where each public name lives and hands 
 
 A name is looked up in its module each time it is read (the module is imported once): a name whose value
 changes stays current.
+
+:class:`LazyCallable` is the same idea for one function: a registry in a lower layer names a built-in that a
+higher layer implements (``qdq.calib.methods``: the pass over the model of the ``auto`` calibration method, in
+``qdq.workflow.auto_calibration``) without importing that layer; the module is imported on the first call, by
+whoever calls it (a caller in that higher layer).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["lazy_names"]
+__all__ = ["LazyCallable", "lazy_names"]
 
 
 def lazy_names(
@@ -54,3 +60,26 @@ def lazy_names(
         return sorted({*names, *subs})
 
     return __getattr__, __dir__
+
+
+@dataclass(frozen=True)
+class LazyCallable:
+    """The function ``name`` of ``module``, imported on the first call (never at construction).
+
+    Attributes:
+        module: the module defining it (``"qdq.workflow.auto_calibration"``).
+        name: the function's name there.
+    """
+
+    module: str
+    name: str
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function itself (imports its module)."""
+        return getattr(importlib.import_module(self.module), self.name)  # type: ignore[no-any-return]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<lazy {self.module}.{self.name}>"

@@ -51,12 +51,18 @@ from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.utils.reduce_amax import amax_over
 from qdq.validate import check_range
 
-__all__ = ["ROLES", "STEP_TYPES", "TensorQuantizer", "disabled_quantizers"]
+__all__ = ["NO_CALIBRATION_DATA", "ROLES", "STEP_TYPES", "TensorQuantizer", "disabled_quantizers"]
 
 #: What a quantizer can be for (:attr:`TensorQuantizer.role`).
 ROLES = ("input", "weight", "output")
 #: The types a quantizer's steps can be numbers of (:attr:`TensorQuantizer.step_type`).
 STEP_TYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+#: The error when a calibrator gives no range (:meth:`TensorQuantizer.load_calib_amax`, :func:`qdq.load_amax`).
+NO_CALIBRATION_DATA = (
+    "Calibrator returned no range: this quantizer saw no data while calibrating. Likely causes: "
+    "its module is not used in forward, or calibration ran on a different (wrapped/copied) model."
+)
 
 _log = logging.getLogger(__name__)
 _BUFFERS = ("_amax", "_pre_quant_scale")
@@ -251,13 +257,9 @@ class TensorQuantizer(nn.Module):
         """
         amax = self.calibrator.compute_amax(*args, **kwargs)
         if amax is None:
-            msg = (
-                "Calibrator returned no range: this quantizer saw no data while calibrating. Likely causes: "
-                "its module is not used in forward, or calibration ran on a different (wrapped/copied) model."
-            )
             if strict:
-                raise QdqCalibrationError(msg)
-            _log.warning(msg)
+                raise QdqCalibrationError(NO_CALIBRATION_DATA)
+            _log.warning(NO_CALIBRATION_DATA)
             return
         self.amax = amax
 

@@ -31,6 +31,7 @@ from qdq.app.pipeline import ALL_METHODS, PipelineConfig, run_pipeline
 from qdq.atomic import write_text_atomic
 from qdq.markdown import markdown_table
 from qdq.registry import Registry
+from qdq.workflow.post_training import method_grid
 from qdq.workflow.progress import Progress
 
 __all__ = [
@@ -446,7 +447,7 @@ def demo_legend(
     """What every column means, the data, the statistic, the machine, and the models."""
     from qdq.app.data import MNIST_SPLIT
 
-    grid = len(ALL_METHODS) - 1 + len(settings.percentiles)  # calib 'all': 'percentile' once per percentile
+    grid = len(method_grid(ALL_METHODS, settings.percentiles))  # calib 'all': 'percentile' once per percentile
     images = next((e["samples"] for run in runs for e in run.summary.get("engines", {}).values()), None)
     scored = "the test images" if images is None else f"{'the ' if images == 1000 else ''}{images:,} test images"
     lines = [

@@ -18,7 +18,7 @@ import numpy as np
 
 from qdq.app.pipeline import PipelineConfig, engine_notes, export_notes, qat_skip_reason, run_label
 from qdq.atomic import write_text_atomic
-from qdq.calib.registry import CALIBRATION_METHODS
+from qdq.calib.methods import CALIBRATION_METHODS
 from qdq.workflow.progress import Progress, counter
 
 __all__ = [

@@ -25,11 +25,10 @@ import torch
 from torch import nn
 
 from qdq.atomic import write_text_atomic
-from qdq.calib.registry import CALIBRATION_METHODS
+from qdq.calib.methods import METHOD_NAMES
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.targets import get_target
 from qdq.workflow import distributed as dist
-from qdq.workflow.auto_calibration import AUTO
 from qdq.workflow.fine_tuning import QAT_OPTIMIZERS
 from qdq.workflow.progress import Progress, counter
 
@@ -44,9 +43,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-#: what ``calib="all"`` runs: every calibration method from one pass (``percentile`` once per percentile), and auto
-ALL_METHODS: tuple[str, ...] = (*CALIBRATION_METHODS, AUTO)
-_CALIB = ("all", *ALL_METHODS)
+#: what ``calib="all"`` runs: every registered calibration method (``percentile`` once per percentile; those
+#: computed from histograms from one pass; auto), read from the registry when used
+ALL_METHODS = METHOD_NAMES
 
 
 @dataclass
@@ -61,8 +60,9 @@ class PipelineConfig:
         data: ``mnist`` (default), ``digits`` or ``imagefolder:DIR`` (DIR with ``train/`` and ``val/``, or
             class folders).
         out: output folder.
-        calib: ``all`` (every method from one pass, and ``auto``; keep the best) or one method (``auto``: a
-            range per quantizer by its layer's output error, :mod:`qdq.workflow.auto_calibration`).
+        calib: ``all`` (every registered method, those computed from histograms from one pass, and ``auto``;
+            keep the best) or one registered method (:data:`qdq.calib.METHOD_NAMES`; ``auto``: a range per
+            quantizer by its layer's output error, :mod:`qdq.workflow.auto_calibration`).
         calib_batches: number of calibration batches of ``batch_size`` training images.
         percentiles: the percentiles ``calib`` tries (``all`` or ``percentile``).
         qat_epochs: QAT epochs after PTQ (0: none); ``train_lr``: the LR the float model was trained with
@@ -119,9 +119,11 @@ class PipelineConfig:
         self.float = parse_float_type(self.float)
         if self.float != "float32" and self.target != "tensorrt":
             raise QdqConfigError(f"float {self.float!r} is for target 'tensorrt' (TensorRT 11), not {self.target!r}.")
-        if self.calib not in _CALIB:
-            hint = did_you_mean(self.calib, _CALIB)
-            raise QdqConfigError(f"calib must be one of {list(_CALIB)}, got {self.calib!r}.{hint}")
+        choices = ["all", *METHOD_NAMES]
+        if self.calib not in choices:
+            hint = did_you_mean(str(self.calib), choices)
+            raise QdqConfigError(f"calib must be one of {choices} (the registered calibration methods), got "
+                                 f"{self.calib!r}.{hint}")  # fmt: skip
         if isinstance(self.runtimes, str):
             self.runtimes = [self.runtimes]
         for name in ("calib_batches", "batch_size", "threads", "bench_rounds", "bench_iters"):

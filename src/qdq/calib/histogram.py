@@ -12,14 +12,48 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from . import algorithms, binning, distributed
 from .base import Axis, Calibrator, CalibState, ChannelLayout
 
-__all__ = ["DEFAULT_NUM_BINS", "HistogramCalibrator"]
+__all__ = ["DEFAULT_NUM_BINS", "DEFAULT_PERCENTILE", "DEFAULT_START_BIN", "DEFAULT_STRIDE", "HistogramCalibrator"]
 
 _MAX_BINS = 1 << 24  # bin indices stay exact in float32 arithmetic
 #: Default bins per channel. The data max lies in the upper half of the power-of-two range, so 2048 to
 #: 4096 bins cover ``[0, max]``: at least the seed's 2048 (whose bins end at the max). With 2048 bins,
 #: mse amax came out up to 0.6 % off the best, 0.14 % with 4096; compute_amax stays in milliseconds.
 DEFAULT_NUM_BINS = 4096
+#: Default options of :meth:`HistogramCalibrator.compute_amax` (and of the registered methods that use them,
+#: :mod:`qdq.calib.methods`): the percentile, and the first candidate bin and the step of entropy and mse.
+DEFAULT_PERCENTILE = 99.99
+DEFAULT_START_BIN = 128
+DEFAULT_STRIDE = 1
 _OPTIONS = ("percentile", "start_bin", "stride")
+
+
+def _max(cal: HistogramCalibrator, hist: _Hist, width: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+    return hist.max.clone()
+
+
+def _percentile(cal: HistogramCalibrator, hist: _Hist, width: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+    return algorithms.percentile_amax(hist.counts, width, options["percentile"])
+
+
+def _searched(search: Any) -> Any:
+    """An algorithm that searches the candidate bins from ``start_bin`` by ``stride`` (entropy, mse)."""
+
+    def amax(cal: HistogramCalibrator, hist: _Hist, width: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+        found: torch.Tensor = search(hist.counts, width, num_bits=cal.num_bits, unsigned=cal.unsigned,
+                                     start_bin=options["start_bin"], stride=options["stride"])  # fmt: skip
+        return found
+
+    return amax
+
+
+#: method -> ``amax(calibrator, histogram, bin width, options)``: what :meth:`HistogramCalibrator.compute_amax` runs
+_ALGORITHMS = {
+    "entropy": _searched(algorithms.entropy_amax),
+    "mse": _searched(algorithms.mse_amax),
+    "percentile": _percentile,
+    "max": _max,
+}
+_SEARCHES = ("entropy", "mse")  # the methods with start_bin and stride
 
 
 class HistogramCalibrator(Calibrator):
@@ -49,7 +83,7 @@ class HistogramCalibrator(Calibrator):
         89.0
     """
 
-    methods = ("entropy", "mse", "percentile", "max")
+    methods = tuple(_ALGORITHMS)  # ("entropy", "mse", "percentile", "max")
 
     def __init__(
         self,
@@ -60,9 +94,9 @@ class HistogramCalibrator(Calibrator):
         skip_zeros: bool = False,
         method: str = "entropy",
         *,
-        percentile: float = 99.99,
-        start_bin: int = 128,
-        stride: int = 1,
+        percentile: float = DEFAULT_PERCENTILE,
+        start_bin: int = DEFAULT_START_BIN,
+        stride: int = DEFAULT_STRIDE,
     ) -> None:
         super().__init__(num_bits, axis, unsigned)
         if isinstance(num_bins, bool) or not isinstance(num_bins, int) or not 2 <= num_bins <= _MAX_BINS:
@@ -109,7 +143,7 @@ class HistogramCalibrator(Calibrator):
         """
         method = self._check_method(method, self._method)
         options = {**self._defaults, **self._check_options(kwargs)}
-        if options["start_bin"] > self._num_bins and method in ("entropy", "mse"):
+        if options["start_bin"] > self._num_bins and method in _SEARCHES:
             raise QdqConfigError(
                 f"start_bin={options['start_bin']} is beyond num_bins={self._num_bins}; "
                 "use a start_bin below the number of bins."
@@ -123,20 +157,7 @@ class HistogramCalibrator(Calibrator):
         return amax.reshape(self._layout.shape)
 
     def _amax_by(self, hist: _Hist, method: str, options: dict[str, Any]) -> torch.Tensor:
-        if method == "max":
-            return hist.max.clone()
-        width = binning.bin_width(hist.exponent, self._num_bins)
-        if method == "percentile":
-            return algorithms.percentile_amax(hist.counts, width, options["percentile"])
-        algorithm = algorithms.entropy_amax if method == "entropy" else algorithms.mse_amax
-        return algorithm(
-            hist.counts,
-            width,
-            num_bits=self._num_bits,
-            unsigned=self._unsigned,
-            start_bin=options["start_bin"],
-            stride=options["stride"],
-        )
+        return _ALGORITHMS[method](self, hist, binning.bin_width(hist.exponent, self._num_bins), options)
 
     def _check_options(self, options: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(options) - set(_OPTIONS))

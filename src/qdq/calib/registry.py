@@ -3,6 +3,11 @@
 Built-in names: ``"max"`` (:class:`MaxCalibrator`), ``"histogram"`` (:class:`HistogramCalibrator`)
 and ``"entropy"``, ``"mse"``, ``"percentile"`` (a :class:`HistogramCalibrator` whose default method is
 that name).
+
+A calibrator collects statistics; a calibration *method* turns them into a range. The methods are registered
+objects of their own (:mod:`qdq.calib.methods`); the names this module has always exported for them
+(:data:`CALIBRATION_METHODS`, :data:`WEIGHT_METHODS`, :func:`check_method`, :func:`statistics_calibrator`) read
+that registry.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.registry import Registry
 
 from .base import Calibrator
-from .histogram import DEFAULT_NUM_BINS, HistogramCalibrator
+from .histogram import DEFAULT_NUM_BINS, DEFAULT_PERCENTILE, DEFAULT_START_BIN, DEFAULT_STRIDE, HistogramCalibrator
 from .max import MaxCalibrator
+from .methods import CALIBRATION_METHODS, WEIGHT_METHODS, get_method
 
 __all__ = [
     "CALIBRATION_METHODS",
     "WEIGHT_METHODS",
     "calibrator_names",
+    "calibrator_parameters",
     "check_method",
     "make_calibrator",
     "register_calibrator",
@@ -41,9 +48,9 @@ def _histogram_with(method: str) -> CalibratorFactory:
         num_bins: int = DEFAULT_NUM_BINS,
         skip_zeros: bool = False,
         *,
-        percentile: float = 99.99,
-        start_bin: int = 128,
-        stride: int = 1,
+        percentile: float = DEFAULT_PERCENTILE,
+        start_bin: int = DEFAULT_START_BIN,
+        stride: int = DEFAULT_STRIDE,
     ) -> HistogramCalibrator:
         return HistogramCalibrator(
             num_bits,
@@ -66,33 +73,25 @@ _BUILTINS: dict[str, CalibratorFactory] = {
     "histogram": HistogramCalibrator,
     **{m: _histogram_with(m) for m in ("entropy", "mse", "percentile")},
 }
-#: The calibration methods, in the order post-training quantization tries them: every built-in calibrator but
-#: the plain histogram (which needs a method): ``"max"``, then the histogram methods.
-CALIBRATION_METHODS: tuple[str, ...] = tuple(name for name in _BUILTINS if name != "histogram")
-#: The methods that set a weight's range (entropy compares activation distributions; it is not one).
-WEIGHT_METHODS: tuple[str, ...] = tuple(name for name in CALIBRATION_METHODS if name != "entropy")
 _registry: Registry[str, CalibratorFactory] = Registry("calibrator")
 for _name, _factory in _BUILTINS.items():
     _registry.register(_name, _factory)
 
 
 def statistics_calibrator(method: str) -> str:
-    """The calibrator whose statistics ``method`` computes a range from: ``"max"`` for max, else ``"histogram"``."""
-    return "max" if method == "max" else "histogram"
+    """The calibrator ``qdq.calibrate`` collects with for the registered ``method``: its first statistics
+    (:attr:`~qdq.calib.methods.CalibrationMethod.calibrator`; ``"max"`` for max, ``"histogram"`` for the others)."""
+    return get_method(method).calibrator
 
 
 def check_method(method: str, *, who: str = "") -> str:
-    """``method`` when it is one of :data:`CALIBRATION_METHODS`; else one clear error (``who``: its prefix).
+    """``method`` when it is a registered calibration method (:func:`qdq.calib.methods.get_method`); else one
+    clear error listing every registered method (``who``: its prefix).
 
     Raises:
-        QdqConfigError: an unknown method, with the accepted ones and the closest.
+        QdqConfigError: an unknown method, with the registered ones and the closest.
     """
-    if method not in CALIBRATION_METHODS:
-        raise QdqConfigError(
-            f"{who}unknown calibration method {method!r}; choose one of {list(CALIBRATION_METHODS)}."
-            f"{did_you_mean(str(method), CALIBRATION_METHODS)}"
-        )
-    return method
+    return get_method(method, who=who).name
 
 
 def register_calibrator(name: str, factory: F | None = None, *, override: bool = False) -> F | Callable[[F], F]:
@@ -130,6 +129,21 @@ def unregister_calibrator(name: str) -> None:
 def calibrator_names() -> tuple[str, ...]:
     """Registered names, sorted."""
     return tuple(sorted(_registry))
+
+
+def calibrator_parameters(name: str) -> tuple[str, ...]:
+    """The keyword arguments the calibrator registered as ``name`` takes (``("num_bits", "axis", ..., "num_bins",
+    ...)``), or ``()`` when its factory has no signature to read.
+
+    Raises:
+        QdqConfigError: unknown name (the message lists the registered ones).
+    """
+    try:
+        signature = inspect.signature(_registry.get(name))
+    except (TypeError, ValueError):
+        return ()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in signature.parameters.values() if p.kind in kinds and p.name != "self")
 
 
 def make_calibrator(name: str, /, **kwargs: Any) -> Calibrator:

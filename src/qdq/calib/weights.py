@@ -9,22 +9,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from qdq.errors import QdqCalibrationError, QdqConfigError, QdqError, QdqTypeError, did_you_mean
+from qdq.errors import QdqCalibrationError, QdqConfigError, QdqError, QdqTypeError
 
-from .base import Calibrator
-from .histogram import DEFAULT_NUM_BINS, HistogramCalibrator
-from .max import MaxCalibrator
-from .registry import WEIGHT_METHODS
+from .histogram import DEFAULT_NUM_BINS, DEFAULT_PERCENTILE
+from .methods import WEIGHT_METHODS, CalibrationMethod, get_method
+from .registry import calibrator_parameters, make_calibrator
 
 __all__ = ["calibrate_weights"]
-
 
 
 def calibrate_weights(
     model: nn.Module,
     method: str = "max",
     perchannel: bool = True,
-    percentile: float = 99.99,
+    percentile: float = DEFAULT_PERCENTILE,
     num_bins: int = DEFAULT_NUM_BINS,
 ) -> dict[str, torch.Tensor]:
     """Set ``weight_quantizer.amax`` of every module that has ``weight`` and ``weight_quantizer``, and of
@@ -38,14 +36,14 @@ def calibrate_weights(
     Args:
         model: the model; its modules are duck-typed (``weight`` tensor, ``weight_quantizer`` with
             ``axis`` (tuple or None), ``num_bits``, ``unsigned`` and a settable ``amax``).
-        method: ``"max"`` (the default), ``"percentile"`` or ``"mse"`` (entropy is an activation
-            method). The default is the range the seed toolkit's recipe gives weights (its weight
-            descriptors calibrate with max, per channel); the seed's ``calibrate_weights`` function
-            itself defaulted to percentile, so pass ``method="percentile"`` to reproduce a script that
-            relied on that default.
+        method: a registered method that can set a weight's range (:data:`qdq.calib.WEIGHT_METHODS`: ``"max"``,
+            the default, ``"percentile"``, ``"mse"``; entropy is an activation method). The default is the
+            range the seed toolkit's recipe gives weights (its weight descriptors calibrate with max, per
+            channel); the seed's ``calibrate_weights`` function itself defaulted to percentile, so pass
+            ``method="percentile"`` to reproduce a script that relied on that default.
         perchannel: use the quantizer's axis; ``False`` computes one amax per weight tensor.
-        percentile: percentile for ``method="percentile"``, in [0, 100].
-        num_bins: histogram bins for ``"percentile"`` and ``"mse"``.
+        percentile: for a method with a ``percentile`` option (``"percentile"``), in [0, 100].
+        num_bins: histogram bins, for a method that reads a histogram (``"percentile"``, ``"mse"``).
 
     Returns:
         The amax set, by module name (float32, on the weight's device).
@@ -56,13 +54,13 @@ def calibrate_weights(
             names the module).
         QdqCalibrationError: an empty weight (named).
     """
-    _check_arguments(model, method)
+    chosen = _check_arguments(model, method)
     done: dict[str, torch.Tensor] = {}
     for module_name, module in model.named_modules():
         for suffix, weight, quantizer in _quantized_weights(module):
             name = f"{module_name}.{suffix}" if suffix and module_name else module_name or suffix
             try:
-                amax = _weight_amax(weight, quantizer, method, perchannel, percentile, num_bins)
+                amax = _weight_amax(weight, quantizer, chosen, perchannel, percentile, num_bins)
             except QdqError as err:
                 raise type(err)(f"calibrate_weights: module {name!r}: {err}") from err
             quantizer.amax = amax
@@ -90,31 +88,34 @@ def _quantized_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor, A
         yield "", weight, quantizer
 
 
-def _check_arguments(model: object, method: str) -> None:
+def _check_arguments(model: object, method: str) -> CalibrationMethod:
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"calibrate_weights expects an nn.Module, got {type(model).__name__}.")
-    if method not in WEIGHT_METHODS:
+    chosen = get_method(method, who="calibrate_weights: ")
+    if not chosen.weights:
         raise QdqConfigError(
-            f"calibrate_weights: unknown method {method!r}; choose one of {list(WEIGHT_METHODS)}."
-            f"{did_you_mean(str(method), WEIGHT_METHODS)}"
+            f"calibrate_weights: method {method!r} cannot set a weight's range; choose one of "
+            f"{list(WEIGHT_METHODS)}."
         )
+    return chosen
 
 
 def _weight_amax(
-    weight: torch.Tensor, quantizer: object, method: str, perchannel: bool, percentile: float, num_bins: int
+    weight: torch.Tensor,
+    quantizer: object,
+    method: CalibrationMethod,
+    perchannel: bool,
+    percentile: float,
+    num_bins: int,
 ) -> torch.Tensor:
     axis = getattr(quantizer, "axis", None) if perchannel else None
     num_bits = getattr(quantizer, "num_bits", 8)
     unsigned = getattr(quantizer, "unsigned", False)
-    calibrator: Calibrator
-    if method == "max":
-        calibrator = MaxCalibrator(num_bits, axis, unsigned)
-    else:
-        calibrator = HistogramCalibrator(
-            num_bits, axis, unsigned, num_bins=num_bins, method=method, percentile=percentile
-        )
+    bins = {"num_bins": num_bins} if "num_bins" in calibrator_parameters(method.calibrator) else {}
+    calibrator = make_calibrator(method.calibrator, num_bits=num_bits, axis=axis, unsigned=unsigned, **bins)
     calibrator.collect(weight)
-    amax = calibrator.compute_amax()
+    options = {"percentile": percentile} if "percentile" in method.options else {}
+    amax = method.compute_amax(calibrator, **options)
     if amax is None:
         raise QdqCalibrationError(f"the weight is empty (shape {tuple(weight.shape)}); there is no range to set.")
-    return amax.to(weight.device)
+    return amax.to(weight.device)  # type: ignore[no-any-return]

@@ -1,11 +1,13 @@
 """Activation ranges of a quantized Keras model from data, with qdq's calibrators (``qdq.calib``).
 
 ``calibrate(qmodel, data, method)`` runs the float computation (every wrapper bypassed) over the data,
-feeds each quantized input tensor to a :class:`~qdq.calib.MaxCalibrator` or
-:class:`~qdq.calib.HistogramCalibrator` (with the wrapper's bit width and sign), and stores the range the
-method picks in the wrappers' ``input_amax`` variables. The algorithms (max, entropy, mse, percentile on
-power-of-two histograms) are the PyTorch path's, bit for bit: one implementation for both front ends.
-``collect_stats`` + ``CalibrationStats.load`` split the two steps (one pass, several methods: :func:`ptq`).
+feeds each quantized input tensor to the calibrator the method reads (a :class:`~qdq.calib.MaxCalibrator` or
+:class:`~qdq.calib.HistogramCalibrator` for the built-ins, with the wrapper's bit width and sign), and stores the
+range the method picks in the wrappers' ``input_amax`` variables. The methods are the registered ones
+(:mod:`qdq.calib.methods`: max, entropy, mse, percentile on power-of-two histograms, and any registered method
+computed from statistics), the PyTorch path's, bit for bit: one implementation for both front ends. A model-level
+method (``auto``) runs a pass over a PyTorch model and is refused here. ``collect_stats`` +
+``CalibrationStats.load`` split the two steps (one pass, several methods: :func:`ptq`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from qdq.calib.registry import CALIBRATION_METHODS, check_method
-from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method
+from qdq.calib.registry import calibrator_parameters, make_calibrator
+from qdq.errors import QdqCalibrationError, QdqConfigError, QdqTypeError, did_you_mean
 from qdq.keras.graph import check_graph_model
 
 __all__ = [
@@ -28,8 +31,23 @@ __all__ = [
     "collect_stats",
     "forget_traced_functions",
     "set_ranges",
+    "statistics_method",
 ]
 
+
+def statistics_method(method: str) -> CalibrationMethod:
+    """The registered method ``method``, when the Keras front end can compute it (from statistics alone).
+
+    Raises:
+        QdqConfigError: an unknown method (listing every registered one), or a model-level method (``auto``).
+    """
+    chosen = get_method(method)
+    if chosen.model_level:
+        raise QdqConfigError(
+            f"method {chosen.name!r} is not available for Keras models yet: it chooses ranges with a pass over a "
+            f"PyTorch model. Use one computed from statistics: {list(CALIBRATION_METHODS)}."
+        )
+    return chosen
 
 
 def calibrate(
@@ -38,7 +56,7 @@ def calibrate(
     method: str = "max",
     *,
     num_batches: int | None = None,
-    percentile: float = 99.99,
+    percentile: float | None = None,
     num_bins: int | None = None,
 ) -> dict[str, float]:
     """Set the activation ranges of ``model`` (from :func:`qdq.keras.quantize_model`) from ``data``.
@@ -47,23 +65,25 @@ def calibrate(
         model: the quantized model; its wrappers are marked calibrated (static ranges from now on).
         data: batches of inputs, or ``(inputs, labels)`` pairs (a ``tf.data.Dataset`` works), or one array
             (split into batches of 32).
-        method: ``"max"``, or on a histogram ``"entropy"``, ``"mse"``, ``"percentile"``.
+        method: a registered method computed from statistics (:data:`qdq.calib.CALIBRATION_METHODS`: ``"max"``,
+            or on a histogram ``"entropy"``, ``"mse"``, ``"percentile"``); its statistics are collected with the
+            calibrator it reads first.
         num_batches: use at most this many batches.
-        percentile: for ``method="percentile"``.
-        num_bins: histogram bins (default: :data:`qdq.calib.histogram.DEFAULT_NUM_BINS`).
+        percentile: for a method with a ``percentile`` option (``"percentile"``; None: its default, 99.99).
+        num_bins: histogram bins, for a calibrator that takes them (default:
+            :data:`qdq.calib.histogram.DEFAULT_NUM_BINS`).
 
     Returns:
         ``{"<wrapper>/input_<i>": amax}`` for every range set.
 
     Raises:
-        QdqConfigError: an unknown method, no data, or a model without quantize wrappers.
+        QdqConfigError: an unknown or model-level method, no data, or a model without quantize wrappers.
         QdqCalibrationError: NaN/Inf in the activations.
     """
-    check_method(method)
-    stats = collect_stats(model, data, "max" if method == "max" else "histogram", num_batches=num_batches,
-                          num_bins=num_bins)  # fmt: skip
-    options = {"percentile": percentile} if method == "percentile" else {}
-    return stats.load(method, **options)
+    chosen = statistics_method(method)
+    stats = collect_stats(model, data, chosen.calibrator, num_batches=num_batches, num_bins=num_bins)
+    options = {"percentile": percentile} if percentile is not None and "percentile" in chosen.options else {}
+    return stats.load(chosen.name, **options)
 
 
 class CalibrationStats:
@@ -79,16 +99,21 @@ class CalibrationStats:
         self.calibrators = calibrators
 
     def ranges(self, method: str, **options: Any) -> dict[str, float]:
-        """``{"<wrapper>/input_<i>": amax}`` by ``method`` (``"max"``, ``"entropy"``, ``"mse"``,
-        ``"percentile"`` with ``percentile=``), without setting them."""
-        check_method(method)
-        by_key = {key: _amax(cal, method, options) for key, cal in self.calibrators.items()}
+        """``{"<wrapper>/input_<i>": amax}`` by the registered ``method`` (``"max"``, ``"entropy"``, ``"mse"``,
+        ``"percentile"`` with ``percentile=``...) with ``options`` over its defaults, without setting them.
+
+        Raises:
+            QdqConfigError: an unknown or model-level method, or statistics that cannot give it.
+        """
+        chosen = statistics_method(method)
+        options = chosen.resolve_options(options)
+        by_key = {key: _amax(cal, chosen, options) for key, cal in self.calibrators.items()}
         ranges = {f"{w.name}/input_{p}": by_key[_key(t, w, p)] for t, (w, _, p) in self._sites}
         for names, keys in self._shared():  # one range from the statistics of all the tied inputs
             merged = copy.deepcopy(self.calibrators[keys[0]])
             for key in keys[1:]:
                 merged.merge(self.calibrators[key])
-            amax = _amax(merged, method, options)
+            amax = _amax(merged, chosen, options)
             ranges.update(dict.fromkeys(names, amax))
         return ranges
 
@@ -126,22 +151,23 @@ def collect_stats(
     num_bins: int | None = None,
 ) -> CalibrationStats:
     """Run the float computation of ``model`` (wrappers bypassed) over ``data`` and gather the statistics
-    of every quantized input with ``calibrator`` (``"max"`` or ``"histogram"``, which serves every method).
+    of every quantized input with the registered ``calibrator`` (``"max"``, or ``"histogram"``, which serves every
+    built-in method; ``num_bins`` goes to a calibrator that takes it).
 
     Raises:
-        QdqConfigError: an unknown calibrator, no data, or a model without quantize wrappers.
+        QdqConfigError: an unknown calibrator (listing the registered ones), no data, or a model without quantize
+            wrappers.
     """
     from qdq.keras.wrappers import wrappers_of
 
     check_graph_model(model, "calibrate")
-    if calibrator not in ("max", "histogram"):
-        raise QdqConfigError(f"calibrator must be 'max' or 'histogram', got {calibrator!r}.")
+    bins = {"num_bins": num_bins} if num_bins is not None and "num_bins" in calibrator_parameters(calibrator) else {}
     sites = _sites(model, wrappers_of(model))
     if not sites:
         raise QdqConfigError("calibrate found no quantized inputs: quantize the model with qdq.keras.quantize_model.")
     tensors = list({id(t): t for t, _ in sites}.values())
     # one calibrator per tensor and grid: a tensor two wrappers read the same way gets one range
-    calibrators = {_key(t, w, p): _calibrator(calibrator, num_bins, *_key(t, w, p)[1:]) for t, (w, _, p) in sites}
+    calibrators = {_key(t, w, p): _calibrator(calibrator, bins, *_key(t, w, p)[1:]) for t, (w, _, p) in sites}
     n_batches = _collect(model, tensors, calibrators, data, num_batches)
     if n_batches == 0:
         raise QdqConfigError("calibrate got no data: pass at least one batch.")
@@ -177,8 +203,11 @@ def set_ranges(model: Any, ranges: dict[str, float]) -> dict[str, float]:
     return dict(ranges)
 
 
-def _amax(calibrator: Any, method: str, options: dict[str, Any]) -> float:
-    return float(calibrator.compute_amax() if method == "max" else calibrator.compute_amax(method, **options))
+def _amax(calibrator: Any, method: CalibrationMethod, options: dict[str, Any]) -> float:
+    amax = method.compute_amax(calibrator, **options)
+    if amax is None:
+        raise QdqCalibrationError(f"a quantized input saw no data: method {method.name!r} has no range to give.")
+    return float(amax)
 
 
 def _sites(model: Any, wrappers: list[Any]) -> list[tuple[Any, tuple[Any, int, int]]]:
@@ -197,13 +226,8 @@ def _key(tensor: Any, wrapper: Any, position: int) -> tuple[int, int, bool]:
     return id(tensor), wrapper.num_bits, position in wrapper.unsigned_indices
 
 
-def _calibrator(kind: str, num_bins: int | None, num_bits: int, unsigned: bool) -> Any:
-    from qdq.calib import HistogramCalibrator, MaxCalibrator
-
-    if kind == "max":
-        return MaxCalibrator(num_bits, unsigned=unsigned)
-    bins = {} if num_bins is None else {"num_bins": num_bins}
-    return HistogramCalibrator(num_bits, unsigned=unsigned, **bins)
+def _calibrator(kind: str, bins: dict[str, int], num_bits: int, unsigned: bool) -> Any:
+    return make_calibrator(kind, num_bits=num_bits, unsigned=unsigned, **bins)
 
 
 def _batches(data: Any) -> Iterable[Any]:

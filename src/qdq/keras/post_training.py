@@ -10,10 +10,9 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from qdq.calib.registry import CALIBRATION_METHODS
-from qdq.errors import QdqConfigError
-from qdq.keras.calibration import collect_stats, forget_traced_functions, set_ranges
-from qdq.workflow.post_training import DEFAULT_PERCENTILES, MethodResult, PTQResult, method_grid
+from qdq.calib.methods import CALIBRATION_METHODS
+from qdq.keras.calibration import collect_stats, forget_traced_functions, set_ranges, statistics_method
+from qdq.workflow.post_training import DEFAULT_PERCENTILES, MethodResult, PTQResult, method_grid, ptq_statistics
 
 __all__ = ["bypassed", "ptq"]
 
@@ -48,20 +47,26 @@ def ptq(
     """Calibrate ``model`` (from :func:`qdq.keras.quantize_model`) with every method from one histogram pass
     over ``calib_data``, score each with ``eval_fn(model)`` (higher is better), and keep the best.
 
+    ``methods`` are registered methods computed from statistics (default: :data:`qdq.calib.CALIBRATION_METHODS`,
+    read when called); one histogram pass serves those that read histograms, a method that reads other statistics
+    gets a pass for them. A model-level method (``auto``) is refused before any work.
+
     Returns:
         A :class:`~qdq.workflow.post_training.PTQResult`; the model is left with the best method's ranges.
+
+    Raises:
+        QdqConfigError: an unknown method (listing every registered one), or a model-level method.
     """
-    grid = method_grid(methods, percentiles)
-    if any(method == "auto" for method, _ in grid):
-        raise QdqConfigError("method 'auto' is not available for Keras models yet; use max, entropy, mse or "
-                             "percentile.")  # fmt: skip
+    grid = [(statistics_method(name), options) for name, options in method_grid(methods, percentiles)]
     with bypassed(model):
         float_score = float(eval_fn(model))
-    stats = collect_stats(model, calib_data, "histogram", num_batches=num_batches)
+    passes = {kind: collect_stats(model, calib_data, kind, num_batches=num_batches)
+              for kind in dict.fromkeys(ptq_statistics(method) for method, _ in grid)}  # fmt: skip
     results = []
     for method, options in grid:
-        ranges = stats.load(method, **options)
-        results.append(MethodResult(method, options, float(eval_fn(model)), ranges))
+        stats = passes[ptq_statistics(method)]
+        ranges = stats.load(method.name, **options)
+        results.append(MethodResult(method.name, options, float(eval_fn(model)), ranges))
     best = max(results, key=lambda r: r.score)  # first of equals: the grid's order breaks ties
     set_ranges(model, best.amax)
     return PTQResult(float_score, results, best)

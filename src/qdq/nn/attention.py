@@ -22,11 +22,17 @@ new modules of this class (the capture for code that calls the function: user co
 modules once :func:`use_fused_attention` has set their ``fused_attn``); ``qdq.nn.multihead_attention`` and
 ``qdq.nn.huggingface`` capture ``nn.MultiheadAttention`` and Hugging Face models. Placement runs these captures
 (:mod:`qdq.placement.capture`); ARCHITECTURE.md ("Attention") describes the design.
+
+Shapes are not known at placement: the module records the head size and the longest sequence while it calibrates
+(:attr:`~QuantScaledDotProductAttention.calibrated_shape`), and settles its target's shape conditions after the
+pass through the calibration hooks of :class:`~qdq.nn.base.QuantModule` (:func:`forget_attention_shapes` before,
+:func:`settle_attention` after: one message for every attention module of the model).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,7 +44,14 @@ from qdq.errors import QdqConfigError
 from qdq.nn.base import QuantModule
 from qdq.quantizer import TensorQuantizer
 
-__all__ = ["ATTENTION_QUANTIZERS", "QuantScaledDotProductAttention", "replace_sdpa_calls", "use_fused_attention"]
+__all__ = [
+    "ATTENTION_QUANTIZERS",
+    "QuantScaledDotProductAttention",
+    "forget_attention_shapes",
+    "replace_sdpa_calls",
+    "settle_attention",
+    "use_fused_attention",
+]
 
 #: The quantizer attributes of :class:`QuantScaledDotProductAttention`, in the order the data meets them.
 ATTENTION_QUANTIZERS = ("query_quantizer", "key_quantizer", "probs_quantizer", "value_quantizer")
@@ -86,6 +99,38 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
 
     def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
         return (self.query_quantizer, self.key_quantizer, self.value_quantizer)
+
+    @classmethod
+    def start_calibration(cls, modules: Sequence[tuple[str, Any]]) -> None:
+        """Before calibration: forget the shapes earlier calibrations recorded (the new data decides)."""
+        for _, module in modules:
+            module.calibrated_shape = None
+
+    @classmethod
+    def finish_calibration(cls, modules: Sequence[tuple[str, Any]]) -> str | None:
+        """After calibration: disable the four quantizers of every module whose calibration shapes fall outside
+        its target's facts (head size, sequence length); one message saying which and why, or None."""
+        outside: dict[str, list[str]] = {}
+        total, reason = 0, ""
+        for name, module in modules:
+            if module.target_facts is None:
+                continue
+            total += 1
+            shape = module.calibrated_shape
+            why = None if shape is None else module.target_facts.outside(*shape)
+            if why is not None and any(q.is_enabled for q in module.quantizers().values()):
+                for quantizer in module.quantizers().values():
+                    quantizer.disable()
+                outside.setdefault(why, []).append(name)
+                reason = module.target_facts.reason
+        if not outside:
+            return None
+        count = sum(len(names) for names in outside.values())
+        shapes = "; ".join(f"{why}: {_listed(names)}" for why, names in outside.items())
+        return (
+            f"{count} of {total} attention modules keep their matmuls in float, for the shapes calibration saw "
+            f"({shapes}): {reason}. Calibrate on the deployed sequence length; the Linear layers stay quantized."
+        )
 
     def forward(
         self,
@@ -146,6 +191,27 @@ class QuantScaledDotProductAttention(QuantModule, nn.Module):
             return
         seen = self.calibrated_shape or (head, 0)
         self.calibrated_shape = (head, max(seen[1], length))
+
+
+def _attention_modules(model: nn.Module) -> list[tuple[str, QuantScaledDotProductAttention]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, QuantScaledDotProductAttention)]
+
+
+def forget_attention_shapes(model: nn.Module) -> None:
+    """Forget the shapes that earlier calibrations recorded in every attention module of ``model``."""
+    QuantScaledDotProductAttention.start_calibration(_attention_modules(model))
+
+
+def settle_attention(model: nn.Module) -> str | None:
+    """Disable the quantizers of every attention module of ``model`` whose calibration shapes fall outside its
+    target's facts; one message saying which and why, or None (what :func:`qdq.collect_stats` runs after its pass,
+    through :meth:`QuantScaledDotProductAttention.finish_calibration`)."""
+    return QuantScaledDotProductAttention.finish_calibration(_attention_modules(model))
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def _masked(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

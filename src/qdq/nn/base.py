@@ -6,7 +6,11 @@ name (an LSTM has one input quantizer per layer and direction, an add one per op
 * :meth:`QuantModule.quantizers`: each of its quantizers by name, each with its
   :attr:`~qdq.quantizer.TensorQuantizer.role` (``"input"``, ``"weight"`` or ``"output"``);
 * :meth:`QuantModule.argument_quantizers`: the quantizer each argument of ``forward`` is read through (what
-  placement rules ask: "does this module quantize the tensor it reads?").
+  placement rules ask: "does this module quantize the tensor it reads?");
+* :meth:`QuantModule.start_calibration` / :meth:`QuantModule.finish_calibration`: what a module does before and
+  after a calibration pass (:func:`qdq.collect_stats` calls them through :func:`calibration_started` and
+  :func:`calibration_finished`): attention checks the shapes it saw against its target's facts. Calibration
+  knows the protocol, not the modules.
 
 A quantized layer subclasses the torch module it replaces (``QuantConv2d(QuantMixin, nn.Conv2d)``), so
 ``isinstance(m, nn.Conv2d)`` holds, every torch constructor argument is accepted (plus ``quant_desc_input=``
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -33,6 +37,8 @@ __all__ = [
     "QuantInputMixin",
     "QuantMixin",
     "QuantModule",
+    "calibration_finished",
+    "calibration_started",
     "float_class_of",
     "pop_quant_desc_in_kwargs",
 ]
@@ -62,6 +68,17 @@ class QuantModule:
         argument is read as it is (or only through something derived from it); positions past the end are
         read as they are. A sequence argument (``QuantConcat``'s tensors) has each element quantized."""
         return ()
+
+    @classmethod
+    def start_calibration(cls, modules: Sequence[tuple[str, QuantModule]]) -> None:
+        """Before a calibration pass over ``modules``: every module of the model whose class shares this
+        implementation, with its name, at once (forget what an earlier calibration recorded). Default: nothing."""
+
+    @classmethod
+    def finish_calibration(cls, modules: Sequence[tuple[str, QuantModule]]) -> str | None:
+        """After a calibration pass, likewise: act on what the data showed (disable quantizers the target cannot
+        run at the shapes seen); returns what to warn the user of, once for all of them, or None. Default: None."""
+        return None
 
 
 class QuantInputMixin(QuantModule):
@@ -161,6 +178,32 @@ class QuantMixin(QuantInputMixin):
         new = _adopt(cls, module)
         new.init_quantizer(quant_desc_input, quant_desc_weight)
         return _quantizers_on_device_of(new, module)
+
+
+def _hook_groups(model: nn.Module, hook: str) -> list[tuple[type, list[tuple[str, QuantModule]]]]:
+    """The quantized modules of ``model`` that override ``hook``, grouped by the implementation they share (in
+    model order), each group with the class to call it on."""
+    default = getattr(QuantModule, hook).__func__
+    groups: dict[Any, tuple[type, list[tuple[str, QuantModule]]]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, QuantModule):
+            implementation = getattr(type(module), hook).__func__
+            if implementation is not default:
+                groups.setdefault(implementation, (type(module), []))[1].append((name, module))
+    return list(groups.values())
+
+
+def calibration_started(model: nn.Module) -> None:
+    """Run every quantized module's :meth:`QuantModule.start_calibration` (once per implementation)."""
+    for cls, modules in _hook_groups(model, "start_calibration"):
+        cls.start_calibration(modules)
+
+
+def calibration_finished(model: nn.Module) -> list[str]:
+    """Run every quantized module's :meth:`QuantModule.finish_calibration` (once per implementation); the
+    messages to warn the user of, one per implementation that had something to say."""
+    messages = [cls.finish_calibration(modules) for cls, modules in _hook_groups(model, "finish_calibration")]
+    return [message for message in messages if message is not None]
 
 
 def _quantizers_on_device_of(new: M, module: nn.Module) -> M:

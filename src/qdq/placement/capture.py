@@ -27,8 +27,9 @@ Built in, in this order:
 :class:`~qdq.nn.QuantMultiheadAttention`, which computes its attention with the same module.
 
 After capture, placement gives every attention module of the model the target's
-:class:`~qdq.targets.AttentionFacts` (:func:`apply_attention_facts`: which quantizers stay on);
-calibration then settles the shape conditions (:func:`settle_attention`).
+:class:`~qdq.targets.AttentionFacts` (:func:`apply_attention_facts`: which quantizers stay on); the attention
+module itself settles the shape conditions after calibration (its calibration hooks;
+:func:`~qdq.nn.attention.settle_attention`, re-exported here).
 
 Adding a way of writing attention is one :func:`register_capture_step` call; nothing else changes.
 """
@@ -43,7 +44,13 @@ from torch import fx, nn
 
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqTypeError
-from qdq.nn.attention import QuantScaledDotProductAttention, replace_sdpa_calls, use_fused_attention
+from qdq.nn.attention import (
+    QuantScaledDotProductAttention,
+    forget_attention_shapes,
+    replace_sdpa_calls,
+    settle_attention,
+    use_fused_attention,
+)
 from qdq.nn.huggingface import capture_hf_attention, dispatches_through_registry
 from qdq.registry import Registry
 from qdq.targets import AttentionFacts
@@ -132,43 +139,6 @@ def apply_attention_facts(model: nn.Module, facts: AttentionFacts) -> int:
             if name not in facts.quantized:
                 quantizer.disable()
     return len(modules)
-
-
-def forget_attention_shapes(model: nn.Module) -> None:
-    """Before calibration: forget the shapes earlier calibrations recorded (the new data decides)."""
-    for module in model.modules():
-        if isinstance(module, QuantScaledDotProductAttention):
-            module.calibrated_shape = None
-
-
-def settle_attention(model: nn.Module) -> str | None:
-    """After calibration: disable the quantizers of every attention module whose calibration shapes fall
-    outside its target's facts (head size, sequence length); one message saying which and why, or None."""
-    outside: dict[str, list[str]] = {}
-    total, reason = 0, ""
-    for name, module in model.named_modules():
-        if not isinstance(module, QuantScaledDotProductAttention) or module.target_facts is None:
-            continue
-        total += 1
-        why = None if module.calibrated_shape is None else module.target_facts.outside(*module.calibrated_shape)
-        if why is not None and any(q.is_enabled for q in module.quantizers().values()):
-            for quantizer in module.quantizers().values():
-                quantizer.disable()
-            outside.setdefault(why, []).append(name)
-            reason = module.target_facts.reason
-    if not outside:
-        return None
-    count = sum(len(names) for names in outside.values())
-    shapes = "; ".join(f"{why}: {_listed(names)}" for why, names in outside.items())
-    return (
-        f"{count} of {total} attention modules keep their matmuls in float, for the shapes calibration saw "
-        f"({shapes}): {reason}. Calibrate on the deployed sequence length; the Linear layers stay quantized."
-    )
-
-
-def _listed(names: list[str], most: int = 3) -> str:
-    shown = ", ".join(names[:most])
-    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 # --- the built-in steps ------------------------------------------------------------------------------------------

@@ -8,9 +8,11 @@ name here refers to.
 ==========================  ================================================================
 module                      public names
 ==========================  ================================================================
-``calibration``             ``calibrate``, ``collect_stats``, ``load_amax``, ``named_quantizers``
+``calibration``             ``calibrate``, ``load_amax`` (any registered method, :mod:`qdq.calib.methods`);
+                            ``collect_stats``, ``named_quantizers`` (from ``collection``: running the data)
 ``diagnostics``             ``calibration_report``, ``CalibrationReport`` (what each range clips; the warning)
-``auto_calibration``        ``select_amax``, ``AutoResult`` (``method="auto"``: a range per quantizer)
+``auto_calibration``        ``select_amax``, ``AutoResult`` (``method="auto"``: a range per quantizer; its passes
+                            over the data in ``auto_passes``)
 ``post_training``           ``ptq``, ``PTQResult``, ``MethodResult``
 ``fine_tuning``             ``qat``, ``QATResult``
 ``sensitivity_analysis``    ``sensitivity``, ``keep_float``, ``SensitivityResult``
@@ -49,8 +51,8 @@ _LAZY = {
     "SmoothingResult": "qdq.workflow.smoothing",
     "VerifyResult": "qdq.workflow.verification",
 }
-_SUBMODULES = ("auto_calibration", "calibration", "diagnostics", "distributed", "fine_tuning", "post_training",
-               "sensitivity_analysis", "smoothing", "verification")  # fmt: skip
+_SUBMODULES = ("auto_calibration", "auto_passes", "calibration", "collection", "diagnostics", "distributed",
+               "fine_tuning", "post_training", "sensitivity_analysis", "smoothing", "verification")  # fmt: skip
 
 __all__ = sorted(_LAZY)
 

@@ -61,36 +61,24 @@ differ from those one process chooses over the whole stream. The pass reads no d
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from qdq.calib import distributed as calib_distributed
+from qdq.calib.methods import get_method
 from qdq.errors import QdqConfigError
 from qdq.markdown import markdown_table
-from qdq.nn.base import QuantModule
-from qdq.quantizer import TensorQuantizer
-from qdq.utils.batches import leading_samples, sample_count
 from qdq.validate import check_range
-from qdq.workflow.calibration import (
-    ForwardFn,
-    _local_batches,
-    batch_total,
-    collect_stats,
-    default_forward,
-    load_amax,
-    method_label,
-    named_quantizers,
-)
+from qdq.workflow.auto_passes import Errors, Layer, compare, layers_of, model_errors
+from qdq.workflow.calibration import calibrate, load_amax
+from qdq.workflow.collection import ForwardFn, default_forward, named_quantizers
 from qdq.workflow.distributed import unwrap
-from qdq.workflow.progress import Progress, progress_bar
+from qdq.workflow.progress import Progress
 
 __all__ = ["AUTO", "CANDIDATES", "MAX", "SCORE_FRACTION", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
 
@@ -103,7 +91,8 @@ MAX = "max"
 #: share of the calibration samples the comparison pass scores by default (the statistics use them all): the
 #: first samples of each batch, so that after ``n`` samples ``ceil(n * SCORE_FRACTION)`` were scored
 SCORE_FRACTION = 0.25
-#: candidate ranges, as (method, options) of a histogram calibrator; the first of ranges within a quantization
+#: candidate ranges, as (registered method, options), each computed from the statistics collected (histograms);
+#: the first of ranges within a quantization
 #: step of each other names them. Percentiles 99.9 and 99.9999 were candidates too: on the 12 digits CNN cases of
 #: benchmarks/calibration_quality.py (219 quantizers) 99.9 was chosen 0 times of 206 offered, 99.9999 once of
 #: 81 (max or 99.999 next to it), so they cost a layer run each for nothing
@@ -195,24 +184,8 @@ def calibrate_auto(
 ) -> nn.Module:
     """``qdq.calibrate(model, data, method="auto")``: histogram statistics, then :func:`select_amax`, then the
     clipping warning (:func:`qdq.workflow.diagnostics.warn_clipping`)."""
-    from qdq.workflow.diagnostics import warn_clipping
-
-    check_reiterable(data)
-    collect_stats(model, data, num_batches=num_batches, calibrator="histogram", forward_fn=forward_fn,
-                  progress=progress)  # fmt: skip
-    select_amax(model, data, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
-                progress=progress, strict=strict)  # fmt: skip
-    warn_clipping(model, stacklevel=3)
-    return model
-
-
-def check_reiterable(data: Iterable[Any]) -> None:
-    """Raise unless ``data`` can be iterated again (``auto`` passes over it twice)."""
-    if iter(data) is data:  # type: ignore[comparison-overlap]
-        raise QdqConfigError(
-            f"method 'auto' passes over the calibration data twice, but got a one-shot {type(data).__name__}; "
-            "pass a list of batches or a DataLoader."
-        )
+    return calibrate(model, data, AUTO, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
+                     progress=progress, strict=strict)  # fmt: skip
 
 
 def select_amax(
@@ -257,18 +230,19 @@ def select_amax(
     module = unwrap(model)
     load_amax(model, "max", weight_method=weight_method, strict=strict, warn=False)  # also syncs the statistics
     options = _candidates(module, list(candidates))
-    layers = _layers(module, list(options))
+    layers = layers_of(module, list(options))
     comparing = time.perf_counter()
-    errors = _compare(model, module, data, layers, options, (num_batches, score_fraction),
-                      forward_fn or default_forward, progress)  # fmt: skip
+    errors = compare(model, module, data, layers, options, (num_batches, score_fraction),
+                     forward_fn or default_forward, progress)  # fmt: skip
     compared = time.perf_counter() - comparing
     choices = _choose(module, layers, options, errors)
     model_error: dict[str, float] = {}
     checking = time.perf_counter()
     if model_check and options:
         widest = {name: ranges[_widest(ranges)] for name, ranges in options.items()}
-        model_error = _model_check(model, module, data, widest, (num_batches, score_fraction),
-                                   forward_fn or default_forward, progress)  # fmt: skip
+        errors_of = model_errors(model, module, data, widest, (num_batches, score_fraction),
+                                 forward_fn or default_forward, progress)  # fmt: skip
+        model_error = {} if errors_of is None else dict(zip((AUTO, MAX), errors_of))
     kept = MAX if model_error and model_error[MAX] < model_error[AUTO] else AUTO
     if kept == MAX:
         _keep_widest(module, options, choices)
@@ -283,20 +257,24 @@ def select_amax(
 
 
 def _candidates(model: nn.Module, grid: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, torch.Tensor]]:
-    """Quantizer name -> {label: range}, for every quantizer with a loaded range. A range within one quantization
-    step of an earlier candidate (in every channel) is left out: the two quantize alike up to rounding."""
+    """Quantizer name -> {label: range}, for every quantizer with a loaded range: each registered method of
+    ``grid`` whose range its statistics give. A range within one quantization step of an earlier candidate (in every
+    channel) is left out: the two quantize alike up to rounding."""
+    methods = [(get_method(name, who="auto: candidate: "), opts) for name, opts in grid]
+    if any(method.model_level for method, _ in methods):
+        raise QdqConfigError("auto: a candidate must be a method computed from statistics, not a model-level one.")
     found: dict[str, dict[str, torch.Tensor]] = {}
     for name, quantizer in named_quantizers(model, weights=False):
         calibrator = quantizer._calibrator
         if calibrator is None or quantizer.amax is None or quantizer.learn_amax:  # a learned range is QAT's
             continue
         ranges: dict[str, torch.Tensor] = {}
-        for method, opts in grid:
-            if method not in getattr(calibrator, "methods", ("max",)):
-                continue
-            value = check_range("amax", calibrator.compute_amax(method, **opts), quantizer.amax.device)
+        for method, opts in methods:
+            if method.accepts is not None and not method.accepts(calibrator):
+                continue  # statistics that cannot give it: a max calibrator's, for a histogram method
+            value = check_range("amax", method.compute_amax(calibrator, **opts), quantizer.amax.device)
             if not any(_within_a_step(value, seen, quantizer.maxbound) for seen in ranges.values()):
-                ranges[method_label(method, opts)] = value
+                ranges[method.label(opts)] = value
         found[name] = ranges
     return found
 
@@ -305,320 +283,11 @@ def _within_a_step(a: torch.Tensor, b: torch.Tensor, max_bound: int) -> bool:
     return bool(((a - b).abs() * max_bound <= torch.maximum(a, b)).all())
 
 
-# -- which layer each quantizer feeds -----------------------------------------------------------------
-
-
-@dataclass
-class _Layer:
-    """A module whose output is compared, with the quantizers tuned there and the weight quantizers it runs."""
-
-    name: str
-    module: nn.Module
-    tuned: list[tuple[str, TensorQuantizer]]
-    weights: list[TensorQuantizer]
-
-
-def _owner(modules: dict[str, nn.Module], name: str, quantizer: TensorQuantizer) -> str | None:
-    """Name of the nearest enclosing quantized module (:class:`~qdq.nn.base.QuantModule`) that lists
-    ``quantizer`` among its :meth:`~qdq.nn.base.QuantModule.quantizers`, if any."""
-    parts = name.split(".")
-    for cut in range(1, len(parts)):
-        parent = ".".join(parts[:-cut])
-        module = modules.get(parent)
-        if isinstance(module, QuantModule):
-            return parent if any(q is quantizer for q in module.quantizers().values()) else None
-    return None
-
-
-def _layers(model: nn.Module, names: list[str]) -> list[_Layer]:
-    modules = dict(model.named_modules())
-    layers: dict[str, _Layer] = {}
-    for name in names:
-        quantizer = modules[name]
-        owner = _owner(modules, name, quantizer)  # type: ignore[arg-type]
-        layer_name = name if owner is None else owner
-        if layer_name not in layers:
-            module = modules[layer_name]
-            weights = [] if owner is None else [
-                q for q in module.quantizers().values() if q.is_weight and q.is_enabled and q.quant_enabled
-            ]  # fmt: skip
-            layers[layer_name] = _Layer(layer_name, module, [], weights)
-        layers[layer_name].tuned.append((name, quantizer))  # type: ignore[arg-type]
-    return list(layers.values())
-
-
-# -- the comparison pass ------------------------------------------------------------------------------
-
-
-@dataclass
-class _Errors:
-    """Per quantizer: squared output error per candidate and the float output's energy (device tensors)."""
-
-    sums: dict[str, torch.Tensor] = field(default_factory=dict)
-    energy: dict[str, torch.Tensor] = field(default_factory=dict)
-    batches: int = 0
-    samples: int = 0
-    layer_runs: int = 0
-    busy: bool = False  # a layer is being re-run: hooks of modules inside it stay out
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The floating-point tensors in a module's output (a tensor, or nested tuples / lists / dicts)."""
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() else []
-    if isinstance(value, tuple | list):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
-def _squared_sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """``sum(t**2)`` over the tensors, as a float64 scalar (each tensor summed in its own precision: torch's
-    pairwise summation keeps float32 sums of millions of terms within about 1e-6)."""
-    return sum((t.float().square().sum().double() for t in tensors), torch.zeros((), dtype=torch.float64))
-
-
-def _squared_error(output: Any, reference: list[torch.Tensor]) -> torch.Tensor:
-    return _squared_sum(torch.sub(g, r) for g, r in zip(_tensors(output), reference))
-
-
-@contextlib.contextmanager
-def _float_mode(model: nn.Module) -> Iterator[list[tuple[TensorQuantizer, bool]]]:
-    """Every quantizer off (no quantization, no statistics), eval mode; yields the saved quant modes."""
-    everything = [q for _, q in named_quantizers(model)]
-    saved = [(q, q.quant_enabled, q.calib_enabled) for q in everything]
-    was_training = model.training
-    try:
-        for quantizer in everything:
-            quantizer.disable_quant()
-            quantizer.disable_calib()
-        model.eval()
-        yield [(q, quant) for q, quant, _ in saved]
-    finally:
-        for quantizer, quant, calib in saved:
-            (quantizer.enable_quant if quant else quantizer.disable_quant)()
-            (quantizer.enable_calib if calib else quantizer.disable_calib)()
-        model.train(was_training)
-
-
-@contextlib.contextmanager
-def _quantizing(ranges: list[tuple[TensorQuantizer, torch.Tensor]], weights: list[TensorQuantizer]) -> Iterator[None]:
-    """Each quantizer of ``ranges`` quantizes with its range (:func:`_ranges`), and so do the layer's weight
-    quantizers."""
-    quantizers = (*(q for q, _ in ranges), *weights)
-    with _ranges(ranges):
-        try:
-            for q in quantizers:
-                q.enable_quant()
-            yield
-        finally:
-            for q in quantizers:
-                q.disable_quant()
-
-
-@contextlib.contextmanager
-def _ranges(ranges: list[tuple[TensorQuantizer, torch.Tensor]]) -> Iterator[None]:
-    """Each quantizer with its range for a while (set without the checks of the ``amax`` setter, which read the
-    device: the candidates were checked once)."""
-    stored = [(quantizer, quantizer._amax) for quantizer, _ in ranges]
-    try:
-        for quantizer, amax in ranges:
-            quantizer._amax = amax
-        yield
-    finally:
-        for quantizer, amax in stored:
-            quantizer._amax = amax
-
-
-def _scored(batches: Iterable[Any], fraction: float, errors: _Errors) -> Iterator[Any]:
-    """The batches cut to the samples scored: after ``n`` samples, ``ceil(n * fraction)`` of them, the first of
-    each batch (a batch of no tensor counts as one sample); batches with none to score are skipped."""
-    seen = 0
-    for batch in batches:
-        size = sample_count(batch)
-        seen += 1 if size is None else size
-        take = min(1 if size is None else size, math.ceil(seen * fraction - 1e-9) - errors.samples)
-        if take > 0:
-            errors.samples += take
-            yield batch if size is None else leading_samples(batch, take)
-
-
-def _compare(
-    model: nn.Module,
-    module: nn.Module,
-    data: Iterable[Any],
-    layers: list[_Layer],
-    options: dict[str, dict[str, torch.Tensor]],
-    budget: tuple[int | None, float],
-    forward: ForwardFn,
-    progress: Progress,
-) -> _Errors:
-    """The comparison pass: each layer, in the order the model runs it, tries each candidate on its input as
-    quantized so far and hands on its output at the best candidate yet (see the module docstring)."""
-    errors = _Errors()
-    stacked: dict[str, torch.Tensor] = {}
-    current: dict[str, torch.Tensor] = {}
-    for layer in layers:
-        for name, quantizer in layer.tuned:
-            device = quantizer.amax.device  # type: ignore[union-attr]
-            errors.sums[name] = torch.zeros(len(options[name]), dtype=torch.float64, device=device)
-            errors.energy[name] = torch.zeros((), dtype=torch.float64, device=device)
-            stacked[name] = torch.stack(list(options[name].values()))
-            current[name] = stacked[name][0]
-
-    def hook(layer: _Layer) -> Any:
-        def compare(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-            if errors.busy:
-                return None
-            errors.busy = True
-            try:
-                return _compare_layer(mod, layer, args, kwargs, output, options, stacked, current, errors)
-            finally:
-                errors.busy = False
-
-        return compare
-
-    handles = [layer.module.register_forward_hook(hook(layer), with_kwargs=True) for layer in layers]
-    num_batches, fraction = budget
-    total = batch_total(data, num_batches)
-    try:
-        with _float_mode(module) as saved, torch.no_grad():
-            hooked = {id(q) for layer in layers for q in (*layer.weights, *(q for _, q in layer.tuned))}
-            for quantizer, quant in saved:  # the rest (ranges not chosen here: learned, no calibrator) as they were
-                if quant and id(quantizer) not in hooked and quantizer.amax is not None:
-                    quantizer.enable_quant()
-            batches = _local_batches(data, num_batches)
-            for batch in _scored(progress_bar(batches, progress, "auto: comparing ranges", total=total), fraction,
-                                 errors):  # fmt: skip
-                forward(model, batch)
-                errors.batches += 1
-    finally:
-        for handle in handles:
-            handle.remove()
-    if calib_distributed.is_initialized():
-        _all_reduce(errors)
-    return errors
-
-
-def _compare_layer(
-    mod: nn.Module,
-    layer: _Layer,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    output: Any,
-    options: dict[str, dict[str, torch.Tensor]],
-    stacked: dict[str, torch.Tensor],
-    current: dict[str, torch.Tensor],
-    errors: _Errors,
-) -> Any:
-    """Add each candidate's error to the sums of the layer's tuned quantizers (one at a time, those before it
-    at their best range yet, those after it in float), then return the layer's output at the best ranges."""
-    reference = [t.detach() for t in _tensors(output)]  # the float layer on this input
-    energy = _squared_sum(reference)
-    if _stackable(mod, layer, args, kwargs, options, reference):
-        name, quantizer = layer.tuned[0]
-        errors.energy[name] += energy.to(errors.energy[name].device)
-        return _compare_stacked(mod, layer, args[0], reference[0], stacked[name], current, errors)
-    outputs: list[Any] = []
-    for i, (name, quantizer) in enumerate(layer.tuned):
-        errors.energy[name] += energy.to(errors.energy[name].device)
-        outputs = []
-        if len(options[name]) < 2:
-            continue
-        before = [(q, current[n]) for n, q in layer.tuned[:i]]
-        for amax in options[name].values():
-            with _quantizing([*before, (quantizer, amax)], layer.weights):
-                outputs.append(mod.forward(*args, **kwargs))
-            errors.layer_runs += 1
-        errors.sums[name] += torch.stack([_squared_error(out, reference) for out in outputs]).to(errors.sums[name])
-        best = errors.sums[name].argmin().reshape(1)  # on the device: no host read
-        current[name] = stacked[name].index_select(0, best)[0]
-    if outputs and all(isinstance(out, torch.Tensor) for out in outputs):
-        return torch.stack(outputs).index_select(0, best.to(outputs[0].device))[0]
-    with _quantizing([(q, current[n]) for n, q in layer.tuned], layer.weights):
-        return mod.forward(*args, **kwargs)
-
-
-#: module types whose forward treats the samples of its input's first dimension independently, by the input's
-#: number of dimensions (None: any): their candidates run as one batch
-_PER_SAMPLE: tuple[tuple[type[nn.Module], Any], ...] = (
-    (nn.modules.conv._ConvNd, lambda m, x: x.dim() == len(m.kernel_size) + 2),
-    (nn.Linear, lambda m, x: x.dim() >= 2),
-    (nn.modules.pooling._MaxPoolNd, None),
-    (nn.modules.pooling._AvgPoolNd, None),
-    (nn.modules.pooling._AdaptiveAvgPoolNd, None),
-    (TensorQuantizer, None),
-)
-
-
-def _stackable(
-    mod: nn.Module,
-    layer: _Layer,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    options: dict[str, dict[str, torch.Tensor]],
-    reference: list[torch.Tensor],
-) -> bool:
-    """Whether the layer's candidates can run as one batch: one tuned per-tensor quantizer with at least two
-    candidates, one input tensor, one output tensor, a module that treats its input's samples independently."""
-    if len(layer.tuned) != 1 or kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
-        return False
-    ranges = options[layer.tuned[0][0]]
-    if len(ranges) < 2 or any(amax.numel() != 1 for amax in ranges.values()) or len(reference) != 1:
-        return False
-    for kind, rank_ok in _PER_SAMPLE:
-        if isinstance(mod, kind):
-            return args[0].dim() >= 1 and (rank_ok is None or rank_ok(mod, args[0]))
-    return False
-
-
-def _compare_stacked(
-    mod: nn.Module,
-    layer: _Layer,
-    x: torch.Tensor,
-    reference: torch.Tensor,
-    ranges: torch.Tensor,
-    current: dict[str, torch.Tensor],
-    errors: _Errors,
-) -> torch.Tensor:
-    """All candidates of a single-input layer in one forward: the input repeated once per candidate, each copy
-    quantized with its own range (a per-sample amax), the weights quantized once."""
-    name, quantizer = layer.tuned[0]
-    count, trailing = ranges.shape[0], [1] * (x.dim() - 1)
-    amax = ranges.reshape(count, 1).expand(count, x.shape[0]).reshape(count * x.shape[0], *trailing)
-    with _quantizing([(quantizer, amax)], layer.weights):
-        out = mod.forward(x.repeat(count, *trailing))
-    out = out.reshape(count, *reference.shape)
-    diff = out.reshape(count, -1).float() - reference.reshape(1, -1)  # float32 at least (a half square overflows)
-    errors.sums[name] += diff.square_().sum(1).to(errors.sums[name])  # in place: one output-sized buffer less
-    errors.layer_runs += count
-    best = errors.sums[name].argmin().reshape(1)  # on the device: no host read
-    current[name] = ranges.index_select(0, best)[0]
-    return out.index_select(0, best.to(out.device))[0]
-
-
-def _all_reduce(errors: _Errors) -> None:
-    """Sum every quantizer's errors and energy over the ranks, in one collective."""
-    from qdq.workflow.distributed import collective
-
-    names = sorted(errors.sums)
-    flat = torch.cat([torch.cat([errors.sums[n].cpu(), errors.energy[n].cpu().reshape(1)]) for n in names])
-    with collective("summing the output errors of the auto calibration"):
-        flat = calib_distributed.all_reduce(flat, "sum")
-    start = 0
-    for name in names:
-        size = errors.sums[name].numel()
-        errors.sums[name] = flat[start : start + size].to(errors.sums[name].device)
-        errors.energy[name] = flat[start + size].to(errors.energy[name].device)
-        start += size + 1
-
-
 # -- the choice ---------------------------------------------------------------------------------------
 
 
 def _choose(
-    model: nn.Module, layers: list[_Layer], options: dict[str, dict[str, torch.Tensor]], errors: _Errors
+    model: nn.Module, layers: list[Layer], options: dict[str, dict[str, torch.Tensor]], errors: Errors
 ) -> list[AmaxChoice]:
     layer_of = {name: layer.name for layer in layers for name, _ in layer.tuned}
     modules = dict(model.named_modules())
@@ -642,7 +311,7 @@ def _choose(
     return choices
 
 
-def _relative_errors(errors: _Errors, name: str) -> list[float]:
+def _relative_errors(errors: Errors, name: str) -> list[float]:
     """The quantizer's squared output error per candidate over its float output's energy."""
     energy = float(errors.energy[name])
     return [s / energy if energy > 0 else 0.0 for s in errors.sums[name].cpu().tolist()]
@@ -658,67 +327,12 @@ def _same_tensor_groups(options: dict[str, dict[str, torch.Tensor]]) -> list[lis
     return list(groups.values())
 
 
-# -- the model check ------------------------------------------------------------------------------------
+# -- the model check's alternative ----------------------------------------------------------------------
 
 
 def _widest(ranges: dict[str, torch.Tensor]) -> str:
     """The label of the widest candidate: ``max`` when it is one (it always is for histogram statistics)."""
     return MAX if MAX in ranges else max(ranges, key=lambda label: float(ranges[label].max()))
-
-
-@contextlib.contextmanager
-def _checking(model: nn.Module) -> Iterator[None]:
-    """Eval mode, statistics off for every quantizer; restored after."""
-    quantizers = [q for _, q in named_quantizers(model)]
-    calibrating = [q.calib_enabled for q in quantizers]
-    was_training = model.training
-    try:
-        for quantizer in quantizers:
-            quantizer.disable_calib()
-        model.eval()
-        yield
-    finally:
-        for quantizer, calib in zip(quantizers, calibrating):
-            (quantizer.enable_calib if calib else quantizer.disable_calib)()
-        model.train(was_training)
-
-
-def _model_check(
-    model: nn.Module,
-    module: nn.Module,
-    data: Iterable[Any],
-    widest: dict[str, torch.Tensor],
-    budget: tuple[int | None, float],
-    forward: ForwardFn,
-    progress: Progress,
-) -> dict[str, float]:
-    """The model's output error against the float model's, over its energy, on the scored samples: with the chosen
-    ranges (``auto``) and with the ``widest`` (quantizer name -> range; ``max``)."""
-    quantizers = dict(module.named_modules())
-    wide_ranges = [(quantizers[name], amax) for name, amax in widest.items()]
-    num_batches, fraction = budget
-    total: torch.Tensor | None = None  # energy, auto's error, max's error: summed on the device
-    with _checking(module), torch.no_grad():
-        batches = progress_bar(_local_batches(data, num_batches), progress, "auto: checking the model",
-                               total=batch_total(data, num_batches))
-        for batch in _scored(batches, fraction, _Errors()):
-            with _float_mode(module):
-                reference = [t.detach() for t in _tensors(forward(model, batch))]
-            chosen = _squared_error(forward(model, batch), reference)
-            with _ranges(wide_ranges):
-                wide = _squared_error(forward(model, batch), reference)
-            sums = torch.stack([_squared_sum(reference), chosen, wide])
-            total = sums if total is None else total + sums
-    if total is None:
-        return {}
-    if calib_distributed.is_initialized():
-        from qdq.workflow.distributed import collective
-
-        with collective("summing the model check of the auto calibration"):
-            total = calib_distributed.all_reduce(total.cpu(), "sum")
-    energy, chosen_error, wide_error = total.cpu().tolist()
-    energy = energy or 1.0
-    return {AUTO: chosen_error / energy, MAX: wide_error / energy}
 
 
 def _keep_widest(module: nn.Module, options: dict[str, dict[str, torch.Tensor]], choices: list[AmaxChoice]) -> None:

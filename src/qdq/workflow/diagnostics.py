@@ -41,6 +41,8 @@ from torch import nn
 
 from qdq.errors import QdqCalibrationWarning, QdqConfigError
 from qdq.markdown import markdown_table
+from qdq.workflow.collection import named_quantizers
+from qdq.workflow.distributed import is_main_process, unwrap
 
 __all__ = [
     "CLIPPED_ENERGY_LIMIT",
@@ -312,9 +314,6 @@ def calibration_report(model: nn.Module, *, limit: float = CLIPPED_ENERGY_LIMIT)
     Raises:
         QdqConfigError: ``limit`` is not in (0, 1].
     """
-    from qdq.workflow.calibration import named_quantizers
-    from qdq.workflow.distributed import unwrap
-
     if isinstance(limit, bool) or not isinstance(limit, int | float) or math.isnan(limit) or not 0 < limit <= 1:
         raise QdqConfigError(f"limit must be a share of the energy in (0, 1], got {limit!r}.")
     rows = [diagnose(name, q) for name, q in named_quantizers(unwrap(model), weights=False)]
@@ -326,8 +325,6 @@ def warn_clipping(
 ) -> CalibrationReport:
     """Emit one :class:`~qdq.errors.QdqCalibrationWarning` naming the quantizers of ``model`` that clip at
     least ``limit`` of their energy (on the main process only); return the report."""
-    from qdq.workflow.distributed import is_main_process
-
     report = calibration_report(model, limit=limit)
     text = report.warning_text()
     if text is not None and is_main_process():

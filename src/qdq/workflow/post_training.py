@@ -1,8 +1,10 @@
 """Post-training quantization: one calibration pass, every method evaluated, the best one kept.
 
 The seed recipe (calibrate with max, entropy, mse and four percentiles; keep what evaluates best) needed
-one pass over the data per method. Here a single histogram pass serves all of them; ``"auto"`` (a range per
-quantizer by its layer's output error, :mod:`qdq.workflow.auto_calibration`) adds one more pass.
+one pass over the data per method. Here a single histogram pass serves all of them (every registered method that
+reads histograms, :attr:`qdq.calib.CalibrationMethod.statistics`); a method that reads other statistics gets one
+pass for them; a model-level method (``"auto"``: a range per quantizer by its layer's output error,
+:mod:`qdq.workflow.auto_calibration`) adds its own pass.
 """
 
 from __future__ import annotations
@@ -15,20 +17,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from qdq.calib.registry import CALIBRATION_METHODS, check_method
+from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method, method_label
 from qdq.markdown import markdown_table
 from qdq.quantizer import disabled_quantizers
-from qdq.workflow.calibration import ForwardFn, collect_stats, load_amax, method_label, named_quantizers
+from qdq.workflow.calibration import load_amax
+from qdq.workflow.collection import ForwardFn, check_reiterable, collect_stats, named_quantizers
 from qdq.workflow.diagnostics import CalibrationReport, calibration_report, warn_clipping
+from qdq.workflow.distributed import unwrap
 from qdq.workflow.progress import Progress, progress_bar
 
 __all__ = [
     "DEFAULT_PERCENTILES",
+    "PTQ_STATISTICS",
     "MethodResult",
     "PTQResult",
     "disabled_quantizers",
     "method_grid",
     "ptq",
+    "ptq_statistics",
     "restore_amax",
     "snapshot_amax",
 ]
@@ -36,7 +42,10 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 EvalFn = Callable[[nn.Module], float]
+#: the percentiles a method with a ``percentile`` option is tried with
 DEFAULT_PERCENTILES = (99.9, 99.99, 99.999, 99.9999)
+#: the calibrator whose one pass serves every method that reads its statistics
+PTQ_STATISTICS = "histogram"
 
 
 @dataclass
@@ -58,9 +67,13 @@ class MethodResult:
     diagnostics: CalibrationReport | None = field(default=None, repr=False)
     quantizer_methods: dict[str, str | None] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        self._label = method_label(self.method, self.options)  # read once: the result outlives a registration
+
     @property
     def label(self) -> str:
-        return method_label(self.method, self.options)
+        """How reports name the method with its options (``"percentile 99.99"``)."""
+        return self._label
 
     @property
     def worst_clipping(self) -> str:
@@ -110,13 +123,19 @@ def restore_amax(
 
 
 def method_grid(methods: Sequence[str], percentiles: Sequence[float]) -> list[tuple[str, dict[str, Any]]]:
-    """``(method, options)`` for each method to try; ``"percentile"`` once per percentile."""
+    """``(method, options)`` for each registered method to try; one per percentile for a method with a
+    ``percentile`` option (``"percentile"``).
+
+    Raises:
+        QdqConfigError: an unknown method (one error listing every registered method).
+    """
     grid: list[tuple[str, dict[str, Any]]] = []
-    for method in methods:
-        if method == "percentile":
-            grid += [("percentile", {"percentile": p}) for p in percentiles]
+    for name in methods:
+        method = get_method(name)
+        if "percentile" in method.options:
+            grid += [(method.name, {"percentile": p}) for p in percentiles]
         else:
-            grid.append((method if method == "auto" else check_method(method), {}))
+            grid.append((method.name, {}))
     return grid
 
 
@@ -138,40 +157,66 @@ def ptq(
         model: a quantized model (:func:`qdq.quantize_model` and, if wanted, placement already applied).
         calib_data: calibration batches (see :func:`qdq.workflow.calibration.collect_stats`).
         eval_fn: ``eval_fn(model) -> score``, higher is better (e.g. top-1 accuracy in percent).
-        methods: calibration methods to try; ``"percentile"`` expands to each of ``percentiles``; ``"auto"``
-            (a range per quantizer, :func:`qdq.workflow.auto_calibration.select_amax`) passes over
+        methods: registered calibration methods to try (default: :data:`qdq.calib.CALIBRATION_METHODS`, every
+            method computed from statistics, read when called); a method with a ``percentile`` option expands to
+            each of ``percentiles``. One histogram pass (:data:`PTQ_STATISTICS`) serves every method that reads
+            histograms; a method that reads other statistics gets a pass for them. A model-level method
+            (``"auto"``: a range per quantizer, :func:`qdq.workflow.auto_calibration.select_amax`) passes over
             ``calib_data`` once more, which must then be re-iterable (a list or a DataLoader).
         progress: bars for the statistics pass and the scoring; a string names them after the run.
 
     Returns:
-        A :class:`PTQResult`; the model is left with the best method's ranges loaded. If they clip a large
-        share of some activation's energy, a :class:`~qdq.errors.QdqCalibrationWarning` says which.
-    """
-    grid = method_grid(methods, percentiles)
-    if any(method == "auto" for method, _ in grid):
-        from qdq.workflow.auto_calibration import check_reiterable
+        A :class:`PTQResult`; the model is left with the best method's ranges loaded (and the statistics they came
+        from). If they clip a large share of some activation's energy, a
+        :class:`~qdq.errors.QdqCalibrationWarning` says which.
 
-        check_reiterable(calib_data)
+    Raises:
+        QdqConfigError: an unknown method (one error listing every registered method).
+    """
+    grid = [(get_method(name), options) for name, options in method_grid(methods, percentiles)]
+    for method, _ in grid:
+        if method.model_level:
+            check_reiterable(calib_data, method.name)
     with disabled_quantizers(model):
         float_score = float(eval_fn(model))
-    collect_stats(model, calib_data, num_batches=num_batches, calibrator="histogram",
-                  forward_fn=forward_fn, progress=progress)  # fmt: skip
+    statistics: dict[str, dict[str, Any]] = {}  # calibrator name -> the calibrators of the pass, by quantizer
+    for kind in dict.fromkeys(ptq_statistics(method) for method, _ in grid):
+        collect_stats(model, calib_data, num_batches=num_batches, calibrator=kind, forward_fn=forward_fn,
+                      progress=progress)  # fmt: skip
+        statistics[kind] = {name: q._calibrator for name, q in named_quantizers(unwrap(model), weights=False)}
     results = []
     for method, options in progress_bar(grid, progress, f"PTQ: scoring {len(grid)} calibrations"):
+        _use(model, statistics[ptq_statistics(method)])
         _load(model, method, options, calib_data, num_batches, weight_method, forward_fn, progress)
         score = float(eval_fn(model))
         used = {name: q.amax_method for name, q in named_quantizers(model, weights=False)}
-        results.append(MethodResult(method, options, score, snapshot_amax(model), calibration_report(model), used))
+        results.append(MethodResult(method.name, options, score, snapshot_amax(model), calibration_report(model),
+                                    used))  # fmt: skip
         _log.info("PTQ %s: %.3f", results[-1].label, score)
-    best = max(results, key=lambda r: r.score)  # first of equals: the grid's order breaks ties
+    best_at = max(range(len(results)), key=lambda i: results[i].score)  # first of equals: the grid's order
+    best = results[best_at]
     restore_amax(model, best.amax, best.quantizer_methods)
+    _use(model, statistics[ptq_statistics(grid[best_at][0])])
     warn_clipping(model, stacklevel=2)
     return PTQResult(float_score, results, best)
 
 
+def ptq_statistics(method: CalibrationMethod) -> str:
+    """The calibrator whose pass serves ``method`` in :func:`ptq`: :data:`PTQ_STATISTICS` (the histogram) when it
+    reads those statistics, else the first it reads."""
+    return PTQ_STATISTICS if method.reads(PTQ_STATISTICS) else method.calibrator
+
+
+def _use(model: nn.Module, calibrators: dict[str, Any]) -> None:
+    """Give each activation quantizer the calibrator (and statistics) of one pass."""
+    modules = dict(unwrap(model).named_modules())
+    for name, calibrator in calibrators.items():
+        modules[name].calibrator = calibrator
+
+
 def _load(
     model: nn.Module,
-    method: str,
+    method: CalibrationMethod,
     options: dict[str, Any],
     calib_data: Iterable[Any],
     num_batches: int | None,
@@ -179,11 +224,9 @@ def _load(
     forward_fn: ForwardFn | None,
     progress: Progress,
 ) -> None:
-    """Load one method's ranges from the statistics collected (``auto`` runs its comparison pass)."""
-    if method == "auto":
-        from qdq.workflow.auto_calibration import select_amax
-
-        select_amax(model, calib_data, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
-                    progress=progress)  # fmt: skip
+    """Load one method's ranges from the statistics collected (a model-level method runs its own pass)."""
+    if method.select is not None:
+        method.select(model, calib_data, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
+                      progress=progress, strict=True, **method.resolve_options(options))  # fmt: skip
     else:
-        load_amax(model, method, weight_method=weight_method, warn=False, **options)
+        load_amax(model, method.name, weight_method=weight_method, warn=False, **options)

@@ -37,7 +37,7 @@ from qdq.errors import QdqConfigError
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer, disabled_quantizers
 from qdq.utils.batches import call_model, flatten_outputs
-from qdq.workflow.calibration import ForwardFn, _batches
+from qdq.workflow.collection import ForwardFn, _batches
 
 __all__ = ["SmoothingResult", "smooth_inputs", "smoothing_scales"]
 
