@@ -17,7 +17,9 @@ Attention (:mod:`.attention`): all four attention quantizers at any shape, the s
 before its quantizer (``scale_query``), which the rewrite folds into the query's QuantizeLinear.
 
 The exported graph is rewritten by :func:`~qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime` (one
-pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``.
+pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``. The
+same encoding is the target's ``weight_encoding``: the CPU runtimes re-encode a file with it where the CPU's int8
+dot products saturate (:mod:`qdq.runtime.saturation`).
 
 Adding a rule: a module in ``rules/`` defining a :class:`~qdq.targets.rules.PlacementRule`, listed in
 ``RULES`` below at its place. Adding a pass: see :mod:`qdq.targets.onnxruntime.rewrite`.
@@ -25,27 +27,29 @@ Adding a rule: a module in ``rules/`` defining a :class:`~qdq.targets.rules.Plac
 
 from __future__ import annotations
 
+from qdq.runtime_registry import OPENVINO_RUNTIME, ORT_RUNTIME, TENSORRT_RUNTIME
 from qdq.targets.common.concat import CONCAT
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.onnxruntime.attention import ONNXRUNTIME_ATTENTION
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+from qdq.targets.onnxruntime.passes.weight_encoding import encode_weights_uint8, recorded_weights
 from qdq.targets.onnxruntime.rewrite import DEFAULT_WEIGHTS, rewrite_for_onnxruntime
 from qdq.targets.onnxruntime.rules.conv_output import CONV_OUTPUT
 from qdq.targets.onnxruntime.rules.mul_inputs import MUL_INPUTS
 from qdq.targets.onnxruntime.rules.recurrent import FLOAT_RECURRENT
 from qdq.targets.onnxruntime.rules.sigmoid import SIGMOID_OUTPUT, SILU
 from qdq.targets.onnxruntime.rules.unsigned import UNSIGNED_ACTIVATIONS
-from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
+from qdq.targets.target import ExportDefaults, RuntimeSupport, Target, WeightEncoding
 
 __all__ = ["ONNXRUNTIME", "ONNXRUNTIME_FUSION", "RULES", "RUNTIMES"]
 
 RULES = (FLOAT_RECURRENT, RESIDUAL_ADD, CONCAT, CONV_OUTPUT, SILU, SIGMOID_OUTPUT, MUL_INPUTS, UNSIGNED_ACTIVATIONS)
 
 RUNTIMES = (
-    RuntimeSupport("onnxruntime", "native"),
-    RuntimeSupport("openvino", "native"),  # its convolutions run in u8 there too (measured on a small CNN)
+    RuntimeSupport(ORT_RUNTIME, "native"),
+    RuntimeSupport(OPENVINO_RUNTIME, "native"),  # its convolutions run in u8 there too (measured on a small CNN)
     RuntimeSupport(
-        "tensorrt",
+        TENSORRT_RUNTIME,
         "refuses",
         "TensorRT builds signed int8 Q/DQ only, and this graph has uint8 activations and int32 biases written "
         "for ONNX Runtime's kernels",
@@ -62,4 +66,5 @@ ONNXRUNTIME = Target(
     export=ExportDefaults(opset=None, options={"weights": DEFAULT_WEIGHTS}),
     runtimes=RUNTIMES,
     attention=ONNXRUNTIME_ATTENTION,
+    weight_encoding=WeightEncoding(recorded=recorded_weights, to_uint8=encode_weights_uint8),
 )
