@@ -15,9 +15,13 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from qdq.errors import QdqConfigError, QdqError
+from qdq.runtime_registry import RUNTIME_REGISTRY
+
+if TYPE_CHECKING:
+    from qdq.runtime import Backend
 
 __all__ = ["EXIT_USER_ERROR", "SUBCOMMANDS", "add_bench_parser", "build_parser", "main", "run_bench"]
 
@@ -93,7 +97,7 @@ def add_bench_parser(subparsers: Any) -> None:
     )
     p.add_argument("model", metavar="MODEL.onnx", type=Path, help="the model to time (e.g. an INT8 Q/DQ graph)")
     p.add_argument("--fp32", metavar="REF.onnx", type=Path, help="FP32 reference model: adds speed-up columns")
-    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default), openvino or tensorrt")
+    p.add_argument("--runtime", default="onnxruntime", help=_runtime_help())
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: the runtime's)")
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size of the random inputs (default 1)")
     p.add_argument(
@@ -104,23 +108,23 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed runs first (default 10)")
     p.add_argument(
         "--precision",
-        help="OpenVINO only: inference precision of MODEL, f32 (default), bf16 or f16. The reference always "
-        "runs at f32, plus a bf16 row when the CPU supports bf16.",
+        help="for a runtime with a precision option (OpenVINO): inference precision of MODEL, f32 (default), bf16 "
+        "or f16. The reference runs in the runtime's reference rows (OpenVINO: f32, plus bf16 where the CPU has it).",
     )
     p.set_defaults(handler=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Handler of ``qdq bench``: time the models, print the table and the backend's report."""
-    from qdq.runtime import benchmark_model, get_runtime_class, read_model_info, results_table
+    from qdq.runtime import backends, benchmark_model, get_backend, read_model_info, results_table
 
-    runtime = get_runtime_class(args.runtime).name
+    backend = get_backend(args.runtime)
+    runtime = backend.name
     if args.precision is not None:
-        if runtime != "openvino":
-            raise QdqConfigError("--precision applies to --runtime openvino only")
-        from qdq.runtime.openvino import precision_hint
-
-        precision_hint(args.precision)  # an unknown value fails before any timing
+        if not backend.precisions:
+            takers = " or ".join(b.name for b in backends() if b.precisions)
+            raise QdqConfigError(f"--precision applies to --runtime {takers} only")
+        backend.check_precision(args.precision)  # an unknown value fails before any timing
     for path in (args.model, args.fp32):
         if path is not None:
             read_model_info(path)  # a missing or non-ONNX file fails here, before any timing
@@ -128,7 +132,7 @@ def run_bench(args: argparse.Namespace) -> int:
               "sizes": {"sequence": args.seq_len}}  # fmt: skip
     results = [  # one model loaded at a time: see qdq.runtime.benchmark
         benchmark_model(path, runtime, label=label, **timing, **options)
-        for label, path, options in _bench_cases(args, runtime)
+        for label, path, options in _bench_cases(args, backend)
     ]
     baseline = results[0] if args.fp32 is not None else None
     print(_bench_title(args, runtime, baseline is not None))
@@ -137,27 +141,29 @@ def run_bench(args: argparse.Namespace) -> int:
     notes = dict.fromkeys(f"note: {r.note}" for r in results if r.note)  # the file's target on this runtime
     if notes:
         print("\n" + "\n".join(notes))
-    report = _backend_report(args, runtime)
+    report = backend.report(args.model, threads=args.threads, batch=args.batch, **_model_options(args))
     if report is not None:
         print()
         print(report)
     return 0
 
 
-def _bench_cases(args: argparse.Namespace, runtime: str) -> list[tuple[str, Path, dict[str, Any]]]:
-    """(label, path, load options) of each row, the FP32 reference first."""
-    cases: list[tuple[str, Path, dict[str, Any]]] = []
-    if runtime != "openvino":
-        if args.fp32 is not None:
-            cases.append((args.fp32.name, args.fp32, {}))
-        return [*cases, (args.model.name, args.model, {})]
-    from qdq.runtime.openvino import supported_precisions
+def _runtime_help() -> str:
+    return f"the runtime: {', '.join(sorted(RUNTIME_REGISTRY))} (default onnxruntime)"
 
+
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """MODEL's load options: its ``precision`` when one was given."""
+    return {} if args.precision is None else {"precision": args.precision}
+
+
+def _bench_cases(args: argparse.Namespace, backend: Backend) -> list[tuple[str, Path, dict[str, Any]]]:
+    """(label, path, load options) of each row: the FP32 reference in each of the runtime's reference variants
+    first (:meth:`qdq.runtime.Backend.reference_variants`), then MODEL."""
+    cases: list[tuple[str, Path, dict[str, Any]]] = []
     if args.fp32 is not None:
-        cases.append((args.fp32.name, args.fp32, {"precision": "f32"}))
-        if "bf16" in supported_precisions():
-            cases.append((args.fp32.name, args.fp32, {"precision": "bf16"}))
-    return [*cases, (args.model.name, args.model, {"precision": args.precision or "f32"})]
+        cases += [(args.fp32.name, args.fp32, options) for options in backend.reference_variants()]
+    return [*cases, (args.model.name, args.model, _model_options(args))]
 
 
 def _bench_title(args: argparse.Namespace, runtime: str, with_baseline: bool) -> str:
@@ -169,19 +175,6 @@ def _bench_title(args: argparse.Namespace, runtime: str, with_baseline: bool) ->
     if with_baseline:
         title += f"\nspeed-up = time of {args.fp32.name} (first row) / time of the row; > 1 is faster"
     return title
-
-
-def _backend_report(args: argparse.Namespace, runtime: str) -> object | None:
-    """The fusion report (ONNX Runtime) or runtime-precision report (OpenVINO) of MODEL."""
-    if runtime == "onnxruntime":
-        from qdq.runtime.ort import fusion_report
-
-        return fusion_report(args.model, threads=args.threads)
-    if runtime == "openvino":
-        from qdq.runtime.openvino import precision_report
-
-        return precision_report(args.model, precision=args.precision or "f32", threads=args.threads, batch=args.batch)
-    return None
 
 
 # --- qdq quantize / demo / verify ------------------------------------------------------------------------
@@ -328,7 +321,7 @@ def add_verify_parser(subparsers: Any) -> None:
         "name the first quantizer where the engine departs from PyTorch. Exit code 0 on PASS, 1 on FAIL.",
     )
     p.add_argument("out", type=Path, help="output folder of `qdq quantize`")
-    p.add_argument("--runtime", default="onnxruntime", help="onnxruntime (default), openvino or tensorrt")
+    p.add_argument("--runtime", default="onnxruntime", help=_runtime_help())
     p.add_argument("--batches", type=_positive_int, help="number of test batches (default: all)")
     p.add_argument("--min-agreement", type=float, default=MIN_AGREEMENT,
                    help=f"PASS needs this top-1 agreement in percent (default {MIN_AGREEMENT})")  # fmt: skip
@@ -358,11 +351,9 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [add_bench_parser, add_quantize_parse
 
 # --- qdq check -----------------------------------------------------------------------------------------
 
-_CHECK_TARGETS = ("tensorrt",)
-
 
 def add_check_parser(subparsers: Any) -> None:
-    """Declare ``qdq check MODEL.onnx --target tensorrt [--json]``."""
+    """Declare ``qdq check MODEL.onnx [--runtime tensorrt] [--json]`` (``--target``: the same flag's old name)."""
     p = subparsers.add_parser(
         "check",
         help="check an ONNX file against a runtime's rules (TensorRT: explicit quantization, strong typing)",
@@ -371,7 +362,8 @@ def add_check_parser(subparsers: Any) -> None:
         "rule passes, 1 when one is broken.",
     )
     p.add_argument("model", metavar="MODEL.onnx", type=Path, help="the ONNX file to check")
-    p.add_argument("--target", default="tensorrt", help="the runtime whose rules apply: tensorrt (default)")
+    p.add_argument("--runtime", "--target", dest="runtime", default="tensorrt",
+                   help="the runtime whose rules apply: tensorrt (default), or any with a rule check")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run_check)
 
@@ -380,13 +372,13 @@ def run_check(args: argparse.Namespace) -> int:
     """Handler of ``qdq check``: 0 when the graph follows every rule, 1 otherwise."""
     import json
 
-    from qdq.errors import did_you_mean
-    from qdq.targets.tensorrt.check import check_tensorrt
+    from qdq.runtime import backends, get_backend
 
-    if args.target not in _CHECK_TARGETS:
-        hint = did_you_mean(args.target, _CHECK_TARGETS)
-        raise QdqConfigError(f"qdq check knows the rules of {list(_CHECK_TARGETS)}, not {args.target!r}.{hint}")
-    report = check_tensorrt(args.model)
+    check = get_backend(args.runtime).rule_check
+    if check is None:
+        known = [b.name for b in backends() if b.rule_check is not None]
+        raise QdqConfigError(f"qdq check knows the rules of the runtimes {known}, not {args.runtime!r}.")
+    report = check(args.model)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0 if report.ok else 1
 

@@ -1,12 +1,12 @@
-"""PrecisionReport (qdq.runtime.ov_precision) on hand-made layer lists: counts, compute layers, Markdown.
+"""PrecisionReport (qdq.runtime.openvino.precision) on hand-made layer lists: counts, compute layers, Markdown.
 
 No OpenVINO needed: the report is plain data; ``openvino._layer`` is fed a stand-in for a runtime-graph node.
 """
 
 from __future__ import annotations
 
-from qdq.runtime.openvino import _layer
-from qdq.runtime.ov_precision import COMPUTE_LAYER_TYPES, INT8_PRECISIONS, LayerPrecision, PrecisionReport
+from qdq.runtime.openvino.compiled import _layer
+from qdq.runtime.openvino.precision import COMPUTE_LAYER_TYPES, INT8_PRECISIONS, LayerPrecision, PrecisionReport
 
 LAYERS = (
     LayerPrecision("input", "Input", "f32"),

@@ -20,8 +20,8 @@ from qdq.runtime import (
     read_model_info,
     register_runtime,
     runtime_names,
+    unregister_runtime,
 )
-from qdq.runtime import base as runtime_base
 
 
 def test_registered_runtimes() -> None:
@@ -69,7 +69,7 @@ def test_register_custom_runtime(fp32_onnx: Path) -> None:
             np.testing.assert_array_equal(runtime.run(x)[0], 2 * x)
             assert runtime.threads == 3
     finally:
-        runtime_base._RUNTIMES.unregister("echo")
+        unregister_runtime("echo")
     assert "echo" not in runtime_names()
 
 

@@ -31,6 +31,7 @@ from qdq.app.pipeline import ALL_METHODS, PipelineConfig, run_pipeline
 from qdq.atomic import write_text_atomic
 from qdq.markdown import markdown_table
 from qdq.registry import Registry
+from qdq.runtime import get_backend
 from qdq.workflow.post_training import method_grid
 from qdq.workflow.progress import Progress
 
@@ -253,7 +254,7 @@ def run_demo(
     out = Path(out)
     started, load_before = time.perf_counter(), _load_average()
     runs: list[DemoRun] = []
-    skipped = {r: f"not installed: pip install 'qdq[{r}]'" for r in settings.runtimes if not _installed(r)}
+    skipped = {r: f"not installed: {b.install}" for r in settings.runtimes if not (b := get_backend(r)).available()}
     settings = replace(settings, runtimes=tuple(r for r in settings.runtimes if r not in skipped))
     with _torch_threads(settings.torch_threads):
         for name in settings.models or [name for name, family in DEMO_MODELS.items() if family.default]:
@@ -306,13 +307,6 @@ def _torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _installed(runtime: str) -> bool:
-    """Whether the runtime's Python package (named like the runtime) can be imported here."""
-    import importlib.util
-
-    return importlib.util.find_spec(runtime) is not None
 
 
 def _load_average() -> float | None:

@@ -5,10 +5,10 @@ For each runtime :func:`measure_engines` records
 * the engine's **accuracy** on the test data;
 * its **fidelity** to the fake-quant model (:func:`qdq.verify`: PASS / FAIL with the thresholds applied),
   and, when it fails on a PyTorch model, **where** it departs (:func:`qdq.workflow.verification.locate_divergence`)
-  with the known cause when there is one (:data:`KNOWN_CAUSES`);
+  with the known cause when the runtime's backend knows one (:meth:`qdq.runtime.Backend.divergence_cause`);
 * its **int8 coverage**: how many weighted layers run as int8 kernels and how many fall back to float,
-  read from the runtime itself (ONNX Runtime's optimized graph, OpenVINO's runtime precisions), with the
-  reason for the fallback;
+  as the runtime's backend reports it (:meth:`qdq.runtime.Backend.int8_coverage`: ONNX Runtime's optimized
+  graph, OpenVINO's runtime precisions, TensorRT's strongly typed graph), with the reason for the fallback;
 * its **latency** against the FP32 model on the same runtime, both timed in interleaved rounds
   (:func:`qdq.runtime.compare_models`): median speed-up and its interquartile range per batch size.
 """
@@ -21,23 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qdq.runtime import compare_models, get_backend, load_runtime
 from qdq.workflow.progress import Progress, counter
 
 if TYPE_CHECKING:
     from qdq.app.pipeline import PipelineConfig
 
-__all__ = ["KNOWN_CAUSES", "coverage", "fallback_reason", "measure_engines"]
-
-#: Explanations of a divergence, by (runtime, op type feeding the first quantizer that departs),
-#: established by measurement (README, "Fidelity of the INT8 engines").
-KNOWN_CAUSES: dict[tuple[str, str], str] = {
-    ("openvino", "Add"): (
-        "OpenVINO fuses this residual Add into the convolution before it (a sum post-op) and then does not round "
-        "that convolution's output to its quantizer's grid: the engine equals the graph without that Q/DQ pair "
-        "bit for bit. Half a step of that quantizer moves the codes after the Add; at 4-bit activations a "
-        "step is coarse enough to change the class of some images"
-    ),
-}
+__all__ = ["coverage", "measure_engines"]
 
 
 def measure_engines(
@@ -74,7 +64,6 @@ def _engine_record(
     cfg: PipelineConfig, model: Any, int8: Path, batches: list[Any],
     evaluate: Callable[[Callable[[np.ndarray], np.ndarray]], float], runtime: str, progress: Progress,
 ) -> dict[str, Any]:  # fmt: skip
-    from qdq.runtime import load_runtime
     from qdq.workflow.verification import verify
 
     with counter(progress, f"{runtime}: accuracy, fidelity, int8 coverage", 3) as bar:
@@ -86,7 +75,6 @@ def _engine_record(
         layers = coverage(runtime, int8, cfg.threads)
         bar.update()
     record: dict[str, Any] = {"accuracy": accuracy, **fidelity.to_dict(), "divergence": None, **layers}
-    record["fallback"] = fallback_reason(runtime, cfg.activation_bits, layers["float_layers"])
     if not fidelity.ok() and _is_torch(model):
         record["divergence"] = _divergence(model, int8, batches[0], runtime, cfg.threads, progress)
     return record
@@ -108,7 +96,7 @@ def _divergence(model: Any, int8: Path, batch: Any, runtime: str, threads: int, 
         bar.update()
     text = str(found)
     if found.first is not None:
-        cause = KNOWN_CAUSES.get((runtime, _input_op(onnx.load(str(int8)), found.first.name)))
+        cause = get_backend(runtime).divergence_cause(_input_op(onnx.load(str(int8)), found.first.name))
         if cause:
             text += f". Cause: {cause}."
     return text
@@ -125,59 +113,25 @@ def _input_op(proto: Any, quantizer: str) -> str:
 
 
 def coverage(runtime: str, int8: Path, threads: int | None) -> dict[str, Any]:
-    """What the runtime made of the INT8 model, as it reports it (ONNX Runtime's optimized graph; OpenVINO's
-    runtime precision per layer): ``int8_layers`` / ``float_layers``, the weighted layers run as int8 kernels
-    and in float, and ``float_between``, a count of the float work left between them, described by
-    ``float_between_what`` (all None for a runtime that reports neither)."""
-    if runtime == "onnxruntime":
-        from qdq.runtime.ort import fusion_report
-
-        report = fusion_report(int8, threads=threads)
-        return {"int8_layers": report.n_int8, "float_layers": report.n_float, "float_between": len(report.problems),
-                "float_between_what": "QuantizeLinear/DequantizeLinear conversions left between the kernels"}
-    if runtime == "openvino":
-        from qdq.runtime.openvino import precision_report
-        from qdq.runtime.ov_precision import INT8_PRECISIONS
-
-        layers = precision_report(int8, threads=threads)
-        floats = len(layers.float_compute_layers)
-        elementwise = [x for x in layers.layers
-                       if x.layer_type in _OV_ELEMENTWISE and x.precision not in INT8_PRECISIONS]  # fmt: skip
-        return {"int8_layers": len(layers.compute_layers) - floats, "float_layers": floats,
-                "float_between": len(elementwise),
-                "float_between_what": "elementwise layers run in float between the int8 ones"}
-    return {"int8_layers": None, "float_layers": None, "float_between": None, "float_between_what": None}
-
-
-#: OpenVINO CPU layer types of fused elementwise work (its JIT "snippets" and eltwise chains)
-_OV_ELEMENTWISE = ("Subgraph", "Eltwise")
-
-
-def fallback_reason(runtime: str, activation_bits: int, float_layers: int | None) -> str | None:
-    """Why weighted layers run in float on ``runtime`` (None when none does)."""
-    from qdq.cpu import int8_dot_saturates
-
-    if not float_layers:
-        return None
-    if runtime == "onnxruntime" and activation_bits < 8:
-        return f"ORT has no int{activation_bits} conv"
-    if int8_dot_saturates():
-        return "no VNNI: int8 weights re-encoded uint8 run in float"
-    return "not fused (see the runtime's report)"
+    """What the runtime made of the INT8 model, as its backend reports it (:meth:`qdq.runtime.Backend.int8_coverage`):
+    ``int8_layers`` / ``float_layers``, the weighted layers run as int8 kernels and in float, ``fallback``, why
+    layers run in float (the reason most of them share), and ``float_between``, a count of the float work left
+    between them, described by ``float_between_what`` (all None for a runtime that reports no coverage)."""
+    found = get_backend(runtime).int8_coverage(int8, threads=threads)
+    if found is None:
+        return dict.fromkeys(("int8_layers", "float_layers", "float_between", "float_between_what", "fallback"))
+    return found.to_dict()
 
 
 def _latency_rows(
     cfg: PipelineConfig, int8: Path, fp32: Path, runtime: str, progress: Progress
 ) -> list[dict[str, Any]]:
-    from qdq.runtime import compare_models
-
-    options = {"precision": "f32"} if runtime == "openvino" else {}
     rows = []
     for batch in cfg.bench_batches:
         with counter(progress, f"{runtime}: timing FP32 vs INT8, batch {batch}", 2 * cfg.bench_rounds) as bar:
             result = compare_models({"FP32": fp32, "INT8": int8}, runtime, batch=batch, threads=cfg.threads,
-                                    rounds=cfg.bench_rounds, iters=cfg.bench_iters, progress=bar.update,
-                                    **options)  # fmt: skip
+                                    rounds=cfg.bench_rounds, iters=cfg.bench_iters,
+                                    progress=bar.update)  # fmt: skip
         speedup = result.speedup("INT8")
         common = {"runtime": runtime, "batch": batch, "threads": cfg.threads, "rounds": result.rounds,
                   "iters": result.iters}  # fmt: skip

@@ -27,7 +27,8 @@ from torch import nn
 from qdq.atomic import write_text_atomic
 from qdq.calib.methods import METHOD_NAMES
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
-from qdq.targets import get_target
+from qdq.runtime_registry import runtime_entry
+from qdq.targets import get_target, target_names
 from qdq.workflow import distributed as dist
 from qdq.workflow.fine_tuning import QAT_OPTIMIZERS
 from qdq.workflow.progress import Progress, counter
@@ -113,12 +114,14 @@ class PipelineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        get_target(self.target)  # an unknown target raises, listing the registered ones
+        target = get_target(self.target)  # an unknown target raises, listing the registered ones
         from qdq.graphs.onnx_types import parse_float_type
 
         self.float = parse_float_type(self.float)
-        if self.float != "float32" and self.target != "tensorrt":
-            raise QdqConfigError(f"float {self.float!r} is for target 'tensorrt' (TensorRT 11), not {self.target!r}.")
+        if self.float != "float32" and "float" not in target.export.options:  # an export option of some targets
+            takers = " or ".join(repr(n) for n in target_names() if "float" in get_target(n).export.options)
+            raise QdqConfigError(f"float {self.float!r} is for target {takers} (its export option 'float'), not "
+                                 f"{self.target!r}.")  # fmt: skip
         choices = ["all", *METHOD_NAMES]
         if self.calib not in choices:
             hint = did_you_mean(str(self.calib), choices)
@@ -126,6 +129,7 @@ class PipelineConfig:
                                  f"{self.calib!r}.{hint}")  # fmt: skip
         if isinstance(self.runtimes, str):
             self.runtimes = [self.runtimes]
+        self.runtimes = [runtime_entry(r).name for r in self.runtimes]  # an unknown runtime raises, listing them
         for name in ("calib_batches", "batch_size", "threads", "bench_rounds", "bench_iters"):
             if int(getattr(self, name)) < 1:
                 raise QdqConfigError(f"{name} must be >= 1, got {getattr(self, name)}.")

@@ -1,4 +1,4 @@
-"""ONNX export of quantized models, and TensorRT calibration caches.
+"""ONNX export of quantized models (and, named here for existing code, TensorRT calibration caches).
 
 * :func:`export_onnx` writes a Q/DQ ONNX graph for TensorRT (``target="tensorrt"``) or ONNX Runtime
   (``target="onnxruntime"``; any target registered in :mod:`qdq.targets`), by default for the target the
@@ -8,8 +8,11 @@
 * :func:`annotate_quantizers` tags the Q/DQ nodes of a graph traced inside :func:`export_mode` with their
   quantizers' names (the ONNX graph index every graph pass uses is :class:`qdq.graphs.onnx.GraphIndex`).
 * :func:`export_mode` is the context manager behind it (quantizers emit Q/DQ while exporting).
-* :func:`write_calibration_cache` / :func:`read_calibration_cache`: TensorRT's text calibration cache.
-* :func:`strip_qdq`: the float graph of a Q/DQ graph, same tensor names (TensorRT implicit mode).
+* :func:`write_calibration_cache` / :func:`read_calibration_cache` / :func:`calibration_scales`: TensorRT's text
+  calibration cache, and :func:`strip_qdq`: the float graph of a Q/DQ graph, same tensor names (TensorRT implicit
+  mode). They moved to the TensorRT backend (:mod:`qdq.runtime.tensorrt.calib_cache`, also named by
+  :mod:`qdq.runtime.tensorrt`); the names stay here for existing code, resolved on first access (no module of
+  this package imports :mod:`qdq.runtime`).
 * :func:`qdq_sites` lists the quantizers of an exported graph.
 * the ``"tensorrt"`` target's TensorRT 11 tools (:mod:`qdq.targets.tensorrt`), named here for convenience:
   :func:`check_tensorrt` (TensorRT's explicit-quantization and strong-typing rules on any ONNX graph);
@@ -34,10 +37,10 @@ _LAZY = {
     "qdq_sites": "qdq.graphs.onnx",
     "QdqSite": "qdq.graphs.onnx",
     "annotate_quantizers": "qdq.graphs.onnx",
-    "write_calibration_cache": "qdq.export.calib_cache",
-    "read_calibration_cache": "qdq.export.calib_cache",
-    "calibration_scales": "qdq.export.calib_cache",
-    "strip_qdq": "qdq.export.calib_cache",
+    "write_calibration_cache": "qdq.runtime.tensorrt.calib_cache",
+    "read_calibration_cache": "qdq.runtime.tensorrt.calib_cache",
+    "calibration_scales": "qdq.runtime.tensorrt.calib_cache",
+    "strip_qdq": "qdq.runtime.tensorrt.calib_cache",
     "rewrite_for_onnxruntime": "qdq.targets.onnxruntime.rewrite",
     "unfusable_convs": "qdq.targets.onnxruntime.passes.float_convs",
     "check_tensorrt": "qdq.targets.tensorrt.check",

@@ -1,10 +1,11 @@
-"""The one interface every inference backend implements, its result type, and the registry of backends.
+"""A model loaded on a runtime (:class:`Runtime`, the interface every runtime class implements) and its timing
+result (:class:`BenchmarkResult`).
 
-A backend is a :class:`Runtime` subclass registered under a name ("onnxruntime", "openvino",
-"tensorrt"). The registry stores the *location* of each class ("module:Class") rather than the class,
-and the backend modules import their heavy package (``onnxruntime``...) only inside ``load``. So
-``import qdq.runtime`` stays cheap, and a backend that is not installed fails only when it is used,
-with :class:`~qdq.errors.QdqBackendUnavailable` naming the pip command that installs it.
+Each runtime's class belongs to its backend (:class:`qdq.runtime.Backend`, registered by name in
+:mod:`qdq.runtime_registry`); the backend modules import their heavy package (``onnxruntime``...) only inside
+``load``, so ``import qdq.runtime`` stays cheap, and a runtime that is not installed fails only when it is used,
+with :class:`~qdq.errors.QdqBackendUnavailable` naming the pip command that installs it
+(:func:`import_backend`).
 """
 
 from __future__ import annotations
@@ -20,20 +21,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from qdq.errors import QdqBackendUnavailable, QdqConfigError, QdqTypeError
-from qdq.registry import Registry
 from qdq.runtime.model_info import ModelInfo, TensorSpec
 
-__all__ = [
-    "BenchmarkResult",
-    "Inputs",
-    "Runtime",
-    "check_common_options",
-    "get_runtime_class",
-    "import_backend",
-    "load_runtime",
-    "register_runtime",
-    "runtime_names",
-]
+__all__ = ["BenchmarkResult", "Inputs", "Runtime", "check_common_options", "import_backend"]
 
 Inputs = Mapping[str, np.ndarray] | np.ndarray
 """A feed: a mapping from input name to array, or one array for a single-input model."""
@@ -42,8 +32,8 @@ Inputs = Mapping[str, np.ndarray] | np.ndarray
 class Runtime(ABC):
     """A compiled ONNX model on one backend, ready to run.
 
-    Create one with :func:`load_runtime` (or ``SomeRuntime.load``), call :meth:`run`, and
-    :meth:`close` it (or use it as a context manager) before loading the next one when timing: idle
+    Create one with :func:`~qdq.runtime.load_runtime` (or ``Backend.open``, or ``SomeRuntime.load``), call
+    :meth:`run`, and :meth:`close` it (or use it as a context manager) before loading the next one when timing: idle
     sessions of some backends keep worker threads spinning (see :mod:`qdq.runtime.benchmark`).
 
     Common ``load`` options, accepted by every backend:
@@ -218,55 +208,6 @@ class BenchmarkResult:
     def speedup_over(self, baseline: BenchmarkResult, stat: str = "median") -> float:
         """How many times faster this result is than ``baseline`` (> 1: faster), by ``stat`` ("min"...)."""
         return getattr(baseline, f"{stat}_ms") / getattr(self, f"{stat}_ms")
-
-
-# --- registry ------------------------------------------------------------------------------------------
-
-_RUNTIMES: Registry[str, str | type[Runtime]] = Registry("runtime")
-_RUNTIMES.register("onnxruntime", "qdq.runtime.ort:OrtRuntime")
-_RUNTIMES.register("openvino", "qdq.runtime.openvino:OpenVinoRuntime")
-_RUNTIMES.register("tensorrt", "qdq.runtime.tensorrt:TensorRtRuntime")
-_ALIASES = {"ort": "onnxruntime", "ov": "openvino", "trt": "tensorrt"}
-
-
-def register_runtime(name: str, target: str | type[Runtime], *, override: bool = False) -> None:
-    """Register a backend under ``name``: a :class:`Runtime` subclass or its location "module:Class".
-
-    Raises:
-        QdqConfigError: ``name`` is taken and ``override`` is False.
-    """
-    _RUNTIMES.register(name, target, override=override)
-
-
-def runtime_names() -> list[str]:
-    """Names of the registered backends (installed or not)."""
-    return sorted(_RUNTIMES)
-
-
-def get_runtime_class(name: str) -> type[Runtime]:
-    """Return the :class:`Runtime` subclass registered as ``name`` (aliases: ort, ov, trt).
-
-    Raises:
-        QdqConfigError: no backend has that name; the message lists the known ones.
-    """
-    target = _RUNTIMES.get(_ALIASES.get(name, name))
-    if isinstance(target, str):
-        module_name, _, class_name = target.partition(":")
-        target = getattr(importlib.import_module(module_name), class_name)
-    return target
-
-
-def load_runtime(onnx_path: str | Path, runtime: str = "onnxruntime", **options: Any) -> Runtime:
-    """Load ``onnx_path`` on the backend named ``runtime`` and return it ready to run.
-
-    ``options`` go to that backend's ``load`` (``threads``, ``batch``, and backend-specific ones such
-    as ``optimization_level`` for ONNX Runtime or ``precision`` for OpenVINO).
-
-    Raises:
-        QdqConfigError: unknown runtime name, missing file, or a file that is not ONNX.
-        QdqBackendUnavailable: the backend's package (or its device) is not available.
-    """
-    return get_runtime_class(runtime).load(onnx_path, **options)
 
 
 def check_common_options(threads: int | None, batch: int | None) -> None:

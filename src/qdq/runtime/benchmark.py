@@ -29,7 +29,8 @@ import numpy as np
 
 from qdq.errors import QdqConfigError
 from qdq.runtime._text import markdown_table
-from qdq.runtime.base import BenchmarkResult, Inputs, Runtime, load_runtime
+from qdq.runtime.backend import load_runtime
+from qdq.runtime.base import BenchmarkResult, Inputs, Runtime
 from qdq.runtime.model_info import random_inputs
 
 __all__ = ["Comparison", "SpeedUp", "benchmark", "benchmark_model", "compare_models", "results_table"]

@@ -4,8 +4,8 @@ There, ONNX Runtime's U8S8 kernels and OpenVINO's int8 convolutions add pairs of
 int16 with saturation, and a weight of more than 64 levels can make them silently compute something else
 (seen on an AVX2 EPYC: ORT 35 output steps off on a small CNN, OpenVINO 15 % of the output range off).
 Before a backend compiles a model on such a CPU, :func:`saturation_safe_model` re-encodes those weights
-as uint8 with zero point 128
-(:func:`qdq.targets.onnxruntime.passes.weight_encoding.encode_weights_uint8`): the same dequantized values.
+as uint8 with zero point 128 (the :class:`~qdq.targets.WeightEncoding` of a target made for the runtime: the
+``"onnxruntime"`` target's, whose export writes the same encoding when asked): the same dequantized values.
 ONNX Runtime runs them in its U8U8 kernels (int8 still, exact, somewhat slower); OpenVINO has no
 u8-weight int8 kernel and runs those layers in float (exact, without the int8 speed-up). Weights of at
 most 64 levels (``weight_bits <= 7``) stay int8 and run in the fast kernels, exactly, on both.
@@ -21,40 +21,49 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qdq import cpu
 from qdq.runtime.model_info import load_onnx
+from qdq.runtime_registry import RuntimeEntry
+from qdq.targets import WeightEncoding, native_fact
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["needs_uint8_weights", "saturation_safe_model"]
+__all__ = ["needs_uint8_weights", "saturation_safe_model", "weight_encoding"]
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
 
 def needs_uint8_weights(uint8_weights: bool | None) -> bool:
     """``uint8_weights``, or when None, whether this CPU's int8 dot products saturate."""
-    from qdq.cpu import int8_dot_saturates
-
-    return int8_dot_saturates() if uint8_weights is None else bool(uint8_weights)
+    return cpu.int8_dot_saturates() if uint8_weights is None else bool(uint8_weights)
 
 
-def saturation_safe_model(path: str | Path, uint8_weights: bool | None) -> tuple[onnx.ModelProto | None, int]:
+def weight_encoding(runtime: str | RuntimeEntry) -> WeightEncoding | None:
+    """The uint8 weight encoding recorded by a registered target made for ``runtime`` (None: no target records one)."""
+    return native_fact(runtime, lambda target: target.weight_encoding)
+
+
+def saturation_safe_model(
+    path: str | Path, uint8_weights: bool | None, runtime: str | RuntimeEntry
+) -> tuple[onnx.ModelProto | None, int]:
     """The model at ``path`` with its saturating int8 weights stored as uint8, and how many were; ``(None,
-    0)`` when the file runs as it is (nothing to re-encode, not asked to, or over protobuf's 2 GB limit).
+    0)`` when the file runs as it is (nothing to re-encode, not asked to, no target made for ``runtime`` records a
+    weight encoding, or over protobuf's 2 GB limit).
 
     Args:
         path: an ONNX file.
         uint8_weights: True: re-encode; False: never; None: when this CPU saturates, unless the file records
             uint8 weights.
+        runtime: the runtime that will compile it (its targets' :func:`weight_encoding` is used).
     """
-    if not needs_uint8_weights(uint8_weights):
+    encoding = weight_encoding(runtime)
+    if encoding is None or not needs_uint8_weights(uint8_weights):
         return None, 0
-    from qdq.targets.onnxruntime.passes.weight_encoding import encode_weights_uint8, recorded_weights
-
     model = load_onnx(path, external_data=True)
-    if uint8_weights is None and recorded_weights(model) == "uint8":
+    if uint8_weights is None and encoding.recorded(model) == "uint8":
         return None, 0  # the export stored them as uint8 already
-    count = encode_weights_uint8(model)
+    count = encoding.to_uint8(model)
     if count == 0:
         return None, 0
     if model.ByteSize() >= _PROTOBUF_LIMIT:  # cannot be serialized in one piece

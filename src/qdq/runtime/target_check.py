@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from qdq.errors import QdqConfigError
 from qdq.runtime.model_info import ModelInfo
+from qdq.runtime_registry import RuntimeEntry, runtime_entry
+from qdq.targets import TARGET_REGISTRY, native_targets
 
 __all__ = ["target_advice"]
 
 
-def target_advice(info: ModelInfo, runtime: str) -> str | None:
-    """The caveat of running ``info``'s file on ``runtime``, or None when there is none to tell.
+def target_advice(info: ModelInfo, runtime: str | RuntimeEntry) -> str | None:
+    """The caveat of running ``info``'s file on ``runtime`` (a registered runtime or its name), or None when there is
+    none to tell.
 
     Raises:
         QdqConfigError: the file's target says ``runtime`` cannot run its graphs (the message says why and
@@ -25,13 +28,12 @@ def target_advice(info: ModelInfo, runtime: str) -> str | None:
     """
     if info.target is None:
         return None
-    from qdq.targets import TARGET_REGISTRY
-
+    entry = runtime if isinstance(runtime, RuntimeEntry) else runtime_entry(runtime)
     target = TARGET_REGISTRY.find(info.target)
-    support = target.support(runtime) if target is not None else None
+    support = target.support(entry) if target is not None else None
     if support is None or support.verdict == "native":
         return None
-    natives = [t.name for _, t in TARGET_REGISTRY.items() if (s := t.support(runtime)) and s.verdict == "native"]
+    natives = [t.name for t in native_targets(entry)]
     hint = (
         f" Quantize the float model for target {natives[0]!r} (qdq.QuantConfig(target={natives[0]!r})) and export "
         "it again for this runtime."
@@ -40,5 +42,5 @@ def target_advice(info: ModelInfo, runtime: str) -> str | None:
     )
     why = f"was exported for target {info.target!r}: {support.reason}.{hint}"
     if support.verdict == "refuses":
-        raise QdqConfigError(f"{runtime} cannot run {info.path.name}: it {why}")
+        raise QdqConfigError(f"{entry.name} cannot run {info.path.name}: it {why}")
     return f"{info.path.name} {why}"

@@ -3,7 +3,8 @@
 A :class:`Target` holds everything qdq knows about one runtime's int8 execution: its placement rules
 (:class:`PlacementRule`, each written once against the front-end-neutral graph view), its ONNX rewrite, its
 fusion facts, its export defaults (opset, rewrite options such as the weight encoding) and how each runtime
-runs its graphs (:class:`RuntimeSupport`). Registered here:
+runs its graphs (:class:`RuntimeSupport`, naming runtimes registered in :mod:`qdq.runtime_registry`), and the
+facts the runtime it is made for needs to read its files (its rule check, its weight encoding). Registered here:
 
 * ``"tensorrt"`` (:mod:`qdq.targets.tensorrt`): TensorRT's explicit quantization; the same graph runs in u8 on
   OpenVINO;
@@ -37,6 +38,8 @@ from qdq.targets.registry import (
     TARGET_REGISTRY,
     add_placement_rule,
     get_target,
+    native_fact,
+    native_targets,
     register_target,
     remove_placement_rule,
     resolve_target,
@@ -52,6 +55,7 @@ from qdq.targets.target import (
     FusionFacts,
     RuntimeSupport,
     Target,
+    WeightEncoding,
 )
 from qdq.targets.tensorrt import TENSORRT
 from qdq.targets.tensorrt.cases import MAXPOOL_INPUTS, NORM_INPUTS, PRODUCT_INPUTS
@@ -69,12 +73,15 @@ __all__ = [
     "PlacementRule",
     "RuntimeSupport",
     "Target",
+    "WeightEncoding",
     "add_placement_rule",
     "check_not_superseded",
     "export_target",
     "get_target",
     "mark_placed",
     "mark_superseded",
+    "native_fact",
+    "native_targets",
     "placed_options",
     "placed_target",
     "register_target",

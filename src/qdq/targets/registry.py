@@ -12,10 +12,12 @@ This module imports neither torch nor onnx.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from qdq.errors import QdqTypeError
 from qdq.registry import Registry
+from qdq.runtime_registry import RuntimeEntry
 from qdq.targets.rules import PLACEMENT_RULES, PlacementRule
 from qdq.targets.target import Target
 
@@ -24,12 +26,16 @@ __all__ = [
     "TARGET_REGISTRY",
     "add_placement_rule",
     "get_target",
+    "native_fact",
+    "native_targets",
     "register_target",
     "remove_placement_rule",
     "resolve_target",
     "target_names",
     "unregister_target",
 ]
+
+T = TypeVar("T")
 
 #: name -> Target.
 TARGET_REGISTRY: Registry[str, Target] = Registry("target")
@@ -64,6 +70,23 @@ def resolve_target(target: str | Target) -> Target:
 def target_names() -> tuple[str, ...]:
     """Names of the registered targets, in registration order."""
     return tuple(TARGET_REGISTRY)
+
+
+def native_targets(runtime: str | RuntimeEntry) -> tuple[Target, ...]:
+    """The registered targets made for ``runtime`` (their :class:`~qdq.targets.RuntimeSupport` verdict for it is
+    ``"native"``), in registration order: whose facts (fusion, rule check, weight encoding) describe that runtime."""
+    found = []
+    for _, target in TARGET_REGISTRY.items():
+        support = target.support(runtime)
+        if support is not None and support.verdict == "native":
+            found.append(target)
+    return tuple(found)
+
+
+def native_fact(runtime: str | RuntimeEntry, fact: Callable[[Target], T | None]) -> T | None:
+    """``fact(target)`` of the first registered target made for ``runtime`` (:func:`native_targets`) that records
+    one, e.g. ``native_fact("onnxruntime", lambda t: t.fusion)``; None when none does."""
+    return next((found for target in native_targets(runtime) if (found := fact(target)) is not None), None)
 
 
 def add_placement_rule(rule: str | PlacementRule, targets: Iterable[str] | None = None) -> None:

@@ -18,10 +18,11 @@ from types import MappingProxyType
 from typing import Any
 
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.runtime_registry import RUNTIME_REGISTRY, RuntimeEntry, find_runtime_entry
 from qdq.targets.rules import PLACEMENT_RULES, PlacementRule
 
 __all__ = ["ATTENTION_QUANTIZER_NAMES", "VERDICTS", "AttentionFacts", "ExportDefaults", "FusionFacts", "RuntimeSupport",
-           "Target"]  # fmt: skip
+           "Target", "WeightEncoding"]  # fmt: skip
 
 _RESIDUAL_MODES = ("skip", "both")
 #: How a runtime runs a target's graphs (:class:`RuntimeSupport`): what the target is made for, runs it with a
@@ -122,24 +123,77 @@ class AttentionFacts:
 
 @dataclass(frozen=True)
 class RuntimeSupport:
-    """How one runtime (a :mod:`qdq.runtime` backend name) runs a target's graphs.
+    """How one registered runtime (:mod:`qdq.runtime_registry`) runs a target's graphs.
 
     Attributes:
-        runtime: the backend's name (``"tensorrt"``, ``"onnxruntime"``, ``"openvino"``).
+        runtime: the runtime: its registered entry (``ORT_RUNTIME``, ``OPENVINO_RUNTIME``, ``TENSORRT_RUNTIME``
+            of :mod:`qdq.runtime_registry`, or one added with :func:`qdq.runtime.register_runtime`) or its name
+            (an alias is accepted); stored as the registered name (``"onnxruntime"``).
         verdict: ``"native"`` (what the target is made for), ``"runs"`` (it runs, with the caveat ``reason``,
             which :mod:`qdq.runtime` reports), ``"refuses"`` (it cannot: loading the file raises with ``reason``).
         reason: one sentence: why (for ``"runs"`` and ``"refuses"``).
+        entry: the runtime's registered :class:`~qdq.runtime_registry.RuntimeEntry` (set from ``runtime``).
+
+    Raises:
+        QdqConfigError: ``runtime`` is not a registered runtime (register the runtime before the targets that
+            name it), or the verdict is unknown or lacks its reason.
     """
 
-    runtime: str
+    runtime: str | RuntimeEntry  # the registered name once made
     verdict: str
     reason: str = ""
+    entry: RuntimeEntry = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        entry = _registered_runtime(self.runtime)
+        object.__setattr__(self, "entry", entry)
+        object.__setattr__(self, "runtime", entry.name)
         if self.verdict not in VERDICTS:
             raise QdqConfigError(f"runtime {self.runtime!r}: verdict must be one of {VERDICTS}, got {self.verdict!r}.")
         if self.verdict != "native" and not self.reason:
             raise QdqConfigError(f"runtime {self.runtime!r}: a {self.verdict!r} verdict needs its reason.")
+
+
+def _registered_runtime(runtime: str | RuntimeEntry) -> RuntimeEntry:
+    """The registered entry ``runtime`` names (an entry must be the registered one of its name)."""
+    if isinstance(runtime, RuntimeEntry):
+        found = RUNTIME_REGISTRY.find(runtime.name)
+        name = runtime.name
+    elif isinstance(runtime, str):
+        found, name = find_runtime_entry(runtime), runtime
+    else:
+        raise QdqTypeError(f"RuntimeSupport names a runtime by its registered entry or name, got {runtime!r}.")
+    if found is None or (isinstance(runtime, RuntimeEntry) and found is not runtime):
+        names = sorted(RUNTIME_REGISTRY)
+        raise QdqConfigError(
+            f"RuntimeSupport names runtime {name!r}, which is not registered (registered: {names})."
+            f"{did_you_mean(name, names)} Register the runtime first (qdq.runtime.register_runtime(backend)), then "
+            "the targets that name it."
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class WeightEncoding:
+    """How the int8 weights of a Q/DQ graph are stored as uint8 (zero point + 128: the same dequantized values), for
+    CPUs whose int8 dot products saturate (:mod:`qdq.cpu`: x86 without VNNI).
+
+    A target whose runtime has kernels for uint8 weights records it (``"onnxruntime"``: its export option
+    ``weights``); the CPU runtimes re-encode a file with it before compiling (:mod:`qdq.runtime.saturation`).
+
+    Attributes:
+        recorded: ``recorded(model) -> "int8" | "uint8" | None``: the encoding an ``onnx.ModelProto`` says its export
+            chose (None: the file says nothing).
+        to_uint8: ``to_uint8(model) -> count``: re-encode, in place, the int8 weights of more than 64 levels (those
+            a saturating CPU gets wrong) as uint8; how many were.
+    """
+
+    recorded: Callable[[Any], str | None]
+    to_uint8: Callable[[Any], int]
+
+    def __post_init__(self) -> None:
+        if not (callable(self.recorded) and callable(self.to_uint8)):
+            raise QdqTypeError("WeightEncoding takes two callables: recorded(model) and to_uint8(model).")
 
 
 @dataclass(frozen=True)
@@ -188,6 +242,12 @@ class Target:
             (:attr:`qdq.quantizer.TensorQuantizer.step_type`), so that they quantize on the file's grid.
         attention: which attention-matmul inputs run in int8, and at which shapes (:class:`AttentionFacts`;
             default: all four, any shape).
+        rule_check: ``rule_check(model_or_path) -> report``: checks any ONNX graph against the rules of the runtime
+            the target is made for (the report has ``ok``, ``violations`` with ``node`` / ``rule`` / ``message``,
+            ``str()`` and ``to_dict()``), or None. The runtime checks a file with it before building
+            (:mod:`qdq.runtime.tensorrt`), ``qdq check`` prints it.
+        weight_encoding: how the target's runtime stores int8 weights as uint8 where the CPU saturates
+            (:class:`WeightEncoding`), or None.
     """
 
     name: str
@@ -200,6 +260,8 @@ class Target:
     runtimes: tuple[RuntimeSupport, ...] = field(default=(), repr=False)
     step_type: StepType | None = field(default=None, repr=False)
     attention: AttentionFacts = field(default_factory=AttentionFacts, repr=False)
+    rule_check: Callable[[Any], Any] | None = field(default=None, repr=False)
+    weight_encoding: WeightEncoding | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -219,19 +281,35 @@ class Target:
         object.__setattr__(self, "runtimes", tuple(self.runtimes))
         if not all(isinstance(r, RuntimeSupport) for r in self.runtimes):
             raise QdqTypeError(f"target {self.name!r}: runtimes are RuntimeSupport entries.")
+        for support in self.runtimes:  # still the registered runtime of that name (none unregistered since)
+            if RUNTIME_REGISTRY.find(support.entry.name) is not support.entry:
+                raise QdqConfigError(
+                    f"target {self.name!r} names runtime {support.entry.name!r}, which is no longer registered; "
+                    "register the runtime again before the target."
+                )
         if self.step_type is not None and not callable(self.step_type):
             raise QdqTypeError(f"target {self.name!r}: step_type must be a callable step_type(options) or None.")
         if not isinstance(self.attention, AttentionFacts):
             raise QdqTypeError(f"target {self.name!r}: attention must be an AttentionFacts.")
+        if self.rule_check is not None and not callable(self.rule_check):
+            raise QdqTypeError(f"target {self.name!r}: rule_check must be a callable rule_check(model) or None.")
+        if self.weight_encoding is not None and not isinstance(self.weight_encoding, WeightEncoding):
+            raise QdqTypeError(f"target {self.name!r}: weight_encoding must be a WeightEncoding or None.")
 
     @property
     def rule_names(self) -> tuple[str, ...]:
         """The names of :attr:`placement_rules`, in order."""
         return tuple(rule.name for rule in self.placement_rules)
 
-    def support(self, runtime: str) -> RuntimeSupport | None:
-        """How ``runtime`` runs this target's graphs, or None when the target does not say."""
-        return next((entry for entry in self.runtimes if entry.runtime == runtime), None)
+    def support(self, runtime: str | RuntimeEntry) -> RuntimeSupport | None:
+        """How ``runtime`` (a registered entry, or a name or alias) runs this target's graphs, or None when the
+        target does not say."""
+        if isinstance(runtime, RuntimeEntry):
+            name = runtime.name
+        else:
+            found = find_runtime_entry(runtime)
+            name = runtime if found is None else found.name
+        return next((entry for entry in self.runtimes if entry.runtime == name), None)
 
     def export_options(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
         """The rewrite options of an export: the target's defaults, overridden by ``given``."""

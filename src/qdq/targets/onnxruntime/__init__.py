@@ -22,7 +22,9 @@ is calibrated and trained is what ONNX Runtime computes. Its rules (each written
   query's QuantizeLinear.
 
 The exported graph is rewritten by :func:`~qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime` (one
-pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``.
+pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``. The
+same encoding is the target's ``weight_encoding``: the CPU runtimes re-encode a file with it where the CPU's int8
+dot products saturate (:mod:`qdq.runtime.saturation`).
 
 Adding a rule: a module in ``rules/`` defining a :class:`~qdq.targets.rules.PlacementRule` (a function of the
 graph view), listed in ``RULES`` below at its place. Adding a pass: see :mod:`qdq.targets.onnxruntime.rewrite`.
@@ -30,10 +32,12 @@ graph view), listed in ``RULES`` below at its place. Adding a pass: see :mod:`qd
 
 from __future__ import annotations
 
+from qdq.runtime_registry import OPENVINO_RUNTIME, ORT_RUNTIME, TENSORRT_RUNTIME
 from qdq.targets.common.attention import ATTENTION
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.onnxruntime.attention import ONNXRUNTIME_ATTENTION
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+from qdq.targets.onnxruntime.passes.weight_encoding import encode_weights_uint8, recorded_weights
 from qdq.targets.onnxruntime.rewrite import DEFAULT_WEIGHTS, rewrite_for_onnxruntime
 from qdq.targets.onnxruntime.rules.conv_output import CONV_OUTPUT
 from qdq.targets.onnxruntime.rules.data_movers import DATA_MOVERS
@@ -42,7 +46,7 @@ from qdq.targets.onnxruntime.rules.mul_inputs import MUL_INPUTS
 from qdq.targets.onnxruntime.rules.recurrent import FLOAT_RECURRENT
 from qdq.targets.onnxruntime.rules.sigmoid import SIGMOID_OUTPUT, SILU_GATE
 from qdq.targets.onnxruntime.rules.unsigned import UNSIGNED_ACTIVATIONS
-from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
+from qdq.targets.target import ExportDefaults, RuntimeSupport, Target, WeightEncoding
 
 __all__ = ["ONNXRUNTIME", "ONNXRUNTIME_FUSION", "RULES", "RUNTIMES"]
 
@@ -50,10 +54,10 @@ RULES = (FLOAT_RECURRENT, RESIDUAL_ADD, CONV_OUTPUT, SILU_GATE, SIGMOID_OUTPUT, 
          UNSIGNED_ACTIVATIONS, ATTENTION)
 
 RUNTIMES = (
-    RuntimeSupport("onnxruntime", "native"),
-    RuntimeSupport("openvino", "native"),  # its convolutions run in u8 there too (measured on a small CNN)
+    RuntimeSupport(ORT_RUNTIME, "native"),
+    RuntimeSupport(OPENVINO_RUNTIME, "native"),  # its convolutions run in u8 there too (measured on a small CNN)
     RuntimeSupport(
-        "tensorrt",
+        TENSORRT_RUNTIME,
         "refuses",
         "TensorRT builds signed int8 Q/DQ only, and this graph has uint8 activations and int32 biases written "
         "for ONNX Runtime's kernels",
@@ -70,4 +74,5 @@ ONNXRUNTIME = Target(
     export=ExportDefaults(opset=None, options={"weights": DEFAULT_WEIGHTS}),
     runtimes=RUNTIMES,
     attention=ONNXRUNTIME_ATTENTION,
+    weight_encoding=WeightEncoding(recorded=recorded_weights, to_uint8=encode_weights_uint8),
 )

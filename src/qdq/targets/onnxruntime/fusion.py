@@ -2,7 +2,8 @@
 optimized graphs; notes: ort-int8-notes.md).
 
 Read by the ``"onnxruntime"`` target's placement rules (which activations a conv folds), its ONNX rewrite
-(which Convs stay float) and :mod:`qdq.runtime.fusion` (why a Q/DQ node stayed).
+(which Convs stay float) and, as the facts of the target made for ONNX Runtime, the ONNX Runtime backend
+(:mod:`qdq.runtime.ort.fusion`: why a Q/DQ node stayed, why a weighted op stayed float).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ The package, one concept per module:
   in FP16/BF16 for TensorRT 11 (:mod:`.float_types`, with :mod:`.float_scales`, :mod:`.float_ranges`,
   :mod:`.float_rewrite`; :mod:`.float_fidelity` measures the result against the float32 export);
 * :mod:`.check` (``check_tensorrt``, ``qdq check``) and :mod:`.engine_rules` (one module per rule family):
-  TensorRT's explicit-quantization and strong-typing rules, on any ONNX graph.
+  TensorRT's explicit-quantization and strong-typing rules, on any ONNX graph; the target's ``rule_check``, which
+  the TensorRT runtime (:mod:`qdq.runtime.tensorrt`) runs before building.
 
 Export options (``target_options``; defaults in ``TENSORRT.export``): ``float`` (``"float32"`` by default:
 the graph is float32 outside its Q/DQ, bit-exact with the PyTorch model and run by every runtime;
@@ -42,11 +43,13 @@ Adding an engine rule: see :mod:`.engine_rules`.
 
 from __future__ import annotations
 
+from qdq.runtime_registry import OPENVINO_RUNTIME, ORT_RUNTIME, TENSORRT_RUNTIME
 from qdq.targets.common.attention import ATTENTION
 from qdq.targets.common.concat import CONCAT
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
 from qdq.targets.tensorrt.attention import TENSORRT_ATTENTION
+from qdq.targets.tensorrt.check import check_tensorrt
 from qdq.targets.tensorrt.rewrite import DEFAULT_FLOAT, rewrite_for_tensorrt, step_type
 
 __all__ = ["RULES", "RUNTIMES", "TENSORRT"]
@@ -54,10 +57,10 @@ __all__ = ["RULES", "RUNTIMES", "TENSORRT"]
 RULES = (RESIDUAL_ADD, CONCAT, ATTENTION)
 
 RUNTIMES = (
-    RuntimeSupport("tensorrt", "native"),
-    RuntimeSupport("openvino", "native"),
+    RuntimeSupport(TENSORRT_RUNTIME, "native"),
+    RuntimeSupport(OPENVINO_RUNTIME, "native"),
     RuntimeSupport(
-        "onnxruntime",
+        ORT_RUNTIME,
         "runs",
         "ONNX Runtime runs a Conv as QLinearConv only when its output is quantized, and the tensorrt target "
         "quantizes the inputs and weights of Convs only, so they run in float between Q/DQ conversions",
@@ -74,4 +77,5 @@ TENSORRT = Target(
     runtimes=RUNTIMES,
     step_type=step_type,
     attention=TENSORRT_ATTENTION,
+    rule_check=check_tensorrt,
 )

@@ -44,7 +44,8 @@ class CheckReport:
         source: the file (or ``"<model>"``) that was checked.
         violations: every broken rule, in rule order.
         qdq_pairs: QuantizeLinear -> DequantizeLinear pairs; ``weight_dqs``: DQs of constant (int8) weights.
-        int8_ops: Conv/ConvTranspose/Gemm/MatMul nodes whose two inputs are dequantized.
+        int8_ops: Conv/ConvTranspose/Gemm/MatMul nodes whose two inputs are dequantized (TensorRT runs them in
+            int8: strong typing gives each op its inputs' type); ``float_ops``: the others, node name -> op type.
         compute: float type name -> number of nodes computing in it.
         fp32_allowed: FP32 compute nodes the allow-list admits; ``fp32_outside``: those it does not
             (counted in a graph that computes in FP16/BF16; 0 in a pure FP32 graph).
@@ -55,6 +56,7 @@ class CheckReport:
     qdq_pairs: int = 0
     weight_dqs: int = 0
     int8_ops: int = 0
+    float_ops: dict[str, str] = field(default_factory=dict)
     compute: dict[str, int] = field(default_factory=dict)
     fp32_allowed: int = 0
     fp32_outside: int = 0
@@ -146,7 +148,10 @@ def _count(facts: GraphFacts, report: CheckReport) -> None:
             elif facts.is_constant(node.input[0]):
                 report.weight_dqs += 1
         elif node.op_type in WEIGHTED and len(node.input) > 1:
-            report.int8_ops += all(facts.quantized_source(node.input[i])[0] is not None for i in (0, 1))
+            if all(facts.quantized_source(node.input[i])[0] is not None for i in (0, 1)):
+                report.int8_ops += 1
+            else:
+                report.float_ops[facts.name(node)] = node.op_type
     precisions = compute_precisions(facts)
     report.compute = dict(Counter(type_name(t) for t in precisions.values()))
     if any(t != 1 for t in precisions.values()):

@@ -1,4 +1,5 @@
-"""OpenVINO CPU backend: compile an ONNX model (Q/DQ or float), run it, report per-layer precision.
+"""OpenVINO's CPU plugin: compile an ONNX model (Q/DQ or float), run it (:class:`OpenVinoRuntime`), report per-layer
+precision (:func:`precision_report`).
 
 OpenVINO runs a TensorRT-style Q/DQ graph (signed int8 Q/DQ on the inputs and weights of convs only)
 with its convolutions in u8, without the rewrite ONNX Runtime needs. Two settings matter when it is
@@ -35,9 +36,10 @@ from qdq.errors import QdqConfigError, did_you_mean
 from qdq.runtime._text import first_line
 from qdq.runtime.base import Runtime, check_common_options, import_backend
 from qdq.runtime.model_info import ModelInfo, read_model_info
-from qdq.runtime.ov_precision import LayerPrecision, PrecisionReport
+from qdq.runtime.openvino.precision import LayerPrecision, PrecisionReport
 from qdq.runtime.saturation import saturation_safe_model
 from qdq.runtime.target_check import target_advice
+from qdq.runtime_registry import OPENVINO_RUNTIME
 
 if TYPE_CHECKING:
     import openvino
@@ -88,7 +90,7 @@ def supported_precisions(device: str = "CPU") -> list[str]:
 class OpenVinoRuntime(Runtime):
     """A model compiled by OpenVINO, with one inference request."""
 
-    name = "openvino"
+    name = OPENVINO_RUNTIME.name
 
     def __init__(
         self,
@@ -109,6 +111,8 @@ class OpenVinoRuntime(Runtime):
         self._compile_static = compile_static
         #: input shapes -> (compiled, request), most recently used last
         self._static: OrderedDict[tuple[tuple[int, ...], ...], tuple[Any, Any]] = OrderedDict()
+        #: int8 weights stored as uint8 before compiling (``load``'s ``uint8_weights``): OpenVINO runs them in float
+        self.reencoded_weights = 0
 
     @classmethod
     def load(
@@ -139,9 +143,9 @@ class OpenVinoRuntime(Runtime):
         check_common_options(threads, batch)
         config = _compile_config(threads, precision)
         info = read_model_info(onnx_path)
-        advice = target_advice(info, cls.name)
+        advice = target_advice(info, OPENVINO_RUNTIME)
         core = _ov().Core()
-        model = _read_model(core, info.path, uint8_weights)
+        model, reencoded = _read_model(core, info.path, uint8_weights)
         if batch is not None:
             _fix_batch(model, batch)
         try:
@@ -151,6 +155,7 @@ class OpenVinoRuntime(Runtime):
         runtime = cls(info, compiled, threads=threads, batch=batch, model=model,
                       compile_static=lambda static: core.compile_model(static, device, config))  # fmt: skip
         runtime.advice = advice
+        runtime.reencoded_weights = reencoded
         return runtime
 
     @property
@@ -162,7 +167,7 @@ class OpenVinoRuntime(Runtime):
         return "int8" if label == "fp32" else f"int8+{label}"
 
     def precision_report(self) -> PrecisionReport:
-        """Per-layer runtime precision of the compiled model (see :mod:`qdq.runtime.ov_precision`)."""
+        """Per-layer runtime precision of the compiled model (see :mod:`qdq.runtime.openvino.precision`)."""
         self._ensure_open()
         assert self.compiled is not None
         layers = tuple(_layer(op) for op in self.compiled.get_runtime_model().get_ordered_ops())
@@ -220,11 +225,12 @@ def precision_report(
         return runtime.precision_report()
 
 
-def _read_model(core: openvino.Core, path: Path, uint8_weights: bool | None) -> openvino.Model:
-    """Read ``path``, with its saturating int8 weights as uint8 where asked or needed (a temporary copy)."""
-    safe, count = saturation_safe_model(path, uint8_weights)
+def _read_model(core: openvino.Core, path: Path, uint8_weights: bool | None) -> tuple[openvino.Model, int]:
+    """Read ``path``, with its saturating int8 weights as uint8 where asked or needed (a temporary copy); and how
+    many weights were re-encoded."""
+    safe, count = saturation_safe_model(path, uint8_weights, OPENVINO_RUNTIME)
     if safe is None:
-        return core.read_model(str(path))
+        return core.read_model(str(path)), 0
     if uint8_weights is None:
         warnings.warn(
             f"{path.name}: {count} int8 weight(s) have more than 64 levels, which this CPU's int8 kernels (x86 "
@@ -236,7 +242,7 @@ def _read_model(core: openvino.Core, path: Path, uint8_weights: bool | None) -> 
     with tempfile.TemporaryDirectory(prefix="qdq-ov-") as tmp:
         copy = Path(tmp) / path.name
         copy.write_bytes(safe.SerializeToString())
-        return core.read_model(str(copy))
+        return core.read_model(str(copy)), count
 
 
 def _compile_config(threads: int | None, precision: str | None) -> dict[str, Any]:

@@ -5,7 +5,10 @@ QGemm, QLinearAdd...) when every data input of the op is dequantized and its out
 Conv without a QuantizeLinear on its output stays a float Conv between Q/DQ conversions. This module
 compares the source graph with the optimized one saved by ORT (``optimized_model_filepath``) and
 says, per weighted op, whether it runs as an int8 kernel, and per leftover Q/DQ node, why it stayed.
-Which groups ORT fuses is the ``"onnxruntime"`` target's :class:`~qdq.targets.FusionFacts`.
+Which groups ORT fuses is recorded as the :class:`~qdq.targets.FusionFacts` of the target made for ONNX Runtime
+(:attr:`qdq.targets.Target.fusion` of the ``"native"`` target, the ``"onnxruntime"`` one), which placement and the
+export read too. A weighted op left in a float kernel is a :class:`~qdq.runtime.coverage.FloatLayer` with its
+reason (:attr:`FusionReport.float_layers`: ONNX Runtime's int8 coverage).
 
 :func:`analyse_fusion` works on two ``onnx.ModelProto``; :func:`qdq.runtime.ort.fusion_report` makes
 the optimized graph with an ONNX Runtime session and calls it. Only the top-level graph is read
@@ -14,31 +17,42 @@ the optimized graph with an ONNX Runtime session and calls it. Only the top-leve
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from qdq.errors import QdqConfigError
 from qdq.graphs.onnx import GraphIndex
 from qdq.runtime._text import markdown_table
-from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
-from qdq.targets.target import FusionFacts
+from qdq.runtime.coverage import Coverage, FloatLayer
+from qdq.runtime_registry import ORT_RUNTIME
+from qdq.targets import FusionFacts, native_fact
 
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["FLOAT_KERNELS", "INT8_KERNELS", "FusionReport", "UnfusedQdq", "analyse_fusion"]
-
-INT8_KERNELS = ONNXRUNTIME_FUSION.int8_kernels
-"""Kernels of ORT's CPU provider that compute a Conv/Gemm/MatMul on integer data (the target's facts)."""
-
-FLOAT_KERNELS = ONNXRUNTIME_FUSION.float_kernels
-"""Float kernels a weighted op can end up in (``com.microsoft.nchwc:Conv`` counts as ``Conv``)."""
+__all__ = ["WEIGHTED_OPS", "FusionReport", "UnfusedQdq", "analyse_fusion", "ort_fusion_facts"]
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 """Ops of the source graph counted as weighted (the ones quantization is meant to speed up)."""
 
 _Q, _DQ = "QuantizeLinear", "DequantizeLinear"
+#: ops a sub-8-bit quantizer's export clamps with before its 8-bit QuantizeLinear (``qdq.export.mode``)
+_CLAMPS = ("Clip", "Min", "Max")
+
+
+def ort_fusion_facts() -> FusionFacts:
+    """The fusion facts of the first registered target made for ONNX Runtime (``"native"``) that records any.
+
+    Raises:
+        QdqConfigError: no registered target made for ONNX Runtime records fusion facts.
+    """
+    found = native_fact(ORT_RUNTIME, lambda target: target.fusion)
+    if found is None:
+        raise QdqConfigError("no registered target made for ONNX Runtime records its fusion facts (Target.fusion).")
+    return found
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,8 @@ class FusionReport:
     """Op types of ORT's optimized graph against the source graph, and the Q/DQ left unfused.
 
     Op counts are keyed ``"domain:op_type"`` with ``ai.onnx`` for the default domain; ``facts`` are the
-    ``"onnxruntime"`` target's fusion facts the report was read with.
+    fusion facts the report was read with (:func:`ort_fusion_facts`); ``float_layers`` the weighted ops of the
+    optimized graph left in float kernels, each with the reason.
     """
 
     model: str
@@ -72,7 +87,8 @@ class FusionReport:
     source_ops: dict[str, int]
     optimized_ops: dict[str, int]
     unfused: tuple[UnfusedQdq, ...]
-    facts: FusionFacts = field(default=ONNXRUNTIME_FUSION, repr=False, compare=False)
+    facts: FusionFacts = field(repr=False, compare=False)
+    float_layers: tuple[FloatLayer, ...] = ()
 
     def count(self, op_type: str) -> int:
         """Number of ``op_type`` nodes in the optimized graph, over all domains."""
@@ -118,6 +134,13 @@ class FusionReport:
         """How many leftover Q/DQ nodes each reason explains."""
         return dict(Counter(u.reason for u in self.unfused))
 
+    def coverage(self) -> Coverage:
+        """ONNX Runtime's int8 coverage of the model: its weighted ops in int8 kernels, those in float kernels with
+        the reason, and the Q/DQ conversions left away from the model's boundary as the float work between."""
+        between = "QuantizeLinear/DequantizeLinear conversions left between the kernels"
+        return Coverage(runtime=ORT_RUNTIME.name, model=self.model, int8=self.n_int8, float_layers=self.float_layers,
+                        float_between=len(self.problems), float_between_what=between)  # fmt: skip
+
     def to_markdown(self) -> str:
         """The report as Markdown: a summary line, a kernel table and a table of unfused Q/DQ."""
         source = ", ".join(f"{n} {op}" for op, n in self.source_weighted.items()) or "no weighted ops"
@@ -156,12 +179,23 @@ class FusionReport:
 
 
 def analyse_fusion(
-    source: onnx.ModelProto, optimized: onnx.ModelProto, *, model: str = "", optimization_level: str = ""
+    source: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    *,
+    model: str = "",
+    optimization_level: str = "",
+    facts: FusionFacts | None = None,
 ) -> FusionReport:
-    """Compare ORT's ``optimized`` graph of a model with its ``source`` graph."""
-    facts = ONNXRUNTIME_FUSION
+    """Compare ORT's ``optimized`` graph of a model with its ``source`` graph (``facts``: ORT's fusion facts,
+    by default :func:`ort_fusion_facts`)."""
+    facts = facts or ort_fusion_facts()
     explainer = _Explainer(optimized, facts)
     unfused = tuple(explainer.explain(node) for node in optimized.graph.node if node.op_type in (_Q, _DQ))
+    floats = tuple(
+        FloatLayer(node.name, node.op_type, explainer.float_cause(node))
+        for node in optimized.graph.node
+        if node.op_type in facts.float_kernels
+    )
     return FusionReport(
         model=model,
         optimization_level=optimization_level,
@@ -169,6 +203,7 @@ def analyse_fusion(
         optimized_ops=dict(Counter(_key(node) for node in optimized.graph.node)),
         unfused=unfused,
         facts=facts,
+        float_layers=floats,
     )
 
 
@@ -247,43 +282,70 @@ class _Explainer:
         return f"quantizes the output of {self.why_float(source)}", False
 
     def why_float(self, op: onnx.NodeProto) -> str:
-        """Explain why ``op`` (a reader of a DQ, or the source of a Q) runs in float."""
-        label = _label(op)
-        if op.op_type in self.facts.folded_activations:
-            return (
-                f"float {label}: ORT folds it into the int8 op before it only when the next Q's zero "
-                "point is the type's minimum (asymmetric activations)"
-            )
-        if op.op_type in self.facts.int8_data_movers:
-            return f"float {label}: no Q with the same scale and zero point around it, so it cannot run on int8"
-        if not self.facts.fuses(op.op_type):
-            return f"float {label}: ONNX Runtime's CPU provider has no int8 kernel for it"
-        return self._why_not_fused(op, label)
+        """Explain why ``op`` (a reader of a DQ, or the source of a Q) runs in float: ``"float <op>: <cause>"``."""
+        return f"float {_label(op)}: {self.float_cause(op)}"
 
-    def _why_not_fused(self, op: onnx.NodeProto, label: str) -> str:
+    def float_cause(self, op: onnx.NodeProto) -> str:
+        """Why ``op`` runs in float (one sentence, without the op's name)."""
+        if op.op_type in self.facts.folded_activations:
+            return ("ORT folds it into the int8 op before it only when the next Q's zero point is the type's minimum "
+                    "(asymmetric activations)")  # fmt: skip
+        if op.op_type in self.facts.int8_data_movers:
+            return "no Q with the same scale and zero point around it, so it cannot run on int8"
+        if not self.facts.fuses(op.op_type):
+            return "ONNX Runtime's CPU provider has no int8 kernel for it"
+        return self._why_not_fused(op)
+
+    def _why_not_fused(self, op: onnx.NodeProto) -> str:
         kernel = self.facts.int8_forms[op.op_type][0]
         data = [op.input[i] for i in self.facts.dequantized_inputs(op.op_type, len(op.input)) if op.input[i]]
         not_dq = [name for name in data if not self._is_dequantized(name)]
         if not_dq:
-            return f"float {label}: input {', '.join(not_dq)} is not dequantized from int8"
+            return f"input {', '.join(not_dq)} is not dequantized from int8"
         quantizers = [n for n in self.next_ops(op.output[0]) if n is not None and n.op_type == _Q]
         if not quantizers:
-            return f"float {label}: no QuantizeLinear on its output"
+            bits = self._clamp_bits(op.output[0])
+            if bits is not None:
+                return f"ONNX Runtime has no int{bits} kernel (its output is clamped to {bits} bits before its Q)"
+            return "no QuantizeLinear on its output"
         activation = _fused_activation(op)
         if activation is not None:
             return (
-                f"float {label}: a {activation} sat between the {op.op_type.removeprefix('Fused')} and its "
-                "QuantizeLinear; ORT drops it only when the Q's zero point is the type's minimum "
-                "(asymmetric activations)"
+                f"a {activation} sat between the {op.op_type.removeprefix('Fused')} and its QuantizeLinear; ORT "
+                "drops it only when the Q's zero point is the type's minimum (asymmetric activations)"
             )
         in_type = self.zero_point_type(self.prev_op(data[0]))  # type: ignore[arg-type]
         out_type = self.zero_point_type(quantizers[0])
         if in_type and out_type and in_type != out_type:
-            return (
-                f"float {label}: its input is {in_type} but its output Q is {out_type}; "
-                f"{kernel} needs one type (use uint8 activations)"
-            )
-        return f"float {label}: DQ→{op.op_type}→Q was not fused into {kernel} (unsupported attributes or types)"
+            return (f"its input is {in_type} but its output Q is {out_type}; {kernel} needs one type "
+                    "(use uint8 activations)")  # fmt: skip
+        return f"DQ→{op.op_type}→Q was not fused into {kernel} (unsupported attributes or types)"
+
+    def _clamp_bits(self, tensor: str) -> int | None:
+        """The bits (< 8) of the grid a chain of clamps (Clip/Min/Max with constant bounds, after at most a constant
+        Add, the bias ORT moved out of the op, and a Relu) gives ``tensor`` before the QuantizeLinear that reads it,
+        or None when no such chain leads to a Q."""
+        node = self.index.single_reader(tensor)
+        if node is not None and node.op_type == "Add" and any(self.index.array(x) is not None for x in node.input):
+            node = self.index.single_reader(node.output[0])
+        if node is not None and node.op_type == "Relu":
+            node = self.index.single_reader(node.output[0])
+        bounds: dict[str, float] = {}
+        while node is not None and node.op_type in _CLAMPS:
+            slots = {"Clip": (("low", 1), ("high", 2)), "Max": (("low", 1),), "Min": (("high", 1),)}[node.op_type]
+            for bound, index in slots:
+                value = self.index.array(node.input[index]) if len(node.input) > index and node.input[index] else None
+                if value is not None and value.size == 1:
+                    bounds[bound] = float(value.reshape(()))
+            node = self.index.single_reader(node.output[0])
+        scale = self.index.array(node.input[1]) if node is not None and node.op_type == _Q else None
+        if "high" not in bounds or scale is None or scale.size != 1 or float(scale.reshape(())) <= 0:
+            return None
+        step = float(scale.reshape(()))
+        lowest = -128 if self.zero_point_type(node) == "int8" else 0  # type: ignore[arg-type]
+        levels = round(bounds["high"] / step) - (round(bounds["low"] / step) if "low" in bounds else lowest) + 1
+        bits = math.ceil(math.log2(levels)) if levels > 1 else None
+        return bits if bits is not None and bits < 8 else None  # a full-range clamp (Relu6) is not a smaller grid
 
     def _is_dequantized(self, tensor: str) -> bool:
         source = self.prev_op(tensor)

@@ -1,4 +1,4 @@
-"""ONNX Runtime CPU backend: sessions, inference, and the fusion report of a Q/DQ graph.
+"""ONNX Runtime's CPU sessions (:class:`OrtRuntime`), and the fusion report of a Q/DQ graph (:func:`fusion_report`).
 
 Sessions use ``intra_op_num_threads=threads``, one inter-op thread and sequential execution, so the
 thread count is the only parallelism knob and benchmarks are comparable. ``onnxruntime`` is imported
@@ -20,10 +20,11 @@ import numpy as np
 from qdq.errors import QdqConfigError, did_you_mean
 from qdq.runtime._text import first_line
 from qdq.runtime.base import Runtime, check_common_options, import_backend
-from qdq.runtime.fusion import FusionReport, analyse_fusion
 from qdq.runtime.model_info import ModelInfo, load_onnx, read_model_info
+from qdq.runtime.ort.fusion import FusionReport, analyse_fusion
 from qdq.runtime.saturation import saturation_safe_model
 from qdq.runtime.target_check import target_advice
+from qdq.runtime_registry import ORT_RUNTIME
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -79,7 +80,7 @@ def session_options(
 class OrtRuntime(Runtime):
     """A model in an ONNX Runtime ``InferenceSession`` on the CPU execution provider."""
 
-    name = "onnxruntime"
+    name = ORT_RUNTIME.name
 
     def __init__(
         self,
@@ -120,7 +121,7 @@ class OrtRuntime(Runtime):
         """
         check_common_options(threads, batch)
         info = read_model_info(onnx_path)
-        advice = _advice(info)
+        advice = _advice(info, threads, optimization_level, uint8_weights)
         options = session_options(threads=threads, optimization_level=optimization_level)
         source, reencoded = _session_source(info.path, uint8_weights)
         session = _create_session(info.path, options, source, _disabled_passes(info))
@@ -157,12 +158,12 @@ def fusion_report(
     """Build a session for ``onnx_path``, save ORT's optimized graph, and report what it fused.
 
     The optimized graph is written to a temporary directory (``optimized_model_filepath``) and
-    deleted afterwards. See :mod:`qdq.runtime.fusion` for how the report is read. ``uint8_weights`` as in
+    deleted afterwards. See :mod:`qdq.runtime.ort.fusion` for how the report is read. ``uint8_weights`` as in
     :meth:`OrtRuntime.load`: the graph reported is the one a runtime would run.
     """
     check_common_options(threads, None)
     path = Path(onnx_path)
-    reencoded, _ = saturation_safe_model(path, uint8_weights)
+    reencoded, _ = saturation_safe_model(path, uint8_weights, ORT_RUNTIME)
     source = reencoded or load_onnx(path)
     with tempfile.TemporaryDirectory(prefix="qdq-ort-") as tmp:
         optimized_path = str(Path(tmp) / "optimized.onnx")
@@ -189,21 +190,24 @@ def inference_session(
     return _create_session(path, options or session_options(), source, _disabled_passes(read_model_info(path)))
 
 
-def _advice(info: ModelInfo) -> str | None:
-    """The file's target's caveat for ONNX Runtime, with how many of its Convs stay float here."""
-    advice = target_advice(info, OrtRuntime.name)
+#: ORT's float kernels of a Conv (``com.microsoft.nchwc:Conv`` counts as ``Conv``)
+_FLOAT_CONVS = frozenset({"Conv", "FusedConv", "NhwcFusedConv"})
+
+
+def _advice(info: ModelInfo, threads: int | None, optimization_level: str, uint8_weights: bool | None) -> str | None:
+    """The file's target's caveat for ONNX Runtime, with how many of its Convs ORT's optimized graph leaves float."""
+    advice = target_advice(info, ORT_RUNTIME)
     if advice is None:
         return None
-    from qdq.targets.onnxruntime.passes.float_convs import unfusable_convs
-
-    convs = info.op_counts.get("Conv", 0)
-    floats = len(unfusable_convs(load_onnx(info.path)))
-    return f"{floats} of {convs} Convs run in float on ONNX Runtime. {advice}"
+    report = fusion_report(info.path, threads=threads, optimization_level=optimization_level,
+                           uint8_weights=uint8_weights)  # fmt: skip
+    floats = sum(layer.op_type in _FLOAT_CONVS for layer in report.float_layers)
+    return f"{floats} of {report.source_ops.get('Conv', 0)} Convs run in float on ONNX Runtime. {advice}"
 
 
 def _session_source(path: Path, uint8_weights: bool | None) -> tuple[str | bytes, int]:
     """What the session loads: the file, or its bytes with the saturating weights as uint8; and how many."""
-    model, count = saturation_safe_model(path, uint8_weights)
+    model, count = saturation_safe_model(path, uint8_weights, ORT_RUNTIME)
     return (str(path), 0) if model is None else (model.SerializeToString(), count)
 
 

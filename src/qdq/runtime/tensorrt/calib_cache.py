@@ -1,5 +1,8 @@
 """TensorRT calibration caches (implicit quantization, TensorRT <= 10) written from qdq's calibrated ranges.
 
+The TensorRT backend's caches live with it (moved from ``qdq.export.calib_cache``); :mod:`qdq.export` and
+:mod:`qdq.runtime` name the four public functions for existing code (``qdq.export.write_calibration_cache``...).
+
 For TensorRT 10 and older only: TensorRT deprecated implicit quantization in 10.1 and TensorRT 11 removed it
 (no ``BuilderFlag.INT8``, no ``int8_calibrator``, no calibration cache reader). On TensorRT 11, INT8 exists only
 as the Q/DQ nodes of the graph :func:`qdq.export.export_onnx` writes (FP16 elsewhere:

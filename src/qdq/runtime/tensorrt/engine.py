@@ -1,4 +1,5 @@
-"""TensorRT backend: a strongly typed engine built from a Q/DQ ONNX graph, run on a CUDA GPU.
+"""TensorRT engines: a strongly typed engine built from a Q/DQ ONNX graph (:func:`build_engine`), run on a CUDA GPU
+(:class:`TensorRtRuntime`).
 
 Strong typing makes every tensor keep the type the graph gives it: the Q/DQ nodes alone decide where int8
 is used and the ONNX types decide where FP16/BF16 is (:mod:`qdq.targets.tensorrt.float_types` writes such a graph), with
@@ -6,9 +7,10 @@ no builder precision flags and no calibrator. TensorRT 11 removed weak typing (`
 ``int8_calibrator``; the ``STRONGLY_TYPED`` network flag is deprecated and ignored there); TensorRT 10 builds
 strongly typed when asked with that flag, which qdq does. Older TensorRT is refused with an install hint.
 
-Before building, the graph goes through the TensorRT rule checker (:func:`qdq.targets.tensorrt.check.check_tensorrt`):
-a graph TensorRT would reject or run in float (ORT's uint8 Q/DQ, a Cast between a DQ and its conv...) fails
-early with the broken rules named (``check=False`` builds anyway).
+Before building, the graph goes through TensorRT's rule check (:func:`check_rules`: the ``rule_check`` of the target
+made for TensorRT, :func:`qdq.targets.tensorrt.check.check_tensorrt`): a graph TensorRT would reject or run in
+float (ORT's uint8 Q/DQ, a Cast between a DQ and its conv...) fails early with the broken rules named
+(``check=False`` builds anyway).
 
 Buffers are torch CUDA tensors, so no pycuda is needed. ``tensorrt`` and ``torch`` are imported when
 an engine is built; without ``tensorrt`` or without a CUDA GPU, ``load`` raises
@@ -28,12 +30,14 @@ from qdq.errors import QdqBackendUnavailable, QdqConfigError, QdqError
 from qdq.runtime.base import Inputs, Runtime, check_common_options, import_backend
 from qdq.runtime.model_info import ModelInfo, read_model_info
 from qdq.runtime.target_check import target_advice
+from qdq.runtime_registry import TENSORRT_RUNTIME
+from qdq.targets import native_fact
 
 if TYPE_CHECKING:
     import tensorrt
     import torch
 
-__all__ = ["TensorRtRuntime", "build_engine", "network_flags", "tensorrt_version"]
+__all__ = ["TensorRtRuntime", "build_engine", "check_rules", "network_flags", "rule_check", "tensorrt_version"]
 
 _INSTALL = "pip install tensorrt  (or: pip install 'qdq[tensorrt]')"
 _MIN_MAJOR = 10  # strongly typed networks from Q/DQ ONNX graphs
@@ -76,10 +80,22 @@ def network_flags(trt: Any) -> int:
     return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
 
 
-def _check_rules(onnx_path: str | Path) -> None:
-    from qdq.targets.tensorrt.check import check_tensorrt
+def rule_check() -> Callable[[Any], Any]:
+    """TensorRT's rule check: the ``rule_check`` of the first registered target made for TensorRT (``"native"``).
 
-    report = check_tensorrt(onnx_path)
+    Raises:
+        QdqConfigError: no registered target made for TensorRT records one.
+    """
+    found = native_fact(TENSORRT_RUNTIME, lambda target: target.rule_check)
+    if found is None:
+        raise QdqConfigError("no registered target made for TensorRT records its rule check (Target.rule_check).")
+    return found
+
+
+def check_rules(onnx_path: str | Path) -> None:
+    """Raise ``QdqConfigError`` naming the broken rules (at most three violations shown) unless ``onnx_path`` follows
+    TensorRT's rules (:func:`rule_check`)."""
+    report = rule_check()(onnx_path)
     if report.ok:
         return
     shown = "; ".join(f"{v.node}: {v.rule} ({v.message})" for v in report.violations[:3])
@@ -106,7 +122,7 @@ def build_engine(onnx_path: str | Path, *, batch: int = 1, workspace_mib: int = 
     trt = _trt()
     flags = network_flags(trt)
     if check:
-        _check_rules(onnx_path)
+        check_rules(onnx_path)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(flags)
@@ -128,7 +144,7 @@ def build_engine(onnx_path: str | Path, *, batch: int = 1, workspace_mib: int = 
 class TensorRtRuntime(Runtime):
     """A TensorRT engine and its execution context; inputs and outputs live in torch CUDA tensors."""
 
-    name = "tensorrt"
+    name = TENSORRT_RUNTIME.name
 
     def __init__(self, info: ModelInfo, plan: bytes, *, batch: int | None) -> None:
         super().__init__(info, threads=None, batch=batch)
@@ -157,7 +173,7 @@ class TensorRtRuntime(Runtime):
         """
         check_common_options(threads, batch)
         info = read_model_info(onnx_path)
-        advice = target_advice(info, cls.name)  # an onnxruntime-target graph is refused before any GPU work
+        advice = target_advice(info, TENSORRT_RUNTIME)  # an onnxruntime-target graph is refused before any GPU work
         network_flags(_trt())  # an old TensorRT fails here, before the GPU is looked for
         _cuda_torch()
         plan = build_engine(info.path, batch=batch or 1, workspace_mib=workspace_mib, check=check)
