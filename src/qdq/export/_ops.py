@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from qdq.graphs.onnx import QUANTIZER_KEY as TAG_KEY
-from qdq.graphs.onnx import TAG_DOMAIN, TAG_OP
+from qdq.graphs.onnx_tags import QUANTIZER_KEY as TAG_KEY
+from qdq.graphs.onnx_tags import TAG_DOMAIN, TAG_OP
 from qdq.ops import round_to_grid
 
 __all__ = [

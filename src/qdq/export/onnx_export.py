@@ -36,6 +36,7 @@ from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
 from qdq.export import _ops
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.graphs import onnx as graph
+from qdq.graphs import onnx_tags as tags
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import Target, export_target, placed_options
 from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
@@ -406,8 +407,8 @@ def _export_torchscript(
 
 def _annotate(proto: onnx.ModelProto, specs: dict[TensorQuantizer, QdqSpec]) -> None:
     """Tag Q/DQ nodes with quantizer names; account for quantizers an exporter merged (CSE)."""
-    graph.annotate_quantizers(proto)
-    found = {site.quantizer for site in graph.qdq_sites(proto)}
+    tags.annotate_quantizers(proto)
+    found = {site.quantizer for site in tags.qdq_sites(proto)}
     by_name = {s.name: s for s in specs.values()}
     merged: dict[str, list[str]] = {}
     for spec in specs.values():
@@ -420,7 +421,7 @@ def _annotate(proto: onnx.ModelProto, specs: dict[TensorQuantizer, QdqSpec]) -> 
                 "Check that its output is used."
             )
         merged.setdefault(partner.name, []).append(spec.name)
-    graph.record_merged(proto, merged)
+    tags.record_merged(proto, merged)
     for spec in specs.values():
         spec.traced.clear()
 

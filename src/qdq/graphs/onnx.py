@@ -1,4 +1,4 @@
-"""The one index of an ONNX graph, and reading and tidying the Q/DQ nodes qdq exported.
+"""The one index of an ONNX graph, and tidying an exported graph.
 
 :class:`GraphIndex` maps each tensor to the node producing it and the nodes reading it, and knows the
 graph's constants, inputs and outputs; its edits (remove nodes, rewire readers, insert a node, add a
@@ -6,18 +6,15 @@ constant) keep the maps current. Every pass over an ONNX graph in qdq uses it: t
 the calibration cache, the exporter's clean-ups and the runtime fusion report. :func:`remove_nodes` is the one
 node removal.
 
-After export each ``QuantizeLinear`` / ``DequantizeLinear`` node qdq emitted carries the name of the
-quantizer it comes from, as node metadata ``qdq.quantizer`` (and in its node name). :func:`qdq_sites`
-lists them; the calibration cache writer, the onnxruntime rewrite and the tests read that list.
+The Q/DQ nodes qdq exported, tagged with their quantizers, are read back by :mod:`qdq.graphs.onnx_tags`.
 
 Imports neither torch nor (at import time) onnx.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,74 +26,17 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = [
-    "INPUT_SCALE_KEY",
-    "MERGED_KEY",
-    "QUANTIZER_KEY",
-    "TAG_DOMAIN",
-    "TAG_OP",
     "GraphIndex",
-    "QdqSite",
-    "add_quantizer_names",
-    "annotate_quantizers",
     "atomic_save",
     "attribute",
     "consumers",
     "initializer_map",
-    "qdq_sites",
-    "quantizer_names",
-    "record_merged",
     "remove_nodes",
     "rename_io",
     "set_axis",
     "set_metadata",
     "tidy",
 ]
-
-#: Node metadata key holding the quantizer's module name.
-QUANTIZER_KEY = "qdq.quantizer"
-#: Node metadata key listing every quantizer a Q/DQ pair stands for (comma-separated), when several
-#: identical quantizers of one tensor were merged into it.
-MERGED_KEY = "qdq.quantizers"
-#: QuantizeLinear metadata: the constant factor the node applies to its input before quantizing (a power-of-two
-#: ``Mul`` folded into its scale by a rewrite): the quantizer's input is ``input * factor``.
-INPUT_SCALE_KEY = "qdq.input_scale"
-#: Domain and op of the marker node the TorchScript exporter path emits after each Q/DQ pair
-#: (``qdq::QuantizerTag``, removed by :func:`annotate_quantizers`).
-TAG_DOMAIN = "qdq"
-TAG_OP = f"{TAG_DOMAIN}::QuantizerTag"
-
-
-@dataclass
-class QdqSite:
-    """One quantizer in the graph.
-
-    Attributes:
-        quantizer: module name of the quantizer in the PyTorch model.
-        input: name of the float tensor that is quantized (for a weight folded to int8, the int8 initializer).
-        output: name of the dequantized float tensor.
-        quantize: the QuantizeLinear node, or None when the input is a pre-quantized initializer.
-        dequantize: the DequantizeLinear node.
-        step: float32 step, ONNX's ``y_scale`` (0-d or ``[C]``).
-        zero_point: zero point (int8/uint8, same shape as ``step``).
-        axis: channel axis of a per-channel scale, None per tensor.
-        quantizers: every quantizer this pair stands for (``quantizer`` first; more when identical
-            quantizers of one tensor were merged).
-        input_scale: the factor the QuantizeLinear applies to ``input`` before quantizing (a power-of-two
-            ``Mul`` a rewrite folded into its scale, :data:`INPUT_SCALE_KEY`): the quantizer's input is
-            ``input * input_scale``; 1.0 otherwise.
-    """
-
-    quantizer: str
-    input: str
-    output: str
-    quantize: Any
-    dequantize: Any
-    step: np.ndarray
-    zero_point: np.ndarray
-    axis: int | None
-    quantizers: tuple[str, ...] = ()
-    input_scale: float = 1.0
-
 
 def initializer_map(model: onnx.ModelProto) -> dict[str, Any]:
     """Name -> TensorProto of initializers and of the outputs of Constant nodes."""
@@ -250,14 +190,6 @@ class GraphIndex:
         self.graph.node.insert(index + int(after), node)
 
 
-def _array(tables: Mapping[str, Any], name: str) -> np.ndarray:
-    from onnx import numpy_helper
-
-    if name not in tables:
-        raise KeyError(f"Q/DQ parameter {name!r} is not a constant")
-    return numpy_helper.to_array(tables[name])
-
-
 def attribute(node: Any, name: str, default: Any = None) -> Any:
     """The value of ``node``'s attribute ``name`` (ints, floats, lists...), or ``default``."""
     from onnx import helper
@@ -277,104 +209,6 @@ def set_axis(node: Any, axis: int | None) -> None:
         from onnx import helper
 
         node.attribute.append(helper.make_attribute("axis", axis))
-
-
-def _axis(node: Any) -> int | None:
-    for attr in node.attribute:
-        if attr.name == "axis":
-            return int(attr.i)
-    return None
-
-
-def _meta(node: Any, key: str) -> str | None:
-    for prop in node.metadata_props:
-        if prop.key == key:
-            return prop.value
-    return None
-
-
-def _take_tags(model: onnx.ModelProto) -> None:
-    """Turn the TorchScript path's ``qdq::QuantizerTag`` marker nodes into metadata on their Q/DQ pair."""
-    index = GraphIndex(model)
-    markers = [n for n in model.graph.node if n.domain == TAG_DOMAIN]
-    for marker in markers:
-        tag = next(a.s.decode() for a in marker.attribute if a.name == "quantizer")
-        dq = index.producer[marker.input[0]]
-        dq.output[0] = marker.output[0]  # the marker was the DQ output's only reader
-        set_metadata(dq, QUANTIZER_KEY, tag)
-        q = index.producer.get(dq.input[0])
-        if q is not None and q.op_type == "QuantizeLinear":
-            set_metadata(q, QUANTIZER_KEY, tag)
-    remove_nodes(model, markers)
-    imports = [o for o in model.opset_import if o.domain != TAG_DOMAIN]
-    del model.opset_import[:]
-    model.opset_import.extend(imports)
-
-
-def annotate_quantizers(model: onnx.ModelProto) -> None:
-    """Tag each Q/DQ node with its quantizer (metadata ``qdq.quantizer``) and name it after the quantizer.
-
-    Nodes are named ``<quantizer>/QuantizeLinear`` and ``<quantizer>/DequantizeLinear`` (``_1``, ``_2``...
-    for a quantizer called more than once).
-    """
-    _take_tags(model)
-    count: Counter[tuple[str, str]] = Counter()
-    for node in model.graph.node:
-        owner = _meta(node, QUANTIZER_KEY)
-        if owner is None or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        key = (owner, node.op_type)
-        node.name = f"{owner}/{node.op_type}" + (f"_{count[key]}" if count[key] else "")
-        count[key] += 1
-
-
-def quantizer_names(node: Any) -> list[str]:
-    """Every quantizer a tagged Q or DQ node stands for (empty for an untagged node)."""
-    raw = _meta(node, MERGED_KEY) or _meta(node, QUANTIZER_KEY)
-    return raw.split(",") if raw else []
-
-
-def add_quantizer_names(node: Any, names: Iterable[str]) -> None:
-    """Append ``names`` to the quantizers a tagged node stands for."""
-    merged = list(dict.fromkeys([*quantizer_names(node), *names]))
-    if merged:
-        set_metadata(node, MERGED_KEY, ",".join(merged))
-
-
-def record_merged(model: onnx.ModelProto, merged: Mapping[str, Iterable[str]]) -> None:
-    """Add quantizer names to the ``qdq.quantizers`` list of the pairs tagged with each key of ``merged``."""
-    for node in model.graph.node:
-        owner = _meta(node, QUANTIZER_KEY)
-        if owner in merged:
-            add_quantizer_names(node, merged[owner])
-
-
-def qdq_sites(model: onnx.ModelProto) -> list[QdqSite]:
-    """Every quantizer occurrence in a graph exported by qdq, in graph order."""
-    index = GraphIndex(model)
-    tables = index.constants
-    sites = []
-    for node in model.graph.node:
-        if node.op_type != "DequantizeLinear" or _meta(node, QUANTIZER_KEY) is None:
-            continue
-        q = index.producer.get(node.input[0])
-        q = q if q is not None and q.op_type == "QuantizeLinear" else None
-        scale = _array(tables, node.input[1])
-        sites.append(
-            QdqSite(
-                quantizer=_meta(node, QUANTIZER_KEY) or "",
-                input=q.input[0] if q is not None else node.input[0],
-                output=node.output[0],
-                quantize=q,
-                dequantize=node,
-                step=scale,
-                zero_point=_array(tables, node.input[2]),
-                axis=_axis(node) if scale.ndim == 1 else None,
-                quantizers=tuple(quantizer_names(node)),
-                input_scale=float(_meta(q, INPUT_SCALE_KEY) or 1.0) if q is not None else 1.0,
-            )
-        )
-    return sites
 
 
 def tidy(model: onnx.ModelProto) -> None:

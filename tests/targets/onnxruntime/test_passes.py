@@ -16,7 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.graphs.onnx import GraphIndex, add_quantizer_names, quantizer_names
+from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_tags import add_quantizer_names, quantizer_names
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
 from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, remove_requantization

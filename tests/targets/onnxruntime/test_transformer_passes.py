@@ -311,7 +311,7 @@ def _query_feeds() -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("factor", [0.125, 0.25, 2.0])
 def test_power_of_two_mul_folds_into_the_quantizer_exactly(factor):
-    from qdq.graphs.onnx import INPUT_SCALE_KEY
+    from qdq.graphs.onnx_tags import INPUT_SCALE_KEY
     from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
 
     model = scaled_query_graph(factor)

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import qdq
-from qdq.graphs.onnx import GraphIndex, qdq_sites
+from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_tags import qdq_sites
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "export"))

@@ -22,7 +22,8 @@ from torchvision.models.vision_transformer import VisionTransformer
 import qdq
 from qdq.errors import QdqConfigError
 from qdq.export import export_onnx
-from qdq.graphs.onnx import GraphIndex, quantizer_names
+from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import TensorTypes
 from qdq.quantizer import TensorQuantizer
 from qdq.targets.tensorrt.check import check_tensorrt

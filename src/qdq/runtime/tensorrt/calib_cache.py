@@ -38,7 +38,8 @@ from torch import nn
 
 from qdq.atomic import write_text_atomic
 from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
-from qdq.graphs.onnx import GraphIndex, QdqSite, atomic_save, qdq_sites, remove_nodes, tidy
+from qdq.graphs.onnx import GraphIndex, atomic_save, remove_nodes, tidy
+from qdq.graphs.onnx_tags import QdqSite, qdq_sites
 from qdq.ops import quant_step
 from qdq.quantizer import TensorQuantizer
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, quantizer_names
+from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_tags import quantizer_names
 from qdq.markdown import markdown_table
 from qdq.targets.tensorrt.float_ranges import Batch, feeds
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute, quantizer_names, tidy
+from qdq.graphs.onnx import GraphIndex, attribute, tidy
+from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import (
     LOW_PRECISION,
     TensorTypes,

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute, quantizer_names, set_axis, tidy
+from qdq.graphs.onnx import GraphIndex, attribute, set_axis, tidy
+from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import numpy_float_type, parse_float_type
 
 __all__ = ["fold_weights", "round_graph_scales", "round_scales"]

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from qdq.errors import QdqExportError
-from qdq.graphs.onnx import quantizer_names
+from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import parse_float_type
 from qdq.targets.tensorrt.engine_rules.facts import LAYOUT, GraphFacts
 from qdq.targets.tensorrt.engine_rules.fusion import casts_after_dqs, partly_quantized_ops

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from qdq.graphs.onnx import GraphIndex, add_quantizer_names, quantizer_names
+from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_tags import add_quantizer_names, quantizer_names
 from qdq.targets.onnxruntime.passes._graph import qdq_pairs, same_params
 
 __all__ = ["merge_duplicate_pairs", "remove_requantization"]

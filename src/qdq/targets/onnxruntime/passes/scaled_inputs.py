@@ -8,8 +8,8 @@ attention's softmax scale goes on the ``"onnxruntime"`` target (``AttentionFacts
 scaled before its quantizer): the ``Mul`` over the query disappears, and no ``Mul`` is left over the
 ``[batch, heads, sequence, sequence]`` scores after ``Q·Kᵀ`` (ORT's ``MatMulIntegerToFloat`` cannot take it).
 
-The Q records the factor (node metadata :data:`qdq.graphs.onnx.INPUT_SCALE_KEY`), so that its input tensor,
-``x``, is known to be the quantizer's input divided by ``c`` (:class:`qdq.graphs.onnx.QdqSite`).
+The Q records the factor (node metadata :data:`qdq.graphs.onnx_tags.INPUT_SCALE_KEY`), so that its input tensor,
+``x``, is known to be the quantizer's input divided by ``c`` (:class:`qdq.graphs.onnx_tags.QdqSite`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from qdq.graphs.onnx import INPUT_SCALE_KEY, GraphIndex, set_metadata
+from qdq.graphs.onnx import GraphIndex, set_metadata
+from qdq.graphs.onnx_tags import INPUT_SCALE_KEY
 
 __all__ = ["fold_scaled_inputs", "power_of_two"]
 
