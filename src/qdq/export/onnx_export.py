@@ -165,7 +165,6 @@ def finish_onnx(
     Raises:
         QdqExportError: the graph fails ``onnx.checker``.
     """
-    import onnx
 
     n_in, n_out = len(proto.graph.input), len(proto.graph.output)
     inputs, outputs = io_names or (indexed_names("input", n_in), indexed_names("output", n_out))
@@ -182,15 +181,26 @@ def finish_onnx(
     target.rewrite_onnx(proto, **target.export_options(target_options))
     _set_metadata(proto, target.name)
     _warn_opset(proto, opset)
+    large = proto.ByteSize() >= graph.EXTERNAL_DATA_BYTES
+    if not large:
+        _check(proto)
+    graph.atomic_save(proto, Path(path))
+    if large:  # onnx.checker reads a model over 2 GB from its file; shape inference cannot read external data
+        _check(str(path), full=False)
+    return Path(path)
+
+
+def _check(checked: onnx.ModelProto | str, full: bool = True) -> None:
+    """``onnx.checker`` on a model or a file (``full``: with shape inference); one clear error when it fails."""
+    import onnx
+
     try:
-        onnx.checker.check_model(proto, full_check=True)
+        onnx.checker.check_model(checked, full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
         hint = ""
         if "bfloat16" in str(err):
             hint = " bfloat16 Conv/Gemm/MatMul need ONNX opset >= 22: export with dynamo=True, opset=22."
         raise QdqExportError(f"The exported graph fails onnx.checker: {err}.{hint}") from err
-    graph.atomic_save(proto, Path(path))
-    return Path(path)
 
 
 def onnx_opset(model: onnx.ModelProto | str | Path) -> int:

@@ -261,6 +261,33 @@ def set_metadata(proto: Any, key: str, value: str) -> None:
     prop.key, prop.value = key, value
 
 
+#: serialized size from which a model is written with its tensors in an external-data file (protobuf's limit is
+#: 2 GiB for one message)
+EXTERNAL_DATA_BYTES = 2**31 - 2**26
+#: tensors of at least this many bytes go to the external-data file of such a model (smaller ones stay inline)
+EXTERNAL_TENSOR_BYTES = 1024
+
+
 def atomic_save(model: onnx.ModelProto, path: Path) -> None:
-    """Write ``model`` as one self-contained file: a temporary file in the same folder, then ``os.replace``."""
-    write_bytes_atomic(path, model.SerializeToString())
+    """Write ``model`` atomically: one self-contained file (a temporary file in the same folder, then
+    ``os.replace``), or, over :data:`EXTERNAL_DATA_BYTES`, the model file with its tensors in ``<name>.data`` beside
+    it (each written to a temporary name first, the data before the model)."""
+    if model.ByteSize() < EXTERNAL_DATA_BYTES:
+        write_bytes_atomic(path, model.SerializeToString())
+        return
+    import os
+    import tempfile
+
+    import onnx
+
+    path = Path(path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as folder:
+        staged = Path(folder) / path.name
+        onnx.save(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=f"{path.name}.data", size_threshold=EXTERNAL_TENSOR_BYTES)  # fmt: skip
+        data = Path(folder) / f"{path.name}.data"
+        if data.exists():  # no tensor over the threshold: the model file alone
+            os.replace(data, path.parent / f"{path.name}.data")
+        os.replace(staged, path)
+    # onnx.save moved the tensors' bytes out of ``model``: put them back, the caller's model is left as it was
+    onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))

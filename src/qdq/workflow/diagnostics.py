@@ -266,7 +266,14 @@ def _per_channel(value: torch.Tensor, channels: int) -> torch.Tensor | None:
 def diagnose(name: str, quantizer: nn.Module) -> QuantizerDiagnostics | None:
     """Diagnostics of one quantizer from its calibrator, or ``None`` without statistics or range."""
     calibrator = getattr(quantizer, "_calibrator", None)
-    amax = quantizer.effective_amax()
+    return diagnose_statistics(name, calibrator, quantizer.effective_amax(), quantizer.amax_method)
+
+
+def diagnose_statistics(name: str, calibrator: Any, amax: Any, method: str | None) -> QuantizerDiagnostics | None:
+    """Diagnostics of a range ``amax`` (a tensor or array) against the statistics of ``calibrator`` (any front end:
+    the ONNX front end calls it with its own calibrators), or ``None`` without statistics or range."""
+    if amax is not None and not torch.is_tensor(amax):
+        amax = torch.as_tensor(amax)
     if calibrator is None or not getattr(calibrator, "has_data", False) or amax is None:
         return None
     data_max = calibrator.compute_amax("max").detach().reshape(-1).to(torch.float64)
@@ -289,7 +296,7 @@ def diagnose(name: str, quantizer: nn.Module) -> QuantizerDiagnostics | None:
         shares = [None, None, None]
     return QuantizerDiagnostics(
         name=name,
-        method=quantizer.amax_method,
+        method=method,
         calibrator=type(calibrator).__name__,
         amax=float(ranges.max()),
         data_max=float(data_max.max()),

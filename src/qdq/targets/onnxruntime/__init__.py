@@ -12,10 +12,14 @@ is calibrated and trained is what ONNX Runtime computes. Its rules (each written
 * ``conv_output`` (:mod:`.rules.conv_output`): every conv output quantized, after BN and a folded ReLU;
 * ``silu_gate``, ``sigmoid_output`` (:mod:`.rules.sigmoid`), ``mul_inputs`` (:mod:`.rules.mul_inputs`): SiLU and
   squeeze-excitation gates as ``QLinearSigmoid`` / ``QLinearMul``;
+* ``elementwise_output`` (:mod:`.rules.elementwise_output`): an add or product of quantized tensors has its
+  output quantized (``QLinearAdd``, ``QLinearMul``);
 * ``int8_concat`` (:mod:`.rules.int8_concat`): a concatenation read quantized gets every input quantized
   (``QLinearConcat``);
 * ``data_movers`` (:mod:`.rules.data_movers`): MaxPool, Resize, Slice... of a quantized tensor keep one range
   on both sides, so ORT runs them on int8 data;
+* ``one_range_per_tensor`` (:mod:`.rules.tensor_range`): the quantizers of one tensor share one range (ORT
+  fuses a tensor with one Q);
 * ``unsigned_activations`` (:mod:`.rules.unsigned`): non-negative tensors quantized as uint8, zero point 0;
 * ``attention`` (:mod:`qdq.targets.common.attention`): all four attention quantizers at any shape, the softmax
   scale on the query before its quantizer (``scale_query``, :mod:`.attention`), which the rewrite folds into the
@@ -41,17 +45,19 @@ from qdq.targets.onnxruntime.passes.weight_encoding import encode_weights_uint8,
 from qdq.targets.onnxruntime.rewrite import DEFAULT_WEIGHTS, rewrite_for_onnxruntime
 from qdq.targets.onnxruntime.rules.conv_output import CONV_OUTPUT
 from qdq.targets.onnxruntime.rules.data_movers import DATA_MOVERS
+from qdq.targets.onnxruntime.rules.elementwise_output import ELEMENTWISE_OUTPUT
 from qdq.targets.onnxruntime.rules.int8_concat import INT8_CONCAT
 from qdq.targets.onnxruntime.rules.mul_inputs import MUL_INPUTS
 from qdq.targets.onnxruntime.rules.recurrent import FLOAT_RECURRENT
 from qdq.targets.onnxruntime.rules.sigmoid import SIGMOID_OUTPUT, SILU_GATE
+from qdq.targets.onnxruntime.rules.tensor_range import ONE_RANGE_PER_TENSOR
 from qdq.targets.onnxruntime.rules.unsigned import UNSIGNED_ACTIVATIONS
 from qdq.targets.target import ExportDefaults, RuntimeSupport, Target, WeightEncoding
 
 __all__ = ["ONNXRUNTIME", "ONNXRUNTIME_FUSION", "RULES", "RUNTIMES"]
 
-RULES = (FLOAT_RECURRENT, RESIDUAL_ADD, CONV_OUTPUT, SILU_GATE, SIGMOID_OUTPUT, MUL_INPUTS, INT8_CONCAT, DATA_MOVERS,
-         UNSIGNED_ACTIVATIONS, ATTENTION)
+RULES = (FLOAT_RECURRENT, RESIDUAL_ADD, CONV_OUTPUT, SILU_GATE, SIGMOID_OUTPUT, MUL_INPUTS, ELEMENTWISE_OUTPUT,
+         INT8_CONCAT, DATA_MOVERS, ONE_RANGE_PER_TENSOR, UNSIGNED_ACTIVATIONS, ATTENTION)
 
 RUNTIMES = (
     RuntimeSupport(ORT_RUNTIME, "native"),

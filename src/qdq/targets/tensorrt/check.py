@@ -118,7 +118,7 @@ def load_onnx(model_or_path: Any) -> tuple[Any, str]:
     if not path.is_file():
         raise QdqConfigError(f"{str(path)!r} is not a file.")
     try:
-        return onnx.load(str(path), load_external_data=False), path.name
+        return onnx.load(str(path)), path.name  # with its external data: the rules read scales and zero points
     except Exception as err:
         raise QdqConfigError(f"{str(path)!r} is not an ONNX model ({type(err).__name__}: {err}).") from err
 

@@ -17,19 +17,22 @@ from qdq.targets.rules import PlacementRule
 if TYPE_CHECKING:
     from qdq.graphs.view import GraphView, Value
 
-__all__ = ["CONV_OUTPUT", "conv_tail"]
+__all__ = ["CONV_OUTPUT", "conv_tail", "folded_tail"]
 
 
 def conv_tail(view: GraphView, value: Value) -> Value:
     """Follow a conv's output through its BatchNorm and one activation the target folds (each read once)."""
-    folded = view.target.fusion.folded_activations if view.target.fusion is not None else frozenset()
     reader = view.single_reader(value)
     if reader is not None and reader.type in ops.NORMS:
         value = reader.outputs[0]
+    return folded_tail(view, value)
+
+
+def folded_tail(view: GraphView, value: Value) -> Value:
+    """``value``, or the output of the one activation the target folds into the int8 op before it (read once)."""
+    folded = view.target.fusion.folded_activations if view.target.fusion is not None else frozenset()
     reader = view.single_reader(value)
-    if reader is not None and reader.type in folded:
-        value = reader.outputs[0]
-    return value
+    return reader.outputs[0] if reader is not None and reader.type in folded else value
 
 
 def _decide(view: GraphView) -> None:

@@ -1,0 +1,185 @@
+"""Ranges for the quantizers of an ONNX model's view, from the float model run on ONNX Runtime.
+
+Every tensor a quantizer reads is made an output of a copy of the float model; each batch runs once and each
+observed tensor goes straight into its quantizer's calibrator (:mod:`qdq.calib`: the PyTorch path's max and
+power-of-two histogram calibrators, the same algorithms bit for bit), then is dropped: memory holds one batch's
+tensors and a fixed-size histogram per quantizer, whatever the number of batches. Any batch size and any dynamic
+axis work (the calibrators merge tensors of any shape). A quantizer with several sites (one range for the tensors
+around a MaxPool) collects all of them. Weights are ranged from the weights themselves (max per channel, or the
+``weight_method``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from qdq.calib import make_calibrator
+from qdq.calib.methods import get_method
+from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.graphs.view import GraphView, Quantizer
+from qdq.onnx_in.view import weight_axis
+from qdq.workflow.progress import Progress, counter
+
+__all__ = ["Statistics", "collect", "ort_session", "weight_ranges"]
+
+_PROTOBUF_LIMIT = 2**31 - 1 - 2**20  # serialized size above which a model goes to disk with external data
+_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+
+
+@dataclass
+class Statistics:
+    """What calibration collected: a calibrator per activation quantizer (by ``id``), the batches seen."""
+
+    calibrators: dict[int, Any]
+    quantizers: dict[int, Quantizer]
+    batches: int
+
+    def ranges(self, method: str, **options: Any) -> dict[int, np.ndarray]:
+        """Every activation quantizer's float32 amax by a registered statistics-level ``method``."""
+        chosen = get_method(method)
+        resolved = chosen.resolve_options(options)
+        found = {}
+        for key, calibrator in self.calibrators.items():
+            amax = chosen.compute_amax(calibrator, **resolved)
+            if amax is None:
+                raise QdqCalibrationError(f"quantizer {key} saw no data during calibration.")
+            found[key] = np.asarray(amax.detach().cpu().numpy() if torch.is_tensor(amax) else amax, np.float32)
+        return found
+
+
+def collect(
+    model: onnx.ModelProto,
+    view: GraphView,
+    data: Iterable[Mapping[str, np.ndarray]],
+    calibrator: str,
+    *,
+    num_batches: int | None = None,
+    threads: int | None = None,
+    progress: Progress = True,
+) -> Statistics:
+    """Run the float ``model`` over ``data`` (dicts of graph input name -> array) and collect every activation
+    quantizer's statistics with ``calibrator`` (``"max"`` or ``"histogram"``).
+
+    Raises:
+        QdqConfigError: no data, a batch that is not a dict of the graph's inputs.
+    """
+    quantizers = {id(q): q for q in view.quantizers() if not q.per_channel}
+    tensors = sorted({site.value.name for q in quantizers.values() for site in q.sites})
+    calibrators = {key: make_calibrator(calibrator, unsigned=q.unsigned) for key, q in quantizers.items()}
+    reading = {key: sorted({site.value.name for site in q.sites}) for key, q in quantizers.items()}
+    probe = _probe_model(model, tensors)
+    inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    with tempfile.TemporaryDirectory(prefix="qdq-calibrate-") as folder:
+        session = ort_session(probe, Path(folder), threads)
+        bar = counter(progress, "calibration", num_batches or 0)
+        seen = 0
+        for batch in _batches(data, num_batches):
+            feed = _feed(batch, inputs, seen)
+            outputs = dict(zip(tensors, session.run(tensors, feed)))
+            for key, names in reading.items():
+                for name in names:
+                    calibrators[key].collect(torch.from_numpy(np.ascontiguousarray(outputs[name], np.float32)))
+            del outputs
+            seen += 1
+            bar.update()
+        bar.close()
+    if seen == 0:
+        raise QdqConfigError(
+            "quantize_onnx got no calibration data: pass an iterable of batches, each a dict of graph input name "
+            "-> array (a few hundred representative samples). qdq never calibrates on random data."
+        )
+    return Statistics(calibrators, quantizers, seen)
+
+
+def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") -> dict[int, np.ndarray]:
+    """The per-channel float32 amax of every weight quantizer of ``view`` (``method``: a weight method)."""
+    chosen = get_method(method)
+    if not chosen.weights:
+        raise QdqConfigError(f"method {method!r} cannot set a weight's range; use 'max', 'mse' or 'percentile'.")
+    inits = {t.name: t for t in model.graph.initializer}
+    found = {}
+    for quantizer in view.quantizers():
+        if not quantizer.per_channel:
+            continue
+        site = quantizer.sites[0]
+        weight = numpy_helper.to_array(inits[site.value.name]).astype(np.float32)
+        axis = weight_axis(site.reader, site.index) % weight.ndim  # type: ignore[arg-type]
+        channels = np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)
+        if method == "max":
+            found[id(quantizer)] = np.abs(channels).max(axis=1).astype(np.float32)
+            continue
+        calibrator = make_calibrator(chosen.calibrator, axis=0)
+        calibrator.collect(torch.from_numpy(np.ascontiguousarray(channels)))
+        amax = chosen.compute_amax(calibrator, **chosen.resolve_options({}))
+        found[id(quantizer)] = np.asarray(amax.detach().numpy(), np.float32).reshape(-1)
+    return found
+
+
+def ort_session(model: onnx.ModelProto, folder: Path, threads: int | None = None) -> Any:
+    """An ONNX Runtime CPU session of ``model``; a model over protobuf's 2 GB limit goes through ``folder``
+    (saved with external data)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    if model.ByteSize() < _PROTOBUF_LIMIT:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    path = folder / "model.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="model.data")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
+    """A copy of ``model`` that also returns every tensor in ``tensors``."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.value_info, *model.graph.input,
+                                                               *model.graph.output]}  # fmt: skip
+    present = {o.name for o in probe.graph.output}
+    for name in tensors:
+        if name in present:
+            continue
+        elem = types.get(name)
+        probe.graph.output.append(helper.make_tensor_value_info(name, elem, None) if elem in _FLOAT_TYPES
+                                  else onnx.ValueInfoProto(name=name))  # no type known: ONNX Runtime infers it
+    return probe
+
+
+def _batches(data: Iterable[Any], limit: int | None) -> Iterable[Any]:
+    if data is None or isinstance(data, str | bytes | Mapping) or not hasattr(data, "__iter__"):
+        raise QdqConfigError(
+            f"calibration data must be an iterable of batches (dicts of graph input name -> array), got "
+            f"{type(data).__name__}. Wrap one batch in a list: [{{'input': array}}]."
+        )
+    for number, batch in enumerate(data):
+        if limit is not None and number >= limit:
+            return
+        yield batch
+
+
+def _feed(batch: Any, inputs: list[str], number: int) -> dict[str, np.ndarray]:
+    if not isinstance(batch, Mapping):
+        if len(inputs) == 1 and hasattr(batch, "shape"):
+            return {inputs[0]: np.asarray(batch)}
+        raise QdqConfigError(
+            f"calibration batch {number} is a {type(batch).__name__}; each batch is a dict of graph input name -> "
+            f"array, the graph's inputs being {inputs}."
+        )
+    missing = [name for name in inputs if name not in batch]
+    if missing:
+        raise QdqConfigError(
+            f"calibration batch {number} has no array for the graph input(s) {missing}; it gave {sorted(batch)}. "
+            f"Name each array after its graph input ({inputs})."
+        )
+    return {name: np.asarray(batch[name]) for name in inputs}

@@ -1,0 +1,235 @@
+"""``quantize_onnx``: an FP32 ONNX file in, a Q/DQ file for a target out, placed by the target's rules.
+
+The third front end, next to PyTorch (:func:`qdq.quantize_model`) and Keras (:func:`qdq.keras.quantize_model`),
+on the same placement language (:mod:`qdq.graphs.view`):
+
+1. load and prepare the file (:mod:`qdq.onnx_in.load`: ``Constant`` weights as initializers, BatchNorm folded,
+   opset >= 13; an already quantized file is refused);
+2. build its view (:mod:`qdq.onnx_in.view`), quantize what module replacement quantizes on the PyTorch path (the
+   inputs and per-channel weights of Conv, ConvTranspose, Gemm, MatMul, average pools), run the target's rules,
+   then keep float what the user asked to;
+3. calibrate on ONNX Runtime (:mod:`qdq.onnx_in.calibrate`: one pass, every quantizer's statistics streamed into
+   qdq's calibrators; ``auto``: :mod:`qdq.onnx_in.auto`), and warn about ranges that clip;
+4. write the Q/DQ nodes (:mod:`qdq.onnx_in.materialize`) and finish like every qdq export
+   (:func:`qdq.export.onnx_export.finish_onnx`: the target's rewrite, ``qdq.target`` in the file, ``onnx.checker``,
+   an atomic write).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from qdq.calib.methods import get_method
+from qdq.errors import QdqCalibrationWarning, QdqConfigError
+from qdq.export.onnx_export import finish_onnx
+from qdq.graphs import ops as vocab
+from qdq.markdown import markdown_table
+from qdq.onnx_in import auto as auto_ranges
+from qdq.onnx_in.calibrate import Statistics, collect, weight_ranges
+from qdq.onnx_in.load import load_float_model, prepare
+from qdq.onnx_in.materialize import quantizer_names, write_qdq
+from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_weighted
+from qdq.targets import DEFAULT_TARGET, Target, resolve_target
+from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
+from qdq.workflow.progress import Progress
+
+__all__ = ["OnnxQuantizeResult", "quantize_onnx"]
+
+_TRT_FLOAT_BATCHES = 4  # calibration batches kept for the TensorRT 11 float16 conversion's value ranges
+
+
+@dataclass
+class OnnxQuantizeResult:
+    """What :func:`quantize_onnx` did.
+
+    Attributes:
+        path: the Q/DQ file written.
+        target: the target's name.
+        method: the calibration method's label (``"percentile 99.99"``, ``"auto"``).
+        quantizers: the quantizers written (one range each), activations and weights.
+        int8_ops: op type -> how many ops read every data input quantized (the ops the target can run in int8).
+        float_ops: op name -> why it stays float (kept by the user, a rule's decision, control flow, a custom
+            domain), for the ops that decide it.
+        float_op_types: op type -> how many weighted or unknown ops stay float.
+        calibration: what each activation range clips (:class:`qdq.workflow.diagnostics.CalibrationReport`).
+        prepared: what preparing the graph changed (``constant_weights``, ``batchnorms_folded``, ``opset``).
+        batches: calibration batches seen.
+        seconds: wall time of calibration and of the whole call.
+        changes: one line per placement decision.
+        ranges: quantizer name -> float32 amax (0-d for an activation, per channel for a weight).
+    """
+
+    path: Path
+    target: str
+    method: str
+    quantizers: int
+    int8_ops: dict[str, int]
+    float_ops: dict[str, str]
+    float_op_types: dict[str, int]
+    prepared: dict[str, int]
+    batches: int
+    seconds: dict[str, float]
+    calibration: CalibrationReport = field(default_factory=CalibrationReport, repr=False)
+    changes: list[str] = field(default_factory=list, repr=False)
+    ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def report(self) -> str:
+        """A Markdown summary: what runs in int8, what stays float and why."""
+        lines = [f"# {self.path.name}: quantized for {self.target} ({self.method})", "",
+                 f"{self.quantizers} quantizers, {self.batches} calibration batches, calibration "
+                 f"{self.seconds.get('calibration', 0.0):.1f} s.", ""]  # fmt: skip
+        rows = [[op, str(n)] for op, n in sorted(self.int8_ops.items())]
+        lines += [markdown_table(["op type", "ops reading int8"], rows), ""] if rows else []
+        floats = [[name, why] for name, why in sorted(self.float_ops.items())]
+        if floats:
+            lines += [markdown_table(["op kept float", "why"], floats), ""]
+        return "\n".join(lines)
+
+
+def quantize_onnx(
+    model: str | Path | onnx.ModelProto,
+    calibration_data: Iterable[Mapping[str, np.ndarray]],
+    path: str | Path,
+    *,
+    target: str | Target = DEFAULT_TARGET,
+    method: str = "max",
+    num_batches: int | None = None,
+    weight_method: str = "max",
+    keep_float: Sequence[str] = (),
+    target_options: Mapping[str, Any] | None = None,
+    threads: int | None = None,
+    progress: Progress = True,
+    **method_options: Any,
+) -> OnnxQuantizeResult:
+    """Quantize the FP32 ONNX ``model`` for ``target`` and write the Q/DQ file at ``path``.
+
+    Args:
+        model: a path to an ONNX file (external data next to it is read) or an ``onnx.ModelProto``.
+        calibration_data: batches, each a dict of graph input name -> array (any batch size; dynamic axes free);
+            a one-input model also takes plain arrays. Needed: qdq never calibrates on random data.
+        path: the file to write (replaced atomically).
+        target: a registered target (``"tensorrt"``, the default, or ``"onnxruntime"``): its placement rules
+            decide where Q/DQ go, its rewrite finishes the file.
+        method: a registered calibration method (:mod:`qdq.calib.methods`): ``"max"``, ``"entropy"``, ``"mse"``,
+            ``"percentile"`` (``percentile=99.99``), ``"auto"`` (per quantizer, the candidate range whose op output
+            is closest to float's), or one you registered.
+        num_batches: use at most this many batches.
+        weight_method: the range of the per-channel weights (``"max"``, ``"mse"``, ``"percentile"``).
+        keep_float: node names, op types (``"op:Concat"``) and name patterns (``"head.*"``) to keep float.
+        target_options: the target's export options (``"tensorrt"``: ``{"float": "float16"}`` writes the float
+            part in FP16 for TensorRT 11, measured on the first calibration batches; ``"onnxruntime"``:
+            ``{"weights": "int8" | "uint8" | "auto"}``).
+        threads: ONNX Runtime threads for calibration (default: its own).
+        progress: progress bars on stderr (a string names the run).
+        method_options: the method's options (``percentile=99.9``).
+
+    Returns:
+        An :class:`OnnxQuantizeResult` (``result.report()`` says what runs in int8 and what stays float).
+
+    Raises:
+        QdqConfigError: a file that is not ONNX or is quantized already, no calibration data, a batch missing a
+            graph input, an unknown target or method.
+    """
+    started = time.perf_counter()
+    chosen = resolve_target(target)
+    calibration_method = get_method(method)
+    proto = load_float_model(model)
+    prepared = prepare(proto)
+    keep = KeepFloat.of(keep_float)
+    view = build_view(proto, chosen)
+    select_weighted(view, keep)
+    for rule in chosen.placement_rules:
+        rule.decide(view)
+    keep_user_float(view, keep)
+    data, kept = _keep_first(calibration_data, _TRT_FLOAT_BATCHES)
+    calibrating = time.perf_counter()
+    statistics = collect(proto, view, data, calibration_method.calibrator, num_batches=num_batches,
+                         threads=threads, progress=progress)  # fmt: skip
+    if calibration_method.model_level:
+        ranges = auto_ranges.select(proto, view, statistics, kept, threads=threads, progress=progress)
+    else:
+        ranges = statistics.ranges(method, **method_options)
+    seconds = {"calibration": time.perf_counter() - calibrating}
+    calibration = _clipping(view, statistics, ranges, calibration_method.label(method_options))
+    ranges.update(weight_ranges(proto, view, weight_method))
+    names = quantizer_names(view)
+    write_qdq(proto, view, ranges)
+    options = dict(target_options or {})
+    if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
+        options["calibration_data"] = list(kept)
+    inputs, outputs = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
+    written = finish_onnx(proto, path, chosen, target_options=options, io_names=(inputs, outputs))
+    seconds["total"] = time.perf_counter() - started
+    return OnnxQuantizeResult(
+        path=written, target=chosen.name, method=calibration_method.label(method_options), quantizers=len(ranges),
+        int8_ops=_int8_ops(view), float_ops=_float_ops(view), float_op_types=_float_types(view),
+        prepared=prepared, batches=statistics.batches, seconds=seconds, calibration=calibration,
+        changes=list(view.changes),
+        ranges={names[k]: v for k, v in ranges.items() if k in names},
+    )  # fmt: skip
+
+
+def _keep_first(data: Iterable[Any], count: int) -> tuple[Iterable[Any], list[Any]]:
+    """``data`` to iterate once, and its first ``count`` batches kept (a one-shot iterable is consumed once)."""
+    if data is None:
+        raise QdqConfigError("quantize_onnx needs calibration data; qdq never calibrates on random data.")
+    if isinstance(data, list | tuple):
+        return data, list(data[:count])
+    iterator = iter(data)
+    first = list(islice(iterator, count))
+
+    def chained() -> Iterable[Any]:
+        yield from first
+        yield from iterator
+
+    return chained(), first
+
+
+def _int8_ops(view: Any) -> dict[str, int]:
+    found: Counter[str] = Counter()
+    for op in view.ops:
+        inputs = [i for i, _ in op.data_inputs]
+        if inputs and op.name not in view.float_ops and all(view.reads_quantized(op, i) for i in inputs):
+            found[op.type] += 1
+    return dict(found)
+
+
+def _float_ops(view: Any) -> dict[str, str]:
+    found = dict(view.float_ops)
+    for op in view.ops:
+        if op.type in vocab.WEIGHTED and op.name not in found and not view.is_quantized(op):
+            found[op.name] = "no quantizer here: its inputs are not both activations and constant weights"
+        elif ":" in op.type or op.type in ("If", "Loop", "Scan"):
+            found.setdefault(op.name, "control flow or a custom domain: qdq leaves it float")
+    return found
+
+
+def _float_types(view: Any) -> dict[str, int]:
+    found: Counter[str] = Counter()
+    for op in view.ops:
+        if (op.type in vocab.WEIGHTED and not view.is_quantized(op)) or op.name in view.float_ops:
+            found[op.type] += 1
+    return dict(found)
+
+
+def _clipping(view: Any, statistics: Statistics, ranges: Mapping[int, np.ndarray], label: str) -> CalibrationReport:
+    """The PyTorch path's clipping diagnostics for the ranges chosen here; one warning for the flagged ones."""
+    names = quantizer_names(view)
+    rows = [diagnose_statistics(names[key], calibrator, ranges[key], label)
+            for key, calibrator in statistics.calibrators.items()]  # fmt: skip
+    report = CalibrationReport([row for row in rows if row is not None])
+    text = report.warning_text()
+    if text is not None:
+        warnings.warn(text.replace("qdq.calibration_report(model)", "result.calibration"), QdqCalibrationWarning,
+                      stacklevel=3)  # fmt: skip
+    return report

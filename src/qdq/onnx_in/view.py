@@ -1,0 +1,166 @@
+"""The ONNX front end's view: an ONNX graph as a :class:`~qdq.graphs.view.GraphView`, and the first decisions.
+
+Each node is an op as it is (ONNX's vocabulary is the view's; an operator of a custom domain is named
+``"<domain>:<op>"``, which no rule knows); initializers are constants; a ``Mul`` of a tensor
+and its own ``Sigmoid`` (how exporters write SiLU) is one ``Silu`` op whose sigmoid is an inner value, as on the
+PyTorch path. An op's ``ref`` is its node's position in ``graph.node`` (a ``Silu``: the sigmoid's and the product's),
+so that the decisions can be written into any copy of the model.
+
+:func:`select_weighted` makes the decisions module replacement makes on the PyTorch path: the data inputs of every
+``Conv``, ``ConvTranspose``, ``Gemm`` and ``MatMul`` (both inputs of a product of two activations) and of the
+average pools, and their constant weights per channel, except where the user keeps an op float (by node name,
+op type, or a pattern of node names).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from qdq.graphs.view import GraphView, Op, Quantizer
+
+__all__ = ["KeepFloat", "build_view", "keep_user_float", "select_weighted", "weight_axis"]
+
+_WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_POOLS = ("AveragePool", "GlobalAveragePool")
+
+
+@dataclass(frozen=True)
+class KeepFloat:
+    """Ops the user keeps float: by node name, by op type, or by a shell pattern of node names (``"head.*"``)."""
+
+    names: frozenset[str] = frozenset()
+    op_types: frozenset[str] = frozenset()
+    patterns: tuple[str, ...] = ()
+    reasons: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def of(cls, spec: Iterable[str] | None) -> KeepFloat:
+        """From a list of names, op types (``"op:Concat"`` or a capitalized ONNX op type) and patterns (``*?[``)."""
+        names, types, patterns = set(), set(), []
+        for item in spec or ():
+            item = str(item)
+            if item.startswith("op:"):
+                types.add(item[3:])
+            elif any(c in item for c in "*?["):
+                patterns.append(item)
+            else:
+                names.add(item)
+        return cls(frozenset(names), frozenset(types), tuple(patterns))
+
+    def match(self, op: Op) -> str | None:
+        """Why ``op`` is kept float (``"op type Concat"``, ``"name"``, ``"pattern 'head.*'"``), or None."""
+        if op.type in self.op_types:
+            return f"op type {op.type} kept float by the user"
+        if op.name in self.names:
+            return "kept float by the user (by name)"
+        hit = next((p for p in self.patterns if fnmatch.fnmatchcase(op.name, p)), None)
+        return None if hit is None else f"kept float by the user (pattern {hit!r})"
+
+
+def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
+    """The view of ``model``'s main graph (nodes in their topological order)."""
+    view = GraphView("onnx", target)
+    graph = model.graph
+    constants = {t.name for t in graph.initializer}
+    for name in constants:
+        view.value(name, constant=True)
+    for value in graph.input:
+        view.value(value.name)
+    outputs = {o.name for o in graph.output}
+    nodes = list(graph.node)
+    sigmoid_of = _silu_pairs(graph)
+    gates = set(sigmoid_of.values())
+    for number, node in enumerate(nodes):
+        if number in gates:
+            continue  # the sigmoid of a SiLU: added with its product, as the Silu op's inner value
+        name = node.name or f"{node.op_type}_{number}"
+        inputs = [view.value(i) for i in node.input if i]
+        produced = [view.value(o) for o in node.output if o]
+        gate = sigmoid_of.get(number)
+        if gate is not None:
+            sigmoid = nodes[gate]
+            view.add_op(name, "Silu", [view.value(sigmoid.input[0])], produced,
+                        inner={"sigmoid": view.value(sigmoid.output[0])}, ref=(gate, number))  # fmt: skip
+        else:
+            op_type = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
+            weights = [i for i, v in enumerate(inputs) if v.constant and _is_weight(op_type, i)]
+            view.add_op(name, op_type, inputs, produced, attrs=_attrs(node), weights=weights, ref=number)
+    for name in outputs:
+        view.value(name).graph_output = True
+    return view
+
+
+def select_weighted(view: GraphView, keep: KeepFloat) -> None:
+    """Quantize the data inputs and weights of the weighted ops and average pools (module doc)."""
+    for op in view.ops:
+        if op.type not in _WEIGHTED + _POOLS or keep.match(op) is not None:
+            continue
+        for index, value in enumerate(op.inputs):
+            if index in op.weights:
+                quantizer = Quantizer(per_channel=True, stem="weight_quantizer")
+                view.quantize_input(op, index, "its weight, per channel", like=quantizer)
+            elif not value.constant and index < 2 and (index == 0 or op.type == "MatMul"):
+                view.quantize_input(op, index, f"the input of a {op.type}")
+
+
+def keep_user_float(view: GraphView, keep: KeepFloat) -> None:
+    """The user's choice last: every op ``keep`` matches stays float, whatever the rules decided."""
+    for op in view.ops:
+        why = keep.match(op)
+        if why is not None:
+            view.keep_float(op, why)
+
+
+def weight_axis(op: Op, index: int) -> int:
+    """The axis of a weight's output channels (its per-channel axis) for input ``index`` of ``op``."""
+    if op.type == "Gemm":
+        return 0 if op.attrs.get("transB", 0) else 1
+    if op.type == "MatMul":
+        return 1 if index == 1 else 0
+    return 0  # Conv: [C_out, ...]; ConvTranspose: [C_in, ...], per input channel as TensorRT requires
+
+
+def _is_weight(op_type: str, index: int) -> bool:
+    return (op_type in ("Conv", "ConvTranspose") and index == 1) or (op_type in ("Gemm", "MatMul") and index == 1)
+
+
+def _attrs(node: Any) -> dict[str, Any]:
+    """The attributes placement reads: ints, floats and strings (``Clip`` bounds given as inputs are not)."""
+    found: dict[str, Any] = {}
+    for attribute in node.attribute:
+        value = onnx.helper.get_attribute_value(attribute)
+        if isinstance(value, bytes):
+            value = value.decode()
+        if isinstance(value, int | float | str):
+            found[attribute.name] = value
+    return found
+
+
+def _silu_pairs(graph: onnx.GraphProto) -> dict[int, int]:
+    """``position of the Mul -> position of its Sigmoid`` for every ``Mul(x, Sigmoid(x))`` whose sigmoid only that
+    Mul reads (positions in ``graph.node``: protobuf's node wrappers have no stable identity)."""
+    nodes = list(graph.node)
+    producer = {out: index for index, node in enumerate(nodes) for out in node.output}
+    readers: dict[str, int] = {}
+    for node in nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+    pairs = {}
+    for index, node in enumerate(nodes):
+        if node.op_type != "Mul" or len(node.input) != 2:
+            continue
+        for gate_index in (0, 1):
+            gate = producer.get(node.input[gate_index])
+            x = node.input[1 - gate_index]
+            sigmoid = nodes[gate] if gate is not None else None
+            if (sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.input[0] == x
+                    and readers.get(sigmoid.output[0]) == 1 and sigmoid.output[0] not in outputs):  # fmt: skip
+                pairs[index] = gate
+                break
+    return pairs

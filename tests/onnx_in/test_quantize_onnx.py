@@ -1,0 +1,254 @@
+"""qdq.quantize_onnx on small ONNX files, one test per thing ONNX files hold, both targets.
+
+Each file is quantized on generated batches and then run on ONNX Runtime two ways: with its optimizations (its
+int8 kernels, through qdq's session, exact on CPUs whose int8 dot products saturate) and with none (the Q/DQ graph
+computed in float, the reference of what the file means). The two agree within one output step; the int8 file
+stays near the float model's output; and the graph's Q/DQ sit where the target's rules say.
+"""
+
+from __future__ import annotations
+
+import warnings
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx_models import (
+    Attention,
+    ConvNet,
+    DetectorHead,
+    Recognizer,
+    already_quantized,
+    batches,
+    constant_weight_conv,
+    export,
+    with_custom_op,
+    with_if,
+)
+
+import qdq
+from qdq.errors import QdqConfigError
+from qdq.graphs.onnx_tags import qdq_sites
+from qdq.runtime.ort import fusion_report, inference_session, session_options
+
+
+def run(path, feed, optimize: bool = True) -> list[np.ndarray]:
+    options = session_options(threads=1, optimization_level="all" if optimize else "disable")
+    return inference_session(path, options).run(None, feed)
+
+
+def steps_apart(reference: np.ndarray, other: np.ndarray) -> float:
+    return float(np.abs(reference - other).max() / (np.abs(reference).max() / 127))
+
+
+def check_engine(path, float_path, feed, *, engine_steps: float = 1.0, float_steps: float = 12.0) -> None:
+    """The int8 engine computes what the Q/DQ graph means, and stays near the float model."""
+    engine, graph = run(path, feed)[0], run(path, feed, optimize=False)[0]
+    assert steps_apart(graph, engine) <= engine_steps
+    assert steps_apart(run(float_path, feed)[0], graph) <= float_steps
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_a_cnn_with_dynamic_axes_quantizes_for_both_targets(tmp_path, target):
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx",
+                        dynamic={"images": {0: "batch", 2: "height", 3: "width"}})  # fmt: skip
+    data = batches((2, 3, 16, 16)) + batches((3, 3, 24, 24), count=2, seed=2)  # any batch size, any spatial size
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    model = onnx.load(str(result.path))
+    dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", 3, "height", "width"] and result.batches == 5
+    assert result.prepared["batchnorms_folded"] == 0  # the TorchScript exporter folded them already
+    assert result.int8_ops["Conv"] == 4 and not result.float_op_types
+    feed = batches((4, 3, 32, 20), count=1, seed=3)[0]
+    check_engine(result.path, float_path, feed)
+    if target == "onnxruntime":
+        report = fusion_report(result.path)
+        assert report.int8_kernels == {"com.microsoft:QLinearConv": 4} and not report.float_kernels
+        assert not report.idle  # max-pool, resize and concatenation on int8 data: no standalone Q/DQ left
+
+
+@pytest.mark.parametrize("method", ["entropy", "mse", "percentile", "auto"])
+def test_every_method_keeps_the_max_pool_and_concatenation_in_int8(tmp_path, method):
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
+    result = qdq.quantize_onnx(float_path, batches((4, 3, 16, 16)), tmp_path / "int8.onnx", target="onnxruntime",
+                               method=method, progress=False)  # fmt: skip
+    report = fusion_report(result.path)
+    assert report.int8_kernels == {"com.microsoft:QLinearConv": 4} and not report.idle
+    assert result.method.startswith(method)
+
+
+def test_weights_in_constant_nodes_are_quantized_per_channel_as_int8_initializers(tmp_path):
+    path = constant_weight_conv(tmp_path / "const.onnx")
+    result = qdq.quantize_onnx(path, batches((2, 3, 8, 8), name="x"), tmp_path / "int8.onnx", target="tensorrt",
+                               progress=False)  # fmt: skip
+    assert result.prepared["constant_weights"] == 1 and result.prepared["opset"] == 13  # opset 12 raised
+    model = onnx.load(str(result.path))
+    inits = {t.name: t for t in model.graph.initializer}
+    weights = [s for s in qdq_sites(model) if s.axis is not None]
+    assert len(weights) == 2 and all(inits[s.input].data_type == onnx.TensorProto.INT8 for s in weights)
+    assert {s.step.shape for s in weights} == {(4,), (2,)}  # one step per output channel
+    check_engine(result.path, path, batches((2, 3, 8, 8), name="x", count=1, seed=5)[0])
+
+
+def test_batchnorm_after_a_conv_is_folded_before_quantizing(tmp_path):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    net[1].running_mean.uniform_(-1, 1)
+    net[1].running_var.uniform_(0.5, 2)
+    float_path = tmp_path / "bn.onnx"
+    torch.onnx.export(net.eval(), (torch.randn(1, 3, 8, 8),), str(float_path), dynamo=False, opset_version=17,
+                      input_names=["input"], dynamic_axes={"input": {0: "batch"}},
+                      training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)  # fmt: skip
+    assert "BatchNormalization" in {n.op_type for n in onnx.load(str(float_path)).graph.node}
+    result = qdq.quantize_onnx(float_path, batches((2, 3, 8, 8), name="input"), tmp_path / "int8.onnx",
+                               target="tensorrt", progress=False)  # fmt: skip
+    assert result.prepared["batchnorms_folded"] == 1
+    assert "BatchNormalization" not in {n.op_type for n in onnx.load(str(result.path)).graph.node}
+    check_engine(result.path, float_path, batches((2, 3, 8, 8), name="input", count=1, seed=4)[0])
+
+
+def test_control_flow_and_custom_operators_stay_float_and_are_reported(tmp_path):
+    path = with_if(tmp_path / "if.onnx")
+    data = [{**b, "flip": np.array(False)} for b in batches((2, 3, 8, 8), name="x")]
+    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target="tensorrt", progress=False)
+    assert "control flow" in next(why for name, why in result.float_ops.items() if name.startswith("If"))
+    assert result.int8_ops["Conv"] == 2
+    custom = with_custom_op(tmp_path / "custom.onnx")
+    result = qdq.quantize_onnx(custom, batches((2, 3, 8, 8), name="x"), tmp_path / "int8c.onnx",
+                               target="onnxruntime", progress=False)  # fmt: skip
+    assert any("custom domain" in why for why in result.float_ops.values())
+    check_engine(result.path, custom, batches((2, 3, 8, 8), name="x", count=1, seed=6)[0])
+
+
+def test_a_quantized_file_and_missing_data_are_refused_with_one_clear_error(tmp_path):
+    with pytest.raises(QdqConfigError, match=r"quantized already: it holds 1 QuantizeLinear, 1 DequantizeLinear"):
+        qdq.quantize_onnx(already_quantized(tmp_path / "q.onnx"), batches((1, 3, 4, 4), name="x"), tmp_path / "o.onnx")
+    path = constant_weight_conv(tmp_path / "const.onnx")
+    with pytest.raises(QdqConfigError, match="no calibration data"):
+        qdq.quantize_onnx(path, [], tmp_path / "o.onnx", progress=False)
+    with pytest.raises(QdqConfigError, match=r"no array for the graph input\(s\) \['x'\]"):
+        qdq.quantize_onnx(path, [{"images": np.zeros((1, 3, 4, 4), np.float32)}], tmp_path / "o.onnx", progress=False)
+    with pytest.raises(QdqConfigError, match="no ONNX file"):
+        qdq.quantize_onnx(tmp_path / "missing.onnx", [], tmp_path / "o.onnx")
+
+
+def test_a_detector_output_concatenation_keeps_boxes_and_scores_apart(tmp_path):
+    """ORT's quantize_static gives the concatenation of pixel boxes and 0-1 scores one scale, and the scores round
+    to 0; qdq leaves that model output float, each input on its own grid."""
+    torch.manual_seed(0)
+    float_path = export(DetectorHead(), torch.rand(1, 3, 16, 16), tmp_path / "det.onnx")
+    data = [{"images": np.random.default_rng(i).random((2, 3, 16, 16), np.float32)} for i in range(3)]
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    feed = data[0]
+    scores, reference = run(result.path, feed)[0][:, 4:], run(float_path, feed)[0][:, 4:]
+    assert np.abs(scores - reference).max() < 0.02  # the scores keep their own fine grid (the boxes reach 80)
+    model = onnx.load(str(result.path))
+    concat = next(n for n in model.graph.node if n.op_type == "Concat")
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == concat.output[0] for n in model.graph.node)
+
+
+def test_silu_and_sigmoid_gates_run_as_int8_sigmoid_and_mul_on_onnx_runtime(tmp_path):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 1))
+    float_path = export(net, torch.randn(1, 3, 8, 8), tmp_path / "silu.onnx")
+    result = qdq.quantize_onnx(float_path, batches((2, 3, 8, 8)), tmp_path / "int8.onnx", target="onnxruntime",
+                               progress=False)  # fmt: skip
+    sites = qdq_sites(onnx.load(str(result.path)))
+    activations = [s for s in sites if s.axis is None]
+    assert sum(s.zero_point.dtype == np.uint8 and int(s.zero_point) == 0 for s in activations) == 1  # the sigmoid
+    check_engine(result.path, float_path, batches((2, 3, 8, 8), count=1, seed=7)[0])
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_attention_matmuls_between_activations_are_quantized(tmp_path, target):
+    torch.manual_seed(0)
+    float_path = export(Attention(), torch.randn(1, 6, 16), tmp_path / "attn.onnx", names=("tokens", "out"),
+                        dynamic={"tokens": {0: "batch", 1: "sequence"}})  # fmt: skip
+    data = [{"tokens": np.random.default_rng(i).normal(size=(2, 6 + i, 16)).astype(np.float32)} for i in range(3)]
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    assert result.int8_ops["MatMul"] == 4  # qkv and proj (Linear on 3-D input), Q·Kᵀ and probs·V
+    check_engine(result.path, float_path, data[0], float_steps=16.0)
+
+
+def test_recurrent_layers_stay_float_and_the_convs_before_them_run_in_int8(tmp_path):
+    torch.manual_seed(0)
+    float_path = export(Recognizer(), torch.randn(1, 1, 8, 16), tmp_path / "crnn.onnx",
+                        dynamic={"images": {0: "batch", 3: "width"}})  # fmt: skip
+    result = qdq.quantize_onnx(float_path, batches((2, 1, 8, 16)), tmp_path / "int8.onnx", target="onnxruntime",
+                               progress=False)  # fmt: skip
+    model = onnx.load(str(result.path))
+    lstm = next(n for n in model.graph.node if n.op_type == "LSTM")
+    producers = {out: n.op_type for n in model.graph.node for out in n.output}
+    assert all(producers.get(name) != "DequantizeLinear" for name in lstm.input if name)  # the LSTM reads float
+    report = fusion_report(result.path)
+    assert report.int8_kernels["com.microsoft:QLinearConv"] == 2
+    check_engine(result.path, float_path, batches((2, 1, 8, 24), count=1, seed=8)[0])
+
+
+def test_keep_float_by_name_op_type_and_pattern(tmp_path):
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
+    names = [n.name for n in onnx.load(str(float_path)).graph.node if n.op_type == "Conv"]
+    result = qdq.quantize_onnx(float_path, batches((2, 3, 16, 16)), tmp_path / "int8.onnx", target="onnxruntime",
+                               keep_float=[names[-1], "op:Concat", "*mid*"], progress=False)  # fmt: skip
+    assert result.float_ops[names[-1]] == "kept float by the user (by name)"
+    assert "pattern '*mid*'" in result.float_ops[next(n for n in names if "mid" in n)]
+    assert any(why.startswith("op type Concat") for why in result.float_ops.values())
+    assert result.int8_ops.get("Conv") == 2
+
+
+def test_models_over_two_gigabytes_go_through_external_data(tmp_path, monkeypatch):
+    """The 2 GB limit, lowered for a small model: calibration runs from a file with external data, and the result
+    is written as a model file and its data file."""
+    from qdq.graphs import onnx as graph
+    from qdq.onnx_in import calibrate
+
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
+    external = tmp_path / "external.onnx"
+    onnx.save(onnx.load(str(float_path)), str(external), save_as_external_data=True, location="external.data",
+              size_threshold=0)  # fmt: skip
+    monkeypatch.setattr(calibrate, "_PROTOBUF_LIMIT", 1024)
+    monkeypatch.setattr(graph, "EXTERNAL_DATA_BYTES", 1024)
+    monkeypatch.setattr(graph, "EXTERNAL_TENSOR_BYTES", 0)  # every tensor to the data file, scales included
+    result = qdq.quantize_onnx(external, batches((2, 3, 16, 16)), tmp_path / "int8.onnx", target="tensorrt",
+                               progress=False)  # fmt: skip
+    assert (tmp_path / "int8.onnx.data").is_file()
+    check_engine(result.path, float_path, batches((2, 3, 16, 16), count=1, seed=9)[0])
+
+
+def test_calibration_memory_does_not_grow_with_the_number_of_batches(tmp_path):
+    """What calibration keeps between batches is a fixed-size histogram per quantizer: its statistics after 2 and
+    after 20 batches have the same size."""
+    from qdq.onnx_in.calibrate import collect
+    from qdq.onnx_in.load import load_float_model, prepare
+    from qdq.onnx_in.view import KeepFloat, build_view, select_weighted
+    from qdq.targets import get_target
+
+    torch.manual_seed(0)
+    model = load_float_model(export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx"))
+    prepare(model)
+    view = build_view(model, get_target("onnxruntime"))
+    select_weighted(view, KeepFloat())
+    sizes = []
+    for count in (2, 20):
+        stats = collect(model, view, batches((2, 3, 16, 16), count=count), "histogram", progress=False)
+        sizes.append(sum(c.bin_counts.numel() for c in stats.calibrators.values()))
+    assert sizes[0] == sizes[1]
+
+
+def test_a_clipping_range_is_warned_once(tmp_path):
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
+    data = batches((2, 3, 16, 16))
+    data[0]["images"][0, 0, 0, 0] = 400.0  # one outlier: percentile 90 clips it away
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", method="percentile", percentile=90.0,
+                                   progress=False)  # fmt: skip
+    texts = [str(w.message) for w in caught if issubclass(w.category, qdq.QdqCalibrationWarning)]
+    assert len(texts) == 1 and "clip" in texts[0] and result.calibration.flagged()
+    assert {d.method for d in result.calibration.quantizers} == {"percentile 90.0"}
+    assert len(result.calibration.quantizers) == result.quantizers - result.int8_ops["Conv"]  # all but the weights
