@@ -9,6 +9,7 @@ stays near the float model's output; and the graph's Q/DQ sit where the target's
 from __future__ import annotations
 
 import warnings
+
 import numpy as np
 import onnx
 import pytest
