@@ -23,11 +23,26 @@ percentiles); the quantizer's wall time and its process's peak resident memory; 
 (``qdq.runtime.ort.fusion_report``) the Conv/Gemm/MatMul that run as int8 kernels and as float kernels, and the
 QuantizeLinear/DequantizeLinear left with no int8 kernel behind them ("idle").
 
-Usage (repository root; ``pip install --no-deps nudenet==3.4.2 rapidocr-onnxruntime==1.4.4 scikit-image
-opencv-python-headless imageio tifffile lazy-loader``; ModelOpt optional, see ``--modelopt-python``):
+Installation (every package with ``--no-deps``: none may replace torch, onnx, onnxruntime or numpy):
+
+    pip install --no-deps nudenet==3.4.2 rapidocr-onnxruntime==1.4.4 opencv-python-headless==4.10.0.84 \
+        scikit-image==0.26.0 imageio tifffile lazy-loader
+    # ModelOpt (optional; its [onnx] extra would replace onnx and onnxruntime): a venv that sees this one's packages
+    python -m venv /tmp/venv-modelopt
+    echo "$(python -c 'import site; print(site.getsitepackages()[0])')" \
+        > "$(/tmp/venv-modelopt/bin/python -c 'import site; print(site.getsitepackages()[0])')/main_venv.pth"
+    /tmp/venv-modelopt/bin/pip install --no-deps nvidia-modelopt==0.47.0 ninja nvidia-ml-py omegaconf \
+        antlr4-python3-runtime==4.9.3 pulp onnx-graphsurgeon onnxconverter-common onnxslim polygraphy lief \
+        cppimport mako pybind11
+
+Usage (repository root):
 
     PYTHONPATH=src python benchmarks/onnx_in.py [--models nudenet,ppocr] [--variants 'fp32,ort-*,qdq-*']
-        [--rounds 7] [--calib-images N] [--eval-images N] [--quick]
+        [--rounds 7] [--calib-images N] [--eval-images N] [--modelopt-python /tmp/venv-modelopt/bin/python]
+        [--quick]
+
+ORT's Entropy and Percentile calibrators keep every activation of every batch: on ppocr with 64 lines they
+need more than 13 GiB (killed by the kernel at 13.4 GiB on a shared 24 GiB machine).
 """
 
 from __future__ import annotations
@@ -54,12 +69,16 @@ import numpy as np
 from _onnx_in_quant import VARIANTS, Variant, save_batches
 
 import qdq
+from qdq.cpu import int8_dot_saturates
 from qdq.markdown import markdown_table
 from qdq.runtime import Comparison, load_runtime
 from qdq.runtime.ort import fusion_report
 
 WORKER = Path(__file__).with_name("_onnx_in_quant.py")
 QUICK_VARIANTS = "fp32,ort-u8s8-minmax,qdq-ort-max"
+AS_WRITTEN = {"uint8_weights": False}
+"""Every file runs as written: on an x86 CPU without VNNI (``qdq.cpu.int8_dot_saturates()``) qdq.runtime would
+otherwise run int8 weights as uint8 (exact, slower U8U8 kernels), which is not what these files give a user."""
 Batch = dict[str, np.ndarray]
 
 
@@ -236,7 +255,7 @@ def make_rows(case: ModelCase, variants: list[Variant], folder: Path, args: argp
 
 def outputs_of(path: Path, batches: list[Batch], threads: int) -> np.ndarray:
     """The first output of ``path`` on every batch, concatenated, as float32."""
-    with load_runtime(path, "onnxruntime", threads=threads) as runtime:
+    with load_runtime(path, "onnxruntime", threads=threads, **AS_WRITTEN) as runtime:
         return np.concatenate([runtime.run(batch)[0].astype(np.float32) for batch in batches])
 
 
@@ -247,7 +266,7 @@ def score_rows(case: ModelCase, rows: list[Row], threads: int) -> None:
         if not row.ok:
             continue
         row.metrics = case.score(outputs_of(row.path, case.evaluation, threads), reference)  # type: ignore[arg-type]
-        report = fusion_report(row.path, threads=threads)  # type: ignore[arg-type]
+        report = fusion_report(row.path, threads=threads, **AS_WRITTEN)  # type: ignore[arg-type]
         row.kernels = (report.n_int8, report.n_float, len(report.idle))
 
 
@@ -270,7 +289,9 @@ def interleaved(paths: dict[str, Path], feed: Batch, args: argparse.Namespace) -
     helper feeds random ones and cannot size the recognizer's unnamed height axis.
     """
     labels = list(paths)
-    loaded = {label: load_runtime(paths[label], "onnxruntime", threads=args.threads) for label in labels}
+    loaded = {
+        label: load_runtime(path, "onnxruntime", threads=args.threads, **AS_WRITTEN) for label, path in paths.items()
+    }
     try:
         calls = {label: runtime.bind(feed) for label, runtime in loaded.items()}
         blocks: dict[str, list[float]] = {label: [] for label in labels}
@@ -330,7 +351,8 @@ def legend(args: argparse.Namespace, cases: list[ModelCase]) -> str:
         [
             f"Command: `{' '.join(sys.argv)}`",
             f"Machine: {_cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; onnxruntime "
-            f"{onnxruntime.__version__}, {args.threads} threads; Python {platform.python_version()}. {sizes}.",
+            f"{onnxruntime.__version__}, {args.threads} threads; Python {platform.python_version()}; int8 dot products "
+            f"saturate on this CPU: {int8_dot_saturates()} (files run as written). {sizes}.",
             "",
             "- task metric: nudenet: F1 of the detections (nudenet's postprocessing: score >= 0.2, class-agnostic NMS "
             "0.25 / IoU 0.45) against FP32's (same class, IoU >= 0.5), summed over the images; SQNR of the whole raw "

@@ -20,7 +20,9 @@ one pass over generated data):
 Variants: FP32 (TorchScript export, opset 17); ORT ``quantize_static`` U8S8 (QDQ, per-channel weights, MinMax,
 after ``quant_pre_process``) on that FP32 file; qdq ``QuantConfig(target="onnxruntime")`` calibrated with
 ``qdq.calibrate(model, data, method=...)`` for max, entropy, mse, percentile and auto, exported with
-``qdq.export.export_onnx(target="onnxruntime")``. Calibration and evaluation data: rendered text (DejaVu words on
+``qdq.export.export_onnx(target="onnxruntime")`` with int8 weights (as ORT's file: like with like on every CPU).
+Every file runs as written (int8 weights stay int8 also on x86 CPUs without VNNI, where qdq.runtime would
+otherwise re-encode them). Calibration and evaluation data: rendered text (DejaVu words on
 light grounds: lines for the CRNN, pages of scattered words for the U-Net), seeded, disjoint.
 
 Columns (from ORT's optimized graph, read from ``qdq.runtime.ort.fusion_report`` and the saved graph's types):
@@ -59,6 +61,7 @@ from crnn_int8 import crnn
 from torch import nn
 
 import qdq
+from qdq.cpu import int8_dot_saturates
 from qdq.export import export_onnx
 from qdq.markdown import markdown_table
 from qdq.runtime import compare_models, load_runtime
@@ -66,6 +69,9 @@ from qdq.runtime.ort import fusion_report, inference_session, session_options
 from qdq.workflow.calibration import calibrate
 
 METHODS = ("max", "entropy", "mse", "percentile", "auto")
+AS_WRITTEN = {"uint8_weights": False}
+"""Every file runs as written: on an x86 CPU without VNNI (``qdq.cpu.int8_dot_saturates()``) qdq.runtime would
+otherwise run int8 weights as uint8 (exact, slower U8U8 kernels), which is not what these files give a user."""
 FP32, ORT_STATIC = "FP32", "ORT quantize_static U8S8 MinMax"
 
 
@@ -243,10 +249,12 @@ def export_fp32(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
 
 
 def qdq_file(case: Case, method: str, path: Path) -> Path:
-    """qdq's onnxruntime-target file of ``case.model`` calibrated with ``method``."""
+    """qdq's onnxruntime-target file of ``case.model`` calibrated with ``method``, weights stored as int8 (the
+    U8S8 kernels ORT's own file uses; qdq's default, "auto", stores uint8 on a CPU without VNNI)."""
     model = qdq.quantize_model(copy.deepcopy(case.model), qdq.QuantConfig(target="onnxruntime"))
     calibrate(model, case.calibration, method=method, progress=False)
-    return export_onnx(model, case.calibration[0][:1], path, target="onnxruntime", dynamo=False)
+    return export_onnx(model, case.calibration[0][:1], path, target="onnxruntime", dynamo=False,
+                       target_options={"weights": "int8"})  # fmt: skip
 
 
 def build(case: Case, methods: list[str], folder: Path) -> dict[str, Path]:
@@ -266,8 +274,8 @@ def optimized_graph(path: Path, threads: int) -> onnx.ModelProto:
     """The graph ONNX Runtime runs for ``path`` (all optimizations, the CPU's layout), with tensor types."""
     with tempfile.TemporaryDirectory(prefix="qdq-opt-") as tmp:
         saved = str(Path(tmp) / "optimized.onnx")
-        del_session = inference_session(path, session_options(threads=threads, optimized_model_path=saved))
-        del del_session
+        session = inference_session(path, session_options(threads=threads, optimized_model_path=saved), **AS_WRITTEN)
+        del session
         return onnx.load(saved, load_external_data=False)
 
 
@@ -332,7 +340,7 @@ def placement_counts(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
 
 def outputs_of(path: Path, batches: list[torch.Tensor], threads: int) -> np.ndarray:
     """The model's output on every batch, concatenated on the batch axis (axis 1 for the CRNN's ``(T, N, C)``)."""
-    with load_runtime(path, "onnxruntime", threads=threads) as runtime:
+    with load_runtime(path, "onnxruntime", threads=threads, **AS_WRITTEN) as runtime:
         outs = [runtime.run(b.numpy())[0] for b in batches]
     return np.concatenate(outs, axis=1 if outs[0].ndim == 3 else 0)
 
@@ -340,13 +348,13 @@ def outputs_of(path: Path, batches: list[torch.Tensor], threads: int) -> np.ndar
 def measure(case: Case, files: dict[str, Path], args: argparse.Namespace) -> list[list[object]]:
     """Time every file interleaved, read its optimized graph, score it; the table rows."""
     comparison = compare_models(files, batch=case.batch, threads=args.threads, rounds=args.rounds,
-                                iters=args.iters, warmup=args.warmup)  # fmt: skip
+                                iters=args.iters, warmup=args.warmup, **AS_WRITTEN)  # fmt: skip
     reference = outputs_of(files[FP32], case.evaluation, args.threads)
     peer = comparison.block_ms[ORT_STATIC]
     rows = []
     for label, path in files.items():
         counts = placement_counts(optimized_graph(path, args.threads))
-        report = fusion_report(path, threads=args.threads)
+        report = fusion_report(path, threads=args.threads, **AS_WRITTEN)
         vs_peer = np.median([m / p for m, p in zip(comparison.block_ms[label], peer)])
         fidelity = case.fidelity(outputs_of(path, case.evaluation, args.threads), reference)
         rows.append([
@@ -367,7 +375,8 @@ def legend(args: argparse.Namespace) -> str:
     """What the columns mean and how the run was made."""
     return "\n".join([
         f"Command: `python benchmarks/placement_int8.py {' '.join(sys.argv[1:])}`; onnxruntime, "
-        f"{args.threads} threads; CPU load average at the end {os.getloadavg()[0]:.1f}.",
+        f"{args.threads} threads; CPU load average at the end {os.getloadavg()[0]:.1f}; int8 dot products saturate "
+        f"on this CPU: {int8_dot_saturates()} (files run as written: int8 weights stay int8).",
         f"- speed-up vs FP32: FP32 latency / variant latency, median of the per-round ratios over {args.rounds} "
         f"interleaved rounds ({args.warmup} untimed + {args.iters} timed runs per variant per round, "
         "`qdq.runtime.compare_models`, random inputs), 25th-75th percentile in brackets.",
