@@ -38,7 +38,8 @@ from qdq.targets import (
 
 X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(11))
 ORT_RULES = ("float_recurrent", "residual_add", "conv_output", "silu_gate", "sigmoid_output", "mul_inputs",
-             "elementwise_output", "int8_concat", "data_movers", "one_range_per_tensor", "unsigned_activations", "attention")  # fmt: skip
+             "elementwise_output", "int8_concat", "data_movers", "one_range_per_tensor", "unsigned_activations",
+             "attention")  # fmt: skip
 TRT_RULES = ("residual_add", "concat", "attention")
 
 

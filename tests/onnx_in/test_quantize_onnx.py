@@ -95,7 +95,8 @@ def test_weights_in_constant_nodes_are_quantized_per_channel_as_int8_initializer
 
 def test_batchnorm_after_a_conv_is_folded_before_quantizing(tmp_path):
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1))
     net[1].running_mean.uniform_(-1, 1)
     net[1].running_var.uniform_(0.5, 2)
     float_path = tmp_path / "bn.onnx"
