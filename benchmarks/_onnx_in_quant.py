@@ -69,7 +69,11 @@ def quantize_qdq(model: Path, batches: list[Batch], out: Path, options: Mapping[
     """
     import qdq
 
-    qdq.quantize_onnx(str(model), batches, str(out), **dict(options))  # type: ignore[attr-defined]
+    chosen = dict(options)
+    target_options = {"float": chosen.pop("float")} if "float" in chosen else {}
+    if chosen.get("target") == "onnxruntime":
+        target_options["weights"] = "int8"  # as ORT's U8S8 file: int8 weights as written, whatever this CPU
+    qdq.quantize_onnx(str(model), batches, str(out), target_options=target_options, progress=False, **chosen)
 
 
 def quantize_ort(model: Path, batches: list[Batch], out: Path, options: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
+from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import QuantModule
 from qdq.placement import apply_placement
 from qdq.quantizer import TensorQuantizer
@@ -138,8 +139,10 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
 
 
 def _check_float(model: nn.Module) -> None:
-    """Refuse a model that already holds quantized modules: quantizing it again would mix two placements."""
-    found = [name for name, module in model.named_modules() if isinstance(module, QuantModule)]
+    """Refuse a model that already holds quantized modules: quantizing it again would mix two placements. Attention
+    captured before (``capture_hf_attention``, ``replace_sdpa_calls``: placement's own first step) is welcome."""
+    found = [name for name, module in model.named_modules()
+             if isinstance(module, QuantModule) and not isinstance(module, QuantScaledDotProductAttention)]  # fmt: skip
     if not found:
         return
     target = placed_target(model)

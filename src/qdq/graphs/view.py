@@ -45,6 +45,8 @@ class Value:
         constant: a weight or other constant (never an activation).
         graph_output: the model returns it.
         boundary: its front end can quantize it without splitting the op that writes it.
+        real: it holds real numbers (float types); integer and boolean tensors (shapes, indices, masks) are
+            never quantized.
     """
 
     name: str
@@ -53,6 +55,7 @@ class Value:
     constant: bool = False
     graph_output: bool = False
     boundary: bool = True
+    real: bool = True
 
     def __repr__(self) -> str:
         return f"Value({self.name!r})"
@@ -150,11 +153,11 @@ class GraphView:
         self._memo: dict[str, dict[Any, Any]] = {}
 
     # --- building (front ends) ---------------------------------------------------------------------------------
-    def value(self, name: str, *, constant: bool = False, boundary: bool = True) -> Value:
+    def value(self, name: str, *, constant: bool = False, boundary: bool = True, real: bool = True) -> Value:
         """The value called ``name``, created on first use."""
         found = self.values.get(name)
         if found is None:
-            found = self.values[name] = Value(name, constant=constant, boundary=boundary)
+            found = self.values[name] = Value(name, constant=constant, boundary=boundary, real=real)
         return found
 
     def add_op(
@@ -299,21 +302,30 @@ class GraphView:
     # --- decisions ---------------------------------------------------------------------------------------------
     def quantize_input(
         self, op: Op, index: int, why: str, *, like: Quantizer | None = None, stem: str = "input_quantizer"
-    ) -> Quantizer:
-        """Quantize input ``index`` of ``op`` (with ``like``'s range when given); nothing when it already is."""
+    ) -> Quantizer | None:
+        """Quantize input ``index`` of ``op`` (with ``like``'s range when given); nothing when it already is. A
+        value that is not real (an integer shape, a mask) is never quantized: None."""
         found = self.quantizer_at(op, index)
         if found is not None:
             return found
-        return self._add(Site(op.inputs[index], op, index), like, stem, why)
+        value = op.inputs[index]
+        if not value.real or (value.constant and (like is None or not like.per_channel)):
+            return None
+        return self._add(Site(value, op, index), like, stem, why)
 
-    def quantize_output(self, value: Value, why: str, *, stem: str = "output_quantizer") -> Quantizer:
-        """Quantize ``value`` for every reader (nothing when it already is)."""
-        return self.output_quantizer(value) or self._add(Site(value), None, stem, why)
+    def quantize_output(self, value: Value, why: str, *, stem: str = "output_quantizer") -> Quantizer | None:
+        """Quantize ``value`` for every reader (nothing when it already is; None for a value that is not real)."""
+        found = self.output_quantizer(value)
+        if found is not None or not value.real or value.constant:
+            return found
+        return self._add(Site(value), None, stem, why)
 
-    def share_range(self, quantizers: Sequence[Quantizer], why: str) -> Quantizer:
-        """One range for all of ``quantizers`` (their sites get one quantizer: the first); returns it."""
-        survivor = quantizers[0]
-        for other in quantizers[1:]:
+    def share_range(self, quantizers: Sequence[Quantizer | None], why: str) -> Quantizer:
+        """One range for all of ``quantizers`` (their sites get one quantizer: the first; None entries, values that
+        are not quantized, are skipped); returns it."""
+        present = [q for q in quantizers if q is not None]
+        survivor = present[0]
+        for other in present[1:]:
             if other is survivor:
                 continue
             for site in other.sites:

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
+from onnx import TensorProto
 
 from qdq.graphs.view import GraphView, Op, Quantizer
 
 __all__ = ["KeepFloat", "build_view", "keep_user_float", "select_weighted", "weight_axis"]
 
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_REAL = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16})
 _POOLS = ("AveragePool", "GlobalAveragePool")
 
 
@@ -67,10 +69,10 @@ def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
     view = GraphView("onnx", target)
     graph = model.graph
     constants = {t.name for t in graph.initializer}
-    for name in constants:
-        view.value(name, constant=True)
-    for value in graph.input:
-        view.value(value.name)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    for name, elem in types.items():  # integer and boolean tensors (shapes, indices) are never quantized
+        view.value(name, constant=name in constants, real=elem in _REAL or elem == TensorProto.UNDEFINED)
     outputs = {o.name for o in graph.output}
     nodes = list(graph.node)
     sigmoid_of = _silu_pairs(graph)

@@ -110,7 +110,8 @@ def encode_weights_uint8(model: onnx.ModelProto, *, only_saturating: bool = True
         values, q = found
         if only_saturating and np.abs(values.astype(np.int16)).max(initial=0) <= SAFE_WEIGHT_MAGNITUDE:
             continue
-        zp_name = g.add_const((dq.input[2] or "zero_point") + "_u8w", _as_uint8(zp))
+        stem = dq.input[2] if len(dq.input) > 2 and dq.input[2] else "zero_point"  # an omitted zero point is 0
+        zp_name = g.add_const(stem + "_u8w", _as_uint8(zp))
         if q is None:
             dq.input[0] = g.add_const(dq.input[0] + "_u8", _as_uint8(values))
         else:

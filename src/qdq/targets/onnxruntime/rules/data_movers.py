@@ -37,8 +37,9 @@ def _decide(view: GraphView) -> None:
         for reader, index in op.outputs[0].readers:
             if view.reads_quantized(reader, index) or int8_reader(view, reader):
                 sides.append(view.quantize_input(reader, index, f"{op.type} runs on int8 data"))
-        if len(sides) > 1 and len({id(q) for q in sides}) > 1:
-            view.share_range(sides, f"{op.name} ({op.type}) runs on int8 data")  # type: ignore[arg-type]
+        found = [q for q in sides if q is not None]
+        if len({id(q) for q in found}) > 1:
+            view.share_range(found, f"{op.name} ({op.type}) runs on int8 data")
 
 
 DATA_MOVERS = PlacementRule(

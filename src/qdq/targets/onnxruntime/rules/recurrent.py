@@ -27,9 +27,8 @@ __all__ = ["FLOAT_RECURRENT"]
 
 
 def _decide(view: GraphView) -> None:
-    for op in view.ops_of(*ops.RECURRENT):
-        if any(view.reads_quantized(op, i) for i in range(len(op.inputs))):
-            view.keep_float(op, "ONNX Runtime runs recurrent layers in its float kernel")
+    for op in view.ops_of(*ops.RECURRENT):  # a quantized layer's own quantizers are inside it: keep every one float
+        view.keep_float(op, "ONNX Runtime runs recurrent layers in its float kernel")
 
 
 FLOAT_RECURRENT = PlacementRule(
