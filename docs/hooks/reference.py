@@ -13,8 +13,8 @@ import ast
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 PACKAGES = {
     "qdq": "The entry points: `quantize_model`, calibration, PTQ, QAT, export, verification, the seed "
