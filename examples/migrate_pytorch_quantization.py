@@ -22,6 +22,7 @@ batches = [torch.randn(8, 3, 64, 64) for _ in range(4)]  # your calibration imag
 quant_desc_input = QuantDescriptor(calib_method="histogram")
 quant_nn.QuantConv2d.set_default_quant_desc_input(quant_desc_input)
 quant_nn.QuantLinear.set_default_quant_desc_input(quant_desc_input)
+quant_nn.QuantAdaptiveAvgPool2d.set_default_quant_desc_input(quant_desc_input)
 with quant_modules.initialize():  # a context manager in qdq (initialize() / deactivate() also work)
     seed_model = torchvision.models.resnet18(num_classes=10).eval()  # built with quantized modules
 
@@ -44,8 +45,8 @@ with torch.no_grad():
 model = torchvision.models.resnet18(num_classes=10).eval()
 model.load_state_dict(seed_model.state_dict(), strict=False)  # the same weights (the seed model's extra keys: ranges)
 model = qdq.quantize_model(model)  # converts an existing model, no monkey patch
-qdq.collect_stats(model, batches, calibrator="histogram", progress=False)
-qdq.load_amax(model, "percentile", percentile=99.99)
+qdq.collect_stats(model, batches, calibrator="histogram", progress=False)  # every activation quantizer
+qdq.load_amax(model, "percentile", percentile=99.99)  # weights: max per channel (weight_method="max")
 
 seed = {name: m for name, m in seed_model.named_modules() if isinstance(m, quant_nn.TensorQuantizer)}
 ours = dict(qdq.workflow.named_quantizers(model))
@@ -53,4 +54,5 @@ same = seed.keys() == ours.keys() and all(torch.equal(seed[name].amax, ours[name
 print(f"{len(ours)} quantizers; the two recipes give the same ranges: {same}")
 quant_nn.QuantConv2d.set_default_quant_desc_input(QuantDescriptor())  # the class defaults back (they are global)
 quant_nn.QuantLinear.set_default_quant_desc_input(QuantDescriptor())
+quant_nn.QuantAdaptiveAvgPool2d.set_default_quant_desc_input(QuantDescriptor())
 print("exported:", qdq.export_onnx(model, batches[0], "resnet18_seed_recipe.onnx"))
