@@ -1,3 +1,4 @@
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -14,12 +15,27 @@ def _seed():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip cleanly where CUDA is not available."""
+    """Tests marked ``gpu`` skip cleanly where CUDA is not available; the demo application's tests (``tests/app/``
+    and those marked ``app``) where the ``app`` extra is not installed."""
+    _skip_without_app_extra(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def _skip_without_app_extra(items):
+    from qdq.cli import APP_EXTRA_MODULES
+
+    missing = [name for name in APP_EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    app_tests = Path(__file__).parent / "app"
+    skip = pytest.mark.skip(reason=f"the demo application needs the app extra ({', '.join(missing)} not installed)")
+    for item in items:
+        if item.get_closest_marker("app") or item.path.is_relative_to(app_tests):
             item.add_marker(skip)
 
 

@@ -42,12 +42,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed by _Parser.error
         return exit_.code if isinstance(exit_.code, int) else EXIT_USER_ERROR
+    missing = missing_app_extra(args.command)
+    if missing:
+        print(f"qdq {args.command}: error: {missing}", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         return args.handler(args)
     except QdqError as err:
         message = " ".join(str(err).split())  # one line, whatever the backend's message looks like
         print(f"qdq {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
+
+
+APP_COMMANDS = frozenset({"demo", "quantize", "verify"})
+"""Subcommands built on the demo application (:mod:`qdq.app`: data sets, zoo models, reports)."""
+APP_EXTRA_MODULES = ("matplotlib", "sklearn", "mlxtend", "torchvision")
+"""What the ``app`` extra installs (pyproject.toml), as imported: the library itself needs none of it."""
+
+
+def missing_app_extra(command: str) -> str | None:
+    """For a subcommand of :data:`APP_COMMANDS`, the error to print when the ``app`` extra is absent, else None."""
+    import importlib.util
+
+    if command not in APP_COMMANDS:
+        return None
+    missing = [name for name in APP_EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"this command needs the 'app' extra ({', '.join(missing)} not installed): "
+            "pip install 'qdq[app]' (in a checkout: pip install -e \".[app]\")")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

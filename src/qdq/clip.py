@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -18,12 +20,16 @@ class ClipFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, inputs, clip_value_min, clip_value_max):  # type: ignore[override]
+    def forward(
+        ctx: Any, inputs: torch.Tensor, clip_value_min: torch.Tensor, clip_value_max: torch.Tensor
+    ) -> torch.Tensor:
         ctx.save_for_backward(inputs, clip_value_min, clip_value_max)
         return torch.max(torch.min(inputs, clip_value_max), clip_value_min)
 
     @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[override]
+    def backward(
+        ctx: Any, grad_output: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         inputs, lo, hi = ctx.saved_tensors
         below, above = inputs <= lo, inputs >= hi
         grad_input = grad_output.masked_fill(below | above, 0.0)
@@ -50,6 +56,9 @@ def clip(inputs: torch.Tensor, clip_value_min: torch.Tensor, clip_value_max: tor
 
 class Clip(nn.Module):
     """Clamp to ``[clip_value_min, clip_value_max]``; either bound can be a learned scalar parameter."""
+
+    clip_value_min: torch.Tensor  # a Parameter or a buffer, set in __init__
+    clip_value_max: torch.Tensor
 
     def __init__(
         self,

@@ -61,6 +61,6 @@ def _torch_reports_vnni() -> bool:
     try:
         import torch
 
-        return bool(torch.cpu._is_avx512_vnni_supported())  # private, present since torch 2.1
+        return bool(torch.cpu._is_avx512_vnni_supported())  # type: ignore[attr-defined]  # private (torch >= 2.1): not in its stubs
     except (ImportError, AttributeError, RuntimeError):
         return False

@@ -85,16 +85,19 @@ class QuantDescriptor:
     Args:
         num_bits: bits of the integer grid, 2 to 16.
         name: optional label, kept for printing.
-        fake_quant: True returns dequantized values (training/simulation); False returns integers.
-        axis: None for one amax per tensor, or the axes to **keep** (per-channel), e.g. 0 for the output
-            channels of a conv weight. Stored as a tuple.
-        amax: a fixed clipping range (float, list or array), stored as a float32 array.
-        learn_amax: learn the clipping range (PACT-style :class:`qdq.nn.Clip`); needs ``axis=None``.
-        scale_amax: multiply the (static or dynamic) amax by this factor at each use.
-        calib_method: name of the calibrator, ``"max"`` or ``"histogram"`` (or a registered name).
-        unsigned: quantize to ``[0, 2**num_bits - 1]``.
-        narrow_range: signed range ``[-2**(b-1) + 1, 2**(b-1) - 1]`` instead of full two's complement.
-            Default False: full range, which is what ONNX and TensorRT compute.
+
+    Keyword Args:
+        fake_quant (bool): True returns dequantized values (training/simulation); False returns integers.
+        axis (int | tuple[int, ...] | None): None for one amax per tensor, or the axes to **keep**
+            (per-channel), e.g. 0 for the output channels of a conv weight. Stored as a tuple.
+        amax (float | list | np.ndarray | None): a fixed clipping range (float, list or array), stored as a
+            float32 array.
+        learn_amax (bool): learn the clipping range (PACT-style :class:`qdq.nn.Clip`); needs ``axis=None``.
+        scale_amax (float | None): multiply the (static or dynamic) amax by this factor at each use.
+        calib_method (str): name of the calibrator, ``"max"`` or ``"histogram"`` (or a registered name).
+        unsigned (bool): quantize to ``[0, 2**num_bits - 1]``.
+        narrow_range (bool): signed range ``[-2**(b-1) + 1, 2**(b-1) - 1]`` instead of full two's
+            complement. Default False: full range, which is what ONNX and TensorRT compute.
 
     Raises:
         QdqTypeError: for an unknown keyword (with a suggestion) or a value of the wrong type.
@@ -102,6 +105,16 @@ class QuantDescriptor:
     """
 
     __slots__ = tuple(f"_{k}" for k in _DEFAULTS)
+    _num_bits: int
+    _name: str | None
+    _fake_quant: bool
+    _axis: tuple[int, ...] | None
+    _amax: np.ndarray | None
+    _learn_amax: bool
+    _scale_amax: float | None
+    _calib_method: str
+    _unsigned: bool
+    _narrow_range: bool
 
     def __init__(self, num_bits: int = 8, name: str | None = None, **kwargs: Any) -> None:
         unknown = [k for k in kwargs if k not in _DEFAULTS]
@@ -147,16 +160,46 @@ class QuantDescriptor:
         raise AttributeError(f"QuantDescriptor is immutable; build a new one with replace({key}=...).")
 
     # read-only properties -------------------------------------------------------------------------
-    num_bits = property(lambda self: self._num_bits)
-    name = property(lambda self: self._name)
-    fake_quant = property(lambda self: self._fake_quant)
-    axis = property(lambda self: self._axis, doc="Axes kept by per-channel quantization (tuple) or None.")
-    amax = property(lambda self: self._amax)
-    learn_amax = property(lambda self: self._learn_amax)
-    scale_amax = property(lambda self: self._scale_amax)
-    calib_method = property(lambda self: self._calib_method)
-    unsigned = property(lambda self: self._unsigned)
-    narrow_range = property(lambda self: self._narrow_range)
+    @property
+    def num_bits(self) -> int:
+        return self._num_bits
+
+    @property
+    def name(self) -> str | None:
+        return self._name
+
+    @property
+    def fake_quant(self) -> bool:
+        return self._fake_quant
+
+    @property
+    def axis(self) -> tuple[int, ...] | None:
+        """Axes kept by per-channel quantization (tuple) or None."""
+        return self._axis
+
+    @property
+    def amax(self) -> np.ndarray | None:
+        return self._amax
+
+    @property
+    def learn_amax(self) -> bool:
+        return self._learn_amax
+
+    @property
+    def scale_amax(self) -> float | None:
+        return self._scale_amax
+
+    @property
+    def calib_method(self) -> str:
+        return self._calib_method
+
+    @property
+    def unsigned(self) -> bool:
+        return self._unsigned
+
+    @property
+    def narrow_range(self) -> bool:
+        return self._narrow_range
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Immutable with __slots__: copy, deepcopy and pickle go through the lossless dict form.

@@ -13,6 +13,7 @@ For a model that already exists prefer :func:`qdq.quantize_model`, which needs n
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -119,8 +120,6 @@ def is_active() -> bool:
     return _PATCH.active
 
 
-def enable_onnx_export():
+def enable_onnx_export() -> contextlib.AbstractContextManager[None]:
     """Seed compatibility: a no-op context manager. Use :func:`qdq.export_onnx`, which checks readiness."""
-    import contextlib
-
     return contextlib.nullcontext()

@@ -93,6 +93,8 @@ class TensorQuantizer(nn.Module):
     #: set per instance by :func:`qdq.load_amax`, :func:`qdq.calibrate` and :func:`qdq.ptq`; ``None`` when
     #: unknown. Not saved in ``state_dict``; setting ``amax`` resets it.
     amax_method: str | None = None
+    _amax: torch.Tensor  # buffers, registered in __init__
+    _pre_quant_scale: torch.Tensor
 
     def __init__(
         self,
@@ -302,14 +304,9 @@ class TensorQuantizer(nn.Module):
             return
         self._pre_quant_scale = check_range("pre_quant_scale", value, self._pre_quant_scale.device)
 
-    num_bits = property(lambda self: self._num_bits)
-    unsigned = property(lambda self: self._unsigned)
-    narrow_range = property(lambda self: self._narrow_range)
-    axis = property(lambda self: self._axis, doc="Axes kept by per-channel quantization, or None.")
-    fake_quant = property(lambda self: self._fake_quant)
-    learn_amax = property(lambda self: self._learn_amax)
-    scale_amax = property(lambda self: self._scale_amax)
-    calib_method = property(lambda self: self._calib_method)
+    @property
+    def num_bits(self) -> int:
+        return self._num_bits
 
     @num_bits.setter
     def num_bits(self, value: int) -> None:
@@ -317,14 +314,43 @@ class TensorQuantizer(nn.Module):
         self._num_bits = value
         self._amax = self._low_precision(self._amax)  # a new grid: a new step
 
+    @property
+    def unsigned(self) -> bool:
+        return self._unsigned
+
     @unsigned.setter
     def unsigned(self, value: bool) -> None:
         self._unsigned = bool(value)
         self._amax = self._low_precision(self._amax)
 
+    @property
+    def narrow_range(self) -> bool:
+        return self._narrow_range
+
     @narrow_range.setter
     def narrow_range(self, value: bool) -> None:
         self._narrow_range = bool(value)
+
+    @property
+    def axis(self) -> tuple[int, ...] | None:
+        """Axes kept by per-channel quantization, or None."""
+        return self._axis
+
+    @property
+    def fake_quant(self) -> bool:
+        return self._fake_quant
+
+    @property
+    def learn_amax(self) -> bool:
+        return self._learn_amax
+
+    @property
+    def scale_amax(self) -> float | None:
+        return self._scale_amax
+
+    @property
+    def calib_method(self) -> str:
+        return self._calib_method
 
     @property
     def maxbound(self) -> int:
@@ -421,7 +447,16 @@ class TensorQuantizer(nn.Module):
         return amax
 
     # ------------------------------------------------------------------------------- state_dict
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # noqa: E501
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         # Stored ranges may have another shape than ours (e.g. empty before calibration): adopt theirs,
         # on our device, so a checkpoint saved on GPU loads on a CPU-only host.
         for name in _BUFFERS:

@@ -13,6 +13,7 @@ import fnmatch
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast, overload
 
 from torch import nn
 
@@ -35,7 +36,15 @@ __all__ = [
 # commutes with Q/DQ) and InstanceNorm are registered but swapped only when a filter names them, as in the seed.
 
 
-def register_quant_module(float_cls: type, quant_cls: type | None = None, *, override: bool = False):
+@overload
+def register_quant_module(
+    float_cls: type, quant_cls: None = None, *, override: bool = False
+) -> Callable[[type], type]: ...
+@overload
+def register_quant_module(float_cls: type, quant_cls: type, *, override: bool = False) -> type: ...
+def register_quant_module(
+    float_cls: type, quant_cls: type | None = None, *, override: bool = False
+) -> Callable[[type], type] | type:
     """Register ``quant_cls`` as the quantized version of ``float_cls``; usable as a decorator.
 
     ``quant_cls`` must subclass :class:`qdq.nn.QuantInputMixin` (or ``QuantMixin``) and ``float_cls``,
@@ -166,9 +175,10 @@ def _convertible(module: nn.Module, name: str, module_filter: ModuleFilter) -> b
 
 def _convert(module: nn.Module, descs: _Descs) -> nn.Module:
     quant_cls = QUANT_MODULES.get(type(module))
+    # every registered class subclasses QuantInputMixin and the torch module it replaces (register_quant_module)
     if issubclass(quant_cls, QuantMixin):
-        return quant_cls.from_float(module, *descs)
-    return quant_cls.from_float(module, descs[0])
+        return cast(nn.Module, quant_cls.from_float(module, *descs))
+    return cast(nn.Module, cast("type[QuantInputMixin]", quant_cls).from_float(module, descs[0]))
 
 
 def _replace_children(parent: nn.Module, prefix: str, module_filter: ModuleFilter, descs: _Descs) -> list[str]:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.app]  # qdq quantize --data digits: scikit-learn
 
 
 def test_quantize_command_under_torchrun(tmp_path, torchrun_env):

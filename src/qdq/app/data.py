@@ -435,6 +435,6 @@ def make_loaders(
     if batch_size < 1:
         raise QdqConfigError(f"batch_size must be >= 1, got {batch_size!r}")
     eval_bs = eval_batch_size or 2 * batch_size
-    train_loader = DataLoader(train, batch_size=batch_size, sampler=SeededSampler(len(train), seed))
+    train_loader = DataLoader(train, batch_size=batch_size, sampler=SeededSampler(len(train), seed))  # type: ignore[arg-type]  # map-style: sized
     test_loader = DataLoader(test, batch_size=eval_bs, shuffle=False)
     return train_loader, test_loader

@@ -44,7 +44,8 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float = 5e-4, kind
     """
     if kind not in OPTIMIZERS:
         raise QdqConfigError(f"unknown optimizer {kind!r}; expected one of {', '.join(OPTIMIZERS)}")
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
@@ -101,7 +102,7 @@ def train_one_epoch(
         total += float(loss.detach()) * labels.numel()
         count += labels.numel()
         if bar is not loader:  # a progress bar
-            bar.set_postfix(loss=f"{total / count:.4f}")
+            bar.set_postfix(loss=f"{total / count:.4f}")  # type: ignore[attr-defined]  # a tqdm bar
     if count == 0:
         raise QdqConfigError("the training loader yielded no batch")
     return total / count
@@ -134,7 +135,7 @@ def train_classifier(
         raise QdqConfigError(f"epochs must be >= 1 and lr > 0, got epochs={epochs!r}, lr={lr!r}")
     model.to(device)
     opt = make_optimizer(model, lr, weight_decay, optimizer)
-    total = epochs * len(train_loader)  # type: ignore[arg-type]
+    total = epochs * len(train_loader)  # type: ignore[arg-type]  # the app's loaders are sized
     scheduler = make_scheduler(opt, total, warmup_fraction=warmup_fraction, final_lr_fraction=final_lr_fraction)
     losses = []
     for epoch in range(epochs):
@@ -180,7 +181,7 @@ def evaluate(
                 count += labels.numel()
     finally:
         if was_training:
-            model.train()  # type: ignore[union-attr]
+            model.train()  # type: ignore[union-attr]  # was_training: an nn.Module
     if count == 0:
         raise QdqConfigError("the evaluation loader yielded no sample")
     return 100.0 * correct / count

@@ -90,7 +90,7 @@ def _translate(x: Any, scale: Any, zero_point: Any, axis: int, tag: str) -> Any:
     q = op.QuantizeLinear(x, scale, zero_point, **kwargs)
     dq = op.DequantizeLinear(q, scale, zero_point, **kwargs)
     for value in (q, dq):
-        value.producer().metadata_props[TAG_KEY] = tag
+        value.producer().metadata_props[TAG_KEY] = tag  # type: ignore[union-attr]  # traced: an ir.Value, not FLOAT
     return dq
 
 

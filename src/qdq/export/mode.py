@@ -146,11 +146,11 @@ def _probe(
     seen: dict[TensorQuantizer, _Seen] = {q: _Seen() for q in quantizers}
 
     def hook(module: nn.Module, inputs: tuple) -> None:
-        record = seen[module]  # type: ignore[index]
+        record = seen[module]  # type: ignore[index]  # hooked on the quantizers only
         x = inputs[0]
         record.calls += 1
         record.ranks.add(x.dim())
-        if module.is_weight:  # type: ignore[union-attr]
+        if module.is_weight:
             record.constant = x.detach()
 
     handles = [q.register_forward_pre_hook(hook) for q in quantizers]

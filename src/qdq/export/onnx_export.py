@@ -380,7 +380,7 @@ def _export_dynamo(
         optimize=True,
         verbose=False,
     )
-    return program.model_proto
+    return program.model_proto  # type: ignore[union-attr]  # torch.onnx.export returns a program with dynamo=True
 
 
 def _export_torchscript(
@@ -403,7 +403,7 @@ def _export_torchscript(
     torch.onnx.export(
         model,
         args,
-        buffer,
+        buffer,  # type: ignore[arg-type]  # torch's annotation omits the file objects the TorchScript exporter takes
         dynamo=False,
         input_names=names[0],
         output_names=names[1],

@@ -43,7 +43,8 @@ __all__ = [
     "pop_quant_desc_in_kwargs",
 ]
 
-M = TypeVar("M", bound=nn.Module)
+Q = TypeVar("Q", bound="QuantInputMixin")
+QW = TypeVar("QW", bound="QuantMixin")
 
 
 def _check_desc(desc: Any, what: str) -> QuantDescriptor:
@@ -61,7 +62,7 @@ class QuantModule:
     def quantizers(self) -> dict[str, TensorQuantizer]:
         """Each quantizer of this module by its name in the module (``"_input_quantizer"``,
         ``"_weight_quantizers.1"``...); :attr:`~qdq.quantizer.TensorQuantizer.role` says what each is for."""
-        return {name: m for name, m in self.named_modules() if isinstance(m, TensorQuantizer)}  # type: ignore[attr-defined]
+        return {name: m for name, m in self.named_modules() if isinstance(m, TensorQuantizer)}  # type: ignore[attr-defined]  # a mixin: on torch modules
 
     def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
         """The quantizer applied to each positional argument of ``forward`` as it is read, None where the
@@ -114,7 +115,7 @@ class QuantInputMixin(QuantModule):
         return (self._input_quantizer,)
 
     @classmethod
-    def from_float(cls: type[M], module: nn.Module, quant_desc_input: QuantDescriptor | None = None, **_: Any) -> M:
+    def from_float(cls: type[Q], module: nn.Module, quant_desc_input: QuantDescriptor | None = None, **_: Any) -> Q:
         """A quantized copy of ``module`` that shares its parameters, buffers and hooks."""
         new = _adopt(cls, module)
         new.init_quantizer(quant_desc_input)
@@ -138,7 +139,7 @@ class InputQuantized(QuantInputMixin):
     """Base of modules that quantize their input and then run the float module (pooling, norms)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return super().forward(self._input_quantizer(input))
+        return super().forward(self._input_quantizer(input))  # type: ignore[misc]  # the torch module's, next in the MRO
 
 
 class QuantMixin(QuantInputMixin):
@@ -166,15 +167,15 @@ class QuantMixin(QuantInputMixin):
     def quantized_weights(self) -> Iterator[tuple[str, torch.Tensor, TensorQuantizer]]:
         """``(name suffix, weight, its quantizer)`` for each weight this module quantizes: ``("", weight,
         weight quantizer)``; what :func:`qdq.calib.calibrate_weights` calibrates."""
-        yield "", self.weight.detach(), self._weight_quantizer  # type: ignore[attr-defined]
+        yield "", self.weight.detach(), self._weight_quantizer  # type: ignore[attr-defined]  # the torch layer's weight
 
     @classmethod
-    def from_float(
-        cls: type[M],
+    def from_float(  # type: ignore[override]  # a weight descriptor where the input-only base takes **_ (ignored)
+        cls: type[QW],
         module: nn.Module,
         quant_desc_input: QuantDescriptor | None = None,
         quant_desc_weight: QuantDescriptor | None = None,
-    ) -> M:
+    ) -> QW:
         new = _adopt(cls, module)
         new.init_quantizer(quant_desc_input, quant_desc_weight)
         return _quantizers_on_device_of(new, module)
@@ -206,7 +207,7 @@ def calibration_finished(model: nn.Module) -> list[str]:
     return [message for message in messages if message is not None]
 
 
-def _quantizers_on_device_of(new: M, module: nn.Module) -> M:
+def _quantizers_on_device_of(new: Q, module: nn.Module) -> Q:
     """``new`` with its quantizers' buffers on the device of ``module``'s first parameter or buffer (a model
     quantized on a GPU keeps its ranges there: the kernels read them on the device)."""
     tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
@@ -216,7 +217,7 @@ def _quantizers_on_device_of(new: M, module: nn.Module) -> M:
     return new
 
 
-def _adopt(cls: type[M], module: nn.Module) -> M:
+def _adopt(cls: type[Q], module: nn.Module) -> Q:
     """Instance of ``cls`` carrying ``module``'s state without re-running ``__init__`` (no re-init of weights).
 
     Parameters and buffers are the same objects (an optimizer built on the float model keeps working);
@@ -237,7 +238,7 @@ def _adopt(cls: type[M], module: nn.Module) -> M:
     return new
 
 
-def float_class_of(quant_cls: type) -> type:
+def float_class_of(quant_cls: type) -> type[nn.Module]:
     """The float module class a quantized class replaces: its first non-quant ``nn.Module`` base."""
     for base in quant_cls.__mro__[1:]:
         if issubclass(base, nn.Module) and not issubclass(base, QuantInputMixin):
@@ -245,16 +246,19 @@ def float_class_of(quant_cls: type) -> type:
     raise QdqTypeError(f"{quant_cls.__name__} does not subclass a torch module.")
 
 
+_WEIGHT_DEFAULT = "default_quant_desc_weight"  # a QuantMixin's; not read for an input-only class
+
+
 def pop_quant_desc_in_kwargs(
-    quant_cls: type, input_only: bool = False, **kwargs: Any
+    quant_cls: type[QuantInputMixin], input_only: bool = False, **kwargs: Any
 ) -> QuantDescriptor | tuple[QuantDescriptor, QuantDescriptor]:
     """Seed helper: pop ``quant_desc_input`` (and ``quant_desc_weight``) from kwargs, with class defaults.
 
     Raises:
         QdqTypeError: for any other keyword.
     """
-    desc_input = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)
-    desc_weight = None if input_only else kwargs.pop("quant_desc_weight", quant_cls.default_quant_desc_weight)
+    desc_input: QuantDescriptor = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)
+    desc_weight: Any = None if input_only else kwargs.pop("quant_desc_weight", getattr(quant_cls, _WEIGHT_DEFAULT))
     if kwargs:
         raise QdqTypeError(f"Unused keys: {sorted(kwargs)}; only quant_desc_input/quant_desc_weight are accepted.")
     if input_only:

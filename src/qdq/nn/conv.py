@@ -6,7 +6,8 @@ axis is 0 as well, the per-*input*-channel scale TensorRT's deconvolution kernel
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -27,6 +28,11 @@ __all__ = [
 
 
 class _QuantConvNd(QuantMixin):
+    # What the torch convolution each class is combined with provides (QuantConv2d(_QuantConvNd, nn.Conv2d)).
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    _conv_forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         quant_input = self._input_quantizer(input)
         quant_weight = self._weight_quantizer(self.weight)
@@ -57,6 +63,14 @@ class QuantConv3d(_QuantConvNd, nn.Conv3d):
 class _QuantConvTransposeNd(_QuantConvNd):
     _functional: ClassVar[Any]
     _spatial_dims: ClassVar[int]
+    # What nn.ConvTransposeNd provides (its types, as torch declares them).
+    stride: tuple[int, ...]
+    padding: str | tuple[int, ...]
+    dilation: tuple[int, ...]
+    kernel_size: tuple[int, ...]
+    groups: int
+    padding_mode: Literal["zeros", "reflect", "replicate", "circular"]
+    _output_padding: Callable[..., list[int]]
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if self.padding_mode != "zeros":

@@ -9,6 +9,7 @@ automatically for the architectures it knows.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -40,13 +41,14 @@ class QuantAdd(QuantModule, nn.Module):
         super().__init__()
         if len(quantize) != 2:
             raise QdqConfigError(f"quantize needs one flag per input (2), got {tuple(quantize)}.")
-        self.input_quantizers = nn.ModuleList(TensorQuantizer(_desc(quant_desc_input), role="input") for _ in range(2))
-        for quantizer, on in zip(self.input_quantizers, quantize):
+        quantizers = [TensorQuantizer(_desc(quant_desc_input), role="input") for _ in range(2)]
+        for quantizer, on in zip(quantizers, quantize):
             if not on:
                 quantizer.disable()
+        self.input_quantizers = nn.ModuleList(quantizers)
 
     def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
-        return tuple(self.input_quantizers)
+        return cast("tuple[TensorQuantizer, ...]", tuple(self.input_quantizers))  # a ModuleList of them
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.input_quantizers[0](a) + self.input_quantizers[1](b)
@@ -81,7 +83,7 @@ class QuantMatMul(QuantModule, nn.Module):
         self.input_quantizers = nn.ModuleList(TensorQuantizer(_desc(quant_desc_input), role="input") for _ in range(2))
 
     def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
-        return tuple(self.input_quantizers)
+        return cast("tuple[TensorQuantizer, ...]", tuple(self.input_quantizers))  # a ModuleList of them
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(self.input_quantizers[0](a), self.input_quantizers[1](b))

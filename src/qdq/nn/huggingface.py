@@ -134,5 +134,5 @@ def capture_hf_attention(
             f"no module of {type(model).__name__} dispatches its attention through transformers' attention "
             "registry, so its attention cannot be quantized this way (it stays float)."
         )
-    model.set_attn_implementation(IMPLEMENTATION)
+    model.set_attn_implementation(IMPLEMENTATION)  # type: ignore[operator]  # a transformers PreTrainedModel's
     return names

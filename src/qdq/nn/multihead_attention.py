@@ -21,7 +21,7 @@ over heads unless ``average_attn_weights=False``. ``add_bias_kv`` and ``add_zero
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +61,9 @@ class QuantMultiheadAttention(QuantMixin, nn.MultiheadAttention):
         self.v_weight_quantizer = TensorQuantizer(weight_desc, role="weight")
         if not isinstance(self.out_proj, QuantLinear):
             self._float_out_proj = type(self.out_proj)  # NonDynamicallyQuantizableLinear, given back by to_float
-            self.out_proj = QuantLinear.from_float(self.out_proj, quant_desc_input, quant_desc_weight)
+            self.out_proj = QuantLinear.from_float(  # type: ignore[assignment]  # torch's MHA types it as its Linear
+                self.out_proj, quant_desc_input, quant_desc_weight
+            )
         self.attention = QuantScaledDotProductAttention(quant_desc_input)
 
     def argument_quantizers(self) -> tuple[TensorQuantizer | None, ...]:
@@ -70,7 +72,7 @@ class QuantMultiheadAttention(QuantMixin, nn.MultiheadAttention):
     def to_float(self) -> nn.Module:
         """The ``nn.MultiheadAttention`` this module replaced: the same parameters, its ``out_proj`` float again."""
         float_module = super().to_float()
-        out_proj = self.out_proj.to_float()
+        out_proj = cast(QuantLinear, self.out_proj).to_float()  # made a QuantLinear by init_quantizer
         out_proj.__class__ = float_module.__dict__.pop("_float_out_proj", type(out_proj))
         float_module._modules["out_proj"] = out_proj
         return float_module
@@ -95,7 +97,7 @@ class QuantMultiheadAttention(QuantMixin, nn.MultiheadAttention):
             yield f"{part}_proj_weight", weight, quantizer
 
     def _projection_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return tuple(quantizer(weight) for _, weight, quantizer in self.quantized_weights())  # type: ignore[return-value]
+        return tuple(quantizer(weight) for _, weight, quantizer in self.quantized_weights())
 
     def forward(
         self,

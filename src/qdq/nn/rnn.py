@@ -16,7 +16,7 @@ time steps (no cuDNN), and keeps ``nn.LSTM``'s parameter names so state_dicts lo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -163,7 +163,7 @@ class QuantLSTM(QuantMixin, nn.LSTM):
         return (None,)
 
     @classmethod
-    def from_float(
+    def from_float(  # type: ignore[override]  # a weight descriptor where the input-only base takes **_ (ignored)
         cls,
         module: nn.Module,
         quant_desc_input: QuantDescriptor | None = None,
@@ -192,7 +192,7 @@ class QuantLSTM(QuantMixin, nn.LSTM):
         return 2 if self.bidirectional else 1
 
     # ------------------------------------------------------------------------------- forward
-    def forward(
+    def forward(  # type: ignore[override]  # a tensor input only: nn.LSTM's PackedSequence overload raises here
         self,
         input: torch.Tensor,
         hx: HiddenState | None = None,
@@ -266,7 +266,8 @@ class QuantLSTM(QuantMixin, nn.LSTM):
         what :func:`qdq.calib.calibrate_weights` calibrates."""
         for idx, quantizer in enumerate(self._weight_quantizers):
             weight_ih, weight_hh, _ = self._layer_params(idx)
-            yield f"weight_quantizers.{idx}", _fused_weight(weight_ih, weight_hh).detach(), quantizer
+            weight = _fused_weight(weight_ih, weight_hh).detach()
+            yield f"weight_quantizers.{idx}", weight, cast(TensorQuantizer, quantizer)
 
     def _run_direction(
         self, x: torch.Tensor, state: HiddenState, idx: int
@@ -274,7 +275,7 @@ class QuantLSTM(QuantMixin, nn.LSTM):
         """One layer × direction over time-major ``x`` ``(L, N, I)``; output ``(L, N, H)``."""
         weight_ih, weight_hh, biases = self._layer_params(idx)
         quant_weight = self._weight_quantizers[idx](_fused_weight(weight_ih, weight_hh))
-        input_quantizer = self._input_quantizers[idx]
+        input_quantizer = cast(TensorQuantizer, self._input_quantizers[idx])
         steps = range(x.size(0) - 1, -1, -1) if idx % self._num_directions == 1 else range(x.size(0))
         outputs: list[torch.Tensor] = [x.new_empty(0)] * x.size(0)
         for t in steps:

@@ -54,5 +54,6 @@ def quant_weight_inplace(model: nn.Module) -> None:
     with torch.no_grad():
         for module in model.modules():
             quantizer = getattr(module, "_weight_quantizer", None)
-            if quantizer is not None and isinstance(getattr(module, "weight", None), torch.Tensor):
-                module.weight.copy_(quantizer(module.weight))
+            weight = getattr(module, "weight", None)
+            if quantizer is not None and isinstance(weight, torch.Tensor):
+                weight.copy_(quantizer(weight))

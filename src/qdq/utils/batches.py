@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,7 +90,7 @@ class ModelInputs:
         return int(first.shape[0]) if first is not None and first.dim() else None
 
 
-def _mover(device: torch.device):
+def _mover(device: torch.device) -> Callable[[Any], Any]:
     def move(value: Any) -> Any:
         return value.to(device) if isinstance(value, torch.Tensor) else value
 

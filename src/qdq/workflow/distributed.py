@@ -166,7 +166,7 @@ def _group_timeout() -> str:
     """The default group's timeout in words, as far as the backend tells it."""
     try:
         device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-        seconds = dist.group.WORLD._get_backend(device).options._timeout.total_seconds()  # type: ignore[union-attr]
+        seconds = dist.group.WORLD._get_backend(device).options._timeout.total_seconds()  # type: ignore[union-attr]  # private; guarded
         return f"{seconds:g} s"
     except Exception:  # a private API: the message only loses a number
         return "the process-group timeout"
@@ -337,7 +337,7 @@ def broadcast_quantizer_state(model: nn.Module, src: int = 0) -> None:
     payload = [{n: {k: v.cpu() for k, v in _tensor_state(q).items()} for n, q in quantizers} if rank() == src else None]
     with collective(f"broadcasting the quantizer state from rank {src}"):
         dist.broadcast_object_list(payload, src=src)
-    state: dict[str, dict[str, torch.Tensor]] = payload[0]  # type: ignore[assignment]
+    state: dict[str, dict[str, torch.Tensor]] = payload[0]  # type: ignore[assignment]  # filled by the broadcast
     assert_same_across_ranks(sorted(n for n, _ in quantizers) == sorted(state), "having the same quantizers")
     for name, quantizer in quantizers:
         _load_tensor_state(quantizer, state[name])
@@ -414,7 +414,7 @@ def shard(
     :func:`qdq.workflow.fine_tuning.qat` calls ``sampler.set_epoch(epoch)`` for you. Works without a process
     group too (one rank: the whole dataset).
     """
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed, drop_last=drop_last
     )
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kwargs)
@@ -432,7 +432,7 @@ class RoundRobinBatchSampler(Sampler[list[int]]):
         return itertools.islice(iter(self.batch_sampler), self.rank, None, self.num_replicas)
 
     def __len__(self) -> int:
-        return len(range(self.rank, len(self.batch_sampler), self.num_replicas))  # type: ignore[arg-type]
+        return len(range(self.rank, len(self.batch_sampler), self.num_replicas))  # type: ignore[arg-type]  # a BatchSampler
 
 
 def shard_batches(dataset: Dataset[Any], batch_size: int, **loader_kwargs: Any) -> DataLoader[Any]:
@@ -444,5 +444,5 @@ def shard_batches(dataset: Dataset[Any], batch_size: int, **loader_kwargs: Any) 
     in the last bit with the batch it is in, as kernels depend on the batch size). Ranks may get one batch
     more than others: calibration has no collective per batch. Not for DDP training (use :func:`shard`).
     """
-    batches = BatchSampler(SequentialSampler(dataset), batch_size, drop_last=False)  # type: ignore[arg-type]
+    batches = BatchSampler(SequentialSampler(dataset), batch_size, drop_last=False)  # type: ignore[arg-type]  # sized
     return DataLoader(dataset, batch_sampler=RoundRobinBatchSampler(batches, world_size(), rank()), **loader_kwargs)

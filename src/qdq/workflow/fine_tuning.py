@@ -108,7 +108,14 @@ def _cosine(total_steps: int, floor: float) -> Callable[[int], float]:
     return factor
 
 
-def _loss_step(model, batch, loss_fn, optimizer, scaler, device) -> float:
+def _loss_step(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    device: torch.device,
+) -> float:
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type=device.type, enabled=scaler is not None):
         loss = _loss(model, batch, loss_fn, device)
@@ -200,7 +207,7 @@ def qat(
         optim: torch.optim.Optimizer = torch.optim.AdamW(params, lr=lr * lr_scale, weight_decay=weight_decay)
     else:
         optim = torch.optim.SGD(params, lr=lr * lr_scale, momentum=momentum, weight_decay=weight_decay)
-    steps_per_epoch = len(train_data) if hasattr(train_data, "__len__") else 1  # type: ignore[arg-type]
+    steps_per_epoch = len(train_data) if hasattr(train_data, "__len__") else 1  # type: ignore[arg-type]  # checked
     scheduler = torch.optim.lr_scheduler.LambdaLR(optim, _cosine(epochs * steps_per_epoch, final_lr_fraction))
     scaler = torch.amp.GradScaler(device.type) if use_amp and device.type == "cuda" else None
     result, start = QATResult(), 0
@@ -226,12 +233,22 @@ def qat(
 
 def _set_sampler_epoch(data: Iterable[Any], epoch: int) -> None:
     """Samplers with ``set_epoch`` (DistributedSampler, qdq's SeededSampler) replay epoch ``epoch``'s order."""
-    sampler = getattr(data, "sampler", None)
+    sampler: Any = getattr(data, "sampler", None)
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
 
 
-def _train_epoch(model, data, loss_fn, optimizer, scheduler, scaler, device, progress, desc) -> float:
+def _train_epoch(
+    model: nn.Module,
+    data: Iterable[Any],
+    loss_fn: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+    device: torch.device,
+    progress: Progress,
+    desc: str,
+) -> float:
     model.train()
     batches = progress_bar(data, progress, desc)
     total, count = 0.0, 0
@@ -275,7 +292,14 @@ def _found_checkpoint(path: Path) -> bool:
     return found
 
 
-def _save(path: Path, model, optimizer, scheduler, epoch: int, result: QATResult) -> None:
+def _save(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    epoch: int,
+    result: QATResult,
+) -> None:
     rng = _rng_states()  # a collective under torch.distributed: every rank takes part
     with main_process_only() as main:
         if main:
@@ -302,7 +326,13 @@ def _rng_states() -> list[dict[str, Any]]:
     return states
 
 
-def _restore(path: Path, model, optimizer, scheduler, result: QATResult) -> int:
+def _restore(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    result: QATResult,
+) -> int:
     state = torch.load(path, map_location="cpu", weights_only=False)
     unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

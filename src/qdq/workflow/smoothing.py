@@ -26,9 +26,9 @@ weight ranges change with ``W * s``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -98,15 +98,15 @@ class _Observer:
         self._handles += [m.register_forward_hook(self._norm_hook(n)) for n, m in model.named_modules()
                           if isinstance(m, nn.LayerNorm)]  # fmt: skip
 
-    def _norm_hook(self, name: str):
-        def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+    def _norm_hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> None:
             if self._first:
                 self._norm_outputs[id(out)] = (name, out)
 
         return hook
 
-    def _linear_hook(self, name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
+    def _linear_hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach()
             if self._first and id(args[0]) in self._norm_outputs:
                 self.producer[name] = self._norm_outputs[id(args[0])][0]
@@ -171,7 +171,14 @@ def smooth_inputs(
     return result
 
 
-def _apply(model, linears, observer, alpha, fold, run) -> SmoothingResult:
+def _apply(
+    model: nn.Module,
+    linears: dict[str, nn.Linear],
+    observer: _Observer,
+    alpha: float,
+    fold: bool,
+    run: Callable[[], Any],
+) -> SmoothingResult:
     result = SmoothingResult(alpha)
     groups: dict[str, list[str]] = {}
     for name in linears:
@@ -193,7 +200,8 @@ def _apply(model, linears, observer, alpha, fold, run) -> SmoothingResult:
             result.folded[key] = names
             continue
         for n in names:
-            linears[n].input_quantizer.pre_quant_scale = 1.0 / scales
+            quantizer = cast(TensorQuantizer, linears[n].input_quantizer)  # each Linear _smoothable kept has one
+            quantizer.pre_quant_scale = 1.0 / scales
             result.pre_quant_scaled.append(n)
     return result
 
@@ -202,19 +210,20 @@ def _outputs(out: Any) -> list[torch.Tensor]:
     return [o.detach().clone() for o in flatten_outputs(out) if isinstance(o, torch.Tensor)]
 
 
-def _fold(norm: nn.Module, scales: torch.Tensor, run, reference: list[torch.Tensor] | None) -> bool:
+def _fold(norm: nn.Module, scales: torch.Tensor, run: Callable[[], Any], reference: list[torch.Tensor] | None) -> bool:
     """Divide the LayerNorm's affine parameters by ``scales``; keep it if the float output is unchanged."""
-    if reference is None or getattr(norm, "weight", None) is None or norm.weight.shape != scales.shape:
+    weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+    if reference is None or weight is None or weight.shape != scales.shape:
         return False
-    saved = [p.detach().clone() for p in (norm.weight, norm.bias) if p is not None]
+    params = [p for p in (weight, bias) if p is not None]
+    saved = [p.detach().clone() for p in params]
     with torch.no_grad():
-        for param in (norm.weight, norm.bias):
-            if param is not None:
-                param.div_(scales.to(param.dtype))
+        for param in params:
+            param.div_(scales.to(param.dtype))
     if _same(_outputs(run()), reference):
         return True
     with torch.no_grad():
-        for param, value in zip([p for p in (norm.weight, norm.bias) if p is not None], saved):
+        for param, value in zip(params, saved):
             param.copy_(value)
     return False
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +184,8 @@ def verify(
             to the engine under the names :func:`qdq.export.export_onnx` gave them; for a Keras model
             arrays or ``(inputs, labels)`` pairs.
         runtime: ``"onnxruntime"``, ``"openvino"`` or ``"tensorrt"``.
-        min_agreement, max_error_steps: the thresholds of the result's verdict (PASS / FAIL).
+        min_agreement: the verdict's threshold on top-1 agreement, in percent (PASS needs at least this).
+        max_error_steps: the verdict's threshold on the max error, in output steps (PASS needs at most this).
         runtime_options: passed to :func:`qdq.runtime.load_runtime` (e.g. ``precision="f32"``).
     """
     from qdq.runtime import load_runtime
@@ -349,7 +350,9 @@ def _single_input(batch: Any, model: nn.Module) -> np.ndarray:
     return tensors[0].detach().cpu().numpy()
 
 
-def _quantizer_outputs(model: nn.Module, quantizers: dict[str, nn.Module], x: torch.Tensor) -> dict[str, np.ndarray]:
+def _quantizer_outputs(
+    model: nn.Module, quantizers: Mapping[str, nn.Module], x: torch.Tensor
+) -> dict[str, np.ndarray]:
     """Each quantizer's output for ``x`` (float64), for the quantizers called exactly once."""
     seen: dict[str, list[np.ndarray]] = {}
 

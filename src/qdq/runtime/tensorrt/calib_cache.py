@@ -105,12 +105,14 @@ def _scales_from_graph(model: nn.Module, sites: dict[str, QdqSite]) -> _Found:
 def _scales_from_ranges(source: nn.Module | Mapping[str, Any], tensors: Mapping[str, str]) -> _Found:
     """Quantizer name -> (tensor, TensorRT scale), from the quantizers' ranges or a mapping name -> amax."""
     if isinstance(source, nn.Module):
+        # _activation_quantizers keeps the quantizers with a range: effective_amax() is never None here
         ranges = {name: q.effective_amax() for name, q in _activation_quantizers(source).items()}
     elif isinstance(source, Mapping):
         ranges = {str(k): torch.as_tensor(v, dtype=torch.float32).max() for k, v in source.items()}
     else:
         raise QdqTypeError(f"expected a model or a mapping quantizer name -> amax, got {type(source).__name__}.")
-    return {str(name): (str(tensor), _trt_scale(ranges[name])) for name, tensor in tensors.items() if name in ranges}
+    return {str(name): (str(tensor), _trt_scale(ranges[name]))  # type: ignore[arg-type]  # not None: see above
+            for name, tensor in tensors.items() if name in ranges}  # fmt: skip
 
 
 def calibration_scales(
