@@ -173,8 +173,9 @@ class CatNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.cat([self.a(x), self.b(x)], dim=1)  # read by a quantized conv only: left alone
-        z = torch.cat([self.a(x), x], 1)  # a model output: one shared quantizer
-        return self.head(y), z
+        z = torch.cat([self.a(x), x], 1)  # read by a float op: one shared quantizer
+        w = torch.cat([self.b(x), x], 1)  # a model output: left float (nothing after it runs in int8)
+        return self.head(y), torch.tanh(z), w
 
 
 def test_concat_rule():
@@ -182,7 +183,7 @@ def test_concat_rule():
     concats = [m for m in placed.modules() if isinstance(m, qnn.QuantConcat)]
     assert len(concats) == 1 and concats[0].dim == 1
     out = placed(torch.randn(2, 3, 4, 4))
-    assert out[1].shape == (2, 7, 4, 4)
+    assert out[1].shape == out[2].shape == (2, 7, 4, 4)
 
 
 class UNetStep(nn.Module):

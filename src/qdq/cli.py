@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed by _Parser.error
         return exit_.code if isinstance(exit_.code, int) else EXIT_USER_ERROR
-    missing = missing_app_extra(args.command)
+    missing = None if _onnx_model(args) else missing_app_extra(args.command)
     if missing:
         print(f"qdq {args.command}: error: {missing}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -221,13 +221,20 @@ def add_quantize_parser(subparsers: Any) -> None:
         "(accuracy, fidelity to PyTorch, latency) and write report.md/html, PNGs and summary.json to --out.",
     )
     p.add_argument("--config", type=Path, help="YAML file with the same options (flags given here win)")
-    p.add_argument("--model", help="torchvision:NAME | path/to/file.py:factory | digits_resnet | digits_mobilenet")
+    p.add_argument("--model", help="torchvision:NAME | path/to/file.py:factory | digits_resnet | digits_mobilenet | "
+                   "path/to/model.onnx (an FP32 ONNX file: quantized for --target with qdq.quantize_onnx)")  # fmt: skip
     p.add_argument("--weights", help="local state_dict file for the model (required for a torchvision or digits "
                    "model unless --random-init)")  # fmt: skip
     p.add_argument("--random-init", action="store_true", default=None,
                    help="quantize a torchvision or digits model without --weights: its random initialisation "
                    "(for trying the pipeline; its accuracy means nothing)")  # fmt: skip
-    p.add_argument("--data", help="mnist (default: 5,000 real digits, offline) | digits | imagefolder:DIR")
+    p.add_argument("--data", help="mnist (default: 5,000 real digits, offline) | digits | imagefolder:DIR; for an "
+                   ".onnx model: x.npz (arrays named after its inputs) | x.npy | DIR of them | "
+                   "imagefolder:DIR")  # fmt: skip
+    p.add_argument("--keep-float", action="append", metavar="NODE", help=".onnx model: a node name, op:TYPE or a "
+                   "name pattern to keep float (repeatable)")  # fmt: skip
+    p.add_argument("--mean", help=".onnx model, imagefolder: per-channel mean subtracted after scaling to [0, 1]")
+    p.add_argument("--std", help=".onnx model, imagefolder: per-channel std divided by after the mean")
     p.add_argument("--calib", action=_CalibAction, help="all (default: every registered calibration method, the "
                    "best kept) or one of them: %(methods)s (auto: per quantizer, the range with the smallest error at "
                    "its layer's output)")  # fmt: skip
@@ -276,8 +283,14 @@ def pipeline_config(args: argparse.Namespace) -> Any:
     return PipelineConfig.from_dict(base)
 
 
+def _onnx_model(args: argparse.Namespace) -> bool:
+    return args.command == "quantize" and str(getattr(args, "model", "") or "").endswith(".onnx")
+
+
 def run_quantize(args: argparse.Namespace) -> int:
-    """Handler of ``qdq quantize``."""
+    """Handler of ``qdq quantize``: an ONNX file goes to :func:`qdq.quantize_onnx`, anything else to the app."""
+    if _onnx_model(args):
+        return run_quantize_onnx(args)
     from qdq.app.pipeline import run_pipeline
     from qdq.workflow import distributed as dist
 
@@ -291,6 +304,28 @@ def run_quantize(args: argparse.Namespace) -> int:
     if is_main:
         print(_accuracy_lines(summary))
         print(f"\nwrote {cfg.out}/ (model.onnx, quantized_state_dict.pt, report.md, report.html, summary.json)")
+    return 0
+
+
+def run_quantize_onnx(args: argparse.Namespace) -> int:
+    """``qdq quantize --model x.onnx --data ...``: one calibration method (``--calib``, default max), one file."""
+    from qdq.onnx_in.data import calibration_batches
+    from qdq.onnx_in.quantize import quantize_onnx
+
+    floats = lambda text: [float(v) for v in text.split(",")] if text else None  # noqa: E731
+    if not args.data:
+        raise QdqConfigError("an .onnx model needs --data: x.npz, x.npy, a folder of them, or imagefolder:DIR.")
+    batches = calibration_batches(args.data, args.model, batch_size=args.batch_size or 8, image_size=args.image_size,
+                                  mean=floats(args.mean), std=floats(args.std))  # fmt: skip
+    out = Path(args.out or "qdq-out")
+    path = out if out.suffix == ".onnx" else out / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    options = {"float": args.float} if args.float else {}
+    result = quantize_onnx(args.model, batches, path, target=args.target or "onnxruntime", method=args.calib or "max",
+                           num_batches=args.calib_batches, keep_float=args.keep_float or (), target_options=options,
+                           threads=args.threads)  # fmt: skip
+    print(result.report())
+    print(f"wrote {result.path}")
     return 0
 
 
@@ -348,8 +383,12 @@ def add_verify_parser(subparsers: Any) -> None:
     p.add_argument("--batches", type=_positive_int, help="number of test batches (default: all)")
     p.add_argument("--min-agreement", type=float, default=MIN_AGREEMENT,
                    help=f"PASS needs this top-1 agreement in percent (default {MIN_AGREEMENT})")  # fmt: skip
-    p.add_argument("--max-error-steps", type=float, default=MAX_ERROR_STEPS,
-                   help=f"PASS needs the max error within this many output steps (default {MAX_ERROR_STEPS:g})")
+    p.add_argument(
+        "--max-error-steps",
+        type=float,
+        default=MAX_ERROR_STEPS,
+        help=f"PASS needs the max error within this many output steps (default {MAX_ERROR_STEPS:g})",
+    )
     p.set_defaults(handler=run_verify)
 
 

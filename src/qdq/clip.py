@@ -27,9 +27,7 @@ class ClipFunction(torch.autograd.Function):
         return torch.max(torch.min(inputs, clip_value_max), clip_value_min)
 
     @staticmethod
-    def backward(
-        ctx: Any, grad_output: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         inputs, lo, hi = ctx.saved_tensors
         below, above = inputs <= lo, inputs >= hi
         grad_input = grad_output.masked_fill(below | above, 0.0)

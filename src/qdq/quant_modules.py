@@ -26,7 +26,6 @@ from qdq.nn.registry import QUANT_MODULES, default_float_types
 __all__ = ["QuantPatch", "deactivate", "enable_onnx_export", "initialize", "is_active"]
 
 
-
 def _default_map() -> list[tuple[types.ModuleType, str, type]]:
     """``(torch.nn, "Conv2d", QuantConv2d)``...: the ``torch.nn`` classes quantized by default (the seed's map,
     read from :data:`qdq.nn.registry.QUANT_MODULES`)."""
@@ -82,8 +81,7 @@ def _entries(
     for entry in custom_quant_modules or ():
         if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[1], str)):
             raise QdqTypeError(
-                "custom_quant_modules entries are (namespace, 'ClassName', QuantClass) tuples, "
-                f"got {entry!r}."
+                f"custom_quant_modules entries are (namespace, 'ClassName', QuantClass) tuples, got {entry!r}."
             )
         if not hasattr(entry[0], entry[1]):
             raise QdqConfigError(f"{entry[0]!r} has no attribute {entry[1]!r} to replace.")

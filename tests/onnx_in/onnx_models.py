@@ -10,8 +10,6 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-RNG = np.random.default_rng(0)
-
 
 def export(module: nn.Module, example: torch.Tensor, path: Path, *, dynamic: dict | None = None,
            names: tuple[str, str] = ("images", "scores")) -> Path:  # fmt: skip
@@ -88,8 +86,9 @@ class Recognizer(nn.Module):
 
 def constant_weight_conv(path: Path) -> Path:
     """x -> Conv (weight from a Constant node, as Paddle2ONNX writes it) -> Relu -> Conv -> y, opset 12."""
-    w1 = RNG.normal(size=(4, 3, 3, 3)).astype(np.float32)
-    w2 = RNG.normal(size=(2, 4, 1, 1)).astype(np.float32)
+    rng = _rng()
+    w1 = rng.normal(size=(4, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(size=(2, 4, 1, 1)).astype(np.float32)
     nodes = [
         helper.make_node("Constant", [], ["w1"], value=numpy_helper.from_array(w1)),
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -103,7 +102,8 @@ def constant_weight_conv(path: Path) -> Path:
 
 def with_if(path: Path) -> Path:
     """x -> Conv -> Relu -> If(cond: a graph input) {then: Neg, else: Identity} -> Conv -> y."""
-    w1, w2 = (RNG.normal(size=s).astype(np.float32) for s in ((4, 3, 3, 3), (2, 4, 1, 1)))
+    rng = _rng()
+    w1, w2 = (rng.normal(size=s).astype(np.float32) for s in ((4, 3, 3, 3), (2, 4, 1, 1)))
     then_graph = helper.make_graph([helper.make_node("Neg", ["r1"], ["t"])], "then", [], [_output("t")])
     else_graph = helper.make_graph([helper.make_node("Identity", ["r1"], ["e"])], "else", [], [_output("e")])
     then_graph.output[0].type.tensor_type.shape.dim[1].dim_value = 4
@@ -121,7 +121,8 @@ def with_if(path: Path) -> Path:
 
 def with_custom_op(path: Path) -> Path:
     """x -> Conv -> com.microsoft Gelu (a contrib op ONNX Runtime runs) -> Conv -> y."""
-    w1, w2 = (RNG.normal(size=s).astype(np.float32) for s in ((4, 3, 3, 3), (2, 4, 1, 1)))
+    rng = _rng()
+    w1, w2 = (rng.normal(size=s).astype(np.float32) for s in ((4, 3, 3, 3), (2, 4, 1, 1)))
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Gelu", ["c1"], ["g"], domain="com.microsoft"),
@@ -139,6 +140,11 @@ def already_quantized(path: Path) -> Path:
     ]
     inits = [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.int8(0), "z")]
     return _save(helper.make_graph(nodes, "quantized", [_image(3)], [_output("y")], inits), path)
+
+
+def _rng() -> np.random.Generator:
+    """A fresh generator per model: each file is the same whatever ran before it."""
+    return np.random.default_rng(0)
 
 
 def _image(channels: int) -> onnx.ValueInfoProto:

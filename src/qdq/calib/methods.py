@@ -172,8 +172,10 @@ class CalibrationMethod:
             QdqTypeError: an option it does not take.
         """
         if self.compute is None:
-            raise QdqConfigError(f"calibration method {self.name!r} chooses its ranges with a pass over the model; "
-                                 "it has no range from one quantizer's statistics: use qdq.calibrate or qdq.ptq.")
+            raise QdqConfigError(
+                f"calibration method {self.name!r} chooses its ranges with a pass over the model; "
+                "it has no range from one quantizer's statistics: use qdq.calibrate or qdq.ptq."
+            )
         resolved = self.resolve_options(options)
         if self.accepts is not None and not self.accepts(calibrator):
             raise QdqConfigError(f"the statistics of a {type(calibrator).__name__} cannot give method {self.name!r}"

@@ -94,8 +94,7 @@ def _check_arguments(model: object, method: str) -> CalibrationMethod:
     chosen = get_method(method, who="calibrate_weights: ")
     if not chosen.weights:
         raise QdqConfigError(
-            f"calibrate_weights: method {method!r} cannot set a weight's range; choose one of "
-            f"{list(WEIGHT_METHODS)}."
+            f"calibrate_weights: method {method!r} cannot set a weight's range; choose one of {list(WEIGHT_METHODS)}."
         )
     return chosen
 

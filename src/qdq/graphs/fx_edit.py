@@ -282,7 +282,6 @@ class _Editor:
             if isinstance(handle, TensorQuantizer):
                 handle.disable()
 
-
     def _notes(self) -> None:
         apply_notes(self.view, lambda ref: self._module(ref) if isinstance(ref, fx.Node) else ref)
 

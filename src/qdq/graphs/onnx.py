@@ -38,6 +38,7 @@ __all__ = [
     "tidy",
 ]
 
+
 def initializer_map(model: onnx.ModelProto) -> dict[str, Any]:
     """Name -> TensorProto of initializers and of the outputs of Constant nodes."""
     table: dict[str, Any] = {t.name: t for t in model.graph.initializer}

@@ -227,9 +227,7 @@ def _adopt(cls: type[Q], module: nn.Module) -> Q:
         raise QdqTypeError(f"from_float needs an nn.Module, got {type(module).__name__}.")
     float_cls = float_class_of(cls)
     if not isinstance(module, float_cls):
-        raise QdqTypeError(
-            f"{cls.__name__}.from_float converts a {float_cls.__name__}, got a {type(module).__name__}."
-        )
+        raise QdqTypeError(f"{cls.__name__}.from_float converts a {float_cls.__name__}, got a {type(module).__name__}.")
     new = cls.__new__(cls)
     new.__dict__.update(module.__dict__)
     for name, value in module.__dict__.items():

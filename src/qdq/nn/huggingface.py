@@ -118,9 +118,7 @@ def capture_hf_attention(
             its attention stays float).
     """
     if not hasattr(model, "set_attn_implementation"):
-        raise QdqTypeError(
-            f"capture_hf_attention needs a transformers PreTrainedModel, got {type(model).__name__}."
-        )
+        raise QdqTypeError(f"capture_hf_attention needs a transformers PreTrainedModel, got {type(model).__name__}.")
     register_hf_attention()
     names = []
     for name, module in model.named_modules():

@@ -269,9 +269,7 @@ class QuantLSTM(QuantMixin, nn.LSTM):
             weight = _fused_weight(weight_ih, weight_hh).detach()
             yield f"weight_quantizers.{idx}", weight, cast(TensorQuantizer, quantizer)
 
-    def _run_direction(
-        self, x: torch.Tensor, state: HiddenState, idx: int
-    ) -> tuple[torch.Tensor, HiddenState]:
+    def _run_direction(self, x: torch.Tensor, state: HiddenState, idx: int) -> tuple[torch.Tensor, HiddenState]:
         """One layer × direction over time-major ``x`` ``(L, N, I)``; output ``(L, N, H)``."""
         weight_ih, weight_hh, biases = self._layer_params(idx)
         quant_weight = self._weight_quantizers[idx](_fused_weight(weight_ih, weight_hh))
@@ -285,9 +283,7 @@ class QuantLSTM(QuantMixin, nn.LSTM):
             return x.new_empty(0, x.size(1), self.hidden_size), state
         return torch.stack(outputs), state
 
-    def _layer_params(
-        self, idx: int
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    def _layer_params(self, idx: int) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """``(weight_ih, weight_hh, (bias_ih, bias_hh) or None)`` of layer × direction ``idx``."""
         names = self._all_weights[idx]
         params = [getattr(self, name) for name in names]

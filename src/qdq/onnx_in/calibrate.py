@@ -80,7 +80,8 @@ def collect(
     inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     with tempfile.TemporaryDirectory(prefix="qdq-calibrate-") as folder:
         session = ort_session(probe, Path(folder), threads)
-        bar = counter(progress, "calibration", num_batches or 0)
+        total = len(data) if isinstance(data, list | tuple) else None
+        bar = counter(progress, "calibration", min(filter(None, (num_batches, total)), default=0))
         seen = 0
         for batch in _batches(data, num_batches):
             feed = _feed(batch, inputs, seen)
@@ -151,8 +152,9 @@ def _probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
         if name in present:
             continue
         elem = types.get(name)
-        probe.graph.output.append(helper.make_tensor_value_info(name, elem, None) if elem in _FLOAT_TYPES
-                                  else onnx.ValueInfoProto(name=name))  # no type known: ONNX Runtime infers it
+        probe.graph.output.append(
+            helper.make_tensor_value_info(name, elem, None) if elem in _FLOAT_TYPES else onnx.ValueInfoProto(name=name)
+        )  # no type known: ONNX Runtime infers it
     return probe
 
 

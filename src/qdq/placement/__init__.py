@@ -61,4 +61,3 @@ __all__ = [
     "register_placement_rule",
     "unregister_placement_rule",
 ]
-

@@ -122,9 +122,7 @@ def capture_graph(
     graph_module: fx.GraphModule, quant_desc: QuantDescriptor | None, names: Sequence[str] | None = None
 ) -> list[str]:
     """Run the ``graph`` capture steps (all, or those named) on a traced graph; the names of the added modules."""
-    return [
-        found for step in _steps(names) if step.graph is not None for found in step.graph(graph_module, quant_desc)
-    ]
+    return [found for step in _steps(names) if step.graph is not None for found in step.graph(graph_module, quant_desc)]
 
 
 def apply_attention_facts(model: nn.Module, facts: AttentionFacts) -> int:

@@ -342,7 +342,6 @@ def _all_reduce(errors: Errors) -> None:
         start += size + 1
 
 
-
 # -- the model check ------------------------------------------------------------------------------------------------
 
 
@@ -379,8 +378,9 @@ def model_errors(
     num_batches, fraction = budget
     total: torch.Tensor | None = None  # energy, auto's error, max's error: summed on the device
     with _checking(module), torch.no_grad():
-        batches = progress_bar(local_batches(data, num_batches), progress, "auto: checking the model",
-                               total=batch_total(data, num_batches))
+        batches = progress_bar(
+            local_batches(data, num_batches), progress, "auto: checking the model", total=batch_total(data, num_batches)
+        )
         for batch in scored(batches, fraction, Errors()):
             with _float_mode(module):
                 reference = [t.detach() for t in _tensors(forward(model, batch))]

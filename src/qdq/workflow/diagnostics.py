@@ -327,9 +327,7 @@ def calibration_report(model: nn.Module, *, limit: float = CLIPPED_ENERGY_LIMIT)
     return CalibrationReport([r for r in rows if r is not None], float(limit))
 
 
-def warn_clipping(
-    model: nn.Module, *, limit: float = CLIPPED_ENERGY_LIMIT, stacklevel: int = 2
-) -> CalibrationReport:
+def warn_clipping(model: nn.Module, *, limit: float = CLIPPED_ENERGY_LIMIT, stacklevel: int = 2) -> CalibrationReport:
     """Emit one :class:`~qdq.errors.QdqCalibrationWarning` naming the quantizers of ``model`` that clip at
     least ``limit`` of their energy (on the main process only); return the report."""
     report = calibration_report(model, limit=limit)

@@ -111,9 +111,7 @@ def snapshot_amax(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: q.amax.clone() for name, q in named_quantizers(model) if q.amax is not None}
 
 
-def restore_amax(
-    model: nn.Module, amax: dict[str, torch.Tensor], methods: dict[str, str | None] | None = None
-) -> None:
+def restore_amax(model: nn.Module, amax: dict[str, torch.Tensor], methods: dict[str, str | None] | None = None) -> None:
     """Put back the amax values taken by :func:`snapshot_amax` (and the quantizers' ``amax_method``)."""
     modules = dict(model.named_modules())
     for name, value in amax.items():

@@ -350,9 +350,7 @@ def _single_input(batch: Any, model: nn.Module) -> np.ndarray:
     return tensors[0].detach().cpu().numpy()
 
 
-def _quantizer_outputs(
-    model: nn.Module, quantizers: Mapping[str, nn.Module], x: torch.Tensor
-) -> dict[str, np.ndarray]:
+def _quantizer_outputs(model: nn.Module, quantizers: Mapping[str, nn.Module], x: torch.Tensor) -> dict[str, np.ndarray]:
     """Each quantizer's output for ``x`` (float64), for the quantizers called exactly once."""
     seen: dict[str, list[np.ndarray]] = {}
 

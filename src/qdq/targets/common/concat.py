@@ -2,7 +2,9 @@
 
 TensorRT keeps a concatenation in int8 only when its inputs share one scale: every data input is quantized
 with one range (PyTorch: a :class:`~qdq.nn.QuantConcat`; Keras: a Concatenate wrapper with one range). Skipped
-when every reader of the concatenation already quantizes it (their quantizer then gives the shared scale).
+when every reader of the concatenation already quantizes it (their quantizer then gives the shared scale), and for
+a model output: nothing after it runs in int8, and one scale over values of different ranges (a detector's pixel
+boxes and 0-1 scores) would round the small ones away.
 ONNX Runtime's rule (:mod:`qdq.targets.onnxruntime.rules.int8_concat`) differs: its ``QLinearConcat`` takes
 inputs of any scales.
 """
@@ -21,7 +23,8 @@ __all__ = ["CONCAT"]
 
 def _decide(view: GraphView) -> None:
     for concat in view.ops_of("Concat"):
-        if view.readers_quantize(concat.outputs[0]) or len(concat.data_inputs) < 2:
+        output = concat.outputs[0]
+        if output.graph_output or view.readers_quantize(output) or len(concat.data_inputs) < 2:
             continue
         shared = None
         for index, _ in concat.data_inputs:
@@ -32,5 +35,5 @@ CONCAT = PlacementRule(
     "concat",
     _decide,
     "A concatenation's inputs share one quantizer (one scale: TensorRT's int8 concatenation), unless every "
-    "reader already quantizes its output.",
+    "reader already quantizes its output or it is a model output.",
 )

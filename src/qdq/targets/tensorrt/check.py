@@ -87,8 +87,10 @@ class CheckReport:
         if self.violations:
             rows = [[v.node, v.rule, v.message] for v in self.violations]
             parts += ["", markdown_table(["node", "rule", "problem"], rows)]
-        legend = ("Legend: one row per rule of TensorRT's explicit quantization and strong typing (sources in "
-                  "qdq.targets.tensorrt.engine_rules); FAIL (n): n nodes break it, listed with the problem.")
+        legend = (
+            "Legend: one row per rule of TensorRT's explicit quantization and strong typing (sources in "
+            "qdq.targets.tensorrt.engine_rules); FAIL (n): n nodes break it, listed with the problem."
+        )
         parts += ["", legend]
         return "\n".join(parts)
 

@@ -16,6 +16,7 @@ from qdq.targets.onnxruntime.passes._graph import weight_dq
 
 __all__ = ["fold_batchnorms"]
 
+
 def _bn_factor(g: GraphIndex, bn: Any) -> tuple[np.ndarray, np.ndarray] | None:
     arrays = [g.array(name) for name in bn.input[1:5]]
     if any(a is None for a in arrays) or len(bn.output) != 1:

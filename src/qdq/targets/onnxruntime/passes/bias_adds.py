@@ -10,6 +10,7 @@ from qdq.targets.onnxruntime.passes._graph import weight_dq
 
 __all__ = ["fold_bias_adds"]
 
+
 def _channel_constant(value: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
     """``value`` as one number per channel (axis 1 of a rank-``rank`` tensor), when it broadcasts that way."""
     if value.ndim > rank:

@@ -16,6 +16,7 @@ from qdq.targets.onnxruntime.passes._graph import INT32_LIMIT, dq_params, weight
 
 __all__ = ["bias_after_float_convs", "quantize_biases"]
 
+
 def _bias_scale(g: GraphIndex, node: Any) -> np.ndarray | None:
     """``s_x * s_w`` per output channel, when input and weight are dequantized and the weight axis is 0 (the
     input may be reshaped after its DQ: pass 8's Gemm of an N-D input, which ORT fuses all the same)."""

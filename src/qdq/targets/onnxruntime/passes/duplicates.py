@@ -12,6 +12,7 @@ from qdq.targets.onnxruntime.passes._graph import qdq_pairs, same_params
 
 __all__ = ["merge_duplicate_pairs", "remove_requantization"]
 
+
 def merge_duplicate_pairs(g: GraphIndex) -> int:
     """Equal Q/DQ pairs reading the same tensor: keep the first."""
     by_input: dict[str, list[tuple[Any, list[Any]]]] = defaultdict(list)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["unfusable_conv_nodes", "unfusable_convs", "warn_float_convs"]
 
+
 def unfusable_convs(model: onnx.ModelProto) -> list[str]:
     """Convs ONNX Runtime cannot run as ``QLinearConv``: an input or the weight is not dequantized, or the
     output is not read by exactly one QuantizeLinear (through at most one activation ORT folds, Relu/Clip,

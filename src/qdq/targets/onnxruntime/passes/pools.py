@@ -15,6 +15,7 @@ from qdq.targets.onnxruntime.passes._graph import ranks
 
 __all__ = ["flatten_pools", "global_pools"]
 
+
 def _reduce_axes(g: GraphIndex, node: Any) -> list[int] | None:
     """The constant axes of a ReduceMean (input from opset 18, attribute before); None when unknown."""
     axes = g.const_input(node, 1) if len(node.input) > 1 else attribute(node, "axes")

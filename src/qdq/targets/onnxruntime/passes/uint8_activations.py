@@ -12,6 +12,7 @@ from qdq.targets.onnxruntime.passes._graph import qdq_pairs
 
 __all__ = ["activations_to_uint8"]
 
+
 def activations_to_uint8(g: GraphIndex) -> int:
     """int8 zero point 0 -> uint8 zero point 128 (same scale): the same dequantized values."""
     count = 0

@@ -10,6 +10,7 @@ from qdq.targets.onnxruntime.passes._graph import quantize_weight
 
 __all__ = ["fold_weight_quantizers"]
 
+
 def fold_weight_quantizers(g: GraphIndex) -> int:
     """``Q(initializer) -> DQ`` with zero point 0 becomes ``int8 initializer -> DQ``."""
     done = []

@@ -19,6 +19,7 @@ from qdq.targets.onnxruntime.passes._graph import keeps_zero, same_params, weigh
 
 __all__ = ["drop_masks_of_zeros", "fold_zero_masks"]
 
+
 def _mask_after(g: GraphIndex, conv: Any) -> tuple[Any, Any | None] | None:
     """``(Mul, activation or None)`` right after ``conv``, through at most one zero-keeping activation."""
     activation = g.single_reader(conv.output[0])

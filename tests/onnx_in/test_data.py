@@ -1,0 +1,72 @@
+"""qdq.onnx_in.data: the calibration batches ``qdq quantize --model x.onnx --data ...`` reads from disk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx_models import constant_weight_conv
+
+from qdq.cli import main
+from qdq.errors import QdqConfigError
+from qdq.onnx_in.data import calibration_batches
+
+
+@pytest.fixture
+def model(tmp_path):
+    return constant_weight_conv(tmp_path / "net.onnx")  # one input "x": [batch, 3, height, width]
+
+
+def test_an_npz_is_cut_into_batches_along_axis_0(tmp_path, model):
+    x = np.random.default_rng(0).random((10, 3, 4, 4), np.float32)
+    np.savez(tmp_path / "cal.npz", x=x, unused=np.zeros(3))
+    batches = calibration_batches(str(tmp_path / "cal.npz"), model, batch_size=4)
+    assert [b["x"].shape[0] for b in batches] == [4, 4, 2]
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in batches]), x)
+
+
+def test_a_folder_of_arrays_is_one_batch_per_file_in_name_order(tmp_path, model):
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    for i in (2, 0, 1):
+        np.save(folder / f"b{i}.npy", np.full((2, 3, 4, 4), i, np.float32))
+    batches = calibration_batches(str(folder), model)
+    assert [float(b["x"][0, 0, 0, 0]) for b in batches] == [0.0, 1.0, 2.0]
+
+
+def test_an_image_folder_is_read_as_rgb_in_0_1_then_normalized(tmp_path, model):
+    Image = pytest.importorskip("PIL.Image", reason="reading images needs Pillow (pip install pillow)")
+    folder = tmp_path / "images" / "class_a"
+    folder.mkdir(parents=True)
+    pixel = (255, 0, 51)
+    Image.new("RGB", (6, 6), pixel).save(folder / "a.png")
+    Image.new("RGB", (6, 6), pixel).save(folder / "b.jpg", quality=100)
+    with pytest.raises(QdqConfigError, match="no fixed height and width"):
+        calibration_batches(f"imagefolder:{tmp_path / 'images'}", model)
+    mean, std = [0.5, 0.5, 0.5], [0.25, 0.5, 1.0]
+    (batch,) = calibration_batches(f"imagefolder:{tmp_path / 'images'}", model, image_size=4, mean=mean, std=std)
+    assert batch["x"].shape == (2, 3, 4, 4) and batch["x"].dtype == np.float32
+    expected = (np.array(pixel) / 255.0 - 0.5) / np.array(std)  # [2.0, -1.0, -0.3]
+    np.testing.assert_allclose(batch["x"][0, :, 1, 1], expected, atol=1e-6)
+
+
+def test_arrays_that_do_not_match_the_graph_inputs_are_refused(tmp_path, model):
+    np.savez(tmp_path / "wrong.npz", images=np.zeros((2, 3, 4, 4), np.float32))
+    with pytest.raises(QdqConfigError, match=r"no array for the graph input\(s\) \['x'\]"):
+        calibration_batches(str(tmp_path / "wrong.npz"), model)
+    with pytest.raises(QdqConfigError, match=r"give a \.npz"):
+        calibration_batches(str(tmp_path / "nothing.txt"), model)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(QdqConfigError, match=r"holds no \.npz or \.npy"):
+        calibration_batches(str(tmp_path / "empty"), model)
+
+
+def test_the_cli_quantizes_an_onnx_file_and_prints_its_report(tmp_path, model, capsys):
+    np.save(tmp_path / "cal.npy", np.random.default_rng(0).random((8, 3, 8, 8), np.float32))
+    out = tmp_path / "out" / "int8.onnx"
+    code = main(["quantize", "--model", str(model), "--data", str(tmp_path / "cal.npy"), "--out", str(out),
+                 "--target", "onnxruntime", "--calib", "percentile", "--keep-float", "op:Relu"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0 and out.is_file()
+    assert "Conv" in printed and f"wrote {out}" in printed
+    assert main(["quantize", "--model", str(model), "--out", str(out)]) != 0
+    assert "needs --data" in capsys.readouterr().err
