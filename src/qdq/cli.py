@@ -284,6 +284,9 @@ def pipeline_config(args: argparse.Namespace) -> Any:
 
 
 def _onnx_model(args: argparse.Namespace) -> bool:
+    """Whether the command works on an ONNX file (no PyTorch model, no app extra)."""
+    if args.command == "verify":
+        return str(args.out).endswith(".onnx")
     return args.command == "quantize" and str(getattr(args, "model", "") or "").endswith(".onnx")
 
 
@@ -367,18 +370,31 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def add_verify_parser(subparsers: Any) -> None:
-    """Declare ``qdq verify OUT_DIR [--runtime R] [--batches N] [--min-agreement P] [--max-error-steps S]``."""
+    """Declare ``qdq verify OUT_DIR|INT8.onnx [--reference FP32.onnx --data D] [--runtime R] [thresholds]``."""
     from qdq.workflow.verification import MAX_ERROR_STEPS, MIN_AGREEMENT
 
     p = subparsers.add_parser(
         "verify",
-        help="compare an exported INT8 engine with the PyTorch fake-quant model it came from: PASS or FAIL",
-        description="Load the quantized model of a `qdq quantize` output folder (summary.json, "
-        "quantized_state_dict.pt, model.onnx), run it and the engine on the test data, and print top-1 "
-        "agreement, max error in output steps and SQNR, then PASS or FAIL with the thresholds applied. On FAIL, "
-        "name the first quantizer where the engine departs from PyTorch. Exit code 0 on PASS, 1 on FAIL.",
+        help="compare an INT8 engine with its reference (the PyTorch fake-quant model, or the FP32 ONNX file): "
+        "PASS or FAIL",
+        description="OUT_DIR: load the quantized model of a `qdq quantize` output folder (summary.json, "
+        "quantized_state_dict.pt, model.onnx), run it and the engine on the test data. INT8.onnx --reference "
+        "FP32.onnx --data D: run both files on D (the FP32 one in float on ONNX Runtime). Print top-1 agreement, "
+        "max error in output steps, SQNR and the --metric, then PASS or FAIL with the thresholds applied. On FAIL, "
+        "name the first quantizer where the engine departs from PyTorch (OUT_DIR) or from the file's own Q/DQ "
+        "graph computed in float (INT8.onnx). Exit code 0 on PASS, 1 on FAIL.",
     )
-    p.add_argument("out", type=Path, help="output folder of `qdq quantize`")
+    p.add_argument("out", type=Path, metavar="OUT_DIR|INT8.onnx", help="output folder of `qdq quantize`, or an "
+                   "INT8 ONNX file (with --reference and --data)")  # fmt: skip
+    p.add_argument("--reference", type=Path, metavar="FP32.onnx", help="INT8.onnx: the FP32 file it came from")
+    p.add_argument("--data", help="INT8.onnx: x.npz (arrays named after the inputs) | x.npy | DIR of them | "
+                   "imagefolder:DIR (as for `qdq quantize --model x.onnx`)")  # fmt: skip
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="INT8.onnx: samples per batch (default 8)")
+    p.add_argument("--metric", metavar="FILE.py:FUNCTION", help="INT8.onnx: metric(reference_outputs, "
+                   "int8_outputs) -> float, higher is better (lists of arrays, samples along axis 0)")  # fmt: skip
+    p.add_argument("--min-metric", type=float, help="PASS needs --metric at least this (default: reported only)")
+    p.add_argument("--class-axis", type=int, default=1, help="axis of the first output whose arg-max the "
+                   "agreement compares (default 1)")  # fmt: skip
     p.add_argument("--runtime", default="onnxruntime", help=_runtime_help())
     p.add_argument("--batches", type=_positive_int, help="number of test batches (default: all)")
     p.add_argument("--min-agreement", type=float, default=MIN_AGREEMENT,
@@ -386,14 +402,16 @@ def add_verify_parser(subparsers: Any) -> None:
     p.add_argument(
         "--max-error-steps",
         type=float,
-        default=MAX_ERROR_STEPS,
-        help=f"PASS needs the max error within this many output steps (default {MAX_ERROR_STEPS:g})",
+        help=f"PASS needs the max error within this many output steps (default {MAX_ERROR_STEPS:g} for OUT_DIR; "
+        "not judged against an FP32 file)",
     )
     p.set_defaults(handler=run_verify)
 
 
 def run_verify(args: argparse.Namespace) -> int:
     """Handler of ``qdq verify``: the metrics, the verdict line, and on FAIL where the engine departs."""
+    if _onnx_model(args):
+        return run_verify_onnx(args)
     from qdq.app.pipeline import load_quantized_job
     from qdq.workflow.verification import locate_divergence, verify
 
@@ -404,6 +422,26 @@ def run_verify(args: argparse.Namespace) -> int:
     print(result.verdict_line())
     if not result.ok():
         print(locate_divergence(model, onnx_path, next(iter(loader)), args.runtime))
+    return 0 if result.ok() else 1
+
+
+def run_verify_onnx(args: argparse.Namespace) -> int:
+    """``qdq verify INT8.onnx --reference FP32.onnx --data ...``."""
+    from qdq.onnx_in.data import calibration_batches
+    from qdq.utils.user_code import load_function
+    from qdq.workflow.verification import locate_divergence, verify
+
+    if args.reference is None or not args.data:
+        raise QdqConfigError("qdq verify INT8.onnx needs --reference FP32.onnx (the file it came from) and --data.")
+    metric = load_function(args.metric, what="metric file") if args.metric else None
+    batches = calibration_batches(args.data, args.reference, batch_size=args.batch_size)
+    result = verify(args.reference, args.out, batches, args.runtime, num_batches=args.batches,
+                    min_agreement=args.min_agreement, max_error_steps=args.max_error_steps, metric=metric,
+                    min_metric=args.min_metric, class_axis=args.class_axis)  # fmt: skip
+    print(result)
+    print(result.verdict_line())
+    if not result.ok():
+        print(locate_divergence(None, args.out, batches[0], args.runtime))
     return 0 if result.ok() else 1
 
 

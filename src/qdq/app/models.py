@@ -17,9 +17,7 @@ Model specs understood by :func:`load_model`:
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from torch import nn
 
 from qdq.app import digit_transformers
 from qdq.errors import QdqConfigError, did_you_mean
+from qdq.utils.user_code import first_line, load_function
 
 __all__ = [
     "BasicBlock",
@@ -269,38 +268,12 @@ def _torchvision_model(name: str, num_classes: int | None) -> nn.Module:
     return tvm.get_model(name, weights=None, **kwargs)
 
 
-def _import_file(path: Path) -> Any:
-    """Import ``path`` as a fresh module; its folder is on ``sys.path`` while it runs (for its own imports)."""
-    module_name = f"_qdq_user_model_{path.stem}_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise QdqConfigError(f"cannot import model file {str(path)!r}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look classes up there
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[module_name]
-        raise QdqConfigError(f"importing model file {str(path)!r} failed: {_first_line(err)}") from err
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
-
-
 def _file_model(file: str, function: str, num_classes: int | None) -> nn.Module:
-    path = Path(file).expanduser()
-    if not path.is_file():
-        raise QdqConfigError(f"model file {file!r} does not exist")
-    module = _import_file(path)
-    factory = getattr(module, function, None)
-    if not callable(factory):
-        choices = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        raise QdqConfigError(f"model file {file!r} has no function {function!r}.{did_you_mean(function, choices)}")
+    factory = load_function(f"{file}:{function}", what="model file")
     try:
         model = factory() if num_classes is None else factory(num_classes=num_classes)
     except Exception as err:
-        raise QdqConfigError(f"{file}:{function}() failed: {_first_line(err)}") from err
+        raise QdqConfigError(f"{file}:{function}() failed: {first_line(err)}") from err
     if not isinstance(model, nn.Module):
         raise QdqConfigError(f"{file}:{function}() returned {type(model).__name__}, expected a torch.nn.Module")
     return model
@@ -357,7 +330,7 @@ def _read_state_dict(path: Path) -> Mapping[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise QdqConfigError(f"cannot read weights file {str(path)!r}: {_first_line(err)}") from None
+        raise QdqConfigError(f"cannot read weights file {str(path)!r}: {first_line(err)}") from None
     for key in ("state_dict", "model"):
         if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
             obj = obj[key]
@@ -405,11 +378,6 @@ def load_weights(model: nn.Module, weights: str | os.PathLike[str]) -> nn.Module
 
 
 # --------------------------------------------------------------------------------------------- checks
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def check_input_compatible(
     model: nn.Module, example_input: torch.Tensor, num_classes: int | None = None
 ) -> torch.Tensor:
@@ -433,7 +401,7 @@ def check_input_compatible(
         with torch.no_grad():
             out = model(example_input)
     except Exception as err:
-        raise QdqConfigError(f"model does not accept input of shape {shape}: {_first_line(err)}") from None
+        raise QdqConfigError(f"model does not accept input of shape {shape}: {first_line(err)}") from None
     finally:
         model.train(was_training)
     if num_classes is not None:

@@ -16,7 +16,8 @@ module                      public names
 ``post_training``           ``ptq``, ``PTQResult``, ``MethodResult``
 ``fine_tuning``             ``qat``, ``QATResult``
 ``sensitivity_analysis``    ``sensitivity``, ``keep_float``, ``SensitivityResult``
-``verification``            ``verify``, ``VerifyResult``
+``verification``            ``verify``, ``VerifyResult`` (an engine against its reference)
+``divergence``              ``locate_divergence``, ``Divergence`` (where an engine departs, quantizer by quantizer)
 ``smoothing``               ``smooth_inputs``, ``SmoothingResult`` (SmoothQuant-style input smoothing)
 ``distributed``             torch.distributed helpers (import the module: ``from qdq.workflow import distributed``)
 ==========================  ================================================================
@@ -50,9 +51,12 @@ _LAZY = {
     "smooth_inputs": "qdq.workflow.smoothing",
     "SmoothingResult": "qdq.workflow.smoothing",
     "VerifyResult": "qdq.workflow.verification",
+    "locate_divergence": "qdq.workflow.divergence",
+    "Divergence": "qdq.workflow.divergence",
 }
 _SUBMODULES = ("auto_calibration", "auto_passes", "calibration", "collection", "diagnostics", "distributed",
-               "fine_tuning", "post_training", "sensitivity_analysis", "smoothing", "verification")  # fmt: skip
+               "divergence", "fine_tuning", "post_training", "sensitivity_analysis", "smoothing",
+               "verification")  # fmt: skip
 
 __all__ = sorted(_LAZY)
 
