@@ -117,6 +117,10 @@ def _add_node(view: GraphView, gm: fx.GraphModule, node: fx.Node, module: nn.Mod
             view.existing(Site(op.inputs[index], op, index), quantizer, unsigned=quantizer.unsigned)
     if isinstance(module, QuantModule):
         _module_sites(view, op, module, node, len(inputs))
+    elif node.op == "call_function" and op_type == "AveragePool":
+        # F.avg_pool2d / F.adaptive_avg_pool2d: quantized as a QuantAvgPool module's input is, as the ONNX front
+        # end quantizes every average pool (the same model through either door gets the same Q/DQ)
+        view.quantize_input(op, 0, "the input of an average pool (a function call, as its module would be)")
 
 
 def _module_weights(view: GraphView, node: fx.Node, module: nn.Module | None) -> list[Value]:

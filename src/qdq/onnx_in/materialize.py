@@ -5,7 +5,8 @@ PyTorch path's arithmetic) and one zero point (0, int8 or uint8), shared by all 
 
 * a value quantized for every reader: ``Q -> DQ`` after its producer, every reader reading the DQ (a model output
   keeps its name: the DQ writes it);
-* a value quantized as one op reads it: ``Q -> DQ`` before that op, read by it alone;
+* a value quantized as one op reads it: ``Q -> DQ`` before that op, read by it alone (one pair for the readers
+  that quantize the same value on the same grid: the same step and zero point);
 * a weight: its integers stored as an int8 initializer, per channel, read through a ``DequantizeLinear``.
 
 Each Q and DQ node carries its quantizer's name (node metadata ``qdq.quantizer``, :mod:`qdq.graphs.onnx_tags`), as
@@ -73,6 +74,7 @@ class _Writer:
         self.before: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put before it
         self.after: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put after it (-1: the graph's start)
         self.inits = {t.name: t for t in self.graph.initializer}
+        self.shared: dict[tuple[str, bytes, int], tuple[str, tuple[Any, Any], int]] = {}  # grid -> its pair
         self.pairs = 0
 
     def write(self, quantizer: Quantizer, name: str, amax: np.ndarray) -> None:
@@ -99,12 +101,23 @@ class _Writer:
             return
         slots = self._reader_slots(site)
         source = slots[0][0].input[slots[0][1]]  # the value, or a value-level DQ written before
-        restored = f"{node_name}.dq"
-        q, dq = _pair(source, restored, node_name, tag, scale, zero)
-        self.before.setdefault(self.position[id(slots[0][0])], []).extend([q, dq])
-        for node, position in slots:
-            node.input[position] = restored
-        self.pairs += 1
+        position = min(self.position[id(node)] for node, _ in slots)
+        grid = (source, numpy_helper.to_array(self.inits[scale]).tobytes(), self.inits[zero].data_type)
+        if grid in self.shared:  # the same value on the same grid read by another op: one Q/DQ pair for both
+            restored, pair, at = self.shared[grid]
+            if position < at:  # an earlier reader: the pair moves before it (topological order)
+                for node in pair:
+                    self.before[at].remove(node)
+                self.before.setdefault(position, []).extend(pair)
+                self.shared[grid] = (restored, pair, position)
+        else:
+            restored = f"{node_name}.dq"
+            q, dq = _pair(source, restored, node_name, tag, scale, zero)
+            self.before.setdefault(position, []).extend([q, dq])
+            self.shared[grid] = (restored, (q, dq), position)
+            self.pairs += 1
+        for node, index in slots:
+            node.input[index] = restored
 
     def _value_level(self, site: Site, node_name: str, tag: str, scale: str, zero: str) -> None:
         """``Q -> DQ`` after the value's producer, read by every reader (a model output keeps its name)."""

@@ -69,6 +69,8 @@ def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
     view = GraphView("onnx", target)
     graph = model.graph
     constants = {t.name for t in graph.initializer}
+    scalars = {t.name: float(onnx.numpy_helper.to_array(t)) for t in graph.initializer
+               if not t.dims and t.data_type != TensorProto.STRING}  # fmt: skip
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
     types.update({t.name: t.data_type for t in graph.initializer})
     for name, elem in types.items():  # integer and boolean tensors (shapes, indices) are never quantized
@@ -91,7 +93,7 @@ def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
         else:
             op_type = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
             weights = [i for i, v in enumerate(inputs) if v.constant and _is_weight(op_type, i)]
-            view.add_op(name, op_type, inputs, produced, attrs=_attrs(node), weights=weights, ref=number)
+            view.add_op(name, op_type, inputs, produced, attrs=_attrs(node, scalars), weights=weights, ref=number)
     for name in outputs:
         view.value(name).graph_output = True
     return view
@@ -131,8 +133,9 @@ def _is_weight(op_type: str, index: int) -> bool:
     return (op_type in ("Conv", "ConvTranspose") and index == 1) or (op_type in ("Gemm", "MatMul") and index == 1)
 
 
-def _attrs(node: Any) -> dict[str, Any]:
-    """The attributes placement reads: ints, floats and strings (``Clip`` bounds given as inputs are not)."""
+def _attrs(node: Any, scalars: dict[str, float]) -> dict[str, Any]:
+    """The attributes placement reads: ints, floats and strings; a ``Clip``'s bounds given as constant inputs
+    (opset 11 on) as its ``min`` and ``max``, as the older attributes named them."""
     found: dict[str, Any] = {}
     for attribute in node.attribute:
         value = onnx.helper.get_attribute_value(attribute)
@@ -140,6 +143,11 @@ def _attrs(node: Any) -> dict[str, Any]:
             value = value.decode()
         if isinstance(value, int | float | str):
             found[attribute.name] = value
+    if node.op_type == "Clip":
+        for index, key in ((1, "min"), (2, "max")):
+            name = node.input[index] if len(node.input) > index else ""
+            if name in scalars:
+                found[key] = scalars[name]
     return found
 
 
