@@ -21,11 +21,16 @@ SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', flags=re.M)
 
 @pytest.fixture(scope="module")
 def reference():
-    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    """docs/hooks/reference.py, loaded from its file (tests/reference.py holds the name ``reference``)."""
+    spec = importlib.util.spec_from_file_location("qdq_docs_reference", ROOT / "docs" / "hooks" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
     try:
-        yield importlib.import_module("reference")
+        spec.loader.exec_module(module)
+        yield module
     finally:
-        sys.path.remove(str(ROOT / "docs" / "hooks"))
+        del sys.modules[spec.name]
 
 
 @pytest.mark.parametrize("package", ["qdq", "qdq.keras", "qdq.export", "qdq.runtime", "qdq.workflow"])
