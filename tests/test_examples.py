@@ -37,6 +37,8 @@ EXPECTED = {
     "keras_cnn.py": [r"TensorRT file: keras_trt\.onnx", r"PASS: top-1 agreement"],
     "migrate_pytorch_quantization.py": [r"the two recipes give the same ranges: True"],
     "migrate_tf2_toolkit.py": [r"partial: 2 layers wrapped", r"resnet case: \d+ layers wrapped"],
+    "onnx_file.py": [r"accuracy: FP32 0\.\d+, INT8 0\.\d+", r"TensorRT file: digits_trt11\.onnx, rule check PASS",
+                     r"against FP32 digits_fp32\.onnx.*\n.*PASS: top-1 agreement"],
     "qat.py": [r"W4A8 after QAT epoch 2 \(resumed from epoch 1\)"],
     "tensorrt_cnn.py": [r"trtexec --onnx=resnet18_trt11\.onnx", r"PASS"],
     "transformer.py": [r"engine logits \(2, 3\)", r"smoothed [1-9]\d* Linear inputs"],

@@ -254,3 +254,28 @@ def test_a_clipping_range_is_warned_once(tmp_path):
     assert len(texts) == 1 and "clip" in texts[0] and result.calibration.flagged()
     assert {d.method for d in result.calibration.quantizers} == {"percentile 90.0"}
     assert len(result.calibration.quantizers) == result.quantizers - result.int8_ops["Conv"]  # all but the weights
+
+
+def test_a_tensorrt_11_file_holds_int8_weights_fp16_elsewhere_and_passes_the_rule_check(tmp_path):
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx", dynamic={"images": {0: "b"}})
+    data = batches((2, 3, 16, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # steps on float16's grid from the start: no rounding at export to warn of
+        fp16 = qdq.quantize_onnx(float_path, data, tmp_path / "fp16.onnx", target="tensorrt",
+                                 target_options={"float": "fp16"}, progress=False)  # fmt: skip
+    fp32 = qdq.quantize_onnx(float_path, data, tmp_path / "fp32.onnx", target="tensorrt", progress=False)
+    report = qdq.export.check_tensorrt(fp16.path)
+    assert report.ok, str(report)
+    model = onnx.load(str(fp16.path))
+    constants = {t.name: t for t in model.graph.initializer}
+    weights = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constants]
+    assert len(weights) == 4 and all(constants[n.input[0]].data_type == onnx.TensorProto.INT8 for n in weights)
+    scales = [onnx.numpy_helper.to_array(constants[n.input[1]]) for n in model.graph.node
+              if n.op_type == "DequantizeLinear"]  # fmt: skip
+    assert all(s.dtype == np.float16 for s in scales)
+    float32_ranges = {name: amax for name, amax in fp32.ranges.items()}
+    for name, amax in fp16.ranges.items():  # each range moved at most to the nearest float16 step
+        np.testing.assert_allclose(amax, float32_ranges[name], rtol=2**-10)
+    feed = batches((2, 3, 16, 16), count=1, seed=5)[0]
+    assert steps_apart(run(fp32.path, feed)[0], run(fp16.path, feed)[0]) <= 2.0  # FP16 arithmetic, not more

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import torch
 
 from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationWarning, QdqConfigError
@@ -39,7 +40,9 @@ from qdq.onnx_in.calibrate import Statistics, collect, weight_ranges
 from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.materialize import quantizer_names, write_qdq
 from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_weighted
+from qdq.quantizer import STEP_TYPES
 from qdq.targets import DEFAULT_TARGET, Target, resolve_target
+from qdq.tensor_quant import low_precision_amax
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.progress import Progress
 
@@ -162,6 +165,7 @@ def quantize_onnx(
     seconds = {"calibration": time.perf_counter() - calibrating}
     calibration = _clipping(view, statistics, ranges, calibration_method.label(method_options))
     ranges.update(weight_ranges(proto, view, weight_method))
+    _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     names = quantizer_names(view)
     write_qdq(proto, view, ranges)
     options = dict(target_options or {})
@@ -220,6 +224,17 @@ def _float_types(view: Any) -> dict[str, int]:
         if (op.type in vocab.WEIGHTED and not view.is_quantized(op)) or op.name in view.float_ops:
             found[op.type] += 1
     return dict(found)
+
+
+def _on_step_grid(view: Any, ranges: dict[int, np.ndarray], step_type: str) -> None:
+    """Each range rounded (in place) so that its step is a number of ``step_type`` (TensorRT 11's FP16 scales), as
+    the PyTorch path's quantizers do: the file then holds the grid that was calibrated."""
+    dtype = STEP_TYPES[step_type]
+    if dtype is None:
+        return
+    for quantizer in view.quantizers():
+        amax = torch.from_numpy(np.asarray(ranges[id(quantizer)], np.float32))
+        ranges[id(quantizer)] = low_precision_amax(amax, dtype, 8, quantizer.unsigned).numpy()
 
 
 def _clipping(view: Any, statistics: Statistics, ranges: Mapping[int, np.ndarray], label: str) -> CalibrationReport:
