@@ -31,10 +31,10 @@ batches = [data[i : i + 32] for i in range(0, 128, 32)]
 # For TensorRT: the toolkit's cases place Q/DQ as TensorRT fuses them (the original model is left untouched).
 qmodel = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])
 qk.calibrate(qmodel, batches, method="entropy")  # max / entropy / mse / percentile
-print("TensorRT file:", qk.export_onnx(qmodel, "keras_trt.onnx", target="tensorrt"))  # BN folded, opset 13
+print("TensorRT file:", qk.export_onnx(qmodel, batches[0], "keras_trt.onnx", target="tensorrt"))  # BN folded, opset 13
 
 # For ONNX Runtime's int8 CPU kernels: quantize for that target; the model remembers it and exports for it.
 cpu_model = qk.quantize_model(model, target="onnxruntime")
 qk.calibrate(cpu_model, batches, method="percentile")
-path = qk.export_onnx(cpu_model, "keras_ort.onnx")
+path = qk.export_onnx(cpu_model, batches[0], "keras_ort.onnx")  # (model, example, path): as qdq.export_onnx
 print(qdq.verify(qk.fold_batchnorms(cpu_model), path, batches).verdict_line())

@@ -33,6 +33,6 @@ residual = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])
 
 for name, qmodel in (("full", full), ("partial", partial), ("resnet case", residual)):
     qk.calibrate(qmodel, batches, method="max")  # the toolkit took ranges from the last training batch
-    path = qk.export_onnx(qmodel, f"keras_{name.replace(' ', '_')}.onnx")  # toolkit: SavedModel + tf2onnx by hand
+    path = qk.export_onnx(qmodel, batches[0], f"keras_{name.replace(' ', '_')}.onnx")  # toolkit: SavedModel + tf2onnx
     wrapped = sum(isinstance(layer, qk.QuantizeWrapper) for layer in qmodel.layers)
     print(f"{name}: {wrapped} layers wrapped, exported to {path}")

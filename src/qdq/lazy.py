@@ -76,7 +76,7 @@ class LazyCallable:
 
     def resolve(self) -> Callable[..., Any]:
         """The function itself (imports its module)."""
-        return getattr(importlib.import_module(self.module), self.name)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(self.module), self.name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.resolve()(*args, **kwargs)

@@ -139,7 +139,7 @@ class CalibrationMethod:
     @property
     def calibrator(self) -> str:
         """The calibrator ``qdq.calibrate`` collects with: the first of :attr:`statistics`."""
-        return self.statistics[0]  # type: ignore[index, return-value]
+        return self.statistics[0]
 
     def reads(self, calibrator: str) -> bool:
         """Whether the statistics of the registered calibrator named ``calibrator`` give this method's range."""
@@ -162,7 +162,7 @@ class CalibrationMethod:
     def label(self, options: Mapping[str, Any] | None = None) -> str:
         """How reports name it with ``options``: its name and its labelled options' values (``"percentile 99.99"``)."""
         resolved = self.resolve_options(options)
-        return " ".join([self.name, *(str(resolved[o]) for o in self.labelled)])  # type: ignore[union-attr]
+        return " ".join([self.name, *(str(resolved[o]) for o in self.labelled)])
 
     def compute_amax(self, calibrator: Any, **options: Any) -> Any:
         """The range from ``calibrator``'s statistics with ``options`` (over the defaults); None without data.
@@ -223,7 +223,7 @@ class MethodNames(Sequence[str]):
             return self._names() == tuple(other)
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable: its names change as methods are registered
 
     def __repr__(self) -> str:
         return repr(self._names())

@@ -110,7 +110,8 @@ def register_calibrator(name: str, factory: F | None = None, *, override: bool =
     def add(f: F) -> F:
         if not callable(f):
             raise QdqTypeError(f"register_calibrator({name!r}) needs a class or function, got {type(f).__name__}.")
-        return _registry.register(name, f, override=override)
+        _registry.register(name, f, override=override)
+        return f
 
     return add if factory is None else add(factory)
 

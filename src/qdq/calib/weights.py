@@ -117,4 +117,4 @@ def _weight_amax(
     amax = method.compute_amax(calibrator, **options)
     if amax is None:
         raise QdqCalibrationError(f"the weight is empty (shape {tuple(weight.shape)}); there is no range to set.")
-    return amax.to(weight.device)  # type: ignore[no-any-return]
+    return amax.to(weight.device)

@@ -21,7 +21,8 @@ rules annotated.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -29,6 +30,7 @@ from torch import fx, nn
 from qdq.descriptor import QuantDescriptor
 from qdq.graphs.fx_ops import fetch_attr, meta_outside
 from qdq.graphs.view import GraphView, Op, Quantizer, Site, Value
+from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import QuantInputMixin, QuantModule
 from qdq.nn.elementwise import QuantAdd, QuantConcat
 from qdq.quantizer import TensorQuantizer
@@ -53,7 +55,7 @@ def apply_notes(view: GraphView, module_of: Any = None) -> None:
             apply_attention_facts(module, facts)
 
 
-def apply_attention_facts(module: nn.Module, facts: Any) -> None:
+def apply_attention_facts(module: QuantScaledDotProductAttention, facts: Any) -> None:
     """Give a quantized attention module its target's facts: the quantizers they do not list are disabled, the
     softmax scale goes where they say, calibration checks the shapes against them."""
     module.target_facts = facts
@@ -124,6 +126,10 @@ class _Editor:
     def _quantizer(self, site: Site) -> Quantizer | None:
         return self.view._sites.get(site)
 
+    def _stem(self, site: Site) -> str:
+        """The name stem of the quantizer at ``site`` (one of :meth:`_new_sites`: it has one)."""
+        return self.view._sites[site].stem
+
     def _replace_adds_and_concats(self) -> None:
         for op in self.view.ops_of("Add", "Concat"):
             node = op.ref
@@ -139,19 +145,19 @@ class _Editor:
 
     def _quant_add(self, op: Op, node: fx.Node, sites: list[Site]) -> None:
         flags = tuple(any(s.index == i for s in sites) for i in range(len(op.inputs)))
-        module = QuantAdd(self.desc, quantize=flags)  # type: ignore[arg-type]
-        stem = self._quantizer(sites[0]).stem  # type: ignore[union-attr]
-        new = self._replace(node, stem, module, tuple(node.args[:2]))
+        module = QuantAdd(self.desc, quantize=flags)
+        new = self._replace(node, self._stem(sites[0]), module, tuple(node.args[:2]))
         op.ref = new
         for site in sites:
-            self.slots[site] = module.input_quantizers[site.index]
+            self.slots[site] = cast(TensorQuantizer, module.input_quantizers[site.index])  # a ModuleList of them
         self.view.changes.append(f"{new.target}: QuantAdd(quantize={flags})")
 
     def _quant_concat(self, op: Op, node: fx.Node, sites: list[Site]) -> None:
-        tensors = list(node.args[0] if node.args else node.kwargs["tensors"])
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        module = QuantConcat(dim, self.desc)  # type: ignore[arg-type]
-        new = self._replace(node, self._quantizer(sites[0]).stem, module, (tensors,))  # type: ignore[union-attr]
+        # torch.cat's arguments: a sequence of tensors (nodes) and an int
+        tensors = list(cast("Sequence[fx.Node]", node.args[0] if node.args else node.kwargs["tensors"]))
+        dim = cast(int, node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0))
+        module = QuantConcat(dim, self.desc)
+        new = self._replace(node, self._stem(sites[0]), module, (tensors,))
         op.ref = new
         for site in sites:
             self.slots[site] = module.input_quantizer
@@ -220,7 +226,7 @@ class _Editor:
 
     def _argument_slot(self, site: Site) -> TensorQuantizer | None:
         """The quantizer a quantized module reads this argument through (disabled until now), if any."""
-        node = site.reader.ref  # type: ignore[union-attr]
+        node = site.reader.ref if site.reader is not None else None
         module = self._module(node) if isinstance(node, fx.Node) and node.op == "call_module" else None
         if not isinstance(module, QuantModule):
             return None
@@ -236,9 +242,11 @@ class _Editor:
 
     def _value_node(self, value: Value) -> fx.Node:
         op = value.producer
+        if op is None:  # a model input (build_view names it after its placeholder)
+            return next(n for n in self.graph.nodes if n.op == "placeholder" and n.name == value.name)
         if op in self.expanded:
-            return self.expanded[op][0 if value is op.inner.get("sigmoid") else 1]  # type: ignore[index]
-        return op.ref  # type: ignore[union-attr]
+            return self.expanded[op][0 if value is op.inner.get("sigmoid") else 1]
+        return op.ref
 
     def _reader_nodes(self, op: Op) -> list[fx.Node]:
         return list(self.expanded[op]) if op in self.expanded else [op.ref]
@@ -251,7 +259,8 @@ class _Editor:
         node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
 
     def _call_before(self, site: Site, name: str) -> None:
-        readers = self._reader_nodes(site.reader)  # type: ignore[arg-type]
+        assert site.reader is not None  # _serve: a site with a reader
+        readers = self._reader_nodes(site.reader)
         arg = self._argument(readers[0], site)
         with self.graph.inserting_before(readers[0]):
             new = self.graph.call_module(name, args=(arg,))
@@ -262,8 +271,8 @@ class _Editor:
     def _argument(self, node: fx.Node, site: Site) -> fx.Node:
         """The fx node ``node`` reads at the site's input position."""
         op = site.reader
-        if op is not None and op.type == "Concat":
-            return (node.args[0] if node.args else node.kwargs["tensors"])[site.index]
+        if op is not None and op.type == "Concat":  # torch.cat's first argument: a sequence of tensors (nodes)
+            return cast("Sequence[fx.Node]", node.args[0] if node.args else node.kwargs["tensors"])[site.index]
         tensors = [a for a in node.args if isinstance(a, fx.Node)]
         return tensors[site.index] if site.index < len(tensors) else tensors[0]
 

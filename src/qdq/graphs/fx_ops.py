@@ -9,7 +9,7 @@ tensor method (``call_method``: ``x.relu()``); each spelling of an op gets the O
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, SupportsFloat, SupportsIndex
 
 import torch
 import torch.nn.functional as F
@@ -151,9 +151,17 @@ def _module_type(module: nn.Module) -> tuple[str, dict[str, Any]]:
     return f"torch:{type(module).__name__}", {}
 
 
+def _number(value: object) -> float:
+    """A module's or a call's constant number as a float; TypeError for anything ``float()`` refuses (a traced
+    value: an ``fx.Node``)."""
+    if isinstance(value, SupportsFloat | SupportsIndex):
+        return float(value)
+    raise TypeError(f"float() argument must be a number, not {type(value).__name__!r} ({value!r})")
+
+
 def _module_attrs(module: nn.Module, name: str) -> dict[str, Any]:
     if name == "Clip":
-        return {"min": float(module.min_val), "max": float(module.max_val)}  # type: ignore[arg-type]
+        return {"min": _number(module.min_val), "max": _number(module.max_val)}
     if name == "Resize":
         return {"mode": str(getattr(module, "mode", "nearest"))}
     if name == "Pad":
@@ -165,14 +173,14 @@ def _function_attrs(node: fx.Node, name: str) -> dict[str, Any]:
     if node.target is F.relu6:
         return {"min": 0.0, "max": 6.0}
     if node.target is F.hardtanh:
-        return {"min": float(node.kwargs.get("min_val", node.args[1] if len(node.args) > 1 else -1.0)),
-                "max": float(node.kwargs.get("max_val", node.args[2] if len(node.args) > 2 else 1.0))}  # fmt: skip
+        return {"min": _number(node.kwargs.get("min_val", node.args[1] if len(node.args) > 1 else -1.0)),
+                "max": _number(node.kwargs.get("max_val", node.args[2] if len(node.args) > 2 else 1.0))}  # fmt: skip
     if name == "Resize":
         return {"mode": str(node.kwargs.get("mode", "nearest"))}
     if node.target is F.pad:
         mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
         value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else 0.0)
-        return {"mode": str(mode), "value": float(value or 0.0)}
+        return {"mode": str(mode), "value": _number(value or 0.0)}
     return {}
 
 

@@ -120,6 +120,11 @@ class GraphIndex:
         readers = self.consumers.get(tensor, [])
         return readers[0] if len(readers) == 1 and tensor not in self.outputs else None
 
+    def is_single_reader(self, node: Any, tensor: str) -> bool:
+        """Whether ``node`` is the :meth:`single_reader` of ``tensor`` (a test that, unlike ``single_reader(tensor)
+        is node``, does not make a type checker read ``node`` as possibly None)."""
+        return self.single_reader(tensor) is node
+
     def only_readers(self, tensor: str, op_types: Iterable[str]) -> list[Any] | None:
         """The nodes reading ``tensor`` when there are some, each of one of ``op_types``, and ``tensor`` is not a
         graph output; else None."""

@@ -155,7 +155,7 @@ def record_merged(model: onnx.ModelProto, merged: Mapping[str, Iterable[str]]) -
     """Add quantizer names to the ``qdq.quantizers`` list of the pairs tagged with each key of ``merged``."""
     for node in model.graph.node:
         owner = _meta(node, QUANTIZER_KEY)
-        if owner in merged:
+        if owner is not None and owner in merged:
             add_quantizer_names(node, merged[owner])
 
 

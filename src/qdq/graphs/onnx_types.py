@@ -228,7 +228,7 @@ def input_types(node: Any, opset: int) -> list[frozenset[int]]:
         return [frozenset()] * len(node.input)
     allowed = {c.type_param_str: frozenset(filter(None, map(_type_enum, c.allowed_type_strs)))
                for c in schema.type_constraints}  # fmt: skip
-    found = []
+    found: list[frozenset[int]] = []
     for index in range(len(node.input)):
         formal = schema.inputs[min(index, len(schema.inputs) - 1)]
         if index >= len(schema.inputs) and formal.option != OpSchema.FormalParameterOption.Variadic:

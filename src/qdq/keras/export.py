@@ -285,7 +285,7 @@ def _layout_before_q(proto: Any) -> int:
         if (
             scale is None
             or scale.ndim != 0
-            or g.single_reader(q.output[0]) is not dq
+            or not g.is_single_reader(dq, q.output[0])
             or g.const_input(q, 0) is not None
         ):
             continue

@@ -29,7 +29,9 @@ _WRAPPER_SETTINGS = ("quantize_inputs", "input_indices", "quantize_weight", "num
 def _folded_placeholder(name: str) -> Any:
     """An identity layer that takes the place of a folded BN (and accepts the arguments BN was called with)."""
 
-    class FoldedBatchNormalization(keras().layers.Layer):
+    layer: Any = keras().layers.Layer  # a base class read at run time
+
+    class FoldedBatchNormalization(layer):
         def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
             return inputs
 

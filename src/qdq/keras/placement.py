@@ -20,6 +20,7 @@ first and the rules run again on the new model: a conv's own activation becomes 
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import Any
 
 from qdq.errors import QdqConfigError
@@ -115,7 +116,7 @@ def split_activations(model: Any, folded: frozenset[str] = frozenset({"Relu", "C
     return split_layers(model, names)
 
 
-def split_layers(model: Any, activations: set[str] = frozenset(), swishes: set[str] = frozenset()) -> Any:
+def split_layers(model: Any, activations: Set[str] = frozenset(), swishes: Set[str] = frozenset()) -> Any:
     """``model`` with the own activation of each layer in ``activations`` moved to an ``Activation`` layer right
     after it (``<layer>_activation``), and each swish ``Activation`` layer in ``swishes`` written as
     ``Multiply([x, Activation("sigmoid")(x)])`` (``<layer>_sigmoid``, ``<layer>``): the same function, weights

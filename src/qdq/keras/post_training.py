@@ -43,7 +43,7 @@ def ptq(
     *,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     num_batches: int | None = None,
-) -> PTQResult:
+) -> PTQResult[float]:
     """Calibrate ``model`` (from :func:`qdq.keras.quantize_model`) with every method from one histogram pass
     over ``calib_data``, score each with ``eval_fn(model)`` (higher is better), and keep the best.
 
@@ -62,7 +62,7 @@ def ptq(
         float_score = float(eval_fn(model))
     passes = {kind: collect_stats(model, calib_data, kind, num_batches=num_batches)
               for kind in dict.fromkeys(ptq_statistics(method) for method, _ in grid)}  # fmt: skip
-    results = []
+    results: list[MethodResult[float]] = []
     for method, options in grid:
         stats = passes[ptq_statistics(method)]
         ranges = stats.load(method.name, **options)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from qdq.errors import QdqConfigError
 from qdq.keras import quantizer
@@ -24,8 +24,8 @@ from qdq.keras._backend import tf as _tf
 from qdq.registry import Registry
 from qdq.targets.marks import mark_placed
 
-keras = _keras()
-tf = _tf()
+keras: Any = _keras()  # typed Any: read at run time, a base class below
+tf: Any = _tf()
 
 __all__ = ["WRAPPERS", "QuantizeWrapper", "register_wrapper", "wrapper_for", "wrappers_of"]
 
@@ -36,10 +36,13 @@ WRAPPERS: Registry[str, type] = Registry("quantized Keras layer")
 OFF_BY_DEFAULT = frozenset({"MaxPooling2D", "BatchNormalization", "Add", "Multiply", "Concatenate"})
 
 
-def register_wrapper(class_name: str, *, override: bool = False) -> Callable[[type], type]:
+_Class = TypeVar("_Class", bound=type)
+
+
+def register_wrapper(class_name: str, *, override: bool = False) -> Callable[[_Class], _Class]:
     """Class decorator: the wrapper of Keras layers of class ``class_name``."""
 
-    def add(cls: type) -> type:
+    def add(cls: _Class) -> _Class:
         WRAPPERS.register(class_name, cls, override=override)
         return cls
 
@@ -267,8 +270,10 @@ class DenseQuantizeWrapper(QuantizeWrapper):
         return _activate(self.layer, _bias(self.layer, keras.ops.matmul(inputs, kernel)))
 
 
-def _input_only(class_name: str, doc: str) -> type:
-    cls = type(f"{class_name}QuantizeWrapper", (QuantizeWrapper,), {"__doc__": doc, "__module__": __name__})
+def _input_only(class_name: str, doc: str) -> type[QuantizeWrapper]:
+    cls: type[QuantizeWrapper] = type(
+        f"{class_name}QuantizeWrapper", (QuantizeWrapper,), {"__doc__": doc, "__module__": __name__}
+    )
     cls = keras.saving.register_keras_serializable(package="qdq")(cls)
     return register_wrapper(class_name)(cls)
 

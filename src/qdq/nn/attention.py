@@ -32,7 +32,7 @@ pass through the calibration hooks of :class:`~qdq.nn.base.QuantModule` (:func:`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -229,7 +229,7 @@ def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def replace_sdpa_calls(
     graph_module: fx.GraphModule,
-    make: type[QuantScaledDotProductAttention] = QuantScaledDotProductAttention,
+    make: Callable[[], QuantScaledDotProductAttention] = QuantScaledDotProductAttention,
     stem: str = "quant_attention",
 ) -> list[str]:
     """Replace every ``F.scaled_dot_product_attention`` call of ``graph_module`` by a call of a new ``make()``

@@ -181,11 +181,11 @@ class QuantMixin(QuantInputMixin):
         return _quantizers_on_device_of(new, module)
 
 
-def _hook_groups(model: nn.Module, hook: str) -> list[tuple[type, list[tuple[str, QuantModule]]]]:
+def _hook_groups(model: nn.Module, hook: str) -> list[tuple[type[QuantModule], list[tuple[str, QuantModule]]]]:
     """The quantized modules of ``model`` that override ``hook``, grouped by the implementation they share (in
     model order), each group with the class to call it on."""
     default = getattr(QuantModule, hook).__func__
-    groups: dict[Any, tuple[type, list[tuple[str, QuantModule]]]] = {}
+    groups: dict[Any, tuple[type[QuantModule], list[tuple[str, QuantModule]]]] = {}
     for name, module in model.named_modules():
         if isinstance(module, QuantModule):
             implementation = getattr(type(module), hook).__func__

@@ -169,7 +169,7 @@ def _silu_pairs(graph: onnx.GraphProto) -> dict[int, int]:
             gate = producer.get(node.input[gate_index])
             x = node.input[1 - gate_index]
             sigmoid = nodes[gate] if gate is not None else None
-            if (sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.input[0] == x
+            if (gate is not None and sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.input[0] == x
                     and readers.get(sigmoid.output[0]) == 1 and sigmoid.output[0] not in outputs):  # fmt: skip
                 pairs[index] = gate
                 break

@@ -31,6 +31,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -163,7 +164,7 @@ def _probe_input(module: nn.Module, width: int) -> torch.Tensor:
     return torch.randn(2, tokens, width, generator=generator).to(param.device, param.dtype)
 
 
-def _first_output(module: nn.Module, *args: torch.Tensor, **kwargs) -> Callable[[], torch.Tensor]:
+def _first_output(module: nn.Module, *args: torch.Tensor, **kwargs: Any) -> Callable[[], torch.Tensor]:
     def probe() -> torch.Tensor:
         return flatten_outputs(module(*args, **kwargs))[0]
 
@@ -212,9 +213,10 @@ SEPARATE_PROJECTIONS = (
 
 
 def _submodule(module: nn.Module, path: str) -> nn.Module | None:
+    found: object = module
     for part in path.split("."):
-        module = getattr(module, part, None)
-    return module if isinstance(module, nn.Module) else None
+        found = getattr(found, part, None)
+    return found if isinstance(found, nn.Module) else None
 
 
 def _separate_projections(module: nn.Module) -> AttentionBiases | None:

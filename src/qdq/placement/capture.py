@@ -166,7 +166,7 @@ def _fused_attention_flag(model: nn.Module, quant_desc: QuantDescriptor | None) 
 
 def _sdpa_calls(graph_module: fx.GraphModule, quant_desc: QuantDescriptor | None) -> list[str]:
     make = functools.partial(QuantScaledDotProductAttention, quant_desc)
-    return replace_sdpa_calls(graph_module, make=make)  # type: ignore[arg-type]
+    return replace_sdpa_calls(graph_module, make=make)
 
 
 for _step in (

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,8 @@ __all__ = ["BenchmarkResult", "Inputs", "Runtime", "check_common_options", "impo
 
 Inputs = Mapping[str, np.ndarray] | np.ndarray
 """A feed: a mapping from input name to array, or one array for a single-input model."""
+
+_R = TypeVar("_R", bound="Runtime")
 
 
 class Runtime(ABC):
@@ -55,10 +57,12 @@ class Runtime(ABC):
 
     @classmethod
     @abstractmethod
-    def load(
-        cls, onnx_path: str | Path, *, threads: int | None = None, batch: int | None = None, **options: Any
-    ) -> Runtime:
-        """Compile ``onnx_path`` for this backend and return a runtime ready to :meth:`run`."""
+    def load(cls, onnx_path: str | Path, *, threads: int | None = None, batch: int | None = None) -> Runtime:
+        """Compile ``onnx_path`` for this backend and return a runtime ready to :meth:`run`.
+
+        A runtime class adds its own keyword options after the common ones (``precision`` for OpenVINO,
+        ``optimization_level`` for ONNX Runtime...); :meth:`qdq.runtime.Backend.open` passes them on.
+        """
 
     @property
     @abstractmethod
@@ -109,7 +113,7 @@ class Runtime(ABC):
             self._release()
             self._closed = True
 
-    def __enter__(self) -> Runtime:
+    def __enter__(self: _R) -> _R:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -77,7 +77,7 @@ class TensorSpec:
                 shape.append(dim)
             elif axis == 0:
                 shape.append(batch)
-            elif dim in sizes:
+            elif dim is not None and dim in sizes:
                 shape.append(int(sizes[dim]))
             else:
                 raise QdqConfigError(

@@ -65,7 +65,7 @@ def layers_of(model: nn.Module, names: list[str]) -> list[Layer]:
     layers: dict[str, Layer] = {}
     for name in names:
         quantizer = modules[name]
-        owner = _owner(modules, name, quantizer)  # type: ignore[arg-type]
+        owner = _owner(modules, name, quantizer)
         layer_name = name if owner is None else owner
         if layer_name not in layers:
             module = modules[layer_name]
@@ -73,7 +73,7 @@ def layers_of(model: nn.Module, names: list[str]) -> list[Layer]:
                 q for q in module.quantizers().values() if q.is_weight and q.is_enabled and q.quant_enabled
             ]  # fmt: skip
             layers[layer_name] = Layer(layer_name, module, [], weights)
-        layers[layer_name].tuned.append((name, quantizer))  # type: ignore[arg-type]
+        layers[layer_name].tuned.append((name, quantizer))
     return list(layers.values())
 
 
@@ -191,7 +191,7 @@ def compare(
     current: dict[str, torch.Tensor] = {}
     for layer in layers:
         for name, quantizer in layer.tuned:
-            device = quantizer.amax.device  # type: ignore[union-attr]
+            device = quantizer.amax.device  # type: ignore[union-attr]  # a tuned quantizer is calibrated: amax set
             errors.sums[name] = torch.zeros(len(options[name]), dtype=torch.float64, device=device)
             errors.energy[name] = torch.zeros((), dtype=torch.float64, device=device)
             stacked[name] = torch.stack(list(options[name].values()))

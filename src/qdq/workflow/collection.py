@@ -70,7 +70,7 @@ def default_forward(model: nn.Module, batch: Any) -> Any:
 def _batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]:
     if num_batches is not None and num_batches < 1:
         raise QdqConfigError(f"num_batches must be at least 1, got {num_batches}.")
-    if hasattr(data, "__len__") and len(data) == 0:  # type: ignore[arg-type]
+    if hasattr(data, "__len__") and len(data) == 0:  # type: ignore[arg-type]  # hasattr-checked: sized
         raise QdqCalibrationError("the calibration data is empty: it yields no batch.")
     iterator = iter(data)
     try:
@@ -101,7 +101,7 @@ def local_batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]
 def batch_total(data: Iterable[Any], num_batches: int | None) -> int | None:
     """How many batches a pass over the first ``num_batches`` of ``data`` reads, where that is known (for progress
     bars): ``len(data)`` capped at ``num_batches``."""
-    total = len(data) if hasattr(data, "__len__") else None  # type: ignore[arg-type]
+    total = len(data) if hasattr(data, "__len__") else None  # type: ignore[arg-type]  # hasattr-checked: sized
     return total if num_batches is None else num_batches if total is None else min(total, num_batches)
 
 
@@ -111,7 +111,7 @@ def check_reiterable(data: Iterable[Any], method: str) -> None:
     Raises:
         QdqConfigError: ``data`` is a one-shot iterator.
     """
-    if iter(data) is data:  # type: ignore[comparison-overlap]
+    if iter(data) is data:
         raise QdqConfigError(
             f"method {method!r} passes over the calibration data twice, but got a one-shot {type(data).__name__}; "
             "pass a list of batches or a DataLoader."

@@ -41,6 +41,7 @@ from torch import nn
 
 from qdq.errors import QdqCalibrationWarning, QdqConfigError
 from qdq.markdown import markdown_table
+from qdq.quantizer import TensorQuantizer
 from qdq.workflow.collection import named_quantizers
 from qdq.workflow.distributed import is_main_process, unwrap
 
@@ -119,13 +120,17 @@ class CalibrationReport:
 
     def flagged(self) -> list[QuantizerDiagnostics]:
         """Quantizers whose clipping error is at least ``limit``, the worst first."""
-        return [d for d in self.worst() if d.clipping_error >= self.limit]  # type: ignore[operator]
+        return [d for error, d in self._ranked() if error >= self.limit]
 
     def worst(self, count: int | None = None) -> list[QuantizerDiagnostics]:
         """The ``count`` quantizers (all by default) with the largest known clipping error, the worst first."""
-        known = [d for d in self.quantizers if d.clipping_error is not None]
-        ranked = sorted(known, key=lambda d: -d.clipping_error)  # type: ignore[operator]
+        ranked = [d for _, d in self._ranked()]
         return ranked if count is None else ranked[:count]
+
+    def _ranked(self) -> list[tuple[float, QuantizerDiagnostics]]:
+        """``(clipping error, diagnostics)`` of the quantizers whose clipping error is known, the worst first."""
+        known = [(d.clipping_error, d) for d in self.quantizers if d.clipping_error is not None]
+        return sorted(known, key=lambda pair: -pair[0])
 
     @property
     def legend(self) -> str:
@@ -210,7 +215,7 @@ def _ratio(value: float | None) -> str:
 class Shares(NamedTuple):
     """Sums over a histogram per channel (float64 tensors of shape ``(C,)``)."""
 
-    count: torch.Tensor  #: values
+    count: torch.Tensor  # type: ignore[assignment]  # hides tuple.count: a public field, kept  #: values
     energy: torch.Tensor  #: sum of x**2
     clipped_count: torch.Tensor  #: values above amax
     clipped_energy: torch.Tensor  #: sum of x**2 over the values above amax
@@ -263,7 +268,7 @@ def _per_channel(value: torch.Tensor, channels: int) -> torch.Tensor | None:
     return flat.expand(channels) if flat.numel() == 1 else None
 
 
-def diagnose(name: str, quantizer: nn.Module) -> QuantizerDiagnostics | None:
+def diagnose(name: str, quantizer: TensorQuantizer) -> QuantizerDiagnostics | None:
     """Diagnostics of one quantizer from its calibrator, or ``None`` without statistics or range."""
     calibrator = getattr(quantizer, "_calibrator", None)
     return diagnose_statistics(name, calibrator, quantizer.effective_amax(), quantizer.amax_method)

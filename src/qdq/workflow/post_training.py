@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -46,16 +46,18 @@ EvalFn = Callable[[nn.Module], float]
 DEFAULT_PERCENTILES = (99.9, 99.99, 99.999, 99.9999)
 #: the calibrator whose one pass serves every method that reads its statistics
 PTQ_STATISTICS = "histogram"
+#: a range as a front end holds it: a tensor (PyTorch, :func:`ptq`), a float (Keras, :func:`qdq.keras.ptq`)
+RangeT = TypeVar("RangeT")
 
 
 @dataclass
-class MethodResult:
+class MethodResult(Generic[RangeT]):
     """Evaluation of one calibration method.
 
     Attributes:
         method, options: the method and its options (``percentile``).
         score: ``eval_fn``'s score with this method's ranges.
-        amax: every quantizer's range, by name.
+        amax: every quantizer's range, by name (tensors from :func:`ptq`, floats from :func:`qdq.keras.ptq`).
         diagnostics: what the activation ranges clip (:func:`qdq.calibration_report`).
         quantizer_methods: activation quantizer name -> how its range was set (``"auto: mse"``...).
     """
@@ -63,7 +65,7 @@ class MethodResult:
     method: str
     options: dict[str, Any]
     score: float
-    amax: dict[str, torch.Tensor] = field(repr=False)
+    amax: dict[str, RangeT] = field(repr=False)
     diagnostics: CalibrationReport | None = field(default=None, repr=False)
     quantizer_methods: dict[str, str | None] = field(default_factory=dict, repr=False)
 
@@ -79,16 +81,17 @@ class MethodResult:
     def worst_clipping(self) -> str:
         """The largest clipping error of any quantizer, and its name ("" without diagnostics)."""
         worst = self.diagnostics.worst(1) if self.diagnostics is not None else []
-        return f"{100 * worst[0].clipping_error:.2f} % ({worst[0].name})" if worst else ""
+        error = worst[0].clipping_error if worst else None  # worst(): known errors only
+        return f"{100 * error:.2f} % ({worst[0].name})" if error is not None else ""
 
 
 @dataclass
-class PTQResult:
+class PTQResult(Generic[RangeT]):
     """Scores of the float model and of each calibration method; ``best`` is loaded in the model."""
 
     float_score: float
-    results: list[MethodResult]
-    best: MethodResult
+    results: list[MethodResult[RangeT]]
+    best: MethodResult[RangeT]
 
     def table(self) -> str:
         """Markdown table: method, score, difference to float, the largest clipping error of a quantizer."""
@@ -148,7 +151,7 @@ def ptq(
     weight_method: str = "max",
     forward_fn: ForwardFn | None = None,
     progress: Progress = True,
-) -> PTQResult:
+) -> PTQResult[torch.Tensor]:
     """Calibrate ``model`` with every method from one pass over ``calib_data``; keep the best.
 
     Args:
@@ -182,7 +185,7 @@ def ptq(
         collect_stats(model, calib_data, num_batches=num_batches, calibrator=kind, forward_fn=forward_fn,
                       progress=progress)  # fmt: skip
         statistics[kind] = {name: q._calibrator for name, q in named_quantizers(unwrap(model), weights=False)}
-    results = []
+    results: list[MethodResult[torch.Tensor]] = []
     for method, options in progress_bar(grid, progress, f"PTQ: scoring {len(grid)} calibrations"):
         _use(model, statistics[ptq_statistics(method)])
         _load(model, method, options, calib_data, num_batches, weight_method, forward_fn, progress)

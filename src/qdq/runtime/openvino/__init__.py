@@ -14,6 +14,7 @@ their per-layer runtime precision, and the int8 coverage read from it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from qdq.runtime.backend import Backend
 from qdq.runtime.coverage import Coverage, FloatLayer
@@ -82,7 +83,7 @@ class OpenVinoBackend(Backend):
             divergence_causes=DIVERGENCE_CAUSES,
         )  # fmt: skip
 
-    def int8_coverage(
+    def int8_coverage(  # type: ignore[override]  # its runtime's load options by name; the base takes any
         self,
         onnx_path: str | Path,
         *,
@@ -112,10 +113,10 @@ class OpenVinoBackend(Backend):
                         float_between_what="elementwise layers run in float between the int8 ones")  # fmt: skip
 
     def report(
-        self, onnx_path: str | Path, *, threads: int | None = None, batch: int | None = None, **options: object
+        self, onnx_path: str | Path, *, threads: int | None = None, batch: int | None = None, **options: Any
     ) -> PrecisionReport:
         """The runtime precision of every layer of ``onnx_path`` compiled at ``batch`` (options: ``precision``...)."""
-        return precision_report(onnx_path, threads=threads, batch=batch, **options)  # type: ignore[arg-type]
+        return precision_report(onnx_path, threads=threads, batch=batch, **options)
 
     def check_precision(self, precision: str) -> None:
         """Raise ``QdqConfigError`` naming the accepted values unless ``precision`` is one (:func:`precision_hint`)."""

@@ -13,6 +13,7 @@ and the int8 coverage read from ORT's optimized graph.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from qdq.runtime.backend import Backend
 from qdq.runtime.coverage import Coverage
@@ -44,7 +45,7 @@ class OrtBackend(Backend):
             description="ONNX Runtime, CPU execution provider (QLinearConv, QGemm, ... int8 kernels)",
         )  # fmt: skip
 
-    def int8_coverage(
+    def int8_coverage(  # type: ignore[override]  # its runtime's load options by name; the base takes any
         self,
         onnx_path: str | Path,
         *,
@@ -58,10 +59,10 @@ class OrtBackend(Backend):
         ).coverage()
 
     def report(
-        self, onnx_path: str | Path, *, threads: int | None = None, batch: int | None = None, **options: object
+        self, onnx_path: str | Path, *, threads: int | None = None, batch: int | None = None, **options: Any
     ) -> FusionReport:
         """The fusion report of ``onnx_path`` (``batch`` is ignored: a session takes any batch)."""
-        return fusion_report(onnx_path, threads=threads, **options)  # type: ignore[arg-type]
+        return fusion_report(onnx_path, threads=threads, **options)
 
 
 #: the backend of the ``"onnxruntime"`` runtime

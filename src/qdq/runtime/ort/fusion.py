@@ -314,7 +314,8 @@ class _Explainer:
                 f"a {activation} sat between the {op.op_type.removeprefix('Fused')} and its QuantizeLinear; ORT "
                 "drops it only when the Q's zero point is the type's minimum (asymmetric activations)"
             )
-        in_type = self.zero_point_type(self.prev_op(data[0]))  # type: ignore[arg-type]
+        source = self.prev_op(data[0])  # a DQ: every data input is dequantized (above)
+        in_type = self.zero_point_type(source) if source is not None else None
         out_type = self.zero_point_type(quantizers[0])
         if in_type and out_type and in_type != out_type:
             return (f"its input is {in_type} but its output Q is {out_type}; {kernel} needs one type "
@@ -338,11 +339,13 @@ class _Explainer:
                 if value is not None and value.size == 1:
                     bounds[bound] = float(value.reshape(()))
             node = self.index.single_reader(node.output[0])
-        scale = self.index.array(node.input[1]) if node is not None and node.op_type == _Q else None
+        if node is None or node.op_type != _Q:
+            return None
+        scale = self.index.array(node.input[1])
         if "high" not in bounds or scale is None or scale.size != 1 or float(scale.reshape(())) <= 0:
             return None
         step = float(scale.reshape(()))
-        lowest = -128 if self.zero_point_type(node) == "int8" else 0  # type: ignore[arg-type]
+        lowest = -128 if self.zero_point_type(node) == "int8" else 0
         levels = round(bounds["high"] / step) - (round(bounds["low"] / step) if "low" in bounds else lowest) + 1
         bits = math.ceil(math.log2(levels)) if levels > 1 else None
         return bits if bits is not None and bits < 8 else None  # a full-range clamp (Relu6) is not a smaller grid

@@ -33,7 +33,7 @@ from qdq.graphs import ops
 from qdq.targets.rules import PlacementRule
 
 if TYPE_CHECKING:
-    from qdq.graphs.view import GraphView
+    from qdq.graphs.view import GraphView, Value
 
 __all__ = ["RESIDUAL_ADD", "fused_input", "residual_adds"]
 
@@ -59,7 +59,11 @@ def residual_adds(view: GraphView, mode: str, *, lone: bool = False) -> None:
         if mode == "both" and any(r.type in ops.FEATURE_NORMS for r, _ in add.outputs[0].readers):
             continue
         values = [v for _, v in inputs]
-        fused = fused_input([view.follows_weighted(v) for v in values], lambda i, vs=values: view.weighted_depth(vs[i]))
+
+        def depth(i: int, values: list[Value] = values) -> int:
+            return view.weighted_depth(values[i])
+
+        fused = fused_input([view.follows_weighted(v) for v in values], depth)
         if fused is None and not lone:
             continue
         for position, (index, _) in enumerate(inputs):

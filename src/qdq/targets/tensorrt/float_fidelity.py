@@ -34,7 +34,8 @@ class GraphComparison:
 
     Attributes:
         agreement: quantizer -> fraction of its int8 codes equal in both graphs (activation quantizers).
-        q_exact: quantizer -> whether the candidate's QuantizeLinear matches the definition on its own input.
+        q_exact: quantizer -> whether the candidate's QuantizeLinear matches the definition on its own input
+            (those whose scale is a constant).
         max_steps: largest output difference in int8 steps of the reference output (``max |ref| / 127``).
         rel_error: ``||candidate - reference|| / ||reference||`` over all outputs (L2).
         top1: fraction of samples whose argmax (last axis) agrees; ``samples``: how many were compared.
@@ -121,8 +122,10 @@ def compare_graphs(reference: Any, candidate: Any, batches: Iterable[Batch]) -> 
         cand_outs.append(got[cand.get_outputs()[0].name].astype(np.float32))
         for name, (x, scale, q) in cand_sites.items():
             codes = got[q]
-            exact = np.array_equal(_oracle(got[x], scales.array(scale)), codes.astype(np.float32))
-            result.q_exact[name] = result.q_exact.get(name, True) and exact
+            step = scales.array(scale)
+            if step is not None:  # a constant step (TensorRT takes no other): the codes it gives, exactly
+                exact = np.array_equal(_oracle(got[x], step), codes.astype(np.float32))
+                result.q_exact[name] = result.q_exact.get(name, True) and exact
             if name in ref_sites:
                 counts = equal.setdefault(name, [0, 0])
                 counts[0] += int(np.count_nonzero(got_ref[ref_sites[name][2]] == codes))

@@ -73,7 +73,8 @@ def fold_weights(model: Any) -> int:
     from onnx import numpy_helper
 
     index = GraphIndex(model)
-    doomed, folded = [], 0
+    doomed: list[Any] = []
+    folded = 0
     for q in list(model.graph.node):
         weight = index.array(q.input[0]) if q.op_type == "QuantizeLinear" else None
         readers = index.consumers.get(q.output[0], []) if weight is not None else []

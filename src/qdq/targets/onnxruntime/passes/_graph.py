@@ -40,11 +40,14 @@ def quantize_weight(w: np.ndarray, scale: np.ndarray, dtype: np.dtype, axis: int
     return q.numpy().astype(dtype)
 
 
-def weight_dq(g: GraphIndex, conv: Any) -> Any | None:
+def weight_dq(g: GraphIndex, conv: Any) -> tuple[Any, np.ndarray] | None:
+    """The DequantizeLinear of ``conv``'s weight (input 1), read by ``conv`` alone, and the constant it reads; None
+    when the weight is not such a DQ of a constant."""
     dq = g.producer.get(conv.input[1])
-    if dq is None or dq.op_type != "DequantizeLinear" or g.array(dq.input[0]) is None:
+    if dq is None or dq.op_type != "DequantizeLinear" or not g.is_single_reader(conv, dq.output[0]):
         return None
-    return dq if g.single_reader(dq.output[0]) is conv else None
+    weight = g.array(dq.input[0])
+    return None if weight is None else (dq, weight)
 
 
 def dq_params(g: GraphIndex, tensor: str) -> tuple[np.ndarray, int | None] | None:
@@ -56,11 +59,13 @@ def dq_params(g: GraphIndex, tensor: str) -> tuple[np.ndarray, int | None] | Non
 
 
 def same_params(g: GraphIndex, a: Any, b: Any) -> bool:
+    per_tensor = False
     for i in (1, 2):
         x, y = g.array(a.input[i]), g.array(b.input[i])
         if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y):
             return False
-    return x.ndim == 0 or attribute(a, "axis", 1) == attribute(b, "axis", 1)
+        per_tensor = x.ndim == 0  # the zero point's (i = 2) when the loop ends
+    return per_tensor or attribute(a, "axis", 1) == attribute(b, "axis", 1)
 
 
 def qdq_pairs(g: GraphIndex) -> Iterator[tuple[Any, list[Any]]]:

@@ -19,19 +19,22 @@ __all__ = ["fold_batchnorms"]
 
 def _bn_factor(g: GraphIndex, bn: Any) -> tuple[np.ndarray, np.ndarray] | None:
     arrays = [g.array(name) for name in bn.input[1:5]]
-    if any(a is None for a in arrays) or len(bn.output) != 1:
+    constants = [a for a in arrays if a is not None]
+    if len(constants) != len(arrays) or len(bn.output) != 1:
         return None
-    gamma, beta, mean, var = (a.astype(np.float64) for a in arrays)  # type: ignore[union-attr]
+    gamma, beta, mean, var = (a.astype(np.float64) for a in constants)
     k = gamma / np.sqrt(var + float(attribute(bn, "epsilon", 1e-5)))
     return k, beta - mean * k
 
 
-def _fold_bn(g: GraphIndex, conv: Any, bn: Any, dq: Any) -> bool:
+def _fold_bn(g: GraphIndex, conv: Any, bn: Any, dq: Any, wq: np.ndarray) -> bool:
     factors = _bn_factor(g, bn)
     if factors is None:
         return False
     k, shift = factors
-    wq, scale, zp = g.array(dq.input[0]), g.array(dq.input[1]), g.array(dq.input[2])
+    scale, zp = g.array(dq.input[1]), g.array(dq.input[2])
+    if scale is None or zp is None:  # not constants: nothing to fold into
+        return False
     channels = wq.shape[0]
     if k.size != channels or np.any(zp != 0):
         return False
@@ -67,10 +70,10 @@ def fold_batchnorms(g: GraphIndex) -> int:
         if conv.op_type != "Conv":
             continue
         bn = g.single_reader(conv.output[0])
-        dq = weight_dq(g, conv)
-        if bn is None or bn.op_type != "BatchNormalization" or dq is None:
+        weight = weight_dq(g, conv)
+        if bn is None or bn.op_type != "BatchNormalization" or weight is None:
             continue
-        if _fold_bn(g, conv, bn, dq):
+        if _fold_bn(g, conv, bn, *weight):
             done.append(bn)
     g.remove(done)
     return len(done)

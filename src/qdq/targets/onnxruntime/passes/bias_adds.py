@@ -27,14 +27,16 @@ def fold_bias_adds(g: GraphIndex) -> int:
     done = []
     for conv in list(g.graph.node):
         add = g.single_reader(conv.output[0]) if conv.op_type == "Conv" else None
-        dq = weight_dq(g, conv) if add is not None and add.op_type == "Add" else None
-        others = [name for name in add.input if name != conv.output[0]] if dq is not None else []
+        found = weight_dq(g, conv) if add is not None and add.op_type == "Add" else None
+        if add is None or found is None:
+            continue
+        others = [name for name in add.input if name != conv.output[0]]
         value = g.array(others[0]) if len(others) == 1 else None
         bias = g.const_input(conv, 2) if len(conv.input) > 2 and conv.input[2] else None
         if value is None or (len(conv.input) > 2 and conv.input[2] and bias is None):
             continue
-        weight = g.array(dq.input[0])  # type: ignore[union-attr]
-        per_channel = _channel_constant(value, weight.ndim, weight.shape[0])  # type: ignore[union-attr]
+        weight = found[1]
+        per_channel = _channel_constant(value, weight.ndim, weight.shape[0])
         if per_channel is None:
             continue
         total = per_channel.astype(np.float32) + (0 if bias is None else bias.astype(np.float32))

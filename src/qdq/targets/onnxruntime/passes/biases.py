@@ -41,10 +41,10 @@ def bias_after_float_convs(g: GraphIndex, float_convs: list[Any]) -> int:
 
     count = 0
     for conv in float_convs:
-        bias, dq = g.const_input(conv, 2), weight_dq(g, conv)
-        if bias is None or bias.ndim != 1 or dq is None:
+        bias, weight = g.const_input(conv, 2), weight_dq(g, conv)
+        if bias is None or bias.ndim != 1 or weight is None:
             continue
-        rank = g.array(dq.input[0]).ndim  # type: ignore[union-attr]  # weight_dq: a constant weight
+        rank = weight[1].ndim
         shaped = g.add_const(conv.input[2] + "_broadcast", bias.reshape([1, -1] + [1] * (rank - 2)))
         out = conv.output[0]
         conv.output[0] = g.unique(out + "_without_bias")

@@ -51,13 +51,14 @@ def unfusable_conv_nodes(g: GraphIndex) -> list[Any]:
         data = fusion.dequantized_inputs(conv.op_type, len(conv.input))
         inputs_ok = all(dq_params(g, conv.input[i]) is not None for i in data)
         out = g.single_reader(conv.output[0])
-        through_activation = out is not None and out.op_type in fusion.folded_activations
-        if through_activation:
-            out = g.single_reader(out.output[0])
-        fused = inputs_ok and out is not None and out.op_type == "QuantizeLinear"
-        if fused and through_activation:  # ORT drops a Relu/Clip only before a Q whose zero point is the minimum
-            zp = g.array(out.input[2])
-            fused = zp is not None and np.all(zp == np.iinfo(zp.dtype).min)
+        activation = out if out is not None and out.op_type in fusion.folded_activations else None
+        if activation is not None:
+            out = g.single_reader(activation.output[0])
+        q = out if inputs_ok and out is not None and out.op_type == "QuantizeLinear" else None
+        fused = q is not None
+        if q is not None and activation is not None:  # ORT drops a Relu/Clip only before a Q of zero point the min
+            zp = g.array(q.input[2])
+            fused = zp is not None and bool(np.all(zp == np.iinfo(zp.dtype).min))
         if not fused:
             nodes.append(conv)
     return nodes

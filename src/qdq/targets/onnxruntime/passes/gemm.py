@@ -44,25 +44,26 @@ def _inferred_ranks(model: onnx.ModelProto) -> dict[str, int]:
     return ranks(GraphIndex(inferred))
 
 
-def _int8_weight_dq(g: GraphIndex, tensor: str, reader: Any) -> tuple[Any, np.ndarray] | None:
-    """The DQ of a 2-D int8 constant producing ``tensor``, read only by ``reader``, and the constant."""
+def _int8_weight_dq(g: GraphIndex, tensor: str, reader: Any) -> tuple[Any, np.ndarray, np.ndarray] | None:
+    """The DQ of a 2-D int8 constant producing ``tensor``, read only by ``reader``, the constant and the DQ's
+    (constant) scale."""
     dq = g.producer.get(tensor)
     if dq is None or dq.op_type != "DequantizeLinear" or g.single_reader(dq.output[0]) is not reader:
         return None
     w, scale = g.const_input(dq, 0), g.const_input(dq, 1)
     if w is None or scale is None or w.ndim != 2 or w.dtype not in (np.int8, np.uint8):
         return None
-    return dq, w
+    return dq, w, scale
 
 
-def _dense_weight(g: GraphIndex, matmul: Any) -> tuple[Any, np.ndarray, bool] | None:
-    """``(DQ, integers, stored_transposed)`` of ``matmul``'s weight, per tensor or per output column N:
+def _dense_weight(g: GraphIndex, matmul: Any) -> tuple[Any, np.ndarray, np.ndarray, bool] | None:
+    """``(DQ, integers, scale, stored_transposed)`` of ``matmul``'s weight, per tensor or per output column N:
     ``DQ(W [K, N])`` (stored_transposed False) or ``Transpose(DQ(W [N, K]))`` (True)."""
     found = _int8_weight_dq(g, matmul.input[1], matmul)
     if found is not None:
-        dq, w = found
+        dq, w, scale = found
         per_column = attribute(dq, "axis", 1) % 2 == 1
-        return (dq, w, False) if g.array(dq.input[1]).ndim == 0 or per_column else None  # type: ignore[union-attr]
+        return (dq, w, scale, False) if scale.ndim == 0 or per_column else None
     transpose = g.producer.get(matmul.input[1])
     if transpose is None or transpose.op_type != "Transpose" or g.single_reader(transpose.output[0]) is not matmul:
         return None
@@ -71,9 +72,9 @@ def _dense_weight(g: GraphIndex, matmul: Any) -> tuple[Any, np.ndarray, bool] | 
     found = _int8_weight_dq(g, transpose.input[0], transpose)
     if found is None:
         return None
-    dq, w = found
+    dq, w, scale = found
     per_row = attribute(dq, "axis", 1) % 2 == 0
-    return (dq, w, True) if g.array(dq.input[1]).ndim == 0 or per_row else None  # type: ignore[union-attr]
+    return (dq, w, scale, True) if scale.ndim == 0 or per_row else None
 
 
 def _bias_add(g: GraphIndex, matmul: Any, columns: int) -> tuple[Any, str] | None:
@@ -118,12 +119,12 @@ def matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
         found = _dense_weight(g, matmul) if rank == 2 or (lead_from is not None and reshape_ok) else None
         if found is None:
             continue
-        dq, w, stored_transposed = found
+        dq, w, scale, stored_transposed = found
         if stored_transposed:
             done.append(g.producer[matmul.input[1]])  # the Transpose: Gemm's transB reads W [N, K] as it is
         else:
             dq.input[0] = g.add_const(dq.input[0] + "_transposed", np.ascontiguousarray(w.T))
-            if g.array(dq.input[1]).ndim == 1:  # type: ignore[union-attr]
+            if scale.ndim == 1:
                 set_axis(dq, 0)
         rows, columns = (w.shape[1], w.shape[0]) if stored_transposed else w.shape
         x, output = matmul.input[0], matmul.output[0]
@@ -133,7 +134,7 @@ def matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
             done.append(bias[0])
         name = matmul.name or "matmul"
         nodes = []
-        if rank > 2:
+        if lead_from is not None:  # rank > 2 (found: with the source of x's leading dimensions)
             flat = g.unique(x + "_2d")
             nodes.append(helper.make_node("Reshape", [x, g.add_const(name + "_rows", np.array([-1, rows]))],
                                           [flat], name=name + "/Reshape_2d"))  # fmt: skip
@@ -142,7 +143,7 @@ def matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
             gemm_out = output
         inputs = [x, dq.output[0]] + ([bias[1]] if bias is not None else [])
         nodes.append(helper.make_node("Gemm", inputs, [gemm_out], name=name + "/Gemm", transB=1))
-        if rank > 2:
+        if lead_from is not None:
             lead, shape = g.unique(output + "_leading"), g.unique(output + "_shape")
             last = g.add_const(name + "_columns", np.array([columns]))
             nodes += [

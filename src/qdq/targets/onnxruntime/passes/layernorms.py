@@ -58,7 +58,9 @@ def _reshape_around(g: GraphIndex, norm: Any) -> None:
     from onnx import helper
 
     total, out = norm.input[0], norm.output[0]
-    hidden = int(g.const_input(norm, 1).shape[0])
+    scale = g.const_input(norm, 1)
+    assert scale is not None  # _residual_norm: a constant 1-D scale
+    hidden = int(scale.shape[0])
     stem = norm.name or "layernorm"
     flat_shape = g.add_const(stem + "_rows", np.array([-1, hidden], np.int64))
     shape, flat, normed = g.unique(total + "_shape"), g.unique(total + "_rows"), g.unique(out + "_rows")

@@ -50,7 +50,9 @@ def _slice_index(g: GraphIndex, node: Any, axis: int, length: int) -> int | None
         return None
     starts, ends, axes = (g.const_input(node, i) for i in (1, 2, 3))
     steps = g.const_input(node, 4) if len(node.input) > 4 and node.input[4] else np.ones(1, np.int64)
-    if any(v is None or v.size != 1 for v in (starts, ends, axes, steps)):
+    if starts is None or ends is None or axes is None or steps is None:
+        return None
+    if any(v.size != 1 for v in (starts, ends, axes, steps)):
         return None
     start, end = int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
     start = start + length if start < 0 else start
@@ -69,7 +71,11 @@ def _squeezed(g: GraphIndex, node: Any, axis: int) -> Any | None:
     return squeeze if g.only_readers(squeeze.output[0], ("QuantizeLinear",)) else None
 
 
-def _weight(g: GraphIndex, gemm: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None:
+#: a Gemm's weight: its DQ, W [N, K], scale, zero point
+_Weight = tuple[Any, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _weight(g: GraphIndex, gemm: Any) -> _Weight | None:
     """``(DQ, W [N, K], scale, zero point)`` of a ``transB=1`` Gemm's weight, per tensor or per row."""
     if attribute(gemm, "transB", 0) != 1 or attribute(gemm, "transA", 0) != 0:
         return None
@@ -86,7 +92,9 @@ def _weight(g: GraphIndex, gemm: Any) -> tuple[Any, np.ndarray, np.ndarray, np.n
 def _parts(g: GraphIndex, gemm: Any, columns: int) -> dict[str, Any] | None:
     """The packed pattern after ``gemm`` (module doc): the nodes, the constant shape, perm, cut axis, branches."""
     back = _reshaped_back(g, gemm)
-    reshape = _only_reader(g, back.output[0], "Reshape") if back is not None else None
+    if back is None:
+        return None
+    reshape = _only_reader(g, back.output[0], "Reshape")
     shape = g.const_input(reshape, 1) if reshape is not None else None
     transpose = _only_reader(g, reshape.output[0], "Transpose") if reshape is not None else None
     if shape is None or transpose is None or np.any(shape == 0):
@@ -103,7 +111,7 @@ def _parts(g: GraphIndex, gemm: Any, columns: int) -> dict[str, Any] | None:
     for node in g.consumers.get(transpose.output[0], []):
         index = _slice_index(g, node, cut, parts[0])
         squeeze = _squeezed(g, node, cut) if index is not None else None
-        if squeeze is None or index in branches:
+        if index is None or squeeze is None or index in branches:
             return None
         branches[index] = (node, squeeze)
     if not branches:
@@ -112,11 +120,12 @@ def _parts(g: GraphIndex, gemm: Any, columns: int) -> dict[str, Any] | None:
     return {"shape": shape, "lead": lead, "parts": parts, "perm": perm, "branches": branches, "nodes": nodes}
 
 
-def _part_nodes(g: GraphIndex, gemm: Any, found: dict[str, Any], index: int, out: str) -> list[Any]:
-    """``Gemm`` of part ``index`` (its weight rows and bias entries), its Reshape and Transpose, producing ``out``."""
+def _part_nodes(g: GraphIndex, gemm: Any, weight_of: _Weight, found: dict[str, Any], index: int, out: str) -> list[Any]:
+    """``Gemm`` of part ``index`` (its weight rows and bias entries), its Reshape and Transpose, producing ``out``;
+    ``weight_of``: the Gemm's weight (:func:`_weight`)."""
     from onnx import helper
 
-    dq, w, scale, zp = _weight(g, gemm)  # type: ignore[misc]
+    dq, w, scale, zp = weight_of
     size = int(np.prod(found["parts"][1:]))
     rows = slice(index * size, (index + 1) * size)
     stem = f"{gemm.name or 'gemm'}/part{index}"
@@ -149,11 +158,11 @@ def _split(g: GraphIndex, gemm: Any) -> bool:
     weight = _weight(g, gemm)
     bias = g.const_input(gemm, 2) if len(gemm.input) > 2 and gemm.input[2] else np.zeros(1, np.float32)
     found = _parts(g, gemm, weight[1].shape[0]) if weight is not None and bias is not None else None
-    if found is None:
+    if weight is None or found is None:
         return False
-    doomed = [gemm, weight[0], *found["nodes"]]  # type: ignore[index]
+    doomed = [gemm, weight[0], *found["nodes"]]
     for index, (slice_node, squeeze) in sorted(found["branches"].items()):
-        for node in _part_nodes(g, gemm, found, index, squeeze.output[0]):
+        for node in _part_nodes(g, gemm, weight, found, index, squeeze.output[0]):
             g.insert(gemm, node)
         doomed += [slice_node, squeeze]
     shape_of = g.producer.get(found["nodes"][1].input[0])  # the Shape feeding the reshape back's Concat

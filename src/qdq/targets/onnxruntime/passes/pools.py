@@ -26,9 +26,9 @@ def _is_spatial_mean(g: GraphIndex, node: Any, ranks: dict[str, int]) -> bool:
     """A ReduceMean over every spatial axis (2 to rank - 1) that keeps the reduced axes."""
     rank = ranks.get(node.input[0]) if node.op_type == "ReduceMean" else None
     axes = _reduce_axes(g, node) if rank is not None and rank >= 3 else None
-    if axes is None or attribute(node, "keepdims", 1) != 1:
+    if rank is None or axes is None or attribute(node, "keepdims", 1) != 1:
         return False
-    return sorted(a % rank for a in axes) == list(range(2, rank))  # type: ignore[operator]
+    return sorted(a % rank for a in axes) == list(range(2, rank))
 
 
 def global_pools(g: GraphIndex) -> int:

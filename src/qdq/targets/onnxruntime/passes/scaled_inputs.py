@@ -60,14 +60,14 @@ def fold_scaled_inputs(g: GraphIndex) -> int:
     doomed = []
     for q in list(g.graph.node):
         mul = g.producer.get(q.input[0]) if q.op_type == "QuantizeLinear" else None
-        if mul is None or mul.op_type != "Mul" or g.single_reader(mul.output[0]) is not q:
+        if mul is None or mul.op_type != "Mul" or not g.is_single_reader(q, mul.output[0]):
             continue
         found = _multiplier(g, mul)
         scaled = _scaled_step(g, q, found[1]) if found is not None else None
         if found is None or scaled is None:
             continue
         x, c = found
-        q.input[1] = g.add_const(q.input[1] + "_input_scaled", scaled.reshape(g.const_input(q, 1).shape))
+        q.input[1] = g.add_const(q.input[1] + "_input_scaled", scaled)  # the step's shape
         q.input[0] = x
         set_metadata(q, INPUT_SCALE_KEY, repr(c))
         doomed.append(mul)

@@ -75,10 +75,11 @@ def _stored_weights(g: GraphIndex, dq: Any) -> tuple[np.ndarray, Any | None] | N
     if values is not None:
         return (values, None) if values.dtype == np.int8 else None
     q = g.producer.get(dq.input[0])
-    w, scale = (g.const_input(q, 0), g.const_input(q, 1)) if q is not None and q.op_type == "QuantizeLinear" else (
-        None, None)  # fmt: skip
+    if q is None or q.op_type != "QuantizeLinear":
+        return None
+    w, scale = g.const_input(q, 0), g.const_input(q, 1)
     zp = _int8_zero_point(g, q, np.shape(scale)) if w is not None and scale is not None else None
-    if zp is None or np.any(zp != 0) or len(g.consumers.get(q.output[0], [])) != 1:
+    if w is None or scale is None or zp is None or np.any(zp != 0) or len(g.consumers.get(q.output[0], [])) != 1:
         return None
     return quantize_weight(w, scale, np.dtype(np.int8), attribute(q, "axis", 1)), q
 
@@ -104,7 +105,9 @@ def encode_weights_uint8(model: onnx.ModelProto, *, only_saturating: bool = True
         if dq.op_type != "DequantizeLinear" or not _weight_reader_only(g, dq):
             continue
         found = _stored_weights(g, dq)
-        zp = _int8_zero_point(g, dq, np.shape(g.const_input(dq, 1))) if found is not None else None
+        scale = g.const_input(dq, 1)
+        shape = () if scale is None else np.shape(scale)  # np.shape(None): ()
+        zp = _int8_zero_point(g, dq, shape) if found is not None else None
         if found is None or zp is None:
             continue
         values, q = found

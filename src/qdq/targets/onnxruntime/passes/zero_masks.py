@@ -55,17 +55,17 @@ def _fold_mask(g: GraphIndex, conv: Any, mul: Any, activation: Any | None) -> li
     The Mul's readers then read the activation's output, or the Conv's when every channel is masked (the
     activation then only sees zeros, which it keeps: it goes too, and ORT sees ``Conv -> Q``).
     """
-    dq = weight_dq(g, conv)
-    zero_point = g.const_input(dq, 2) if dq is not None else None
-    if dq is None or zero_point is None or np.any(zero_point != 0):
+    found = weight_dq(g, conv)
+    zero_point = g.const_input(found[0], 2) if found is not None else None
+    if found is None or zero_point is None or np.any(zero_point != 0):
         return []
-    weight = g.array(dq.input[0])
+    dq, weight = found
     tensor = (activation or conv).output[0]
-    keep = _channel_mask(g, mul, tensor, weight)  # type: ignore[arg-type]
+    keep = _channel_mask(g, mul, tensor, weight)
     bias = g.const_input(conv, 2)
     if keep is None or (len(conv.input) > 2 and conv.input[2] and bias is None):
         return []
-    dq.input[0] = g.add_const(dq.input[0] + "_masked", _masked(weight, keep))  # type: ignore[arg-type]
+    dq.input[0] = g.add_const(dq.input[0] + "_masked", _masked(weight, keep))
     if bias is not None:
         conv.input[2] = g.add_const(conv.input[2] + "_masked", np.where(keep, bias, 0).astype(bias.dtype))
     if activation is not None and not keep.any():

@@ -59,7 +59,8 @@ def _weight_inputs(f: GraphFacts, node: Any) -> list[int]:
     found = []
     for index in (0, 1):
         dq, _ = f.quantized_source(node.input[index])
-        source = f.q_of(dq).input[0] if dq is not None and f.q_of(dq) is not None else (dq.input[0] if dq else None)
+        q = f.q_of(dq) if dq is not None else None
+        source = q.input[0] if q is not None else (dq.input[0] if dq else None)
         if source is not None and f.is_constant(source):
             found.append(index)
     return found
