@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
+
+import qdq
 from onnx_models import (
     Attention,
     ConvNet,
@@ -26,8 +28,6 @@ from onnx_models import (
     with_custom_op,
     with_if,
 )
-
-import qdq
 from qdq.errors import QdqConfigError
 from qdq.graphs.onnx_tags import qdq_sites
 from qdq.runtime.ort import fusion_report, inference_session, session_options

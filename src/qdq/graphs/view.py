@@ -106,6 +106,13 @@ class Site:
     def __str__(self) -> str:
         return self.value.name if self.reader is None else f"{self.reader.name}[{self.index}]"
 
+    @property
+    def input_reader(self) -> Op:
+        """The reader of an input site (a weight's, an operation input's); a value-wide site has none."""
+        if self.reader is None:
+            raise ValueError(f"{self} quantizes a value for every reader, not one operation's input")
+        return self.reader
+
 
 @dataclass(eq=False)
 class Quantizer:

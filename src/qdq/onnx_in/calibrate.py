@@ -113,7 +113,7 @@ def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") 
             continue
         site = quantizer.sites[0]
         weight = numpy_helper.to_array(inits[site.value.name]).astype(np.float32)
-        axis = weight_axis(site.reader, site.index) % weight.ndim  # type: ignore[arg-type]
+        axis = weight_axis(site.input_reader, site.index) % weight.ndim
         channels = np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)
         if method == "max":
             found[id(quantizer)] = np.abs(channels).max(axis=1).astype(np.float32)

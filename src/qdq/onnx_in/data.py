@@ -122,8 +122,8 @@ def _image(path: Path, height: int, width: int, mean: Sequence[float] | None,
     except ImportError as err:
         raise QdqBackendUnavailable("reading an image folder needs Pillow: pip install pillow.") from err
     with Image.open(path) as image:
-        rgb = image.convert("RGB").resize((width, height), Image.BILINEAR)
-    x = np.asarray(rgb, np.float32) / 255.0
+        rgb = image.convert("RGB").resize((width, height), Image.Resampling.BILINEAR)
+    x: np.ndarray = np.asarray(rgb, np.float32) / np.float32(255.0)
     if mean is not None:
         x = x - np.asarray(mean, np.float32)
     if std is not None:

@@ -132,7 +132,7 @@ class _Writer:
 
     def _weight(self, site: Site, name: str, amax: np.ndarray) -> None:
         weight = numpy_helper.to_array(self.inits[site.value.name]).astype(np.float32)
-        axis = weight_axis(site.reader, site.index) % weight.ndim  # type: ignore[arg-type]
+        axis = weight_axis(site.input_reader, site.index) % weight.ndim
         step = _step(amax.reshape(-1), False)
         shape = [1] * weight.ndim
         shape[axis] = -1
@@ -144,8 +144,8 @@ class _Writer:
                               [f"{name}.dq"], name=f"{name}/DequantizeLinear", axis=axis)  # fmt: skip
         _tag(dq, name)
         self.pairs += 1
-        reader = self.nodes[site.reader.ref]  # type: ignore[union-attr]
-        self.before.setdefault(site.reader.ref, []).append(dq)  # type: ignore[union-attr]
+        reader = self.nodes[site.input_reader.ref]
+        self.before.setdefault(site.input_reader.ref, []).append(dq)
         reader.input[site.index] = f"{name}.dq"
 
     def _producer_node(self, value: Any) -> Any:
@@ -159,7 +159,7 @@ class _Writer:
     def _reader_slots(self, site: Site) -> list[tuple[Any, int]]:
         """``(node, input position)`` where the site's reader reads its value (a SiLU: in its sigmoid and its
         product); positions count the node's empty optional inputs, which the view leaves out."""
-        ref = site.reader.ref  # type: ignore[union-attr]
+        ref = site.input_reader.ref
         if isinstance(ref, tuple):
             nodes = [self.nodes[i] for i in ref]
             return [(node, list(node.input).index(site.value.name)) for node in nodes if site.value.name in node.input]

@@ -254,10 +254,10 @@ def verify(
         raise QdqConfigError("verify got no data: pass at least one batch.")
     if min_metric is not None and metric is None:
         raise QdqConfigError("verify got min_metric but no metric: pass metric=callable(reference, engine).")
-    is_torch = isinstance(model, nn.Module)
-    was_training = model.training if is_torch else False
-    if is_torch:
-        model.eval()
+    torch_model = model if isinstance(model, nn.Module) else None
+    was_training = torch_model.training if torch_model is not None else False
+    if torch_model is not None:
+        torch_model.eval()
     reference_outs: list[list[np.ndarray]] = []
     engine_outs: list[list[np.ndarray]] = []
     try:
@@ -269,9 +269,11 @@ def verify(
                 reference_outs.append(reference)
                 engine_outs.append([np.asarray(o, dtype=np.float32) for o in engine_out])
     finally:
-        if is_torch:
-            model.train(was_training)
-    label = f"FP32 {Path(model).name}" if is_onnx_file(model) else "PyTorch" if is_torch else "Keras"
+        if torch_model is not None:
+            torch_model.train(was_training)
+    label = "PyTorch" if torch_model is not None else "Keras"
+    if is_onnx_file(model):
+        label = f"FP32 {Path(str(model)).name}"
     result = _compare(runtime, reference_outs, engine_outs, class_axis, label)
     if max_error_steps is None:
         max_error_steps = math.inf if is_onnx_file(model) else MAX_ERROR_STEPS
