@@ -6,6 +6,8 @@ Entry points:
     model = quantize_model(model, QuantConfig(...))  quantized modules (and Q/DQ placement for a target);
                                                      always use the returned model
     quantize_onnx(model.onnx, batches, out.onnx)     an FP32 ONNX file quantized for a target
+    tune(model.onnx, batches, eval_batches, out.onnx, budget=Budget.agreement(99))
+                                                     the fastest measured configuration meeting a budget
     QuantDescriptor, TensorQuantizer                 how one tensor is quantized / the module that does it
     tensor_quant, fake_tensor_quant                  the numerics (module ``qdq.tensor_quant``)
     nn (as quant_nn), quant_modules, calib           the seed toolkit's module paths
@@ -30,6 +32,8 @@ _LAZY = {
     "quant_step": "qdq.tensor_quant",
     "export_onnx": "qdq.export.onnx_export",
     "quantize_onnx": "qdq.onnx_in.quantize",
+    "tune": "qdq.tuning",
+    "Budget": "qdq.tuning",
     "apply_placement": "qdq.placement",
     "calibrate": "qdq.workflow.calibration",
     "collect_stats": "qdq.workflow.calibration",
@@ -53,7 +57,7 @@ _LAZY = {
 _RENAMED = {"compute_amax": "load_amax (it loads ranges into a model; a calibrator's compute_amax() returns one)"}
 _SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "descriptor", "quantizer", "replace", "runtime",
                "export", "placement", "workflow", "app", "utils", "optim", "errors", "registry", "targets", "graphs",
-               "quantize", "onnx_in"}  # fmt: skip
+               "quantize", "onnx_in", "tuning"}  # fmt: skip
 
 __all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
 

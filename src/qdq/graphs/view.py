@@ -355,6 +355,21 @@ class GraphView:
         self.float_ops[op.name] = why
         self.changes.append(f"{op.name}: float ({why})")
 
+    def keep_value_float(self, value: Value, why: str) -> None:
+        """``value`` stays float for every reader: the quantizer over it goes (with all its sites), and each op
+        that read it quantized stays float (:meth:`keep_float`)."""
+        quantizers = {id(q): q for site, q in self._sites.items() if site.value is value}
+        for quantizer in quantizers.values():
+            for site in list(quantizer.sites):
+                if site.reader is not None and site.value is value:
+                    self.keep_float(site.reader, why)
+            for site in [s for s in quantizer.sites if s.value is value]:
+                self._sites.pop(site, None)
+            quantizer.sites = [s for s in quantizer.sites if s.value is not value]
+            if not quantizer.sites:
+                self.dropped += quantizer.handles
+        self.changes.append(f"{value.name}: float ({why})")
+
     def set_unsigned(self, quantizer: Quantizer, why: str) -> None:
         if not quantizer.unsigned:
             quantizer.unsigned = True

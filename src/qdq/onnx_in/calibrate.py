@@ -76,7 +76,7 @@ def collect(
     tensors = sorted({site.value.name for q in quantizers.values() for site in q.sites})
     calibrators = {key: make_calibrator(calibrator, unsigned=q.unsigned) for key, q in quantizers.items()}
     reading = {key: sorted({site.value.name for site in q.sites}) for key, q in quantizers.items()}
-    probe = _probe_model(model, tensors)
+    probe = probe_model(model, tensors)
     inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     with tempfile.TemporaryDirectory(prefix="qdq-calibrate-") as folder:
         session = ort_session(probe, Path(folder), threads)
@@ -141,7 +141,7 @@ def ort_session(model: onnx.ModelProto, folder: Path, threads: int | None = None
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
+def probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
     """A copy of ``model`` that also returns every tensor in ``tensors``."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)

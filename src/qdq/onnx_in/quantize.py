@@ -34,6 +34,7 @@ from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationWarning, QdqConfigError
 from qdq.export.onnx_export import finish_onnx
 from qdq.graphs import ops as vocab
+from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.onnx_in import auto as auto_ranges
 from qdq.onnx_in.calibrate import Statistics, collect, weight_ranges
@@ -46,7 +47,7 @@ from qdq.tensor_quant import low_precision_amax
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.progress import Progress
 
-__all__ = ["OnnxQuantizeResult", "quantize_onnx"]
+__all__ = ["OnnxQuantizeResult", "activation_groups", "place", "quantize_onnx"]
 
 _TRT_FLOAT_BATCHES = 4  # calibration batches kept for the TensorRT 11 float16 conversion's value ranges
 
@@ -70,6 +71,8 @@ class OnnxQuantizeResult:
         seconds: wall time of calibration and of the whole call.
         changes: one line per placement decision.
         ranges: quantizer name -> float32 amax (0-d for an activation, per channel for a weight).
+        value_ranges: tensor name -> float32 amax of the activation quantizer that reads it (pass it back as
+            ``quantize_onnx(..., value_ranges=...)`` to place again without calibrating).
     """
 
     path: Path
@@ -85,6 +88,7 @@ class OnnxQuantizeResult:
     calibration: CalibrationReport = field(default_factory=CalibrationReport, repr=False)
     changes: list[str] = field(default_factory=list, repr=False)
     ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    value_ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def report(self) -> str:
         """A Markdown summary: what runs in int8, what stays float and why."""
@@ -112,6 +116,8 @@ def quantize_onnx(
     target_options: Mapping[str, Any] | None = None,
     threads: int | None = None,
     progress: Progress = True,
+    value_ranges: Mapping[str, np.ndarray] | None = None,
+    float_values: Sequence[str] = (),
     **method_options: Any,
 ) -> OnnxQuantizeResult:
     """Quantize the FP32 ONNX ``model`` for ``target`` and write the Q/DQ file at ``path``.
@@ -134,6 +140,12 @@ def quantize_onnx(
             ``{"weights": "int8" | "uint8" | "auto"}``).
         threads: ONNX Runtime threads for calibration (default: its own).
         progress: progress bars on stderr (a string names the run).
+        value_ranges: activation ranges by tensor name from an earlier call on the same file and target
+            (``result.value_ranges``): when every activation quantizer's tensors have one, nothing is calibrated
+            (a quantizer over several tensors takes the largest); otherwise calibration runs as usual. Weights are
+            always measured from the file.
+        float_values: activation tensors to leave float for every reader (their quantizers go; the ops that read
+            them quantized stay float): what :func:`qdq.tune` switches.
         method_options: the method's options (``percentile=99.9``).
 
     Returns:
@@ -148,22 +160,22 @@ def quantize_onnx(
     calibration_method = get_method(method)
     proto = load_float_model(model)
     prepared = prepare(proto)
-    keep = KeepFloat.of(keep_float)
-    view = build_view(proto, chosen)
-    select_weighted(view, keep)
-    for rule in chosen.placement_rules:
-        rule.decide(view)
-    keep_user_float(view, keep)
+    view = place(proto, chosen, keep_float, float_values)
     data, kept = _keep_first(calibration_data, _TRT_FLOAT_BATCHES)
     calibrating = time.perf_counter()
-    statistics = collect(proto, view, data, calibration_method.calibrator, num_batches=num_batches,
-                         threads=threads, progress=progress)  # fmt: skip
-    if calibration_method.model_level:
-        ranges = auto_ranges.select(proto, view, statistics, kept, threads=threads, progress=progress)
-    else:
-        ranges = statistics.ranges(method, **method_options)
+    ranges = _reused(view, value_ranges)
+    batches, calibration = 0, CalibrationReport()
+    if ranges is None:
+        statistics = collect(proto, view, data, calibration_method.calibrator, num_batches=num_batches,
+                             threads=threads, progress=progress)  # fmt: skip
+        if calibration_method.model_level:
+            ranges = auto_ranges.select(proto, view, statistics, kept, threads=threads, progress=progress)
+        else:
+            ranges = statistics.ranges(method, **method_options)
+        batches = statistics.batches
+        calibration = _clipping(view, statistics, ranges, calibration_method.label(method_options))
     seconds = {"calibration": time.perf_counter() - calibrating}
-    calibration = _clipping(view, statistics, ranges, calibration_method.label(method_options))
+    by_value = _by_value(view, ranges)
     ranges.update(weight_ranges(proto, view, weight_method))
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     names = quantizer_names(view)
@@ -177,10 +189,63 @@ def quantize_onnx(
     return OnnxQuantizeResult(
         path=written, target=chosen.name, method=calibration_method.label(method_options), quantizers=len(ranges),
         int8_ops=_int8_ops(view), float_ops=_float_ops(view), float_op_types=_float_types(view),
-        prepared=prepared, batches=statistics.batches, seconds=seconds, calibration=calibration,
+        prepared=prepared, batches=batches, seconds=seconds, calibration=calibration,
         changes=list(view.changes),
-        ranges={names[k]: v for k, v in ranges.items() if k in names},
+        ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value,
     )  # fmt: skip
+
+
+def place(model: onnx.ModelProto, target: Target, keep_float: Sequence[str] = (),
+          float_values: Sequence[str] = ()) -> GraphView:  # fmt: skip
+    """The view of the prepared ``model`` with ``target``'s decisions, then the user's: ``keep_float`` ops and
+    ``float_values`` tensors left float."""
+    keep = KeepFloat.of(keep_float)
+    view = build_view(model, target)
+    select_weighted(view, keep)
+    for rule in target.placement_rules:
+        rule.decide(view)
+    keep_user_float(view, keep)
+    unknown = [name for name in float_values if name not in view.values]
+    if unknown:
+        raise QdqConfigError(f"float_values names tensors the graph does not have: {unknown[:5]}")
+    for name in float_values:
+        view.keep_value_float(view.values[name], "its input tensor is kept float")
+    return view
+
+
+def activation_groups(view: GraphView) -> list[tuple[str, ...]]:
+    """The tensors of each activation quantizer of ``view`` (one range each), in placement order."""
+    return [tuple(_activation_values(q)) for q in view.quantizers() if not q.per_channel and q.sites]
+
+
+def _activation_values(quantizer: Any) -> list[str]:
+    return sorted({site.value.name for site in quantizer.sites})
+
+
+def _reused(view: Any, value_ranges: Mapping[str, np.ndarray] | None) -> dict[int, np.ndarray] | None:
+    """Every activation quantizer's amax from ``value_ranges`` (the largest over its tensors), or None when one
+    of them has a tensor without a range (then everything is calibrated)."""
+    if not value_ranges:
+        return None
+    found = {}
+    for quantizer in view.quantizers():
+        if quantizer.per_channel:
+            continue
+        values = _activation_values(quantizer)
+        if any(name not in value_ranges for name in values):
+            return None
+        found[id(quantizer)] = np.max([np.asarray(value_ranges[name], np.float32) for name in values], axis=0)
+    return found
+
+
+def _by_value(view: Any, ranges: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
+    """Tensor name -> the amax of the activation quantizer that reads it."""
+    found: dict[str, np.ndarray] = {}
+    for quantizer in view.quantizers():
+        if not quantizer.per_channel and id(quantizer) in ranges:
+            for name in _activation_values(quantizer):
+                found[name] = np.asarray(ranges[id(quantizer)], np.float32)
+    return found
 
 
 def _keep_first(data: Iterable[Any], count: int) -> tuple[Iterable[Any], list[Any]]:

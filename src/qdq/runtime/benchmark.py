@@ -164,6 +164,7 @@ def compare_models(
     warmup: int = 3,
     seed: int = 0,
     progress: Any = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
     **options: Any,
 ) -> Comparison:
     """Time ``models`` (label -> ONNX path) against each other in ``rounds`` interleaved rounds.
@@ -172,7 +173,8 @@ def compare_models(
     random inputs of ``batch``. Each round runs each model ``warmup`` times untimed, then ``iters`` timed
     runs, in the order of ``models`` on even rounds and reversed on odd ones. ``baseline`` (default: the
     first label) is what :meth:`Comparison.speedup` divides by. ``progress``, if given, is called with no
-    argument after each block (a progress bar's ``update``).
+    argument after each block (a progress bar's ``update``). ``inputs`` (input name -> array) replaces the random
+    inputs, e.g. one batch of real data of the size the models run at; ``batch`` is then its leading dimension.
     """
     _check_counts(iters, warmup)
     if rounds < 1:
@@ -185,8 +187,8 @@ def compare_models(
     try:
         for label in labels:
             loaded.append(load_runtime(models[label], runtime, threads=threads, batch=batch, **options))
-        inputs = random_inputs(loaded[0].input_specs, batch, seed=seed)
-        calls = {label: rt.bind(inputs) for label, rt in zip(labels, loaded)}
+        feed = dict(inputs) if inputs is not None else random_inputs(loaded[0].input_specs, batch, seed=seed)
+        calls = {label: rt.bind(feed) for label, rt in zip(labels, loaded)}
         blocks: dict[str, list[float]] = {label: [] for label in labels}
         for index in range(rounds):
             for label in labels if index % 2 == 0 else labels[::-1]:

@@ -1,0 +1,480 @@
+"""``tune``: an accuracy budget met at the lowest measured latency, by choosing which tensors stay float.
+
+The search runs on an FP32 ONNX file (the ONNX front end; a PyTorch or Keras model enters through its FP32 export,
+which the two-doors test shows is placed the same way). Its unit of choice is one activation quantizer of the
+target's placement: the tensors that share one range, which the runtime's int8 kernels read and write. Leaving
+such a unit float drops its Q/DQ pair and keeps every op that read it quantized in float, so the runtime loses
+exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.keep_value_float`).
+
+1. Calibrate once (full INT8 with the chosen method); every later file reuses those ranges (no recalibration).
+2. Rank the units by the quantization noise of their tensors on one batch (SQNR of fake-quant against float),
+   and measure the budget metric with each of the ``max_candidates`` noisiest left float alone (the sensitivity
+   pass: one file and one evaluation each).
+3. Greedy: leave float the units of the largest gain one by one until the budget holds on the tuning data and on
+   the held-out data; then drop again any unit the budget does not need (least useful first).
+4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime, and return the one
+   that meets the budget at the lowest measured latency.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qdq.atomic import atomic_open
+from qdq.errors import QdqConfigError
+from qdq.markdown import markdown_table
+from qdq.onnx_in.calibrate import ort_session, probe_model
+from qdq.onnx_in.load import load_float_model, prepare
+from qdq.onnx_in.quantize import activation_groups, place, quantize_onnx
+from qdq.targets import resolve_target
+from qdq.workflow.progress import Progress, counter
+
+__all__ = ["Budget", "Trial", "TuneResult", "tune"]
+
+Outputs = list[np.ndarray]
+"""A file's outputs over a data split: one array per graph output, batches concatenated on axis 0."""
+Batch = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the tuned file must keep; make one with :meth:`agreement`, :meth:`sqnr`, :meth:`drop` or
+    :meth:`minimum`. Every score is higher-is-better.
+
+    Attributes:
+        name: the score's name in reports.
+        score: ``score(reference_outputs, outputs, batches) -> float`` on one data split.
+        threshold: the least score that meets the budget (for :meth:`drop`: set from FP32's score).
+        max_drop: :meth:`drop`'s allowed loss against FP32's score, else None.
+    """
+
+    name: str
+    score: Callable[[Outputs, Outputs, Sequence[Batch]], float]
+    threshold: float = -math.inf
+    max_drop: float | None = None
+
+    @classmethod
+    def agreement(cls, min_percent: float, class_axis: int = -1) -> Budget:
+        """Top-1 agreement with FP32 (%, the arg-max of the first output on ``class_axis``) of at least
+        ``min_percent``: no labels needed."""
+
+        def score(reference: Outputs, outputs: Outputs, _: Sequence[Batch]) -> float:
+            same = reference[0].argmax(axis=class_axis) == outputs[0].argmax(axis=class_axis)
+            return 100.0 * float(np.mean(same))
+
+        return cls("top-1 agreement %", score, float(min_percent))
+
+    @classmethod
+    def sqnr(cls, min_db: float) -> Budget:
+        """SQNR of the outputs against FP32's (dB, all outputs together) of at least ``min_db``."""
+
+        def score(reference: Outputs, outputs: Outputs, _: Sequence[Batch]) -> float:
+            signal = sum(float(np.sum(np.square(r, dtype=np.float64))) for r in reference)
+            noise = sum(float(np.sum(np.square(r - o, dtype=np.float64))) for r, o in zip(reference, outputs))
+            return math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
+
+        return cls("output SQNR dB", score, float(min_db))
+
+    @classmethod
+    def drop(cls, metric: Callable[[Outputs, Sequence[Batch]], float], max_drop: float, name: str = "metric") -> Budget:
+        """``metric(outputs, batches)`` (higher is better; e.g. accuracy against labels the batches carry under a
+        key that is not a graph input) at most ``max_drop`` below FP32's."""
+        return cls(name, lambda _, outputs, batches: float(metric(outputs, batches)), max_drop=float(max_drop))
+
+    @classmethod
+    def minimum(cls, metric: Callable[[Outputs, Outputs], float], min_value: float, name: str = "metric") -> Budget:
+        """``metric(reference_outputs, outputs)`` (higher is better; e.g. detections' F1 against FP32's) of at
+        least ``min_value``."""
+        return cls(name, lambda reference, outputs, _: float(metric(reference, outputs)), float(min_value))
+
+    def describe(self) -> str:
+        if self.max_drop is not None:
+            return f"{self.name} >= {self.threshold:.4g} (FP32 - {self.max_drop:g})"
+        return f"{self.name} >= {self.threshold:.4g}"
+
+
+@dataclass
+class Trial:
+    """One configuration tried.
+
+    Attributes:
+        name: ``"FP32"``, ``"INT8"``, ``"sensitivity k"``, ``"greedy k"`` or ``"prune k"``.
+        floated: the units left float, each a tuple of tensor names.
+        score / holdout: the budget's score on the tuning and the held-out data (holdout None: not evaluated).
+        ms / low / high: measured latency (median of the interleaved rounds' block medians, and the 25th-75th
+            percentile), ms per batch; None where it was not timed.
+        path: its file in the work folder.
+    """
+
+    name: str
+    floated: tuple[tuple[str, ...], ...]
+    score: float
+    holdout: float | None = None
+    ms: float | None = None
+    low: float | None = None
+    high: float | None = None
+    path: Path | None = None
+
+    def meets(self, budget: Budget) -> bool:
+        return self.score >= budget.threshold and self.holdout is not None and self.holdout >= budget.threshold
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` found.
+
+    Attributes:
+        path: the chosen file (written atomically), or None when no configuration met the budget.
+        budget: the budget, its threshold resolved.
+        fp32, int8, chosen: the FP32 file, full INT8 and the chosen configuration (chosen None: none met it).
+        trials: every configuration tried, in order.
+        gains: unit -> the budget score gained by leaving it float alone (the sensitivity pass).
+        evaluations: files scored (tuning and held-out splits counted once each); files: files written;
+            calibrations: calibration passes (1); seconds: wall time.
+        advice: the next step when the result is no faster than FP32 or nothing met the budget.
+    """
+
+    path: Path | None
+    budget: Budget
+    fp32: Trial
+    int8: Trial
+    chosen: Trial | None
+    trials: list[Trial]
+    gains: dict[tuple[str, ...], float]
+    evaluations: int
+    files: int
+    calibrations: int
+    seconds: float
+    advice: str | None = None
+    runtime: str = "onnxruntime"
+    batch: int = 1
+    unit_ms: dict[tuple[str, ...], float] = field(default_factory=dict)
+
+    def report(self) -> str:
+        """A Markdown report: the budget, every configuration (score, held-out score, measured latency), the
+        units left float with their gain and measured cost, and the search's cost."""
+        fp32_ms = self.fp32.ms or math.nan
+        lines = [f"# tune: {self.budget.describe()} on {self.runtime}", ""]
+        rows = []
+        for trial in [self.fp32, *self.trials]:
+            speed = f"{fp32_ms / trial.ms:.2f}x" if trial.ms else "-"
+            timed = f"{trial.ms:.2f} ({trial.low:.2f}-{trial.high:.2f})" if trial.ms else "-"
+            held = "-" if trial.holdout is None else f"{trial.holdout:.4g}"
+            verdict = "PASS" if trial.meets(self.budget) else "FAIL"
+            mark = " (chosen)" if trial is self.chosen else ""
+            rows.append([trial.name + mark, str(len(trial.floated)), f"{trial.score:.4g}", held, verdict, timed, speed])
+        lines += [markdown_table(["configuration", "units float", "score (tuning)", "score (held-out)", "budget",
+                                  f"ms per batch of {self.batch}", "speed-up vs FP32"], rows), ""]  # fmt: skip
+        lines += [
+            "- score: " + self.budget.name + " on the tuning data and on the held-out data ('-': not evaluated, the "
+            "tuning score already misses). budget: PASS when both reach the threshold.",
+            "- ms: median of interleaved rounds (25th-75th percentile), measured on the runtime; speed-up: FP32 ms "
+            "/ this ms (> 1: faster than FP32).",
+            "",
+        ]
+        if self.chosen is not None and self.chosen.floated:
+            unit_rows = [[", ".join(unit), f"{self.gains.get(unit, math.nan):+.4g}",
+                          f"{self.unit_ms[unit]:+.2f}" if unit in self.unit_ms else "-"]
+                         for unit in self.chosen.floated]  # fmt: skip
+            lines += [markdown_table(["tensors left float", "score gained alone", "measured ms added"], unit_rows),
+                      "", "- measured ms added: the latency step of the greedy configuration that added the unit "
+                      "(interleaved timing; negative values are within the timing's spread).", ""]  # fmt: skip
+        lines.append(f"Search cost: {self.evaluations} evaluations, {self.files} files written, "
+                     f"{self.calibrations} calibration, {self.seconds:.0f} s.")  # fmt: skip
+        if self.advice:
+            lines += ["", self.advice]
+        return "\n".join(lines)
+
+    def plot(self, path: str | Path) -> Path:
+        """A Pareto plot (latency against score of every timed configuration) saved at ``path`` (matplotlib)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as err:
+            raise QdqConfigError("the Pareto plot needs matplotlib: pip install 'qdq[app]'.") from err
+        timed = [t for t in self.trials if t.ms]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.scatter([t.ms or 0.0 for t in timed], [t.score for t in timed], c=["C2" if t.meets(self.budget) else "C3"
+                                                                         for t in timed])  # fmt: skip
+        for t in timed:
+            ax.annotate(t.name, (t.ms or 0.0, t.score), fontsize=7)
+        ax.axhline(self.budget.threshold, color="grey", linestyle="--", label="budget")
+        ax.set_xlabel(f"ms per batch of {self.batch} ({self.runtime})")
+        ax.set_ylabel(self.budget.name)
+        ax.legend()
+        fig.tight_layout()
+        out = Path(path)
+        with atomic_open(out) as stream:
+            fig.savefig(stream, format=out.suffix.lstrip(".") or "png")
+        plt.close(fig)
+        return out
+
+
+def tune(
+    model: str | Path,
+    calibration_data: Iterable[Batch],
+    eval_data: Sequence[Batch],
+    path: str | Path,
+    *,
+    budget: Budget,
+    target: str = "onnxruntime",
+    method: str = "percentile",
+    holdout_data: Sequence[Batch] | None = None,
+    max_candidates: int = 24,
+    max_steps: int = 12,
+    rounds: int = 5,
+    iters: int = 10,
+    threads: int | None = None,
+    progress: Progress = True,
+    **quantize_options: Any,
+) -> TuneResult:
+    """Quantize the FP32 ONNX file ``model`` and leave float the fewest tensors that make ``budget`` hold on
+    ``eval_data`` and ``holdout_data``, choosing among the configurations tried the one of the lowest latency
+    measured on ONNX Runtime; write it at ``path``.
+
+    Args:
+        model: the FP32 ONNX file.
+        calibration_data: batches (dicts of graph input name -> array) for the one calibration.
+        eval_data: the batches the budget is scored on during the search (keys that are not graph inputs, such as
+            labels, are passed to the budget's metric only).
+        path: where the chosen file goes.
+        budget: what must hold (:class:`Budget`).
+        target: the placement target (``"onnxruntime"``; the latency is measured on ONNX Runtime's CPU kernels).
+        method: the calibration method of the one calibration.
+        holdout_data: batches the chosen configuration must also meet the budget on; default: every other batch
+            of ``eval_data`` is held out (then ``eval_data`` needs at least two batches).
+        max_candidates: how many units (the noisiest first) the sensitivity pass measures.
+        max_steps: the most units the greedy search leaves float.
+        rounds, iters: the interleaved timing: rounds, and timed runs per block.
+        threads: ONNX Runtime threads, for evaluation and timing.
+        progress: progress bars on stderr.
+        quantize_options: passed to :func:`qdq.quantize_onnx` (``weight_method``, ``keep_float``, method options).
+
+    Returns:
+        A :class:`TuneResult`; ``result.report()`` is the Markdown report, ``result.plot(png)`` the Pareto plot.
+
+    Raises:
+        QdqConfigError: a model that is not an ONNX file, too little evaluation data, a target other than
+            ``"onnxruntime"``.
+    """
+    started = time.perf_counter()
+    if resolve_target(target).name != "onnxruntime":
+        raise QdqConfigError(f"tune measures latency on ONNX Runtime's CPU kernels; target {target!r} is not "
+                             "supported yet: use target='onnxruntime'.")  # fmt: skip
+    tuning, holdout = _splits(eval_data, holdout_data)
+    source = Path(model)
+    with tempfile.TemporaryDirectory(prefix="qdq-tune-") as folder:
+        search = _Search(source, calibration_data, tuning, holdout, budget, Path(folder), method, threads,
+                         progress, quantize_options)  # fmt: skip
+        search.run(max_candidates, max_steps)
+        search.time(rounds, iters)
+        chosen = search.choose()
+        written = None
+        if chosen is not None and chosen.path is not None:
+            with atomic_open(path) as out, open(chosen.path, "rb") as chosen_file:
+                shutil.copyfileobj(chosen_file, out)
+            written = Path(path)
+        for trial in search.trials:
+            trial.path = None
+        return TuneResult(
+            path=written, budget=search.budget, fp32=search.fp32, int8=search.trials[0], chosen=chosen,
+            trials=search.trials, gains=search.gains, evaluations=search.evaluations, files=search.files,
+            calibrations=1, seconds=time.perf_counter() - started, advice=_advice(search.fp32, chosen),
+            batch=search.batch, unit_ms=search.unit_ms(),
+        )  # fmt: skip
+
+
+def _splits(eval_data: Sequence[Batch], holdout: Sequence[Batch] | None) -> tuple[list[Batch], list[Batch]]:
+    data = list(eval_data)
+    if holdout is not None:
+        if not data or not list(holdout):
+            raise QdqConfigError("tune needs evaluation and held-out batches: pass at least one of each.")
+        return data, list(holdout)
+    if len(data) < 2:
+        raise QdqConfigError("tune holds out every other batch of eval_data: pass at least two batches, or "
+                             "holdout_data=.")  # fmt: skip
+    return data[0::2], data[1::2]
+
+
+class _Search:
+    """The state of one search: the data, the reference outputs, every trial and what it cost."""
+
+    def __init__(self, source: Path, calibration: Iterable[Batch], tuning: list[Batch], holdout: list[Batch],
+                 budget: Budget, work: Path, method: str, threads: int | None, progress: Progress,
+                 options: dict[str, Any]) -> None:  # fmt: skip
+        self.source, self.work, self.threads, self.progress = source, work, threads, progress
+        self.tuning, self.holdout, self.options, self.method = tuning, holdout, options, method
+        self.trials: list[Trial] = []
+        self.gains: dict[tuple[str, ...], float] = {}
+        self.evaluations = self.files = 0
+        proto = load_float_model(source)
+        self.inputs = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+        self.reference = {id(tuning): self._outputs(source, tuning), id(holdout): self._outputs(source, holdout)}
+        fp32_scores = [budget.score(self.reference[id(s)], self.reference[id(s)], s) for s in (tuning, holdout)]
+        if budget.max_drop is not None:
+            budget = Budget(budget.name, budget.score, min(fp32_scores) - budget.max_drop, budget.max_drop)
+        self.budget = budget
+        self.fp32 = Trial("FP32", (), fp32_scores[0], fp32_scores[1], path=source)
+        base = self._quantize((), calibration=calibration)
+        self.value_ranges = base[1]
+        prepare(proto)
+        self.units = activation_groups(place(proto, resolve_target("onnxruntime"), options.get("keep_float", ())))
+        self.calibration_batch = tuning[0]
+        self.batch = int(next(iter(self._feed(tuning[0]).values())).shape[0])
+        self._add("INT8", (), base[0])
+
+    # --- files and scores ----------------------------------------------------------------------------------
+    def _feed(self, batch: Batch) -> dict[str, np.ndarray]:
+        return {name: np.asarray(batch[name]) for name in self.inputs}
+
+    def _outputs(self, path: Path, batches: Sequence[Batch]) -> Outputs:
+        from qdq.runtime.ort import inference_session, session_options
+
+        session = inference_session(path, session_options(threads=self.threads))
+        runs = [session.run(None, self._feed(b)) for b in batches]
+        return [np.concatenate([np.asarray(r[i], np.float32) for r in runs]) for i in range(len(runs[0]))]
+
+    def _quantize(self, floated: tuple[tuple[str, ...], ...], calibration: Iterable[Batch] | None = None
+                  ) -> tuple[Path, dict[str, np.ndarray]]:  # fmt: skip
+        out = self.work / f"config_{self.files}.onnx"
+        self.files += 1
+        values = sorted({name for unit in floated for name in unit})
+        with warnings.catch_warnings():  # the convs a configuration leaves float are its point, not a mistake
+            warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
+            result = quantize_onnx(self.source, calibration if calibration is not None else [self.tuning[0]], out,
+                                   target="onnxruntime", method=self.method, float_values=values,
+                                   value_ranges=getattr(self, "value_ranges", None), progress=False,
+                                   threads=self.threads, **self.options)  # fmt: skip
+        return result.path, result.value_ranges
+
+    def _score(self, path: Path, split: list[Batch]) -> float:
+        self.evaluations += 1
+        return self.budget.score(self.reference[id(split)], self._outputs(path, split), split)
+
+    def _add(self, name: str, floated: tuple[tuple[str, ...], ...], path: Path | None = None,
+             holdout: bool = True) -> Trial:  # fmt: skip
+        if path is None:
+            path = self._quantize(floated)[0]
+        trial = Trial(name, floated, self._score(path, self.tuning), path=path)
+        if holdout and trial.score >= self.budget.threshold:
+            trial.holdout = self._score(path, self.holdout)
+        self.trials.append(trial)
+        return trial
+
+    # --- the search -----------------------------------------------------------------------------------------
+    def run(self, max_candidates: int, max_steps: int) -> None:
+        base = self.trials[0]
+        if base.meets(self.budget):
+            return
+        candidates = self._noisiest(max_candidates)
+        bar = counter(self.progress, "tune: sensitivity", len(candidates))
+        for index, unit in enumerate(candidates):
+            trial = self._add(f"sensitivity {index + 1}", (unit,), holdout=False)
+            self.gains[unit] = trial.score - base.score
+            bar.update()
+        bar.close()
+        order = sorted((u for u in candidates if self.gains[u] > 0), key=lambda u: -self.gains[u])
+        floated: tuple[tuple[str, ...], ...] = ()
+        met: Trial | None = None
+        for step, unit in enumerate(order[:max_steps]):
+            floated += (unit,)
+            trial = self._add(f"greedy {step + 1}", floated)
+            if trial.meets(self.budget):
+                met = trial
+                break
+        if met is not None:
+            self._prune(met)
+
+    def _prune(self, met: Trial) -> None:
+        """Try the met configuration without each unit, least useful first; keep each removal that still meets."""
+        floated = met.floated
+        for unit in sorted(met.floated, key=lambda u: self.gains.get(u, 0.0)):
+            if len(floated) <= 1:
+                break
+            fewer = tuple(u for u in floated if u != unit)
+            trial = self._add(f"prune {len(self.trials)}", fewer)
+            if trial.meets(self.budget):
+                floated = fewer
+
+    def _noisiest(self, count: int) -> list[tuple[str, ...]]:
+        """The ``count`` units whose tensors lose the most to their quantization on one batch (lowest SQNR)."""
+        proto = load_float_model(self.source)
+        prepare(proto)
+        tensors = sorted({name for unit in self.units for name in unit})
+        probe = probe_model(proto, tensors)
+        session = ort_session(probe, self.work, self.threads)
+        values = dict(zip(tensors, session.run(tensors, self._feed(self.calibration_batch))))
+        noise = {unit: _unit_sqnr([values[n] for n in unit], self.value_ranges.get(unit[0])) for unit in self.units}
+        return sorted(self.units, key=lambda u: noise[u])[:count]
+
+    # --- timing and the choice ------------------------------------------------------------------------------
+    def time(self, rounds: int, iters: int) -> None:
+        from qdq.runtime.benchmark import compare_models
+
+        timed = [self.fp32, *[t for t in self.trials if not t.name.startswith("sensitivity")]]
+        models = {f"{i}": t.path for i, t in enumerate(timed) if t.path is not None}
+        bar = counter(self.progress, "tune: timing", rounds * len(models))
+        comparison = compare_models(models, "onnxruntime", threads=self.threads, rounds=rounds, iters=iters,
+                                    warmup=2, batch=self.batch, inputs=self._feed(self.calibration_batch),
+                                    progress=bar.update)  # fmt: skip
+        bar.close()
+        for key, trial in zip(models, timed):
+            blocks = np.asarray(comparison.block_ms[key])
+            trial.ms = float(np.median(blocks))
+            trial.low, trial.high = (float(v) for v in np.percentile(blocks, [25, 75]))
+
+    def choose(self) -> Trial | None:
+        passing = [t for t in self.trials if t.meets(self.budget) and t.ms is not None]
+        return min(passing, key=lambda t: t.ms or math.inf) if passing else None
+
+    def unit_ms(self) -> dict[tuple[str, ...], float]:
+        """Unit -> the latency the greedy step that added it added (measured)."""
+        found: dict[tuple[str, ...], float] = {}
+        previous = self.trials[0]
+        for trial in self.trials:
+            if trial.name.startswith("greedy") and trial.ms is not None and previous.ms is not None:
+                found[trial.floated[-1]] = trial.ms - previous.ms
+                previous = trial
+        return found
+
+
+def _unit_sqnr(arrays: list[np.ndarray], amax: np.ndarray | None) -> float:
+    """SQNR (dB) of ``arrays`` fake-quantized on the signed 8-bit grid of ``amax`` (or uint8 where >= 0)."""
+    if amax is None:
+        return math.inf
+    bound = float(np.max(amax))
+    if bound <= 0:
+        return -math.inf
+    signal = noise = 0.0
+    for x in arrays:
+        x = np.asarray(x, np.float64)
+        unsigned = bool(np.all(x >= 0))
+        step = bound / (255.0 if unsigned else 127.0)
+        low = 0.0 if unsigned else -bound
+        q = np.clip(np.rint(x / step) * step, low, bound)
+        signal += float(np.sum(x * x))
+        noise += float(np.sum((x - q) ** 2))
+    return math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
+
+
+def _advice(fp32: Trial, chosen: Trial | None) -> str | None:
+    if chosen is None:
+        return ("No configuration met the budget: raise max_candidates / max_steps, or fine-tune with "
+                "quantization-aware training (docs/guides/qat.md).")  # fmt: skip
+    if chosen.ms is not None and fp32.ms is not None and chosen.ms >= fp32.ms:
+        return ("The configuration that meets the budget is no faster than FP32: quantization-aware training "
+                "(docs/guides/qat.md) is the next step.")  # fmt: skip
+    return None
+

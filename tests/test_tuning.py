@@ -1,0 +1,149 @@
+"""qdq.tune on small ONNX files whose sensitive tensor is known by construction."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import qdq
+from onnx_models import export
+from qdq.tuning import Budget
+
+benchmark = importlib.import_module("qdq.runtime.benchmark")
+
+
+class SparseTail(nn.Module):
+    """Three convs and a linear head; the second conv's output channel 0 is ``relu(1000 (x - 3))`` of the first
+    input channel: zero but at about 0.1 % of the pixels, where it reaches hundreds. Calibrated with ``max``, one
+    8-bit range over that tensor rounds every other channel to zero: that tensor is the one to leave float. The
+    third conv ignores channel 0, so no later tensor inherits the tail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8, 10)
+        with torch.no_grad():
+            self.a.weight[0].zero_()
+            self.a.weight[0, 0, 1, 1] = 1.0
+            self.a.bias[0] = 0.0
+            self.b.weight[0].zero_()
+            self.b.weight[0, 0, 1, 1] = 1000.0
+            self.b.bias[0] = -3000.0
+            self.c.weight[:, 0] = 0.0  # the tail stops here: the next tensors have ordinary ranges
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+class MixedConcat(nn.Module):
+    """Two branches concatenated and read by a conv: one of ranges about 1, one about 1000 (scaled by its
+    weights). ONNX Runtime's int8 concatenation gives its output one scale, which rounds the small branch away;
+    the next conv reads only the small branch: the concatenation's output is the tensor to leave float."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.small, self.large = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.mix = nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8, 10)
+        with torch.no_grad():
+            self.large.weight.mul_(1000.0)
+            self.mix.weight[:, 4:] = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([torch.relu(self.small(x)), torch.relu(self.large(x))], dim=1)
+        return self.head(torch.relu(self.mix(y)).mean(dim=(2, 3)))
+
+
+def _data(count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"images": rng.normal(size=(8, 3, 16, 16)).astype(np.float32)} for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def sparse_tail(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tune")
+    path = export(SparseTail(), torch.randn(1, 3, 16, 16), folder / "tail.onnx")
+    graph = onnx.load(str(path)).graph
+    conv_b = next(n for n in graph.node if n.op_type == "Conv" and n.input[1].startswith("b."))
+    relu_b = next(n for n in graph.node if n.op_type == "Relu" and n.input[0] == conv_b.output[0])
+    return path, relu_b.output[0]
+
+
+def test_the_search_leaves_exactly_the_sparse_tail_float_and_times_it_on_the_runtime(sparse_tail, tmp_path,
+                                                                                     monkeypatch):  # fmt: skip
+    path, tail = sparse_tail
+    measured = []
+    original = benchmark.compare_models
+
+    def recording(*args, **kwargs):
+        comparison = original(*args, **kwargs)
+        measured.append(comparison)
+        return comparison
+
+    monkeypatch.setattr(benchmark, "compare_models", recording)
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(25.0),
+                      method="max", progress=False, rounds=3, iters=3)  # fmt: skip
+    assert not result.int8.meets(result.budget)  # plain INT8 misses the budget
+    assert result.int8.score < result.budget.threshold - 1.0
+    assert result.chosen is not None and result.chosen.meets(result.budget)
+    assert result.chosen.floated == ((tail,),)
+    assert result.path == tmp_path / "tuned.onnx" and result.path.is_file()
+    # the file holds no Q/DQ pair on the tail tensor, and one on every other conv input
+    graph = onnx.load(str(result.path)).graph
+    quantized = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    assert tail not in quantized
+    # latencies are the runtime's interleaved block medians
+    (comparison,) = measured
+    timed = [result.fp32, *[t for t in result.trials if t.ms is not None]]
+    assert len(timed) == len(comparison.block_ms)
+    for trial, blocks in zip(timed, comparison.block_ms.values()):
+        assert trial.ms == pytest.approx(float(np.median(blocks)))
+    assert result.evaluations >= len(result.trials)
+    report = result.report()
+    print(report)
+    assert "(chosen)" in report and tail in report and "PASS" in report and "FAIL" in report
+
+
+def test_a_budget_the_plain_int8_file_meets_leaves_nothing_float(sparse_tail, tmp_path):
+    path, _ = sparse_tail
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(-100.0),
+                      method="max", progress=False, rounds=1, iters=2)  # fmt: skip
+    assert result.chosen is not None and result.chosen.floated == ()
+    assert [t.name for t in result.trials] == ["INT8"]
+
+
+def test_budget_drop_is_measured_against_fp32(sparse_tail, tmp_path):
+    path, _ = sparse_tail
+
+    def mean_logit(outputs, batches):
+        return float(outputs[0].mean())
+
+    budget = Budget.drop(mean_logit, 0.5, name="mean logit")
+    result = qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=budget, method="max",
+                      progress=False, rounds=1, iters=2)  # fmt: skip
+    assert result.budget.threshold == pytest.approx(min(result.fp32.score, result.fp32.holdout) - 0.5)
+
+
+def test_too_little_evaluation_data_is_one_clear_error(sparse_tail, tmp_path):
+    path, _ = sparse_tail
+    with pytest.raises(qdq.QdqConfigError, match="at least two batches"):
+        qdq.tune(path, _data(2, 1), _data(1, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), progress=False)
+    with pytest.raises(qdq.QdqConfigError, match="target 'tensorrt' is not supported yet"):
+        qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), target="tensorrt")
+
+
+def test_an_int8_concatenation_mixing_ranges_is_the_tensor_left_float(tmp_path):
+    path = export(MixedConcat(), torch.randn(1, 3, 16, 16), tmp_path / "concat.onnx")
+    concat = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "Concat")
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(30.0),
+                      method="max", progress=False, rounds=1, iters=2)  # fmt: skip
+    assert not result.int8.meets(result.budget)
+    assert result.chosen is not None and result.chosen.floated == ((concat.output[0],),)
