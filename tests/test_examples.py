@@ -41,6 +41,7 @@ EXPECTED = {
                      r"against FP32 digits_fp32\.onnx.*\n.*PASS: top-1 agreement"],
     "qat.py": [r"W4A8 after QAT epoch 2 \(resumed from epoch 1\)"],
     "tensorrt_cnn.py": [r"trtexec --onnx=resnet18_trt11\.onnx", r"PASS"],
+    "tune_budget.py": [r"plain INT8 meets the budget: False", r"Search cost: \d+ evaluations, \d+ files written"],
     "transformer.py": [r"engine logits \(2, 3\)", r"smoothed [1-9]\d* Linear inputs"],
     "verify_and_benchmark.py": [r"PASS|FAIL", r"INT8"],
 }

@@ -7,9 +7,9 @@ such a unit float drops its Q/DQ pair and keeps every op that read it quantized 
 exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.keep_value_float`).
 
 1. Calibrate once (full INT8 with the chosen method); every later file reuses those ranges (no recalibration).
-2. Rank the units by the quantization noise of their tensors on one batch (SQNR of fake-quant against float),
-   and measure the budget metric with each of the ``max_candidates`` noisiest left float alone (the sensitivity
-   pass: one file and one evaluation each).
+2. The sensitivity pass: for each unit (or the ``max_candidates`` noisiest: lowest SQNR of their tensors against
+   their fake-quantized values), the file with that unit alone left float, scored by its output SQNR against FP32
+   on the first tuning batch: a continuous score (a task metric such as F1 moves in steps of one detection).
 3. Greedy: leave float the units of the largest gain one by one until the budget holds on the tuning data and on
    the held-out data; then drop again any unit the budget does not need (least useful first).
 4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime, and return the one
@@ -79,9 +79,7 @@ class Budget:
         """SQNR of the outputs against FP32's (dB, all outputs together) of at least ``min_db``."""
 
         def score(reference: Outputs, outputs: Outputs, _: Sequence[Batch]) -> float:
-            signal = sum(float(np.sum(np.square(r, dtype=np.float64))) for r in reference)
-            noise = sum(float(np.sum(np.square(r - o, dtype=np.float64))) for r, o in zip(reference, outputs))
-            return math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
+            return _sqnr(reference, outputs)
 
         return cls("output SQNR dB", score, float(min_db))
 
@@ -138,7 +136,8 @@ class TuneResult:
         budget: the budget, its threshold resolved.
         fp32, int8, chosen: the FP32 file, full INT8 and the chosen configuration (chosen None: none met it).
         trials: every configuration tried, in order.
-        gains: unit -> the budget score gained by leaving it float alone (the sensitivity pass).
+        gains: unit -> the output SQNR (dB, against FP32, on the first tuning batch) gained by leaving it float
+            alone (the sensitivity pass, which orders the greedy search).
         evaluations: files scored (tuning and held-out splits counted once each); files: files written;
             calibrations: calibration passes (1); seconds: wall time.
         advice: the next step when the result is no faster than FP32 or nothing met the budget.
@@ -183,12 +182,17 @@ class TuneResult:
             "",
         ]
         if self.chosen is not None and self.chosen.floated:
-            unit_rows = [[", ".join(unit), f"{self.gains.get(unit, math.nan):+.4g}",
+            unit_rows = [[", ".join(unit), f"{self.gains.get(unit, math.nan):+.2f}",
                           f"{self.unit_ms[unit]:+.2f}" if unit in self.unit_ms else "-"]
                          for unit in self.chosen.floated]  # fmt: skip
-            lines += [markdown_table(["tensors left float", "score gained alone", "measured ms added"], unit_rows),
+            lines += [markdown_table(["tensors left float", "output SQNR gained alone (dB)", "measured ms added"],
+                                     unit_rows),
                       "", "- measured ms added: the latency step of the greedy configuration that added the unit "
                       "(interleaved timing; negative values are within the timing's spread).", ""]  # fmt: skip
+        top = sorted(self.gains.items(), key=lambda item: -item[1])[:8]
+        if top:
+            lines += [markdown_table(["most sensitive units (tensors)", "output SQNR gained alone (dB)"],
+                                     [[", ".join(unit), f"{gain:+.2f}"] for unit, gain in top]), ""]  # fmt: skip
         lines.append(f"Search cost: {self.evaluations} evaluations, {self.files} files written, "
                      f"{self.calibrations} calibration, {self.seconds:.0f} s.")  # fmt: skip
         if self.advice:
@@ -232,7 +236,7 @@ def tune(
     target: str = "onnxruntime",
     method: str = "percentile",
     holdout_data: Sequence[Batch] | None = None,
-    max_candidates: int = 24,
+    max_candidates: int | None = None,
     max_steps: int = 12,
     rounds: int = 5,
     iters: int = 10,
@@ -255,9 +259,11 @@ def tune(
         method: the calibration method of the one calibration.
         holdout_data: batches the chosen configuration must also meet the budget on; default: every other batch
             of ``eval_data`` is held out (then ``eval_data`` needs at least two batches).
-        max_candidates: how many units (the noisiest first) the sensitivity pass measures.
+        max_candidates: how many units the sensitivity pass measures (the noisiest on one batch: lowest SQNR of
+            their tensors against their fake-quantized values); None: every unit.
         max_steps: the most units the greedy search leaves float.
-        rounds, iters: the interleaved timing: rounds, and timed runs per block.
+        rounds: interleaved timing rounds (each runs a block of every file).
+        iters: timed runs per block.
         threads: ONNX Runtime threads, for evaluation and timing.
         progress: progress bars on stderr.
         quantize_options: passed to :func:`qdq.quantize_onnx` (``weight_method``, ``keep_float``, method options).
@@ -291,8 +297,8 @@ def tune(
         return TuneResult(
             path=written, budget=search.budget, fp32=search.fp32, int8=search.trials[0], chosen=chosen,
             trials=search.trials, gains=search.gains, evaluations=search.evaluations, files=search.files,
-            calibrations=1, seconds=time.perf_counter() - started, advice=_advice(search.fp32, chosen),
-            batch=search.batch, unit_ms=search.unit_ms(),
+            calibrations=1, seconds=time.perf_counter() - started, batch=search.batch, unit_ms=search.unit_ms(),
+            advice=_advice(search.fp32, search.trials[0], chosen),
         )  # fmt: skip
 
 
@@ -374,15 +380,20 @@ class _Search:
         return trial
 
     # --- the search -----------------------------------------------------------------------------------------
-    def run(self, max_candidates: int, max_steps: int) -> None:
+    def run(self, max_candidates: int | None, max_steps: int) -> None:
         base = self.trials[0]
         if base.meets(self.budget):
             return
-        candidates = self._noisiest(max_candidates)
+        candidates = self.units if max_candidates is None else self._noisiest(max_candidates)
+        screen = [self.tuning[0]]
+        reference = self._outputs(self.source, screen)
+        base_sqnr = _sqnr(reference, self._outputs(base.path, screen)) if base.path else -math.inf
         bar = counter(self.progress, "tune: sensitivity", len(candidates))
-        for index, unit in enumerate(candidates):
-            trial = self._add(f"sensitivity {index + 1}", (unit,), holdout=False)
-            self.gains[unit] = trial.score - base.score
+        for unit in candidates:
+            path = self._quantize((unit,))[0]
+            self.evaluations += 1
+            self.gains[unit] = _sqnr(reference, self._outputs(path, screen)) - base_sqnr
+            path.unlink()
             bar.update()
         bar.close()
         order = sorted((u for u in candidates if self.gains[u] > 0), key=lambda u: -self.gains[u])
@@ -450,6 +461,13 @@ class _Search:
         return found
 
 
+def _sqnr(reference: Outputs, outputs: Outputs) -> float:
+    """SQNR (dB) of ``outputs`` against ``reference``, all outputs together."""
+    signal = sum(float(np.sum(np.square(r, dtype=np.float64))) for r in reference)
+    noise = sum(float(np.sum(np.square(r - o, dtype=np.float64))) for r, o in zip(reference, outputs))
+    return math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
+
+
 def _unit_sqnr(arrays: list[np.ndarray], amax: np.ndarray | None) -> float:
     """SQNR (dB) of ``arrays`` fake-quantized on the signed 8-bit grid of ``amax`` (or uint8 where >= 0)."""
     if amax is None:
@@ -469,12 +487,15 @@ def _unit_sqnr(arrays: list[np.ndarray], amax: np.ndarray | None) -> float:
     return math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
 
 
-def _advice(fp32: Trial, chosen: Trial | None) -> str | None:
+def _advice(fp32: Trial, int8: Trial, chosen: Trial | None) -> str | None:
+    if int8.ms is not None and fp32.ms is not None and int8.ms >= fp32.ms:
+        return ("Even the full INT8 file runs no faster than FP32 on this runtime and CPU (x86 without VNNI, or a "
+                "model too small for int8 kernels to pay): keep FP32 here, or deploy where int8 kernels are fast "
+                "(a VNNI/AMX CPU, TensorRT).")  # fmt: skip
     if chosen is None:
-        return ("No configuration met the budget: raise max_candidates / max_steps, or fine-tune with "
+        return ("No configuration met the budget: raise max_steps (or max_candidates), or fine-tune with "
                 "quantization-aware training (docs/guides/qat.md).")  # fmt: skip
     if chosen.ms is not None and fp32.ms is not None and chosen.ms >= fp32.ms:
         return ("The configuration that meets the budget is no faster than FP32: quantization-aware training "
                 "(docs/guides/qat.md) is the next step.")  # fmt: skip
     return None
-
