@@ -4,6 +4,7 @@ latency (issue 35).
 * ``nudenet``: nudenet 3.4.2 ``320n.onnx`` (YOLOv8n-style detector; data and metric in ``_onnx_in_models.py``).
   Budget: detections F1 against FP32's >= ``--min-f1`` (default 0.95) on the tuning images and on the held-out
   images (every other batch of the evaluation set). Calibration: ``--method`` (default percentile), 32 images.
+  The sensitivity pass ranks units by the SQNR of the class-score rows against FP32's (the budget's proxy).
 
 Latency: ONNX Runtime CPU (qdq's session: on a CPU without VNNI its int8 weights run as uint8, exact), one batch of
 8 evaluation images, interleaved rounds inside ``tune``. Prints tune's report; ``--plot`` writes the Pareto plot.
@@ -21,7 +22,7 @@ against FP32 and qdq's choice in interleaved rounds. NNCF in a venv that sees th
 Usage (repository root; nudenet installed as in ``onnx_in.py``):
 
     PYTHONPATH=src python benchmarks/tune.py [--min-f1 0.95] [--method percentile] [--calib-images 32]
-        [--eval-images 64] [--candidates 24] [--rounds 5] [--plot tune_nudenet.png]
+        [--eval-images 64] [--candidates N] [--rounds 5] [--plot tune_nudenet.png]
         [--nncf-python /tmp/venv-nncf/bin/python]
 """
 
@@ -50,7 +51,10 @@ def _nudenet_budget(min_f1: float) -> Budget:
         extents = [tuple(e) for b in batches for e in b["extents"]]
         return float(models.nudenet_metrics(outputs[0], reference[0], extents)["f1"])
 
-    return Budget("detections F1 vs FP32", f1, float(min_f1))
+    def score_rows(reference: list[np.ndarray], outputs: list[np.ndarray]) -> float:
+        return models.sqnr_db(reference[0][:, 4:], outputs[0][:, 4:])
+
+    return Budget("detections F1 vs FP32", f1, float(min_f1), proxy=score_rows)
 
 
 def main() -> None:
@@ -59,7 +63,7 @@ def main() -> None:
     parser.add_argument("--method", default="percentile")
     parser.add_argument("--calib-images", type=int, default=32)
     parser.add_argument("--eval-images", type=int, default=64)
-    parser.add_argument("--candidates", type=int, default=24)
+    parser.add_argument("--candidates", type=int, default=None, help="units the sensitivity pass measures (all)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--plot", default=None)

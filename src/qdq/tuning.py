@@ -56,12 +56,16 @@ class Budget:
         score: ``score(reference_outputs, outputs, batches) -> float`` on one data split.
         threshold: the least score that meets the budget (for :meth:`drop`: set from FP32's score).
         max_drop: :meth:`drop`'s allowed loss against FP32's score, else None.
+        proxy: what orders the sensitivity pass, ``proxy(reference_outputs, outputs) -> float`` (higher is better,
+            continuous); None: the SQNR of all outputs against FP32's. A detector's budget passes the SQNR of its
+            score rows, which the box coordinates would otherwise outweigh.
     """
 
     name: str
     score: Callable[[Outputs, Outputs, Sequence[Batch]], float]
     threshold: float = -math.inf
     max_drop: float | None = None
+    proxy: Callable[[Outputs, Outputs], float] | None = None
 
     @classmethod
     def agreement(cls, min_percent: float, class_axis: int = -1) -> Budget:
@@ -136,8 +140,8 @@ class TuneResult:
         budget: the budget, its threshold resolved.
         fp32, int8, chosen: the FP32 file, full INT8 and the chosen configuration (chosen None: none met it).
         trials: every configuration tried, in order.
-        gains: unit -> the output SQNR (dB, against FP32, on the first tuning batch) gained by leaving it float
-            alone (the sensitivity pass, which orders the greedy search).
+        gains: unit -> the budget's proxy (default: output SQNR in dB against FP32) on the first tuning batch gained
+            by leaving it float alone (the sensitivity pass, which orders the greedy search).
         evaluations: files scored (tuning and held-out splits counted once each); files: files written;
             calibrations: calibration passes (1); seconds: wall time.
         advice: the next step when the result is no faster than FP32 or nothing met the budget.
@@ -185,13 +189,15 @@ class TuneResult:
             unit_rows = [[", ".join(unit), f"{self.gains.get(unit, math.nan):+.2f}",
                           f"{self.unit_ms[unit]:+.2f}" if unit in self.unit_ms else "-"]
                          for unit in self.chosen.floated]  # fmt: skip
-            lines += [markdown_table(["tensors left float", "output SQNR gained alone (dB)", "measured ms added"],
+            lines += [markdown_table(["tensors left float", "proxy gained alone", "measured ms added"],
                                      unit_rows),
                       "", "- measured ms added: the latency step of the greedy configuration that added the unit "
                       "(interleaved timing; negative values are within the timing's spread).", ""]  # fmt: skip
         top = sorted(self.gains.items(), key=lambda item: -item[1])[:8]
+        lines += ["- proxy: what ranks the units, " + ("the budget's own proxy" if self.budget.proxy else
+                  "the output SQNR against FP32 (dB)") + ", on the first tuning batch.", ""]  # fmt: skip
         if top:
-            lines += [markdown_table(["most sensitive units (tensors)", "output SQNR gained alone (dB)"],
+            lines += [markdown_table(["most sensitive units (tensors)", "proxy gained alone"],
                                      [[", ".join(unit), f"{gain:+.2f}"] for unit, gain in top]), ""]  # fmt: skip
         lines.append(f"Search cost: {self.evaluations} evaluations, {self.files} files written, "
                      f"{self.calibrations} calibration, {self.seconds:.0f} s.")  # fmt: skip
@@ -330,7 +336,8 @@ class _Search:
         self.reference = {id(tuning): self._outputs(source, tuning), id(holdout): self._outputs(source, holdout)}
         fp32_scores = [budget.score(self.reference[id(s)], self.reference[id(s)], s) for s in (tuning, holdout)]
         if budget.max_drop is not None:
-            budget = Budget(budget.name, budget.score, min(fp32_scores) - budget.max_drop, budget.max_drop)
+            budget = Budget(budget.name, budget.score, min(fp32_scores) - budget.max_drop, budget.max_drop,
+                            budget.proxy)
         self.budget = budget
         self.fp32 = Trial("FP32", (), fp32_scores[0], fp32_scores[1], path=source)
         base = self._quantize((), calibration=calibration)
@@ -386,13 +393,14 @@ class _Search:
             return
         candidates = self.units if max_candidates is None else self._noisiest(max_candidates)
         screen = [self.tuning[0]]
+        proxy = self.budget.proxy or _sqnr
         reference = self._outputs(self.source, screen)
-        base_sqnr = _sqnr(reference, self._outputs(base.path, screen)) if base.path else -math.inf
+        base_sqnr = proxy(reference, self._outputs(base.path, screen)) if base.path else -math.inf
         bar = counter(self.progress, "tune: sensitivity", len(candidates))
         for unit in candidates:
             path = self._quantize((unit,))[0]
             self.evaluations += 1
-            self.gains[unit] = _sqnr(reference, self._outputs(path, screen)) - base_sqnr
+            self.gains[unit] = proxy(reference, self._outputs(path, screen)) - base_sqnr
             path.unlink()
             bar.update()
         bar.close()
