@@ -279,3 +279,29 @@ def test_a_tensorrt_11_file_holds_int8_weights_fp16_elsewhere_and_passes_the_rul
         np.testing.assert_allclose(amax, float32_ranges[name], rtol=2**-10)
     feed = batches((2, 3, 16, 16), count=1, seed=5)[0]
     assert steps_apart(run(fp32.path, feed)[0], run(fp16.path, feed)[0]) <= 2.0  # FP16 arithmetic, not more
+
+
+@pytest.mark.parametrize("target, low, unsigned", [("onnxruntime", 0.0, True), ("onnxruntime", -0.5, False),
+                                                   ("tensorrt", 0.0, False)])  # fmt: skip
+def test_an_input_the_data_shows_non_negative_gets_the_uint8_grid_where_the_target_has_one(tmp_path, target, low,
+                                                                                          unsigned):  # fmt: skip
+    """Images in [0, 1]: ONNX Runtime's uint8 grid [0, amax] (zero point 0, step amax / 255: half the signed
+    step); TensorRT has signed int8 only; data with a negative value keeps the signed grid (int8, or the same grid
+    as uint8 with zero point 128 where ONNX Runtime's rewrite moves it)."""
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
+    rng = np.random.default_rng(0)
+    data = [{"images": rng.uniform(low, 1.0, size=(2, 3, 16, 16)).astype(np.float32)} for _ in range(3)]
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target=target, method="max",
+                               progress=False)  # fmt: skip
+    graph = onnx.load(str(result.path)).graph
+    quantize = next(n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "images")
+    inits = {t.name: t for t in graph.initializer}
+    zero = inits[quantize.input[2]]
+    grid = (zero.data_type, int(onnx.numpy_helper.to_array(zero)))
+    signed = {(onnx.TensorProto.INT8, 0), (onnx.TensorProto.UINT8, 128)}
+    assert grid == (onnx.TensorProto.UINT8, 0) if unsigned else grid in signed
+    step = float(onnx.numpy_helper.to_array(inits[quantize.input[1]]))
+    amax = max(float(np.max(np.abs(b["images"]))) for b in data)
+    levels = 255 if unsigned else 127
+    assert step == pytest.approx(np.float32(amax) / levels, rel=1e-3)

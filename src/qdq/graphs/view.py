@@ -158,6 +158,7 @@ class GraphView:
         self._sites: dict[Site, Quantizer] = {}
         self._existing: dict[Site, Any] = {}  # site -> the front end's quantizer object there
         self._memo: dict[str, dict[Any, Any]] = {}
+        self.non_negative_data: set[str] = set()  # graph inputs the calibration data shows are >= 0
 
     # --- building (front ends) ---------------------------------------------------------------------------------
     def value(self, name: str, *, constant: bool = False, boundary: bool = True, real: bool = True) -> Value:
@@ -282,6 +283,9 @@ class GraphView:
         if value.name not in memo:
             memo[value.name] = False  # a cycle guard; graphs are acyclic
             op = value.producer
+            if op is None and value.name in self.non_negative_data and not value.constant:
+                memo[value.name] = True
+                return True
             if op is None or value.constant:
                 return False
             if value is op.inner.get("sigmoid") or vocab.is_non_negative_op(op.type, op.attrs):

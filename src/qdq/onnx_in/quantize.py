@@ -17,6 +17,7 @@ on the same placement language (:mod:`qdq.graphs.view`):
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections import Counter
@@ -160,8 +161,9 @@ def quantize_onnx(
     calibration_method = get_method(method)
     proto = load_float_model(model)
     prepared = prepare(proto)
-    view = place(proto, chosen, keep_float, float_values)
     data, kept = _keep_first(calibration_data, _TRT_FLOAT_BATCHES)
+    minima = _minima(kept, [i.name for i in proto.graph.input])
+    view = place(proto, chosen, keep_float, float_values, [name for name, low in minima.items() if low >= 0])
     calibrating = time.perf_counter()
     ranges = _reused(view, value_ranges)
     batches, calibration = 0, CalibrationReport()
@@ -195,12 +197,14 @@ def quantize_onnx(
     )  # fmt: skip
 
 
-def place(model: onnx.ModelProto, target: Target, keep_float: Sequence[str] = (),
-          float_values: Sequence[str] = ()) -> GraphView:  # fmt: skip
+def place(model: onnx.ModelProto, target: Target, keep_float: Sequence[str] = (), float_values: Sequence[str] = (),
+          non_negative_inputs: Sequence[str] = ()) -> GraphView:  # fmt: skip
     """The view of the prepared ``model`` with ``target``'s decisions, then the user's: ``keep_float`` ops and
-    ``float_values`` tensors left float."""
+    ``float_values`` tensors left float. ``non_negative_inputs``: graph inputs the data shows are >= 0 (images in
+    [0, 1]); a target with unsigned activations gives them the uint8 grid ``[0, amax]``."""
     keep = KeepFloat.of(keep_float)
     view = build_view(model, target)
+    view.non_negative_data.update(non_negative_inputs)
     select_weighted(view, keep)
     for rule in target.placement_rules:
         rule.decide(view)
@@ -216,6 +220,17 @@ def place(model: onnx.ModelProto, target: Target, keep_float: Sequence[str] = ()
 def activation_groups(view: GraphView) -> list[tuple[str, ...]]:
     """The tensors of each activation quantizer of ``view`` (one range each), in placement order."""
     return [tuple(_activation_values(q)) for q in view.quantizers() if not q.per_channel and q.sites]
+
+
+def _minima(batches: Sequence[Any], inputs: Sequence[str]) -> dict[str, float]:
+    """Graph input name -> its least value over ``batches``."""
+    found: dict[str, float] = {}
+    for batch in batches:
+        named = batch if isinstance(batch, Mapping) else dict(zip(inputs[:1], [batch])) if len(inputs) == 1 else {}
+        for name in inputs:
+            if name in named:
+                found[name] = min(found.get(name, math.inf), float(np.min(np.asarray(named[name]))))
+    return found
 
 
 def _activation_values(quantizer: Any) -> list[str]:

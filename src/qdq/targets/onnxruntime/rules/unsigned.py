@@ -1,6 +1,7 @@
 """``unsigned_activations``: a quantizer whose inputs are non-negative by construction (after ReLU, ReLU6,
-Sigmoid, Softmax, or pooling / reshaping / padding of such, or sums and products of such) becomes unsigned:
-uint8 over the same range ``[0, amax]``, step ``amax / 255``, zero point 0.
+Sigmoid, Softmax, or pooling / reshaping / padding of such, or sums and products of such; a graph input the
+front end knows from the calibration data is >= 0, such as images scaled to [0, 1]) becomes unsigned: uint8 over
+the same range ``[0, amax]``, step ``amax / 255``, zero point 0.
 
 With the zero point at its type's minimum ONNX Runtime drops a ReLU / Clip before the Q and fuses the conv
 (notes: ort-int8-notes.md); the model trained and calibrated carries these quantizers, so it computes what
@@ -25,7 +26,7 @@ def _decide(view: GraphView) -> None:
         if quantizer.unsigned or quantizer.per_channel or not quantizer.sites:
             continue
         if all(not site.value.constant and view.non_negative(site.value) for site in quantizer.sites):
-            view.set_unsigned(quantizer, ">= 0 by construction")
+            view.set_unsigned(quantizer, ">= 0 by construction (or, for a graph input, in the calibration data)")
 
 
 UNSIGNED_ACTIVATIONS = PlacementRule(
