@@ -147,3 +147,20 @@ def test_an_int8_concatenation_mixing_ranges_is_the_tensor_left_float(tmp_path):
                       method="max", progress=False, rounds=1, iters=2)  # fmt: skip
     assert not result.int8.meets(result.budget)
     assert result.chosen is not None and result.chosen.floated == ((concat.output[0],),)
+
+
+def test_the_command_line_tunes_from_npz_files_and_writes_the_report(sparse_tail, tmp_path, capsys):
+    from qdq.cli import main
+
+    path, tail = sparse_tail
+    np.savez(tmp_path / "calib.npz", images=np.concatenate([b["images"] for b in _data(4, 1)]))
+    np.savez(tmp_path / "eval.npz", images=np.concatenate([b["images"] for b in _data(4, 2)]))
+    code = main(["tune", "--model", str(path), "--data", str(tmp_path / "calib.npz"), "--eval-data",
+                 str(tmp_path / "eval.npz"), "--min-sqnr", "25", "--calib", "max", "--out", str(tmp_path / "t.onnx"),
+                 "--report", str(tmp_path / "tune.md")])  # fmt: skip
+    assert code == 0 and (tmp_path / "t.onnx").is_file()
+    report = (tmp_path / "tune.md").read_text()
+    assert "(chosen)" in report and tail in report
+    assert "tuned file:" in capsys.readouterr().out
+    assert main(["tune", "--model", str(path), "--data", str(tmp_path / "calib.npz"), "--eval-data",
+                 str(tmp_path / "eval.npz"), "--metric", "x.py:f"]) == 2  # --metric without --min-metric

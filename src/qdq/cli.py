@@ -486,5 +486,75 @@ def run_check(args: argparse.Namespace) -> int:
 SUBCOMMANDS.append(add_check_parser)
 
 
+
+# --- qdq tune ----------------------------------------------------------------------------------------
+
+
+def add_tune_parser(subparsers: Any) -> None:
+    """Declare ``qdq tune --model FP32.onnx --data D --eval-data E (--min-agreement P | --min-sqnr DB |
+    --metric F --min-metric M) --out TUNED.onnx``."""
+    p = subparsers.add_parser(
+        "tune",
+        help="meet an accuracy budget at the lowest latency measured on ONNX Runtime: which tensors stay float",
+        description="Quantize FP32.onnx for ONNX Runtime, then leave float the fewest activation tensors that make "
+        "the budget hold on the evaluation data and on held-out data (every other batch), timing every "
+        "configuration in interleaved rounds; write the fastest that meets it and print the report (every "
+        "configuration with PASS/FAIL, latency and its spread; the tensors left float with their gain and cost). "
+        "Exit code 0 when a configuration meets the budget, 1 when none does.",
+    )
+    p.add_argument("--model", required=True, type=Path, metavar="FP32.onnx", help="the FP32 ONNX file")
+    p.add_argument("--data", required=True, help="calibration data: x.npz | x.npy | DIR | imagefolder:DIR (as for "
+                   "`qdq quantize --model x.onnx`)")  # fmt: skip
+    p.add_argument("--eval-data", required=True, help="evaluation data, the same forms (every other batch held out)")
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="samples per batch (default 8)")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--min-agreement", type=float, help="budget: top-1 agreement with FP32 in percent")
+    budget.add_argument("--min-sqnr", type=float, help="budget: SQNR of the outputs against FP32's, dB")
+    budget.add_argument("--metric", metavar="FILE.py:FUNCTION", help="budget: metric(reference_outputs, "
+                        "outputs) -> float, higher is better, at least --min-metric")  # fmt: skip
+    p.add_argument("--min-metric", type=float, help="with --metric: the least value that meets the budget")
+    p.add_argument("--class-axis", type=int, default=1, help="--min-agreement: the arg-max axis (default 1)")
+    p.add_argument("--calib", default="percentile", help="calibration method (default percentile)")
+    p.add_argument("--max-steps", type=_positive_int, default=12, help="most units left float (default 12)")
+    p.add_argument("--threads", type=_positive_int, help="ONNX Runtime threads (default: its own)")
+    p.add_argument("--out", type=Path, default=Path("tuned.onnx"), help="the chosen file (default tuned.onnx)")
+    p.add_argument("--report", type=Path, help="also write the report (Markdown) here")
+    p.add_argument("--plot", type=Path, help="also write the Pareto plot here (matplotlib)")
+    p.set_defaults(handler=run_tune)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Handler of ``qdq tune``."""
+    from qdq.atomic import write_text_atomic
+    from qdq.onnx_in.data import calibration_batches
+    from qdq.tuning import Budget, tune
+    from qdq.utils.user_code import load_function
+
+    if args.metric is not None and args.min_metric is None:
+        raise QdqConfigError("qdq tune --metric needs --min-metric (the least value that meets the budget).")
+    if args.metric is not None:
+        budget = Budget.minimum(load_function(args.metric, what="metric file"), args.min_metric,
+                                name=args.metric.rsplit(":", 1)[-1])  # fmt: skip
+    elif args.min_sqnr is not None:
+        budget = Budget.sqnr(args.min_sqnr)
+    else:
+        budget = Budget.agreement(args.min_agreement, class_axis=args.class_axis)
+    calibration = calibration_batches(args.data, args.model, batch_size=args.batch_size)
+    evaluation = calibration_batches(args.eval_data, args.model, batch_size=args.batch_size)
+    result = tune(args.model, calibration, evaluation, args.out, budget=budget, method=args.calib,
+                  max_steps=args.max_steps, threads=args.threads)  # fmt: skip
+    report = result.report()
+    print(report)
+    if args.report:
+        write_text_atomic(args.report, report + "\n")
+    if args.plot:
+        result.plot(args.plot)
+    print(f"tuned file: {result.path}" if result.path else "no configuration met the budget")
+    return 0 if result.path else 1
+
+
+SUBCOMMANDS.append(add_tune_parser)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
