@@ -23,7 +23,7 @@ Usage (repository root; nudenet installed as in ``onnx_in.py``):
 
     PYTHONPATH=src python benchmarks/tune.py [--min-f1 0.95] [--method percentile] [--calib-images 32]
         [--eval-images 64] [--candidates N] [--rounds 5] [--plot tune_nudenet.png]
-        [--nncf-python /tmp/venv-nncf/bin/python]
+        [--nncf-python /tmp/venv-nncf/bin/python [--no-tune]]
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--nncf-python", default=None)
+    parser.add_argument("--no-tune", action="store_true", help="only the comparison with NNCF (needs --nncf-python)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=qdq.QdqCalibrationWarning)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, int8 dot products "
@@ -79,6 +80,9 @@ def main() -> None:
     batches = models.batched(evaluation.samples, 8, "images")
     for index, batch in enumerate(batches):
         batch["extents"] = np.asarray(evaluation.truth[index * 8 : index * 8 + 8], np.float64)
+    if args.no_tune:
+        _beside_nncf(args, source, calib, batches, None)
+        return
     started = time.perf_counter()
     result = qdq.tune(source, calib, batches, "/tmp/nudenet_tuned.onnx", budget=_nudenet_budget(args.min_f1),
                       method=args.method, max_candidates=args.candidates, rounds=args.rounds, iters=5,
@@ -89,10 +93,11 @@ def main() -> None:
     if args.plot:
         print(f"\nPareto plot: {result.plot(args.plot)}")
     if args.nncf_python:
-        _beside_nncf(args, source, batches, result)
+        _beside_nncf(args, source, calib, batches, result)
 
 
-def _beside_nncf(args: argparse.Namespace, source: Path, batches: list, result: qdq.tuning.TuneResult) -> None:
+def _beside_nncf(args: argparse.Namespace, source: Path, calib: list, batches: list,
+                 result: qdq.tuning.TuneResult | None) -> None:  # fmt: skip
     """NNCF's accuracy-controlled quantization on the same data and metric, scored and timed beside qdq's."""
     from qdq.runtime.benchmark import compare_models
     from qdq.runtime.ort import inference_session, session_options
@@ -108,7 +113,9 @@ def _beside_nncf(args: argparse.Namespace, source: Path, batches: list, result: 
     job = json.loads(done.stdout.strip().splitlines()[-1])
     reverted = [line.strip() for line in done.stderr.splitlines() if line.startswith("\t")]
     tuning, holdout = batches[0::2], batches[1::2]
-    budget = result.budget
+    budget = _nudenet_budget(args.min_f1)
+    plain = qdq.quantize_onnx(source, calib, "/tmp/nudenet_qdq_int8.onnx", target="onnxruntime",
+                              method=args.method, progress=False).path  # fmt: skip
 
     def score(path: Path, split: list) -> float:
         session = inference_session(path, session_options(threads=args.threads))
@@ -116,7 +123,8 @@ def _beside_nncf(args: argparse.Namespace, source: Path, batches: list, result: 
         outs = [np.concatenate([s.run(None, {"images": b["images"]})[0] for b in split]) for s in (fp32, session)]
         return budget.score([outs[0]], [outs[1]], split)
 
-    files = {"FP32": source, "qdq INT8": None, "qdq tuned": result.path, "NNCF": out}
+    files = {"FP32": source, f"qdq INT8 ({args.method})": plain, "qdq tuned": result.path if result else None,
+             "NNCF": out}
     files = {k: v for k, v in files.items() if v is not None}
     comparison = compare_models(files, "onnxruntime", threads=args.threads, rounds=args.rounds, iters=5,
                                 inputs={"images": tuning[0]["images"]}, batch=8)  # fmt: skip
@@ -131,7 +139,9 @@ def _beside_nncf(args: argparse.Namespace, source: Path, batches: list, result: 
 
     print(markdown_table(["file", "F1 tuning", "F1 held-out", "ms per batch of 8", "speed-up vs FP32"], rows))
     print(f"\nNNCF {job['nncf']}: {job['seconds']:.0f} s; reverted to float: {', '.join(reverted) or 'nothing'}.")
-    print(f"qdq tune: {result.seconds:.0f} s, {result.evaluations} evaluations, {result.files} files, 1 calibration.")
+    if result is not None:
+        print(f"qdq tune: {result.seconds:.0f} s, {result.evaluations} evaluations, {result.files} files, "
+              "1 calibration.")  # fmt: skip
     print("speed-up: per-round FP32 ms / file ms, median (25th-75th percentile), ONNX Runtime CPU, "
           f"{args.threads} threads, {args.rounds} interleaved rounds.")
 
