@@ -10,8 +10,9 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
 2. The sensitivity pass: for each unit (or the ``max_candidates`` noisiest: lowest SQNR of their tensors against
    their fake-quantized values), the file with that unit alone left float, scored by its output SQNR against FP32
    on the first tuning batch: a continuous score (a task metric such as F1 moves in steps of one detection).
-3. Greedy: leave float the units of the largest gain one by one until the budget holds on the tuning data and on
-   the held-out data; then drop again any unit the budget does not need (least useful first).
+3. Greedy: try the units of the largest gain one by one, keeping a unit only when the budget's own score improves,
+   until the budget holds on the tuning data and on the held-out data; then drop again any unit the budget does
+   not need (least useful first).
 4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime, and return the one
    that meets the budget at the lowest measured latency.
 """
@@ -110,7 +111,8 @@ class Trial:
     """One configuration tried.
 
     Attributes:
-        name: ``"FP32"``, ``"INT8"``, ``"sensitivity k"``, ``"greedy k"`` or ``"prune k"``.
+        name: ``"FP32"``, ``"INT8"``, ``"greedy k"`` (``"(undone)"`` when the step did not improve the score and
+            was taken back) or ``"prune k"``.
         floated: the units left float, each a tuple of tensor names.
         score / holdout: the budget's score on the tuning and the held-out data (holdout None: not evaluated).
         ms / low / high: measured latency (median of the interleaved rounds' block medians, and the 25th-75th
@@ -267,7 +269,7 @@ def tune(
             of ``eval_data`` is held out (then ``eval_data`` needs at least two batches).
         max_candidates: how many units the sensitivity pass measures (the noisiest on one batch: lowest SQNR of
             their tensors against their fake-quantized values); None: every unit.
-        max_steps: the most units the greedy search leaves float.
+        max_steps: the most units the greedy search tries (each one evaluation).
         rounds: interleaved timing rounds (each runs a block of every file).
         iters: timed runs per block.
         threads: ONNX Runtime threads, for evaluation and timing.
@@ -406,13 +408,17 @@ class _Search:
         bar.close()
         order = sorted((u for u in candidates if self.gains[u] > 0), key=lambda u: -self.gains[u])
         floated: tuple[tuple[str, ...], ...] = ()
+        best = base.score
         met: Trial | None = None
         for step, unit in enumerate(order[:max_steps]):
-            floated += (unit,)
-            trial = self._add(f"greedy {step + 1}", floated)
+            trial = self._add(f"greedy {step + 1}", (*floated, unit))
             if trial.meets(self.budget):
                 met = trial
                 break
+            if trial.score > best:  # a step is kept only when the budget's own score improves
+                floated, best = trial.floated, trial.score
+            else:
+                trial.name += " (undone)"
         if met is not None:
             self._prune(met)
 
@@ -463,7 +469,8 @@ class _Search:
         found: dict[tuple[str, ...], float] = {}
         previous = self.trials[0]
         for trial in self.trials:
-            if trial.name.startswith("greedy") and trial.ms is not None and previous.ms is not None:
+            kept = trial.name.startswith("greedy") and not trial.name.endswith("(undone)")
+            if kept and trial.ms is not None and previous.ms is not None:
                 found[trial.floated[-1]] = trial.ms - previous.ms
                 previous = trial
         return found
