@@ -305,3 +305,31 @@ def test_an_input_the_data_shows_non_negative_gets_the_uint8_grid_where_the_targ
     amax = max(float(np.max(np.abs(b["images"]))) for b in data)
     levels = 255 if unsigned else 127
     assert step == pytest.approx(np.float32(amax) / levels, rel=1e-3)
+
+
+def test_a_constant_of_shape_feeding_float_math_is_retyped_for_tensorrt_11(tmp_path):
+    """YOLOv8's anchor grid: ConstantOfShape (a float32 fill value) added to other float math; in the FP16 file its
+    fill value is float16 too (else the Add reads two types and the file is invalid)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")
+    fill = numpy_helper.from_array(np.array([0.5], np.float32), "fill")
+    nodes = [helper.make_node("Conv", ["images", "w"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Shape", ["conv"], ["shape"], name="shape"),
+             helper.make_node("ConstantOfShape", ["shape"], ["half"], name="half", value=fill),
+             helper.make_node("Add", ["conv", "half"], ["scores"], name="add")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, [None, 3, 8, 8])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)], [weight])  # fmt: skip
+    float_path = tmp_path / "anchors.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(float_path))
+    data = batches((2, 3, 8, 8))
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt",
+                               target_options={"float": "fp16"}, progress=False)  # fmt: skip
+    onnx.checker.check_model(onnx.load(str(result.path)), full_check=True)
+    assert qdq.export.check_tensorrt(result.path).ok
+    fill_type = next(a.t.data_type for n in onnx.load(str(result.path)).graph.node if n.op_type == "ConstantOfShape"
+                     for a in n.attribute if a.name == "value")  # fmt: skip
+    assert fill_type == TensorProto.FLOAT16
+    out = run(result.path, data[0])[0]  # the graph keeps float32 inputs and outputs
+    assert steps_apart(run(float_path, data[0])[0], out.astype(np.float32)) <= 12

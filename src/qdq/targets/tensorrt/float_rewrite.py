@@ -193,6 +193,8 @@ class TypeRewrite:
             for attr in node.attribute:
                 if attr.name == "to":
                     attr.i = precision
+        if node.op_type == "ConstantOfShape" and precision is not None:
+            _retype_fill(node, precision)
         for i, name in enumerate(node.output):
             original = self.types.get(name)
             self.dtype[name] = precision if precision is not None and i in slots.outputs else (original or 0)
@@ -217,6 +219,21 @@ class TypeRewrite:
                 node.input[:] = [inner if i == value.name else i for i in node.input]
             self.nodes.append(helper.make_node("Cast", [inner], [value.name], to=_FLOAT32, name=f"{value.name}/Cast"))
             self.casts += 1
+
+
+def _retype_fill(node: Any, elem_type: int) -> None:
+    """A ``ConstantOfShape``'s fill value in ``elem_type`` (its output type is its ``value``'s type)."""
+    from onnx import numpy_helper
+
+    for attr in node.attribute:
+        if attr.name == "value" and attr.t.data_type == _FLOAT32:
+            attr.t.CopyFrom(numpy_helper.from_array(_to_type(numpy_helper.to_array(attr.t), elem_type), attr.t.name))
+            return
+    if not any(attr.name == "value" for attr in node.attribute):  # no value: float32 zeros by the ONNX spec
+        from onnx import helper
+
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(_to_type(np.zeros(1, np.float32),
+                                                                                              elem_type))))
 
 
 def _to_type(values: np.ndarray, elem_type: int) -> np.ndarray:
