@@ -216,7 +216,7 @@ class TuneResult:
             import matplotlib.pyplot as plt
         except ImportError as err:
             raise QdqConfigError("the Pareto plot needs matplotlib: pip install 'qdq[app]'.") from err
-        timed = [t for t in self.trials if t.ms]
+        timed = [t for t in [self.fp32, *self.trials] if t.ms and math.isfinite(t.score)]
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.scatter([t.ms or 0.0 for t in timed], [t.score for t in timed], c=["C2" if t.meets(self.budget) else "C3"
                                                                          for t in timed])  # fmt: skip
