@@ -176,11 +176,18 @@ def _rss_mib() -> float:
 
 
 def _check_loads(path: Path) -> None:
-    import onnxruntime as ort
+    """The file loads in ONNX Runtime as the benchmark loads it (qdq.runtime's session, as written; a plain
+    session where this interpreter has no qdq)."""
+    try:
+        from qdq.runtime.ort import inference_session
+    except ImportError:
+        import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        return
+    inference_session(path, uint8_weights=False)
 
 
 def run_job(job: Mapping[str, Any]) -> dict[str, Any]:

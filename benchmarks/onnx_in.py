@@ -76,9 +76,11 @@ from qdq.runtime.ort import fusion_report
 
 WORKER = Path(__file__).with_name("_onnx_in_quant.py")
 QUICK_VARIANTS = "fp32,ort-u8s8-minmax,qdq-ort-max"
-AS_WRITTEN = {"uint8_weights": False}
-"""Every file runs as written: on an x86 CPU without VNNI (``qdq.cpu.int8_dot_saturates()``) qdq.runtime would
-otherwise run int8 weights as uint8 (exact, slower U8U8 kernels), which is not what these files give a user."""
+RUN_OPTIONS: dict[str, Any] = {"uint8_weights": False}
+"""How every file is loaded (``--int8-weights``): as written by default; on an x86 CPU without VNNI
+(``qdq.cpu.int8_dot_saturates()``) its U8S8 kernels then saturate, which corrupts the task metric of every file with
+int8 weights. ``--int8-weights exact`` runs them as uint8 (qdq.runtime's re-encoding: exact, slower U8U8 kernels):
+what a VNNI CPU computes, for every variant alike."""
 Batch = dict[str, np.ndarray]
 
 
@@ -255,7 +257,7 @@ def make_rows(case: ModelCase, variants: list[Variant], folder: Path, args: argp
 
 def outputs_of(path: Path, batches: list[Batch], threads: int) -> np.ndarray:
     """The first output of ``path`` on every batch, concatenated, as float32."""
-    with load_runtime(path, "onnxruntime", threads=threads, **AS_WRITTEN) as runtime:
+    with load_runtime(path, "onnxruntime", threads=threads, **RUN_OPTIONS) as runtime:
         return np.concatenate([runtime.run(batch)[0].astype(np.float32) for batch in batches])
 
 
@@ -266,8 +268,14 @@ def score_rows(case: ModelCase, rows: list[Row], threads: int) -> None:
         if not row.ok:
             continue
         row.metrics = case.score(outputs_of(row.path, case.evaluation, threads), reference)  # type: ignore[arg-type]
-        report = fusion_report(row.path, threads=threads, **AS_WRITTEN)  # type: ignore[arg-type]
+        report = fusion_report(row.path, threads=threads, **RUN_OPTIONS)  # type: ignore[arg-type]
         row.kernels = (report.n_int8, report.n_float, len(report.idle))
+
+
+def _loading() -> str:
+    if RUN_OPTIONS["uint8_weights"] is False:
+        return "files run as written"
+    return "int8 weights run as uint8 where the CPU saturates: exact, what a VNNI CPU computes, for every variant"
 
 
 def _block_ms(call: Callable[[], object], iters: int, warmup: int) -> float:
@@ -290,7 +298,7 @@ def interleaved(paths: dict[str, Path], feed: Batch, args: argparse.Namespace) -
     """
     labels = list(paths)
     loaded = {
-        label: load_runtime(path, "onnxruntime", threads=args.threads, **AS_WRITTEN) for label, path in paths.items()
+        label: load_runtime(path, "onnxruntime", threads=args.threads, **RUN_OPTIONS) for label, path in paths.items()
     }
     try:
         calls = {label: runtime.bind(feed) for label, runtime in loaded.items()}
@@ -352,7 +360,7 @@ def legend(args: argparse.Namespace, cases: list[ModelCase]) -> str:
             f"Command: `{' '.join(sys.argv)}`",
             f"Machine: {_cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; onnxruntime "
             f"{onnxruntime.__version__}, {args.threads} threads; Python {platform.python_version()}; int8 dot products "
-            f"saturate on this CPU: {int8_dot_saturates()} (files run as written). {sizes}.",
+            f"saturate on this CPU: {int8_dot_saturates()} ({_loading()}). {sizes}.",
             "",
             "- task metric: nudenet: F1 of the detections (nudenet's postprocessing: score >= 0.2, class-agnostic NMS "
             "0.25 / IoU 0.45) against FP32's (same class, IoU >= 0.5), summed over the images; SQNR of the whole raw "
@@ -408,9 +416,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the interpreter that has nvidia-modelopt (env QDQ_MODELOPT_PYTHON)")  # fmt: skip
     parser.add_argument("--worker-timeout", type=int, default=3600, help="seconds one quantizer may take")
     parser.add_argument("--workdir", type=Path, help="keep the files here (default: a temporary folder)")
+    parser.add_argument("--int8-weights", choices=("as-written", "exact"), default="as-written",
+                        help="exact: on a CPU whose int8 dot products saturate, every file's int8 weights run as "
+                        "uint8 (exact, what a VNNI CPU computes)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help=f"sanity run: {QUICK_VARIANTS}, few images, 3 rounds of 5 runs")  # fmt: skip
     args = parser.parse_args(argv)
+    RUN_OPTIONS["uint8_weights"] = None if args.int8_weights == "exact" else False
     if args.quick:
         args.rounds, args.iters, args.warmup = 3, 5, 2
         if args.variants == "*":
