@@ -333,3 +333,43 @@ def test_a_constant_of_shape_feeding_float_math_is_retyped_for_tensorrt_11(tmp_p
     assert fill_type == TensorProto.FLOAT16
     out = run(result.path, data[0])[0]  # the graph keeps float32 inputs and outputs
     assert steps_apart(run(float_path, data[0])[0], out.astype(np.float32)) <= 12
+
+
+def test_a_float16_file_with_an_int8_concatenation_runs_on_onnx_runtime(tmp_path):
+    """ORT's QDQ fusions would turn float16-scaled Q/DQ around a concatenation (a YOLOv8 head in a TensorRT 11
+    file) into a QLinearConcat that rejects float16 scales: an invalid graph. qdq's session runs a float16 file's
+    Q/DQ nodes as written."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    step = numpy_helper.from_array(np.array(0.05, np.float16), "step")
+    zero = numpy_helper.from_array(np.array(0, np.int8), "zero")
+    nodes = []
+    for name in ("a", "b"):
+        nodes += [helper.make_node("QuantizeLinear", [name, "step", "zero"], [f"{name}_q"], name=f"{name}_q"),
+                  helper.make_node("DequantizeLinear", [f"{name}_q", "step", "zero"], [f"{name}_dq"],
+                                   name=f"{name}_dq")]  # fmt: skip
+    nodes += [helper.make_node("Concat", ["a_dq", "b_dq"], ["cat"], name="cat", axis=1),
+              helper.make_node("QuantizeLinear", ["cat", "step", "zero"], ["cat_q"], name="cat_q"),
+              helper.make_node("DequantizeLinear", ["cat_q", "step", "zero"], ["out"], name="cat_dq")]  # fmt: skip
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [1, 2, 4, 4]) for n in ("a", "b")]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT16, None)],
+                              [step, zero])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    helper.set_model_props(model, {"qdq.target": "tensorrt", "qdq.float": "float16"})
+    path = tmp_path / "fp16.onnx"
+    onnx.save(model, str(path))
+    feed = {n: np.full((1, 2, 4, 4), 0.5, np.float16) for n in ("a", "b")}
+    assert np.allclose(inference_session(path).run(None, feed)[0], 0.5)
+
+
+def test_a_tensorrt_11_file_with_an_int8_concatenation_runs_on_onnx_runtime(tmp_path):
+    """ORT's QDQ fusions would turn the float16-scaled Q/DQ around the concatenation into a QLinearConcat that
+    rejects float16 scales (an invalid graph); qdq's session runs a float16 file's Q/DQ nodes as written."""
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
+    data = batches((2, 3, 16, 16))
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt",
+                               target_options={"float": "fp16"}, progress=False)  # fmt: skip
+    assert any(n.op_type == "Concat" for n in onnx.load(str(result.path)).graph.node)
+    out = run(result.path, data[0])[0]
+    assert steps_apart(run(float_path, data[0])[0], out.astype(np.float32)) <= 12
