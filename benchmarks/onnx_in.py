@@ -39,7 +39,10 @@ Usage (repository root):
 
     PYTHONPATH=src python benchmarks/onnx_in.py [--models nudenet,ppocr] [--variants 'fp32,ort-*,qdq-*']
         [--rounds 7] [--calib-images N] [--eval-images N] [--modelopt-python /tmp/venv-modelopt/bin/python]
-        [--quick]
+        [--int8-weights as-written|exact] [--quick]
+
+On an x86 CPU without VNNI pass ``--int8-weights exact``: files run as written there saturate their int8 dot
+products, and their task metric is wrong.
 
 ORT's Entropy and Percentile calibrators keep every activation of every batch: on ppocr with 64 lines they
 need more than 13 GiB (killed by the kernel at 13.4 GiB on a shared 24 GiB machine).
