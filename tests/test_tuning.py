@@ -164,3 +164,11 @@ def test_the_command_line_tunes_from_npz_files_and_writes_the_report(sparse_tail
     assert "tuned file:" in capsys.readouterr().out
     assert main(["tune", "--model", str(path), "--data", str(tmp_path / "calib.npz"), "--eval-data",
                  str(tmp_path / "eval.npz"), "--metric", "x.py:f"]) == 2  # --metric without --min-metric
+
+
+def test_the_noisiest_unit_is_the_sparse_tail_when_candidates_are_limited(sparse_tail, tmp_path):
+    path, tail = sparse_tail
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "t.onnx", budget=Budget.sqnr(25.0), method="max",
+                      max_candidates=1, progress=False, rounds=1, iters=2)  # fmt: skip
+    assert list(result.gains) == [(tail,)]
+    assert result.chosen is not None and result.chosen.floated == ((tail,),)

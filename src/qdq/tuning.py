@@ -342,9 +342,11 @@ class _Search:
                             budget.proxy)
         self.budget = budget
         self.fp32 = Trial("FP32", (), fp32_scores[0], fp32_scores[1], path=source)
+        self.value_ranges: dict[str, np.ndarray] | None = None  # set by the one calibration, reused after it
         base = self._quantize((), calibration=calibration)
         self.value_ranges = base[1]
         prepare(proto)
+        self.prepared = proto
         self.units = activation_groups(place(proto, resolve_target("onnxruntime"), options.get("keep_float", ())))
         self.calibration_batch = tuning[0]
         self.batch = int(next(iter(self._feed(tuning[0]).values())).shape[0])
@@ -370,7 +372,7 @@ class _Search:
             warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
             result = quantize_onnx(self.source, calibration if calibration is not None else [self.tuning[0]], out,
                                    target="onnxruntime", method=self.method, float_values=values,
-                                   value_ranges=getattr(self, "value_ranges", None), progress=False,
+                                   value_ranges=self.value_ranges, progress=False,
                                    threads=self.threads, **self.options)  # fmt: skip
         return result.path, result.value_ranges
 
@@ -396,7 +398,8 @@ class _Search:
         candidates = self.units if max_candidates is None else self._noisiest(max_candidates)
         screen = [self.tuning[0]]
         proxy = self.budget.proxy or _sqnr
-        reference = self._outputs(self.source, screen)
+        rows = len(next(iter(self._feed(screen[0]).values())))
+        reference = [r[:rows] for r in self.reference[id(self.tuning)]]
         base_sqnr = proxy(reference, self._outputs(base.path, screen)) if base.path else -math.inf
         bar = counter(self.progress, "tune: sensitivity", len(candidates))
         for unit in candidates:
@@ -435,13 +438,12 @@ class _Search:
 
     def _noisiest(self, count: int) -> list[tuple[str, ...]]:
         """The ``count`` units whose tensors lose the most to their quantization on one batch (lowest SQNR)."""
-        proto = load_float_model(self.source)
-        prepare(proto)
         tensors = sorted({name for unit in self.units for name in unit})
-        probe = probe_model(proto, tensors)
+        probe = probe_model(self.prepared, tensors)
         session = ort_session(probe, self.work, self.threads)
         values = dict(zip(tensors, session.run(tensors, self._feed(self.calibration_batch))))
-        noise = {unit: _unit_sqnr([values[n] for n in unit], self.value_ranges.get(unit[0])) for unit in self.units}
+        ranges = self.value_ranges or {}
+        noise = {unit: _unit_sqnr([values[n] for n in unit], ranges.get(unit[0])) for unit in self.units}
         return sorted(self.units, key=lambda u: noise[u])[:count]
 
     # --- timing and the choice ------------------------------------------------------------------------------
