@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx_models import constant_weight_conv
 
+from onnx_models import constant_weight_conv
 from qdq.cli import main
 from qdq.errors import QdqConfigError
 from qdq.onnx_in.data import calibration_batches
