@@ -38,6 +38,7 @@ from qdq.graphs import ops as vocab
 from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.onnx_in import auto as auto_ranges
+from qdq.onnx_in.bias_correction import BiasShift, correct_biases
 from qdq.onnx_in.calibrate import Statistics, collect, weight_ranges
 from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.materialize import quantizer_names, write_qdq
@@ -51,6 +52,7 @@ from qdq.workflow.progress import Progress
 __all__ = ["OnnxQuantizeResult", "activation_groups", "place", "quantize_onnx"]
 
 _TRT_FLOAT_BATCHES = 4  # calibration batches kept for the TensorRT 11 float16 conversion's value ranges
+_BIAS_BATCHES = 8  # calibration batches kept for bias correction (the first ones)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class OnnxQuantizeResult:
         ranges: quantizer name -> float32 amax (0-d for an activation, per channel for a weight).
         value_ranges: tensor name -> float32 amax of the activation quantizer that reads it (pass it back as
             ``quantize_onnx(..., value_ranges=...)`` to place again without calibrating).
+        bias_shifts: the biases bias correction changed, with the shift subtracted from each.
     """
 
     path: Path
@@ -90,12 +93,18 @@ class OnnxQuantizeResult:
     changes: list[str] = field(default_factory=list, repr=False)
     ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     value_ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
 
     def report(self) -> str:
         """A Markdown summary: what runs in int8, what stays float and why."""
         lines = [f"# {self.path.name}: quantized for {self.target} ({self.method})", "",
                  f"{self.quantizers} quantizers, {self.batches} calibration batches, calibration "
                  f"{self.seconds.get('calibration', 0.0):.1f} s.", ""]  # fmt: skip
+        if self.bias_shifts:
+            worst = max(self.bias_shifts, key=lambda s: s.relative)
+            lines += [f"Bias correction: {len(self.bias_shifts)} biases shifted by the mean error of their layer's "
+                      f"quantization (largest: {worst.op}, {worst.relative:.3f} of its output's spread).",
+                      ""]  # fmt: skip
         rows = [[op, str(n)] for op, n in sorted(self.int8_ops.items())]
         lines += [markdown_table(["op type", "ops reading int8"], rows), ""] if rows else []
         floats = [[name, why] for name, why in sorted(self.float_ops.items())]
@@ -119,6 +128,7 @@ def quantize_onnx(
     progress: Progress = True,
     value_ranges: Mapping[str, np.ndarray] | None = None,
     float_values: Sequence[str] = (),
+    bias_correction: bool = True,
     **method_options: Any,
 ) -> OnnxQuantizeResult:
     """Quantize the FP32 ONNX ``model`` for ``target`` and write the Q/DQ file at ``path``.
@@ -147,6 +157,9 @@ def quantize_onnx(
             always measured from the file.
         float_values: activation tensors to leave float for every reader (their quantizers go; the ops that read
             them quantized stay float): what :func:`qdq.tune` switches.
+        bias_correction: shift the bias of each quantized Conv, Gemm and linear MatMul by the mean error its
+            input and weight quantization add on the first calibration batches (:mod:`qdq.onnx_in.bias_correction`;
+            one more pass of the float model over up to 8 batches). ``False`` keeps the file's biases.
         method_options: the method's options (``percentile=99.9``).
 
     Returns:
@@ -161,7 +174,7 @@ def quantize_onnx(
     calibration_method = get_method(method)
     proto = load_float_model(model)
     prepared = prepare(proto)
-    data, kept = _keep_first(calibration_data, _TRT_FLOAT_BATCHES)
+    data, kept = _keep_first(calibration_data, max(_TRT_FLOAT_BATCHES, _BIAS_BATCHES))
     minima = _minima(kept, [i.name for i in proto.graph.input])
     view = place(proto, chosen, keep_float, float_values, [name for name, low in minima.items() if low >= 0])
     calibrating = time.perf_counter()
@@ -171,7 +184,8 @@ def quantize_onnx(
         statistics = collect(proto, view, data, calibration_method.calibrator, num_batches=num_batches,
                              threads=threads, progress=progress)  # fmt: skip
         if calibration_method.model_level:
-            ranges = auto_ranges.select(proto, view, statistics, kept, threads=threads, progress=progress)
+            ranges = auto_ranges.select(proto, view, statistics, kept[:_TRT_FLOAT_BATCHES], threads=threads,
+                                        progress=progress)  # fmt: skip
         else:
             ranges = statistics.ranges(method, **method_options)
         batches = statistics.batches
@@ -181,10 +195,12 @@ def quantize_onnx(
     ranges.update(weight_ranges(proto, view, weight_method))
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     names = quantizer_names(view)
+    shifts = correct_biases(proto, view, ranges, kept[:_BIAS_BATCHES], threads=threads, progress=progress) \
+        if bias_correction else []  # fmt: skip
     write_qdq(proto, view, ranges)
     options = dict(target_options or {})
     if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
-        options["calibration_data"] = list(kept)
+        options["calibration_data"] = list(kept[:_TRT_FLOAT_BATCHES])
     inputs, outputs = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
     written = finish_onnx(proto, path, chosen, target_options=options, io_names=(inputs, outputs))
     seconds["total"] = time.perf_counter() - started
@@ -193,7 +209,7 @@ def quantize_onnx(
         int8_ops=_int8_ops(view), float_ops=_float_ops(view), float_op_types=_float_types(view),
         prepared=prepared, batches=batches, seconds=seconds, calibration=calibration,
         changes=list(view.changes),
-        ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value,
+        ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value, bias_shifts=shifts,
     )  # fmt: skip
 
 

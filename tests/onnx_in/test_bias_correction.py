@@ -1,0 +1,157 @@
+"""qdq.onnx_in.bias_correction: each quantized layer's bias absorbs the mean error of its own quantization.
+
+The expected shifts come from a numpy oracle: the layer computed by hand (padded patches, matrix products) on the
+inputs and weights rounded to the grid the written file holds, against the same layer in float."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import qdq
+from qdq.onnx_in.bias_correction import correct_biases
+from qdq.runtime import load_runtime
+
+
+def _fq(x: np.ndarray, amax: np.ndarray | float, unsigned: bool = False) -> np.ndarray:
+    """The 8-bit grid of ``amax`` (numpy: round half to even, clamp), dequantized."""
+    bound = 255.0 if unsigned else 127.0
+    step = (np.asarray(amax, np.float32) / np.float32(bound)).astype(np.float32)
+    return np.clip(np.rint(x / step), 0 if unsigned else -128, bound) * step
+
+
+def _conv2d(x: np.ndarray, w: np.ndarray, pads: tuple[int, int, int, int], stride: int) -> np.ndarray:
+    """NCHW conv without bias, ONNX pads ``(top, left, bottom, right)``, by explicit patches."""
+    x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    k = w.shape[2]
+    rows, cols = (x.shape[2] - k) // stride + 1, (x.shape[3] - k) // stride + 1
+    out = np.zeros((x.shape[0], w.shape[0], rows, cols))
+    for r in range(rows):
+        for c in range(cols):
+            patch = x[:, :, r * stride : r * stride + k, c * stride : c * stride + k]
+            out[:, :, r, c] = np.einsum("nihw,oihw->no", patch, w)
+    return out
+
+
+def _conv_model(path, weight, bias, pads=(1, 0, 2, 1), stride=2, share_bias=False):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=list(pads), strides=[stride] * 2,
+                              kernel_shape=[3, 3])]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4, None, None])]
+    if share_bias:  # the bias is read by a second op too: correcting it would change that op
+        nodes.append(helper.make_node("Add", ["y2in", "b"], ["y2"], name="other"))
+        outputs.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [None, 4]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 9, 9])]
+    if share_bias:
+        inputs.append(helper.make_tensor_value_info("y2in", TensorProto.FLOAT, [None, 4]))
+    graph = helper.make_graph(nodes, "g", inputs, outputs,
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _weights(seed=0):
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(size=(4, 3, 3, 3)).astype(np.float32) * np.array([1, 0.1, 3, 0.5], np.float32)[:, None, None,
+                                                                                                          None]
+    return weight, rng.normal(size=4).astype(np.float32)
+
+
+def _data(count=3, seed=1, batch=5):
+    rng = np.random.default_rng(seed)  # a skewed input: percentile calibration clips its long positive tail
+    return [{"x": (rng.exponential(size=(batch, 3, 9, 9)) - 0.3).astype(np.float32)} for _ in range(count)]
+
+
+def _bias_in(path) -> np.ndarray:
+    graph = onnx.load(str(path)).graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    conv = next(n for n in graph.node if n.op_type == "Conv")
+    return inits[conv.input[2]]
+
+
+def test_a_conv_bias_is_shifted_by_the_mean_error_of_its_quantized_input_and_weights(tmp_path):
+    weight, bias = _weights()
+    data = _data()
+    result = qdq.quantize_onnx(_conv_model(tmp_path / "f.onnx", weight, bias), data, tmp_path / "q.onnx",
+                               target="tensorrt", method="percentile", percentile=99.0, progress=False)  # fmt: skip
+    amax_x = float(result.ranges[next(k for k in result.ranges if "input" in k)])
+    x = np.concatenate([d["x"] for d in data]).astype(np.float64)
+    w_q = _fq(weight, np.abs(weight).reshape(4, -1).max(1)[:, None, None, None])
+    error = _conv2d(_fq(x, amax_x), w_q, (1, 0, 2, 1), 2) - _conv2d(x, weight, (1, 0, 2, 1), 2)
+    expected = bias - error.mean((0, 2, 3))
+    assert np.abs(error.mean((0, 2, 3))).max() > 1e-2  # the clipped tail makes a real shift
+    np.testing.assert_allclose(_bias_in(result.path), expected, rtol=0, atol=2e-5)
+    assert [s.op for s in result.bias_shifts] == ["conv"]
+    assert "Bias correction: 1 biases" in result.report()
+
+
+def test_bias_correction_removes_the_mean_error_on_held_out_data(tmp_path):
+    """TensorRT's placement (no output quantizer, whose own clipping no bias can undo), run on ONNX Runtime."""
+    weight, bias = _weights(3)
+    source = _conv_model(tmp_path / "f.onnx", weight, bias)
+    calibration, held_out = _data(4, seed=2, batch=64), _data(4, seed=9, batch=64)
+    errors = {}
+    for corrected in (False, True):
+        path = qdq.quantize_onnx(source, calibration, tmp_path / f"q{corrected}.onnx", target="tensorrt",
+                                 method="percentile", percentile=99.0, bias_correction=corrected,
+                                 progress=False).path  # fmt: skip
+        with load_runtime(source, "onnxruntime") as fp32, load_runtime(path, "onnxruntime") as int8:
+            diff = np.concatenate([int8.run(d)[0] - fp32.run(d)[0] for d in held_out])
+        errors[corrected] = np.abs(diff.mean((0, 2, 3))).max()
+    assert errors[True] < errors[False] / 4, errors
+
+
+def test_gemm_and_a_linear_matmul_are_corrected_by_the_oracle(tmp_path):
+    rng = np.random.default_rng(4)
+    w1, b1 = rng.normal(size=(6, 5)).astype(np.float32), rng.normal(size=6).astype(np.float32)  # Gemm, transB=1
+    w2, b2 = rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)  # MatMul + Add
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="gemm", transB=1),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["m"], name="matmul"),
+             helper.make_node("Add", ["m", "b2"], ["y"], name="add")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+                              [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"),
+                                                                          (b2, "b2"))])  # fmt: skip
+    source = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    data = [{"x": (rng.exponential(size=(64, 5)) - 0.5).astype(np.float32)} for _ in range(2)]
+    result = qdq.quantize_onnx(source, data, tmp_path / "q.onnx", target="tensorrt", method="percentile",
+                               percentile=99.0, progress=False)  # fmt: skip
+    shifts = {s.op: s.shift for s in result.bias_shifts}
+    assert sorted(shifts) == ["gemm", "matmul"]
+    inputs = {k: float(v) for k, v in result.ranges.items() if v.ndim == 0}
+    x = np.concatenate([d["x"] for d in data]).astype(np.float64)
+    amax_x = next(v for k, v in inputs.items() if k.startswith("gemm"))
+    expected = (_fq(x, amax_x) @ _fq(w1, np.abs(w1).max(1)[:, None]).T - x @ w1.T).mean(0)
+    np.testing.assert_allclose(shifts["gemm"], expected, rtol=1e-4, atol=1e-6)
+    # the MatMul's input is the float model's ReLU output (its own error only: the Gemm's correction is not in it)
+    r = np.maximum(x @ w1.T + b1, 0)
+    amax_r = next(v for k, v in inputs.items() if k.startswith("matmul"))
+    unsigned = result.target == "onnxruntime"
+    expected = (_fq(r, amax_r, unsigned) @ _fq(w2, np.abs(w2).max(0)[None, :]) - r @ w2).mean(0)
+    np.testing.assert_allclose(shifts["matmul"], expected, rtol=1e-4, atol=1e-6)
+    graph = onnx.load(str(result.path)).graph
+    written = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    np.testing.assert_allclose(written["b2"], b2 - expected, rtol=0, atol=1e-5)
+
+
+def test_without_bias_correction_or_with_a_shared_bias_the_biases_stay(tmp_path):
+    weight, bias = _weights()
+    data = _data()
+    kept = qdq.quantize_onnx(_conv_model(tmp_path / "f.onnx", weight, bias), data, tmp_path / "q.onnx",
+                             target="tensorrt", bias_correction=False, progress=False)  # fmt: skip
+    np.testing.assert_array_equal(_bias_in(kept.path), bias)
+    assert kept.bias_shifts == [] and "Bias correction" not in kept.report()
+    shared = _conv_model(tmp_path / "s.onnx", weight, bias, share_bias=True)
+    feed = [{**d, "y2in": np.zeros((5, 4), np.float32)} for d in data]
+    result = qdq.quantize_onnx(shared, feed, tmp_path / "qs.onnx", target="tensorrt", progress=False)
+    assert result.bias_shifts == []
+    np.testing.assert_array_equal(_bias_in(result.path), bias)
+
+
+def test_no_batches_or_no_quantized_layer_changes_nothing(tmp_path):
+    from qdq.graphs.view import GraphView
+
+    model = onnx.load(str(_conv_model(tmp_path / "f.onnx", *_weights())))
+    assert correct_biases(model, GraphView("onnx"), {}, [{"x": np.zeros((1, 3, 9, 9), np.float32)}]) == []
