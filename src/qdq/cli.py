@@ -233,6 +233,9 @@ def add_quantize_parser(subparsers: Any) -> None:
                    "imagefolder:DIR")  # fmt: skip
     p.add_argument("--keep-float", action="append", metavar="NODE", help=".onnx model: a node name, op:TYPE or a "
                    "name pattern to keep float (repeatable)")  # fmt: skip
+    p.add_argument("--no-bias-correction", dest="bias_correction", action="store_false", default=True,
+                   help=".onnx model: keep the file's biases (by default each quantized layer's bias absorbs the mean "
+                   "error of its quantization)")  # fmt: skip
     p.add_argument("--mean", help=".onnx model, imagefolder: per-channel mean subtracted after scaling to [0, 1]")
     p.add_argument("--std", help=".onnx model, imagefolder: per-channel std divided by after the mean")
     p.add_argument("--calib", action=_CalibAction, help="all (default: every registered calibration method, the "
@@ -326,7 +329,7 @@ def run_quantize_onnx(args: argparse.Namespace) -> int:
     options = {"float": args.float} if args.float else {}
     result = quantize_onnx(args.model, batches, path, target=args.target or "onnxruntime", method=args.calib or "max",
                            num_batches=args.calib_batches, keep_float=args.keep_float or (), target_options=options,
-                           threads=args.threads)  # fmt: skip
+                           threads=args.threads, bias_correction=args.bias_correction)  # fmt: skip
     print(result.report())
     print(f"wrote {result.path}")
     return 0

@@ -343,8 +343,9 @@ class _Search:
         self.budget = budget
         self.fp32 = Trial("FP32", (), fp32_scores[0], fp32_scores[1], path=source)
         self.value_ranges: dict[str, np.ndarray] | None = None  # set by the one calibration, reused after it
+        self.bias_shifts: list | None = None  # the same: a layer's bias shift depends on its own ranges only
         base = self._quantize((), calibration=calibration)
-        self.value_ranges = base[1]
+        self.value_ranges, self.bias_shifts = base[1], base[2]
         prepare(proto)
         self.prepared = proto
         self.units = activation_groups(place(proto, resolve_target("onnxruntime"), options.get("keep_float", ())))
@@ -364,7 +365,7 @@ class _Search:
         return [np.concatenate([np.asarray(r[i], np.float32) for r in runs]) for i in range(len(runs[0]))]
 
     def _quantize(self, floated: tuple[tuple[str, ...], ...], calibration: Iterable[Batch] | None = None
-                  ) -> tuple[Path, dict[str, np.ndarray]]:  # fmt: skip
+                  ) -> tuple[Path, dict[str, np.ndarray], list]:  # fmt: skip
         out = self.work / f"config_{self.files}.onnx"
         self.files += 1
         values = sorted({name for unit in floated for name in unit})
@@ -372,9 +373,9 @@ class _Search:
             warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
             result = quantize_onnx(self.source, calibration if calibration is not None else [self.tuning[0]], out,
                                    target="onnxruntime", method=self.method, float_values=values,
-                                   value_ranges=self.value_ranges, progress=False,
+                                   value_ranges=self.value_ranges, bias_shifts=self.bias_shifts, progress=False,
                                    threads=self.threads, **self.options)  # fmt: skip
-        return result.path, result.value_ranges
+        return result.path, result.value_ranges, result.bias_shifts
 
     def _score(self, path: Path, split: list[Batch]) -> float:
         self.evaluations += 1

@@ -155,3 +155,20 @@ def test_no_batches_or_no_quantized_layer_changes_nothing(tmp_path):
 
     model = onnx.load(str(_conv_model(tmp_path / "f.onnx", *_weights())))
     assert correct_biases(model, GraphView("onnx"), {}, [{"x": np.zeros((1, 3, 9, 9), np.float32)}]) == []
+
+
+def test_shifts_of_an_earlier_call_are_applied_again_without_measuring(tmp_path, monkeypatch):
+    from qdq.onnx_in import bias_correction
+
+    weight, bias = _weights()
+    source, data = _conv_model(tmp_path / "f.onnx", weight, bias), _data()
+    first = qdq.quantize_onnx(source, data, tmp_path / "a.onnx", target="tensorrt", progress=False)
+    monkeypatch.setattr(bias_correction, "probe_model", None)  # measuring would fail
+    again = qdq.quantize_onnx(source, data[:1], tmp_path / "b.onnx", target="tensorrt", progress=False,
+                              value_ranges=first.value_ranges, bias_shifts=first.bias_shifts)  # fmt: skip
+    np.testing.assert_array_equal(_bias_in(again.path), _bias_in(first.path))
+    floated = qdq.quantize_onnx(source, data[:1], tmp_path / "c.onnx", target="tensorrt", progress=False,
+                                value_ranges=first.value_ranges, bias_shifts=first.bias_shifts,
+                                float_values=["x"])  # fmt: skip
+    assert floated.bias_shifts == []  # the conv runs float: its bias stays the file's
+    np.testing.assert_array_equal(_bias_in(floated.path), bias)

@@ -99,18 +99,24 @@ def correct_biases(
     *,
     threads: int | None = None,
     progress: Progress = True,
+    known: Sequence[BiasShift] | None = None,
 ) -> list[BiasShift]:
     """Subtract from each quantized layer's bias (in ``model``'s initializers, in place) the mean output shift its
     input and weight quantization cause on ``batches``; returns the shifts applied.
 
     ``view`` is the placed view of ``model``, ``ranges`` every quantizer's amax by ``id`` (as
     :func:`qdq.onnx_in.materialize.write_qdq` takes them). A layer is left as it is when its bias is shared with
-    another op or is not an initializer, or when its convolution pads with ``auto_pad``.
+    another op or is not an initializer, or when its convolution pads with ``auto_pad``. ``known``: the shifts of
+    an earlier call on the same file with the same ranges (a layer's shift depends only on its own input and
+    weight ranges): each layer found there gets its shift again and nothing runs.
     """
     inits = {t.name: t for t in model.graph.initializer}
     uses = Counter(name for node in model.graph.node for name in node.input)
     layers = [layer for op in view.ops if (layer := _layer(model, view, ranges, op, inits)) is not None
               and uses[layer.bias] == 1]  # fmt: skip
+    if known is not None:
+        by_op = {shift.op: shift for shift in known}
+        return [_apply_known(by_op[layer.op.name], inits[layer.bias]) for layer in layers if layer.op.name in by_op]
     if not layers or not batches:
         return []
     inputs = [i.name for i in model.graph.input if i.name not in inits]
@@ -125,6 +131,13 @@ def correct_biases(
             bar.update()
     bar.close()
     return [_apply(layer, inits[layer.bias]) for layer in layers]
+
+
+def _apply_known(shift: BiasShift, tensor: onnx.TensorProto) -> BiasShift:
+    bias = numpy_helper.to_array(tensor)
+    corrected = (bias.astype(np.float64) - shift.shift.reshape(bias.shape)).astype(bias.dtype)
+    tensor.CopyFrom(numpy_helper.from_array(corrected, tensor.name))
+    return shift
 
 
 def _apply(layer: _Layer, tensor: onnx.TensorProto) -> BiasShift:

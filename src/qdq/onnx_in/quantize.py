@@ -129,6 +129,7 @@ def quantize_onnx(
     value_ranges: Mapping[str, np.ndarray] | None = None,
     float_values: Sequence[str] = (),
     bias_correction: bool = True,
+    bias_shifts: Sequence[BiasShift] | None = None,
     **method_options: Any,
 ) -> OnnxQuantizeResult:
     """Quantize the FP32 ONNX ``model`` for ``target`` and write the Q/DQ file at ``path``.
@@ -160,6 +161,8 @@ def quantize_onnx(
         bias_correction: shift the bias of each quantized Conv, Gemm and linear MatMul by the mean error its
             input and weight quantization add on the first calibration batches (:mod:`qdq.onnx_in.bias_correction`;
             one more pass of the float model over up to 8 batches). ``False`` keeps the file's biases.
+        bias_shifts: the shifts of an earlier call with the same ranges (``result.bias_shifts``, with
+            ``value_ranges``): applied again to the layers still quantized, without measuring.
         method_options: the method's options (``percentile=99.9``).
 
     Returns:
@@ -195,8 +198,8 @@ def quantize_onnx(
     ranges.update(weight_ranges(proto, view, weight_method))
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     names = quantizer_names(view)
-    shifts = correct_biases(proto, view, ranges, kept[:_BIAS_BATCHES], threads=threads, progress=progress) \
-        if bias_correction else []  # fmt: skip
+    shifts = correct_biases(proto, view, ranges, kept[:_BIAS_BATCHES], threads=threads, progress=progress,
+                            known=bias_shifts) if bias_correction else []  # fmt: skip
     write_qdq(proto, view, ranges)
     options = dict(target_options or {})
     if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
