@@ -53,7 +53,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("modelopt-max-fp32", "modelopt", {"high_precision_dtype": "fp32"}),
     Variant("modelopt-max-fp32-simplify", "modelopt", {"high_precision_dtype": "fp32", "simplify": True}),
     *(Variant(f"qdq-ort-{method}", "qdq", {"target": "onnxruntime", "method": method}) for method in QDQ_METHODS),
+    Variant("qdq-ort-percentile-no-bc", "qdq", {"target": "onnxruntime", "method": "percentile",
+                                                "bias_correction": False}),
     Variant("qdq-trt-fp16", "qdq", {"target": "tensorrt", "method": "max", "float": "fp16"}),
+    Variant("qdq-trt-fp32", "qdq", {"target": "tensorrt", "method": "max"}),
 )  # fmt: skip
 """Every variant ``onnx_in.py`` knows, in table order."""
 
@@ -64,8 +67,8 @@ VARIANTS: tuple[Variant, ...] = (
 def quantize_qdq(model: Path, batches: list[Batch], out: Path, options: Mapping[str, Any]) -> None:
     """qdq's ONNX front end. **The one place that knows its signature**: adapt here when it changes.
 
-    ``options``: ``target`` ("onnxruntime" or "tensorrt"), ``method`` (a calibration method name) and, for the
-    TensorRT 11 files, ``float`` ("fp16"): passed on as keyword arguments.
+    ``options``: ``target`` ("onnxruntime" or "tensorrt"), ``method`` (a calibration method name),
+    ``bias_correction`` and, for the TensorRT 11 files, ``float`` ("fp16"): passed on as keyword arguments.
     """
     import qdq
 
