@@ -34,6 +34,7 @@ import numpy as np
 from qdq.atomic import atomic_open
 from qdq.errors import QdqConfigError
 from qdq.markdown import markdown_table
+from qdq.onnx_in.bias_correction import BiasShift
 from qdq.onnx_in.calibrate import ort_session, probe_model
 from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.quantize import activation_groups, place, quantize_onnx
@@ -343,7 +344,7 @@ class _Search:
         self.budget = budget
         self.fp32 = Trial("FP32", (), fp32_scores[0], fp32_scores[1], path=source)
         self.value_ranges: dict[str, np.ndarray] | None = None  # set by the one calibration, reused after it
-        self.bias_shifts: list | None = None  # the same: a layer's bias shift depends on its own ranges only
+        self.bias_shifts: list[BiasShift] | None = None  # the same: a layer's bias shift depends on its own ranges only
         base = self._quantize((), calibration=calibration)
         self.value_ranges, self.bias_shifts = base[1], base[2]
         prepare(proto)
@@ -365,7 +366,7 @@ class _Search:
         return [np.concatenate([np.asarray(r[i], np.float32) for r in runs]) for i in range(len(runs[0]))]
 
     def _quantize(self, floated: tuple[tuple[str, ...], ...], calibration: Iterable[Batch] | None = None
-                  ) -> tuple[Path, dict[str, np.ndarray], list]:  # fmt: skip
+                  ) -> tuple[Path, dict[str, np.ndarray], list[BiasShift]]:  # fmt: skip
         out = self.work / f"config_{self.files}.onnx"
         self.files += 1
         values = sorted({name for unit in floated for name in unit})

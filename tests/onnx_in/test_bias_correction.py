@@ -14,11 +14,10 @@ from qdq.onnx_in.bias_correction import correct_biases
 from qdq.runtime import load_runtime
 
 
-def _fq(x: np.ndarray, amax: np.ndarray | float, unsigned: bool = False) -> np.ndarray:
-    """The 8-bit grid of ``amax`` (numpy: round half to even, clamp), dequantized."""
-    bound = 255.0 if unsigned else 127.0
-    step = (np.asarray(amax, np.float32) / np.float32(bound)).astype(np.float32)
-    return np.clip(np.rint(x / step), 0 if unsigned else -128, bound) * step
+def _fq(x: np.ndarray, amax: np.ndarray | float) -> np.ndarray:
+    """The signed 8-bit grid of ``amax`` (numpy: round half to even, clamp to [-128, 127]), dequantized."""
+    step = (np.asarray(amax, np.float32) / np.float32(127.0)).astype(np.float32)
+    return np.clip(np.rint(x / step), -128, 127) * step
 
 
 def _conv2d(x: np.ndarray, w: np.ndarray, pads: tuple[int, int, int, int], stride: int) -> np.ndarray:
@@ -125,11 +124,11 @@ def test_gemm_and_a_linear_matmul_are_corrected_by_the_oracle(tmp_path):
     amax_x = next(v for k, v in inputs.items() if k.startswith("gemm"))
     expected = (_fq(x, amax_x) @ _fq(w1, np.abs(w1).max(1)[:, None]).T - x @ w1.T).mean(0)
     np.testing.assert_allclose(shifts["gemm"], expected, rtol=1e-4, atol=1e-6)
-    # the MatMul's input is the float model's ReLU output (its own error only: the Gemm's correction is not in it)
+    # the MatMul's input is the float model's ReLU output (its own error only: the Gemm's correction is not in it),
+    # on TensorRT's signed grid
     r = np.maximum(x @ w1.T + b1, 0)
     amax_r = next(v for k, v in inputs.items() if k.startswith("matmul"))
-    unsigned = result.target == "onnxruntime"
-    expected = (_fq(r, amax_r, unsigned) @ _fq(w2, np.abs(w2).max(0)[None, :]) - r @ w2).mean(0)
+    expected = (_fq(r, amax_r) @ _fq(w2, np.abs(w2).max(0)[None, :]) - r @ w2).mean(0)
     np.testing.assert_allclose(shifts["matmul"], expected, rtol=1e-4, atol=1e-6)
     graph = onnx.load(str(result.path)).graph
     written = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -150,7 +149,7 @@ def test_without_bias_correction_or_with_a_shared_bias_the_biases_stay(tmp_path)
     np.testing.assert_array_equal(_bias_in(result.path), bias)
 
 
-def test_no_batches_or_no_quantized_layer_changes_nothing(tmp_path):
+def test_a_view_without_quantized_layers_changes_nothing(tmp_path):
     from qdq.graphs.view import GraphView
 
     model = onnx.load(str(_conv_model(tmp_path / "f.onnx", *_weights())))

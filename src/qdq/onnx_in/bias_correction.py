@@ -7,11 +7,12 @@ input and weights quantized, this module measures on calibration batches, in the
 
     shift[c] = mean over batch and positions of ( layer(Q(x), Q(W))[c] - layer(x, W)[c] )
 
-where ``Q`` is the fake quantization the file will hold (the activation's range and grid, the weight's per-channel
-range), and subtracts ``shift`` from the layer's bias. Each layer is corrected in isolation on the float model's
-input (the layer's own error, as NNCF's fast bias correction does): correcting every layer at once on the
-quantized model's inputs would count an upstream shift again in each layer below it. The layers are computed in
-float32 with PyTorch (the means summed in float64); a layer that ONNX pads asymmetrically is padded first.
+where ``Q`` is qdq's fake quantization (:func:`qdq.tensor_quant.fake_tensor_quant`) on the grid the file will
+hold (the activation's range and grid, the weight's per-channel range), and subtracts ``shift`` from the layer's
+bias. Each layer is corrected in isolation on the float model's input (the layer's own error, as NNCF's fast bias
+correction does): correcting every layer at once on the quantized model's inputs would count an upstream shift
+again in each layer below it. The layers are computed in float32 with PyTorch (the means summed in float64); a
+layer that ONNX pads asymmetrically is padded first.
 
 Used by :func:`qdq.onnx_in.quantize.quantize_onnx` (``bias_correction=True``).
 """
@@ -31,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
-from qdq.graphs.view import GraphView, Op, Quantizer
+from qdq.graphs.view import GraphView, Op
 from qdq.onnx_in.calibrate import ort_session, probe_model
 from qdq.onnx_in.view import weight_axis
-from qdq.ops import quant_step, round_to_grid
+from qdq.tensor_quant import fake_tensor_quant
 from qdq.workflow.progress import Progress, counter
 
 __all__ = ["BiasShift", "correct_biases"]
@@ -60,7 +61,8 @@ class _Layer:
     bias: str
     weight: torch.Tensor
     weight_q: torch.Tensor
-    quantize_input: Callable[[torch.Tensor], torch.Tensor]
+    input_amax: torch.Tensor
+    unsigned: bool
     apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     channel_axis: int
     error_sum: torch.Tensor | None = None
@@ -70,7 +72,8 @@ class _Layer:
 
     def observe(self, x: torch.Tensor) -> None:
         reference = self.apply(x, self.weight)
-        error = self.apply(self.quantize_input(x), self.weight_q).sub_(reference).double()
+        x_q = fake_tensor_quant(x, self.input_amax, 8, self.unsigned)
+        error = self.apply(x_q, self.weight_q).sub_(reference).double()
         reference = reference.double()
         axes = [a for a in range(reference.ndim) if a != self.channel_axis % reference.ndim]
         sums = (error.sum(axes), reference.sum(axes), reference.square().sum(axes))
@@ -116,7 +119,7 @@ def correct_biases(
               and uses[layer.bias] == 1]  # fmt: skip
     if known is not None:
         by_op = {shift.op: shift for shift in known}
-        return [_apply_known(by_op[layer.op.name], inits[layer.bias]) for layer in layers if layer.op.name in by_op]
+        return [_subtract(by_op[layer.op.name], inits[layer.bias]) for layer in layers if layer.op.name in by_op]
     if not layers or not batches:
         return []
     inputs = [i.name for i in model.graph.input if i.name not in inits]
@@ -130,22 +133,15 @@ def correct_biases(
                 layer.observe(torch.from_numpy(np.asarray(outputs[layer.input], np.float32)))
             bar.update()
     bar.close()
-    return [_apply(layer, inits[layer.bias]) for layer in layers]
+    return [_subtract(BiasShift(layer.op.name, layer.bias, *layer.shift()), inits[layer.bias]) for layer in layers]
 
 
-def _apply_known(shift: BiasShift, tensor: onnx.TensorProto) -> BiasShift:
+def _subtract(shift: BiasShift, tensor: onnx.TensorProto) -> BiasShift:
+    """``tensor`` (the bias initializer) minus ``shift``, in place; returns ``shift``."""
     bias = numpy_helper.to_array(tensor)
     corrected = (bias.astype(np.float64) - shift.shift.reshape(bias.shape)).astype(bias.dtype)
     tensor.CopyFrom(numpy_helper.from_array(corrected, tensor.name))
     return shift
-
-
-def _apply(layer: _Layer, tensor: onnx.TensorProto) -> BiasShift:
-    shift, relative = layer.shift()
-    bias = numpy_helper.to_array(tensor)
-    corrected = (bias.astype(np.float64) - shift.reshape(bias.shape)).astype(bias.dtype)
-    tensor.CopyFrom(numpy_helper.from_array(corrected, tensor.name))
-    return BiasShift(layer.op.name, layer.bias, shift, relative)
 
 
 def _layer(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray], op: Op,
@@ -157,21 +153,22 @@ def _layer(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndar
     if activation is None or weight is None or not weight.per_channel or op.inputs[1].name not in inits:
         return None
     node = model.graph.node[op.ref]
-    found = _bias_and_function(model, view, op, node, inits)
+    found = _bias_and_function(view, op, node, inits)
     if found is None:
         return None
     bias, apply, channel_axis = found
     if bias not in inits:
         return None
     w = torch.from_numpy(numpy_helper.to_array(inits[op.inputs[1].name]).astype(np.float32))
-    axis = weight_axis(op, 1) % w.ndim
-    return _Layer(op=op, input=op.inputs[0].name, bias=bias, weight=w,
-                  weight_q=_fake_quantize(w, ranges[id(weight)], False, axis),
-                  quantize_input=_activation_grid(activation, ranges[id(activation)]),
-                  apply=apply, channel_axis=channel_axis)  # fmt: skip
+    shape = [1] * w.ndim
+    shape[weight_axis(op, 1) % w.ndim] = -1
+    w_amax = torch.from_numpy(np.asarray(ranges[id(weight)], np.float32)).reshape(shape)
+    return _Layer(op=op, input=op.inputs[0].name, bias=bias, weight=w, weight_q=fake_tensor_quant(w, w_amax),
+                  input_amax=torch.from_numpy(np.asarray(ranges[id(activation)], np.float32)).reshape(()),
+                  unsigned=activation.unsigned, apply=apply, channel_axis=channel_axis)  # fmt: skip
 
 
-def _bias_and_function(model: onnx.ModelProto, view: GraphView, op: Op, node: onnx.NodeProto,
+def _bias_and_function(view: GraphView, op: Op, node: onnx.NodeProto,
                        inits: Mapping[str, onnx.TensorProto]) -> tuple[str, Callable, int] | None:  # fmt: skip
     """``(bias initializer, layer(x, w) without its bias, channel axis of the output)`` for a supported layer."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -210,23 +207,3 @@ def _conv(attrs: Mapping[str, Any], rank: int) -> Callable[[torch.Tensor, torch.
         return function(F.pad(x, padding), w, None, strides, 0, dilations, groups)
 
     return apply
-
-
-def _activation_grid(quantizer: Quantizer, amax: np.ndarray) -> Callable[[torch.Tensor], torch.Tensor]:
-    def quantize(x: torch.Tensor) -> torch.Tensor:
-        return _fake_quantize(x, amax, quantizer.unsigned, None)
-
-    return quantize
-
-
-def _fake_quantize(x: torch.Tensor, amax: np.ndarray, unsigned: bool, axis: int | None) -> torch.Tensor:
-    """``x`` on qdq's 8-bit grid of ``amax`` (per tensor, or per channel along ``axis``), as the file holds it."""
-    max_bound = 255 if unsigned else 127
-    step = quant_step(torch.as_tensor(np.asarray(amax, np.float32)).reshape(-1), max_bound)
-    if axis is not None and step.numel() > 1:
-        shape = [1] * x.ndim
-        shape[axis] = -1
-        step = step.reshape(shape)
-    else:
-        step = step.reshape(())
-    return round_to_grid(x, step, 0 if unsigned else -128, max_bound).mul_(step)

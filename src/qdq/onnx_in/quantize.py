@@ -160,7 +160,8 @@ def quantize_onnx(
             them quantized stay float): what :func:`qdq.tune` switches.
         bias_correction: shift the bias of each quantized Conv, Gemm and linear MatMul by the mean error its
             input and weight quantization add on the first calibration batches (:mod:`qdq.onnx_in.bias_correction`;
-            one more pass of the float model over up to 8 batches). ``False`` keeps the file's biases.
+            one more pass of the float model over up to 8 batches, no more than ``num_batches``). ``False`` keeps
+            the file's biases.
         bias_shifts: the shifts of an earlier call with the same ranges (``result.bias_shifts``, with
             ``value_ranges``): applied again to the layers still quantized, without measuring.
         method_options: the method's options (``percentile=99.9``).
@@ -198,8 +199,10 @@ def quantize_onnx(
     ranges.update(weight_ranges(proto, view, weight_method))
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     names = quantizer_names(view)
-    shifts = correct_biases(proto, view, ranges, kept[:_BIAS_BATCHES], threads=threads, progress=progress,
-                            known=bias_shifts) if bias_correction else []  # fmt: skip
+    shifts: list[BiasShift] = []
+    if bias_correction:
+        shifts = correct_biases(proto, view, ranges, kept[:min(_BIAS_BATCHES, num_batches or _BIAS_BATCHES)],
+                                threads=threads, progress=progress, known=bias_shifts)  # fmt: skip
     write_qdq(proto, view, ranges)
     options = dict(target_options or {})
     if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
