@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from qdq.atomic import atomic_open
 from qdq.errors import QdqConfigError
@@ -39,7 +40,9 @@ from qdq.onnx_in.calibrate import ort_session, probe_model
 from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.quantize import activation_groups, place, quantize_onnx
 from qdq.targets import resolve_target
+from qdq.tensor_quant import fake_tensor_quant
 from qdq.workflow.progress import Progress, counter
+from qdq.workflow.verification import sqnr_db
 
 __all__ = ["Budget", "Trial", "TuneResult", "tune"]
 
@@ -484,26 +487,23 @@ def _sqnr(reference: Outputs, outputs: Outputs) -> float:
     """SQNR (dB) of ``outputs`` against ``reference``, all outputs together."""
     signal = sum(float(np.sum(np.square(r, dtype=np.float64))) for r in reference)
     noise = sum(float(np.sum(np.square(r - o, dtype=np.float64))) for r, o in zip(reference, outputs))
-    return math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
+    return sqnr_db(signal, noise)
 
 
 def _unit_sqnr(arrays: list[np.ndarray], amax: np.ndarray | None) -> float:
     """SQNR (dB) of ``arrays`` fake-quantized on the signed 8-bit grid of ``amax`` (or uint8 where >= 0)."""
     if amax is None:
         return math.inf
-    bound = float(np.max(amax))
+    bound = torch.tensor(float(np.max(amax)))
     if bound <= 0:
         return -math.inf
     signal = noise = 0.0
     for x in arrays:
-        x = np.asarray(x, np.float64)
-        unsigned = bool(np.all(x >= 0))
-        step = bound / (255.0 if unsigned else 127.0)
-        low = 0.0 if unsigned else -bound
-        q = np.clip(np.rint(x / step) * step, low, bound)
-        signal += float(np.sum(x * x))
-        noise += float(np.sum((x - q) ** 2))
-    return math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
+        values = torch.from_numpy(np.asarray(x, np.float32))
+        quantized = fake_tensor_quant(values, bound, 8, unsigned=bool((values >= 0).all()))
+        signal += float(values.double().square().sum())
+        noise += float((values - quantized).double().square().sum())
+    return sqnr_db(signal, noise)
 
 
 def _advice(fp32: Trial, int8: Trial, chosen: Trial | None) -> str | None:

@@ -45,6 +45,7 @@ __all__ = [
     "QuantizerAgreement",
     "VerifyResult",
     "locate_divergence",
+    "sqnr_db",
     "verify",
 ]
 
@@ -206,7 +207,8 @@ def _step_for(model: Any, stack: ExitStack, threads: int | None) -> _Step:
     )
 
 
-def _sqnr(signal: float, noise: float) -> float:
+def sqnr_db(signal: float, noise: float) -> float:
+    """``10 log10(signal / noise)``: energies (sums of squares) in, dB out; inf without noise."""
     if noise == 0.0:
         return math.inf
     return 10.0 * math.log10(max(signal, 1e-30) / noise)
@@ -304,7 +306,7 @@ def _compare(
     diffs = [np.abs(r.astype(np.float64) - g) for r, g in zip(ref, got)]
     max_abs = float(max(d.max() for d in diffs))
     step = float(max(np.abs(r).max() for r in ref)) / 127.0
-    sqnr = [_sqnr(float(np.sum(r.astype(np.float64) ** 2)), float(np.sum(d**2))) for r, d in zip(ref, diffs)]
+    sqnr = [sqnr_db(float(np.sum(r.astype(np.float64) ** 2)), float(np.sum(d**2))) for r, d in zip(ref, diffs)]
     first_ref, first_got = ref[0], got[0]
     if first_ref.ndim >= 2:
         same = first_ref.argmax(axis=class_axis) == first_got.argmax(axis=class_axis)
