@@ -61,7 +61,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +73,7 @@ from _onnx_in_quant import VARIANTS, Variant, save_batches
 import qdq
 from qdq.cpu import int8_dot_saturates
 from qdq.markdown import markdown_table
-from qdq.runtime import Comparison, load_runtime
+from qdq.runtime import Comparison, compare_models, load_runtime
 from qdq.runtime.ort import fusion_report
 
 WORKER = Path(__file__).with_name("_onnx_in_quant.py")
@@ -281,40 +280,12 @@ def _loading() -> str:
     return "int8 weights run as uint8 where the CPU saturates: exact, what a VNNI CPU computes, for every variant"
 
 
-def _block_ms(call: Callable[[], object], iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
-
-
 def interleaved(paths: dict[str, Path], feed: Batch, args: argparse.Namespace) -> Comparison:
-    """Time ``paths`` (label -> file, the first the baseline) on ``feed`` in interleaved rounds.
-
-    The protocol of :func:`qdq.runtime.compare_models` (every model loaded, one block of ``warmup`` untimed and
-    ``iters`` timed runs per model per round, the order reversed every other round), fed real inputs: that
-    helper feeds random ones and cannot size the recognizer's unnamed height axis.
-    """
-    labels = list(paths)
-    loaded = {
-        label: load_runtime(path, "onnxruntime", threads=args.threads, **RUN_OPTIONS) for label, path in paths.items()
-    }
-    try:
-        calls = {label: runtime.bind(feed) for label, runtime in loaded.items()}
-        blocks: dict[str, list[float]] = {label: [] for label in labels}
-        for index in range(args.rounds):
-            for label in labels if index % 2 == 0 else labels[::-1]:
-                blocks[label].append(_block_ms(calls[label], args.iters, args.warmup))
-    finally:
-        for runtime in loaded.values():
-            runtime.close()
-    batch = len(next(iter(feed.values())))
-    return Comparison("onnxruntime", batch, args.threads, args.iters, labels[0],
-                      {k: tuple(v) for k, v in blocks.items()})  # fmt: skip
+    """Time ``paths`` (label -> file, the first the baseline) on ``feed`` (real inputs) in interleaved rounds:
+    :func:`qdq.runtime.compare_models`, every file loaded as ``--int8-weights`` says."""
+    return compare_models(paths, "onnxruntime", threads=args.threads, rounds=args.rounds, iters=args.iters,
+                          warmup=args.warmup, batch=len(next(iter(feed.values()))), inputs=feed,
+                          **RUN_OPTIONS)  # fmt: skip
 
 
 def time_rows(case: ModelCase, rows: list[Row], args: argparse.Namespace) -> None:
