@@ -20,23 +20,27 @@ def _fq(x: np.ndarray, amax: np.ndarray | float) -> np.ndarray:
     return np.clip(np.rint(x / step), -128, 127) * step
 
 
-def _conv2d(x: np.ndarray, w: np.ndarray, pads: tuple[int, int, int, int], stride: int) -> np.ndarray:
+def _conv2d(x: np.ndarray, w: np.ndarray, pads: tuple[int, int, int, int], stride: int, groups: int = 1,
+            dilation: int = 1) -> np.ndarray:  # fmt: skip
     """NCHW conv without bias, ONNX pads ``(top, left, bottom, right)``, by explicit patches."""
     x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    k = w.shape[2]
-    rows, cols = (x.shape[2] - k) // stride + 1, (x.shape[3] - k) // stride + 1
+    span = dilation * (w.shape[2] - 1) + 1
+    rows, cols = (x.shape[2] - span) // stride + 1, (x.shape[3] - span) // stride + 1
     out = np.zeros((x.shape[0], w.shape[0], rows, cols))
-    for r in range(rows):
-        for c in range(cols):
-            patch = x[:, :, r * stride : r * stride + k, c * stride : c * stride + k]
-            out[:, :, r, c] = np.einsum("nihw,oihw->no", patch, w)
+    per_in, per_out = x.shape[1] // groups, w.shape[0] // groups
+    for g in range(groups):
+        xs, ws = x[:, g * per_in : (g + 1) * per_in], w[g * per_out : (g + 1) * per_out]
+        for r in range(rows):
+            for c in range(cols):
+                patch = xs[:, :, r * stride : r * stride + span : dilation, c * stride : c * stride + span : dilation]
+                out[:, g * per_out : (g + 1) * per_out, r, c] = np.einsum("nihw,oihw->no", patch, ws)
     return out
 
 
-def _conv_model(path, weight, bias, pads=(1, 0, 2, 1), stride=2, share_bias=False):
+def _conv_model(path, weight, bias, pads=(1, 0, 2, 1), stride=2, share_bias=False, groups=1, dilation=1):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=list(pads), strides=[stride] * 2,
-                              kernel_shape=[3, 3])]  # fmt: skip
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4, None, None])]
+                              group=groups, dilations=[dilation] * 2)]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, weight.shape[0], None, None])]
     if share_bias:  # the bias is read by a second op too: correcting it would change that op
         nodes.append(helper.make_node("Add", ["y2in", "b"], ["y2"], name="other"))
         outputs.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [None, 4]))
@@ -82,6 +86,23 @@ def test_a_conv_bias_is_shifted_by_the_mean_error_of_its_quantized_input_and_wei
     np.testing.assert_allclose(_bias_in(result.path), expected, rtol=0, atol=2e-5)
     assert [s.op for s in result.bias_shifts] == ["conv"]
     assert "Bias correction: 1 biases" in result.report()
+
+
+def test_a_grouped_dilated_conv_is_corrected_by_the_oracle(tmp_path):
+    """Three groups of one input channel and two outputs each, dilation 2, stride 1: the patch means per group."""
+    rng = np.random.default_rng(5)
+    weight = rng.normal(size=(6, 1, 3, 3)).astype(np.float32)
+    bias = rng.normal(size=6).astype(np.float32)
+    data = _data(seed=6)
+    result = qdq.quantize_onnx(_conv_model(tmp_path / "f.onnx", weight, bias, pads=(2, 1, 0, 2), stride=1, groups=3,
+                                           dilation=2), data, tmp_path / "q.onnx", target="tensorrt",
+                               method="percentile", percentile=99.0, progress=False)  # fmt: skip
+    amax_x = float(result.ranges[next(k for k in result.ranges if "input" in k)])
+    x = np.concatenate([d["x"] for d in data]).astype(np.float64)
+    w_q = _fq(weight, np.abs(weight).reshape(6, -1).max(1)[:, None, None, None])
+    args = ((2, 1, 0, 2), 1, 3, 2)
+    error = (_conv2d(_fq(x, amax_x), w_q, *args) - _conv2d(x, weight, *args)).mean((0, 2, 3))
+    np.testing.assert_allclose(_bias_in(result.path), bias - error, rtol=0, atol=2e-5)
 
 
 def test_bias_correction_removes_the_mean_error_on_held_out_data(tmp_path):

@@ -11,14 +11,21 @@ where ``Q`` is qdq's fake quantization (:func:`qdq.tensor_quant.fake_tensor_quan
 hold (the activation's range and grid, the weight's per-channel range), and subtracts ``shift`` from the layer's
 bias. Each layer is corrected in isolation on the float model's input (the layer's own error, as NNCF's fast bias
 correction does): correcting every layer at once on the quantized model's inputs would count an upstream shift
-again in each layer below it. The layers are computed in float32 with PyTorch (the means summed in float64); a
-layer that ONNX pads asymmetrically is padded first.
+again in each layer below it.
+
+The layers are linear, so the mean of a layer's output over positions is the layer applied to the mean of the input
+patches it reads: each batch adds up, per input channel and kernel position, the input (padded as ONNX pads it)
+under every output position, once as is and once on its grid (float64 sums), and the shift is the quantized weights
+applied to the quantized mean patch minus the float weights applied to the float mean patch. No layer is run on the
+calibration batches (one float run on the first batch gives the output's spread the report states).
 
 Used by :func:`qdq.onnx_in.quantize.quantize_onnx` (``bias_correction=True``).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -46,7 +53,8 @@ _CONV_FUNCTIONS = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}  # by the weight's ran
 @dataclass(frozen=True)
 class BiasShift:
     """One corrected bias: the op, its bias tensor, the shift subtracted (float32, per output channel) and the
-    shift relative to the spread of the layer's float output (``|shift| / std``, the largest over channels)."""
+    shift relative to the spread of the layer's float output (``|shift| / std`` on the first calibration batch,
+    the largest over channels)."""
 
     op: str
     bias: str
@@ -54,43 +62,79 @@ class BiasShift:
     relative: float
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """How a layer reads its input, for the linearity the shift is computed with.
+
+    The layer's weight is held as ``[C_out, C_in / groups, K]`` (``K`` the kernel's positions, 1 for a linear
+    layer); :meth:`patch_sums` gives, for an input batch, the sum over every output position of the input patch
+    that position reads (``[C_in, K]``, float64) and the number of output positions.
+    """
+
+    padding: tuple[int, ...] = ()  # F.pad order, for a convolution
+    strides: tuple[int, ...] = ()
+    dilations: tuple[int, ...] = ()
+    kernel: tuple[int, ...] = ()  # () for a linear layer
+    groups: int = 1
+
+    def patch_sums(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        if not self.kernel:
+            rows = x.reshape(-1, x.shape[-1])
+            return rows.sum(0, dtype=torch.float64)[:, None], rows.shape[0]
+        x = F.pad(x, list(self.padding))
+        spans = [(x.shape[2 + a] - self.dilations[a] * (k - 1) - 1) // self.strides[a] + 1
+                 for a, k in enumerate(self.kernel)]  # fmt: skip
+        sums = torch.empty((x.shape[1], *self.kernel), dtype=torch.float64)
+        axes = [0, *range(2, x.ndim)]
+        for offset in itertools.product(*(range(k) for k in self.kernel)):
+            window = tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
+                           for o, d, n, s in zip(offset, self.dilations, spans, self.strides))  # fmt: skip
+            every: tuple[slice, ...] = (slice(None), slice(None))
+            sums[(slice(None),) + offset] = x[every + window].sum(axes, dtype=torch.float64)
+        return sums.reshape(x.shape[1], -1), x.shape[0] * math.prod(spans)
+
+    def mean_output(self, mean_patch: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The layer's output without bias, averaged over positions, per output channel: ``weight`` (``[C_out,
+        C_in / groups, K]``) applied to the mean input patch (``[C_in, K]``); float64."""
+        g = self.groups
+        w = weight.double().reshape(g, weight.shape[0] // g, weight.shape[1], -1)
+        return torch.einsum("gock,gck->go", w, mean_patch.reshape(g, weight.shape[1], -1)).reshape(-1)
+
+
 @dataclass
 class _Layer:
     op: Op
     input: str
     bias: str
-    weight: torch.Tensor
+    weight: torch.Tensor  # [C_out, C_in / groups, K]
     weight_q: torch.Tensor
     input_amax: torch.Tensor
     unsigned: bool
-    apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    channel_axis: int
-    error_sum: torch.Tensor | None = None
-    output_sum: torch.Tensor | None = None
-    output_squares: torch.Tensor | None = None
+    shape: _Shape
+    apply: Callable[[torch.Tensor], torch.Tensor]  # the float layer without bias, as [C_out, positions]
+    sums: torch.Tensor | None = None
+    sums_q: torch.Tensor | None = None
     count: int = 0
+    spread: torch.Tensor | None = None
 
     def observe(self, x: torch.Tensor) -> None:
-        reference = self.apply(x, self.weight)
-        x_q = fake_tensor_quant(x, self.input_amax, 8, self.unsigned)
-        error = self.apply(x_q, self.weight_q).sub_(reference).double()
-        reference = reference.double()
-        axes = [a for a in range(reference.ndim) if a != self.channel_axis % reference.ndim]
-        sums = (error.sum(axes), reference.sum(axes), reference.square().sum(axes))
-        if self.error_sum is None:
-            self.error_sum, self.output_sum, self.output_squares = sums
+        """Add a batch of the layer's float input: its patch sums, unquantized and on the input's grid."""
+        sums, count = self.shape.patch_sums(x)
+        sums_q, _ = self.shape.patch_sums(fake_tensor_quant(x, self.input_amax, 8, self.unsigned))
+        if self.sums is None or self.sums_q is None:
+            self.sums, self.sums_q = sums, sums_q
+            self.spread = self.apply(x).double().std(1, unbiased=False)
         else:
-            self.error_sum += sums[0]
-            self.output_sum += sums[1]  # type: ignore[operator]
-            self.output_squares += sums[2]  # type: ignore[operator]
-        self.count += reference.numel() // reference.shape[self.channel_axis]
+            self.sums += sums
+            self.sums_q += sums_q
+        self.count += count
 
     def shift(self) -> tuple[np.ndarray, float]:
-        assert self.error_sum is not None and self.output_sum is not None and self.output_squares is not None
-        shift = self.error_sum / self.count
-        mean = self.output_sum / self.count
-        std = (self.output_squares / self.count - mean.square()).clamp(min=0).sqrt()
-        relative = float((shift.abs() / std.clamp(min=1e-12)).max())
+        """Mean over positions of ``layer(Q(x), Q(W)) - layer(x, W)``, by linearity from the mean patches."""
+        assert self.sums is not None and self.sums_q is not None and self.spread is not None
+        shift = (self.shape.mean_output(self.sums_q / self.count, self.weight_q)
+                 - self.shape.mean_output(self.sums / self.count, self.weight))  # fmt: skip
+        relative = float((shift.abs() / self.spread.clamp(min=1e-12)).max())
         return shift.numpy().astype(np.float32), relative
 
 
@@ -152,58 +196,65 @@ def _layer(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndar
     activation, weight = view.quantizer_at(op, 0), view.quantizer_at(op, 1)
     if activation is None or weight is None or not weight.per_channel or op.inputs[1].name not in inits:
         return None
-    node = model.graph.node[op.ref]
-    found = _bias_and_function(view, op, node, inits)
-    if found is None:
-        return None
-    bias, apply, channel_axis = found
-    if bias not in inits:
-        return None
     w = torch.from_numpy(numpy_helper.to_array(inits[op.inputs[1].name]).astype(np.float32))
-    shape = [1] * w.ndim
-    shape[weight_axis(op, 1) % w.ndim] = -1
-    w_amax = torch.from_numpy(np.asarray(ranges[id(weight)], np.float32)).reshape(shape)
-    return _Layer(op=op, input=op.inputs[0].name, bias=bias, weight=w, weight_q=fake_tensor_quant(w, w_amax),
+    found = _bias_and_shape(view, op, model.graph.node[op.ref], tuple(w.shape), inits)
+    if found is None or found[0] not in inits:
+        return None
+    bias, shape, transposed = found
+    per_channel = [1] * w.ndim
+    per_channel[weight_axis(op, 1) % w.ndim] = -1
+    w_amax = torch.from_numpy(np.asarray(ranges[id(weight)], np.float32)).reshape(per_channel)
+    w_q = fake_tensor_quant(w, w_amax)
+    w, w_q = (w.T, w_q.T) if transposed else (w, w_q)
+    layer_weight = w.reshape(w.shape[0], w.shape[1], -1)
+    return _Layer(op=op, input=op.inputs[0].name, bias=bias, weight=layer_weight,
+                  weight_q=w_q.reshape(layer_weight.shape),
                   input_amax=torch.from_numpy(np.asarray(ranges[id(activation)], np.float32)).reshape(()),
-                  unsigned=activation.unsigned, apply=apply, channel_axis=channel_axis)  # fmt: skip
+                  unsigned=activation.unsigned, shape=shape, apply=_float_layer(shape, w))  # fmt: skip
 
 
-def _bias_and_function(view: GraphView, op: Op, node: onnx.NodeProto,
-                       inits: Mapping[str, onnx.TensorProto]) -> tuple[str, Callable, int] | None:  # fmt: skip
-    """``(bias initializer, layer(x, w) without its bias, channel axis of the output)`` for a supported layer."""
+def _bias_and_shape(view: GraphView, op: Op, node: onnx.NodeProto, weight: tuple[int, ...],
+                    inits: Mapping[str, onnx.TensorProto]) -> tuple[str, _Shape, bool] | None:  # fmt: skip
+    """``(bias tensor, how the layer reads its input, whether the weight is stored [C_in, C_out])`` for a
+    supported layer with a 1-D bias initializer, or None."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if op.type == "Conv":
         if len(node.input) < 3 or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             return None
-        conv = _conv(attrs, len(inits[op.inputs[1].name].dims))
-        return None if conv is None else (node.input[2], conv, 1)
+        shape = _conv_shape(attrs, weight)
+        return None if shape is None else (node.input[2], shape, False)
+    if len(weight) != 2:
+        return None
     if op.type == "Gemm":
         if len(node.input) < 3 or attrs.get("transA", 0) or float(attrs.get("beta", 1.0)) != 1.0:
             return None
-        trans_b = attrs.get("transB", 0)
         if float(attrs.get("alpha", 1.0)) != 1.0 or node.input[2] not in inits or len(inits[node.input[2]].dims) != 1:
             return None
-        return node.input[2], lambda x, w: x @ (w.T if trans_b else w), -1
+        return node.input[2], _Shape(), not attrs.get("transB", 0)
     add = view.single_reader(op.outputs[0])
     if add is None or add.type != "Add" or not isinstance(add.ref, int):
         return None
     other = next((v for v in add.inputs if v is not op.outputs[0]), None)
     if other is None or other.name not in inits or len(inits[other.name].dims) != 1:
         return None
-    return other.name, lambda x, w: x @ w, -1
+    return other.name, _Shape(), True
 
 
-def _conv(attrs: Mapping[str, Any], rank: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    function = _CONV_FUNCTIONS.get(rank)
-    if function is None:
+def _conv_shape(attrs: Mapping[str, Any], weight: tuple[int, ...]) -> _Shape | None:
+    if len(weight) not in _CONV_FUNCTIONS:
         return None
-    spatial = rank - 2
+    spatial = len(weight) - 2
     pads = list(attrs.get("pads", [0] * 2 * spatial))
-    padding = [p for axis in reversed(range(spatial)) for p in (pads[axis], pads[axis + spatial])]
-    strides, dilations = attrs.get("strides", [1] * spatial), attrs.get("dilations", [1] * spatial)
-    groups = int(attrs.get("group", 1))
+    return _Shape(padding=tuple(p for axis in reversed(range(spatial)) for p in (pads[axis], pads[axis + spatial])),
+                  strides=tuple(attrs.get("strides", [1] * spatial)),
+                  dilations=tuple(attrs.get("dilations", [1] * spatial)),
+                  kernel=weight[2:], groups=int(attrs.get("group", 1)))  # fmt: skip
 
-    def apply(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return function(F.pad(x, padding), w, None, strides, 0, dilations, groups)
 
-    return apply
+def _float_layer(shape: _Shape, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The float layer without its bias, ``x -> [C_out, positions]``; ``weight`` as the layer reads it."""
+    if not shape.kernel:
+        return lambda x: (x.reshape(-1, x.shape[-1]) @ weight.T).T
+    conv = _CONV_FUNCTIONS[weight.ndim]
+    return lambda x: conv(F.pad(x, list(shape.padding)), weight, None, shape.strides, 0, shape.dilations,
+                          shape.groups).transpose(0, 1).reshape(weight.shape[0], -1)  # fmt: skip
