@@ -8,6 +8,39 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--skipped-to", metavar="PATH", default=None,
+                     help="write the id of every skipped test or module to PATH, one per line (a pytest argument "
+                          "file: `pytest @PATH` runs them again; .ci/run's second pass, with the extras installed)")
+
+
+class _SkippedRecorder:
+    """Collects the ids of skipped tests and skipped modules (a module-level ``importorskip``); on the controller
+    under xdist, which receives every worker's reports."""
+
+    def __init__(self, path: Path):
+        self.path, self.ids = path, []
+
+    def pytest_collectreport(self, report):
+        if report.skipped:
+            self.ids.append(report.nodeid)
+
+    def pytest_runtest_logreport(self, report):
+        if report.skipped and report.when in ("setup", "call"):
+            self.ids.append(report.nodeid)
+
+    def pytest_sessionfinish(self):
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(f"{nodeid}\n" for nodeid in dict.fromkeys(self.ids)))
+        tmp.replace(self.path)
+
+
+def pytest_configure(config):
+    path = config.getoption("--skipped-to")
+    if path and not hasattr(config, "workerinput"):  # the xdist controller or a plain run, not a worker
+        config.pluginmanager.register(_SkippedRecorder(Path(path)), "qdq-skipped-recorder")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
