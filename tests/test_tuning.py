@@ -13,6 +13,7 @@ from torch import nn
 import qdq
 from onnx_models import export
 from qdq.tuning import Budget
+from qdq.workflow.verification import sqnr_db
 
 benchmark = importlib.import_module("qdq.runtime.benchmark")
 
@@ -40,6 +41,34 @@ class SparseTail(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))))
+        return self.head(y.flatten(1))
+
+
+class TwoTails(nn.Module):
+    """Two branches, each a :class:`SparseTail`-like conv whose output channel 0 is zero but at about 0.1 % of the
+    pixels, summed into a linear head: either tail left alone in int8 rounds its branch away, so only the two left
+    float together restore the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b1, self.b2 = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.c1, self.c2 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8 * 16 * 16, 10)
+        with torch.no_grad():
+            self.a.weight[0].zero_()
+            self.a.weight[0, 0, 1, 1] = 1.0
+            self.a.bias[0] = 0.0
+            for b, c in ((self.b1, self.c1), (self.b2, self.c2)):
+                b.weight[0].zero_()
+                b.weight[0, 0, 1, 1] = 1000.0
+                b.bias[0] = -3000.0
+                c.weight[:, 0] = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(self.a(x))
+        y = torch.relu(self.c1(torch.relu(self.b1(a)))) + torch.relu(self.c2(torch.relu(self.b2(a))))
         return self.head(y.flatten(1))
 
 
@@ -139,6 +168,31 @@ def test_too_little_evaluation_data_is_one_clear_error(sparse_tail, tmp_path):
         qdq.tune(path, _data(2, 1), _data(1, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), progress=False)
     with pytest.raises(qdq.QdqConfigError, match="target 'tensorrt' is not supported yet"):
         qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), target="tensorrt")
+
+
+def test_a_score_in_coarse_steps_finds_the_two_tails_among_the_leading_units(tmp_path):
+    """The budget's score is a step (pass or fail, as F1 over a few images moves by whole detections): no single
+    greedy step gains, so the greedy phase undoes every step; floating the leading units together finds both
+    tails, and pruning drops every other unit."""
+    path = export(TwoTails(), torch.randn(1, 3, 16, 16), tmp_path / "two.onnx")
+    graph = onnx.load(str(path)).graph
+    tails = set()
+    for branch in ("b1.", "b2."):
+        conv = next(n for n in graph.node if n.op_type == "Conv" and n.input[1].startswith(branch))
+        tails.add(next(n for n in graph.node if n.op_type == "Relu" and n.input[0] == conv.output[0]).output[0])
+
+    def restored(reference, outputs):
+        signal = float(np.sum(np.square(reference[0], dtype=np.float64)))
+        return float(sqnr_db(signal, float(np.sum(np.square(reference[0] - outputs[0], dtype=np.float64)))) >= 25.0)
+
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "t.onnx",
+                      budget=Budget.minimum(restored, 1.0, name="restored"), method="max", progress=False,
+                      rounds=1, iters=2)  # fmt: skip
+    assert not result.int8.meets(result.budget)
+    greedy = [t for t in result.trials if t.name.startswith("greedy")]
+    assert greedy and all(t.name.endswith("(undone)") for t in greedy)
+    assert any(t.name.startswith("top") and t.meets(result.budget) for t in result.trials)
+    assert result.chosen is not None and {u for (u,) in result.chosen.floated} == tails
 
 
 def test_an_int8_concatenation_mixing_ranges_is_the_tensor_left_float(tmp_path):

@@ -11,8 +11,10 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
    their fake-quantized values), the file with that unit alone left float, scored by its output SQNR against FP32
    on the first tuning batch: a continuous score (a task metric such as F1 moves in steps of one detection).
 3. Greedy: try the units of the largest gain one by one, keeping a unit only when the budget's own score improves,
-   until the budget holds on the tuning data and on the held-out data; then drop again any unit the budget does
-   not need (least useful first).
+   until the budget holds on the tuning data and on the held-out data. A score that moves in coarse steps (F1 over
+   a few images) can leave every single step without a gain; then the leading units of the ranking go float
+   together, 2, 4, 8, ... of them until the budget holds, and a bisection between the last count that missed and
+   the first that met finds the fewest. Last, drop again any unit the budget does not need (least useful first).
 4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime, and return the one
    that meets the budget at the lowest measured latency.
 """
@@ -116,7 +118,7 @@ class Trial:
 
     Attributes:
         name: ``"FP32"``, ``"INT8"``, ``"greedy k"`` (``"(undone)"`` when the step did not improve the score and
-            was taken back) or ``"prune k"``.
+            was taken back), ``"top k"`` (the ``k`` units of the largest gain float together) or ``"prune k"``.
         floated: the units left float, each a tuple of tensor names.
         score / holdout: the budget's score on the tuning and the held-out data (holdout None: not evaluated).
         ms / low / high: measured latency (median of the interleaved rounds' block medians, and the 25th-75th
@@ -273,7 +275,8 @@ def tune(
             of ``eval_data`` is held out (then ``eval_data`` needs at least two batches).
         max_candidates: how many units the sensitivity pass measures (the noisiest on one batch: lowest SQNR of
             their tensors against their fake-quantized values); None: every unit.
-        max_steps: the most units the greedy search tries (each one evaluation).
+        max_steps: the most units the greedy search tries (each one evaluation), and the most units the last phase
+            tries to drop again; the doubling and bisection over the ranking add at most ``2 log2(units)``.
         rounds: interleaved timing rounds (each runs a block of every file).
         iters: timed runs per block.
         threads: ONNX Runtime threads, for evaluation and timing.
@@ -427,13 +430,37 @@ class _Search:
                 floated, best = trial.floated, trial.score
             else:
                 trial.name += " (undone)"
+        if met is None:
+            met = self._leading(order)
         if met is not None:
-            self._prune(met)
+            self._prune(met, max_steps)
 
-    def _prune(self, met: Trial) -> None:
-        """Try the met configuration without each unit, least useful first; keep each removal that still meets."""
+    def _leading(self, order: list[tuple[str, ...]]) -> Trial | None:
+        """The fewest leading units of ``order`` that meet the budget together: ``k`` doubling from 2 until the
+        budget holds, then a bisection between the last ``k`` that missed and the first that met; None when even
+        every unit of ``order`` misses."""
+        missed, k, met = 1, 2, None  # greedy tried the first unit alone
+        while met is None and missed < len(order):
+            k = min(k, len(order))
+            trial = self._add(f"top {k}", tuple(order[:k]))
+            if trial.meets(self.budget):
+                met = trial
+            else:
+                missed, k = k, 2 * k
+        while met is not None and len(met.floated) - missed > 1:
+            middle = (missed + len(met.floated)) // 2
+            trial = self._add(f"top {middle}", tuple(order[:middle]))
+            if trial.meets(self.budget):
+                met = trial
+            else:
+                missed = middle
+        return met
+
+    def _prune(self, met: Trial, max_tries: int) -> None:
+        """Try the met configuration without each unit, least useful first (at most ``max_tries``); keep each
+        removal that still meets."""
         floated = met.floated
-        for unit in sorted(met.floated, key=lambda u: self.gains.get(u, 0.0)):
+        for unit in sorted(met.floated, key=lambda u: self.gains.get(u, 0.0))[:max_tries]:
             if len(floated) <= 1:
                 break
             fewer = tuple(u for u in floated if u != unit)

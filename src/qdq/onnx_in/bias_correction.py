@@ -89,8 +89,9 @@ class _Shape:
         for offset in itertools.product(*(range(k) for k in self.kernel)):
             window = tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
                            for o, d, n, s in zip(offset, self.dilations, spans, self.strides))  # fmt: skip
-            every: tuple[slice, ...] = (slice(None), slice(None))
-            sums[(slice(None),) + offset] = x[every + window].sum(axes, dtype=torch.float64)
+            channel: tuple[slice | int, ...] = (slice(None), *offset)
+            patches: tuple[slice, ...] = (slice(None), slice(None), *window)
+            sums[channel] = x[patches].sum(axes, dtype=torch.float64)
         return sums.reshape(x.shape[1], -1), x.shape[0] * math.prod(spans)
 
     def mean_output(self, mean_patch: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
