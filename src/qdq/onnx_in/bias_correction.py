@@ -24,7 +24,6 @@ Used by :func:`qdq.onnx_in.quantize.quantize_onnx` (``bias_correction=True``).
 
 from __future__ import annotations
 
-import itertools
 import math
 import tempfile
 from collections import Counter
@@ -81,18 +80,14 @@ class _Shape:
         if not self.kernel:
             rows = x.reshape(-1, x.shape[-1])
             return rows.sum(0, dtype=torch.float64)[:, None], rows.shape[0]
-        x = F.pad(x, list(self.padding))
-        spans = [(x.shape[2 + a] - self.dilations[a] * (k - 1) - 1) // self.strides[a] + 1
+        # sums are linear: add the batch up first, pad that (zeros add nothing), then reduce one spatial axis at a
+        # time into its kernel offsets (the output positions' lattice along that axis)
+        total = F.pad(x.sum(0).double(), list(self.padding))
+        spans = [(total.shape[1 + a] - self.dilations[a] * (k - 1) - 1) // self.strides[a] + 1
                  for a, k in enumerate(self.kernel)]  # fmt: skip
-        sums = torch.empty((x.shape[1], *self.kernel), dtype=torch.float64)
-        axes = [0, *range(2, x.ndim)]
-        for offset in itertools.product(*(range(k) for k in self.kernel)):
-            window = tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
-                           for o, d, n, s in zip(offset, self.dilations, spans, self.strides))  # fmt: skip
-            channel: tuple[slice | int, ...] = (slice(None), *offset)
-            patches: tuple[slice, ...] = (slice(None), slice(None), *window)
-            sums[channel] = x[patches].sum(axes, dtype=torch.float64)
-        return sums.reshape(x.shape[1], -1), x.shape[0] * math.prod(spans)
+        for k, d, n, s in zip(self.kernel, self.dilations, spans, self.strides):
+            total = torch.stack([total.narrow(1, o * d, (n - 1) * s + 1)[:, ::s].sum(1) for o in range(k)], dim=-1)
+        return total.reshape(x.shape[1], -1), x.shape[0] * math.prod(spans)
 
     def mean_output(self, mean_patch: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The layer's output without bias, averaged over positions, per output channel: ``weight`` (``[C_out,
