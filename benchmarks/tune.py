@@ -5,6 +5,10 @@ latency (issue 35).
   Budget: detections F1 against FP32's >= ``--min-f1`` (default 0.95) on the tuning images and on the held-out
   images (every other batch of the evaluation set). Calibration: ``--method`` (default percentile), 32 images.
   The sensitivity pass ranks units by the SQNR of the class-score rows against FP32's (the budget's proxy).
+* ``ppocr`` (``--model ppocr``): rapidocr-onnxruntime 1.4.4's PP-OCRv4 recognizer on rendered text lines (data and
+  metric in ``_onnx_in_models.py``). Budget: lines read exactly (%), at most ``--max-drop`` points (default 1.0)
+  below FP32's on the tuning and on the held-out lines. Calibration: ``--method`` on 64 lines; 160 evaluation
+  lines. The sensitivity pass ranks units by the output SQNR against FP32's. NNCF is run beside nudenet only.
 
 Latency: ONNX Runtime CPU (qdq's session: on a CPU without VNNI its int8 weights run as uint8, exact), one batch of
 8 evaluation images, interleaved rounds inside ``tune``. Prints tune's report; ``--plot`` writes the Pareto plot.
@@ -21,6 +25,7 @@ against FP32 and qdq's choice in interleaved rounds. NNCF in a venv that sees th
 
 Usage (repository root; nudenet installed as in ``onnx_in.py``):
 
+    PYTHONPATH=src python benchmarks/tune.py --model ppocr [--max-drop 1.0] [--method max]
     PYTHONPATH=src python benchmarks/tune.py [--min-f1 0.95] [--method percentile] [--calib-images 32]
         [--eval-images 64] [--candidates N] [--rounds 5] [--plot tune_nudenet.png]
         [--nncf-python /tmp/venv-nncf/bin/python [--no-tune]]
@@ -57,12 +62,41 @@ def _nudenet_budget(min_f1: float) -> Budget:
     return Budget("detections F1 vs FP32", f1, float(min_f1), proxy=score_rows)
 
 
+def _ppocr_budget(max_drop: float, characters: list[str]) -> Budget:
+    def lines(outputs: list[np.ndarray], batches) -> float:
+        truth = [str(t) for b in batches for t in b["texts"]]
+        return float(models.ocr_metrics(list(models.ctc_decode(outputs[0], characters)), truth)["lines"])
+
+    return Budget.drop(lines, max_drop, name="lines read exactly (%)")
+
+
+def _ppocr(args: argparse.Namespace) -> None:
+    source = models.package_file("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx")
+    calibration, evaluation = models.ocr_splits(args.calib_images or 64, args.eval_images or 160)
+    calib = models.batched(calibration.samples, 8, "x")
+    batches = models.batched(evaluation.samples, 8, "x")
+    for index, batch in enumerate(batches):
+        batch["texts"] = np.asarray(evaluation.truth[index * 8 : index * 8 + 8])
+    started = time.perf_counter()
+    result = qdq.tune(source, calib, batches, "/tmp/ppocr_tuned.onnx",
+                      budget=_ppocr_budget(args.max_drop, models.ocr_characters(source)), method=args.method,
+                      max_candidates=args.candidates, rounds=args.rounds, iters=5, threads=args.threads,
+                      progress="ppocr")  # fmt: skip
+    print(f"\nppocr: {len(calibration.samples)} calibration lines ({args.method}), {len(evaluation.samples)} "
+          f"evaluation lines (half tuning, half held out); {time.perf_counter() - started:.0f} s\n")  # fmt: skip
+    print(result.report())
+    if args.plot:
+        print(f"\nPareto plot: {result.plot(args.plot)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--min-f1", type=float, default=0.95)
+    parser.add_argument("--model", choices=("nudenet", "ppocr"), default="nudenet")
+    parser.add_argument("--min-f1", type=float, default=0.95, help="nudenet's budget")
+    parser.add_argument("--max-drop", type=float, default=1.0, help="ppocr's budget: points of lines read exactly")
     parser.add_argument("--method", default="percentile")
-    parser.add_argument("--calib-images", type=int, default=32)
-    parser.add_argument("--eval-images", type=int, default=64)
+    parser.add_argument("--calib-images", type=int, default=None, help="nudenet 32, ppocr 64")
+    parser.add_argument("--eval-images", type=int, default=None, help="nudenet 64, ppocr 160")
     parser.add_argument("--candidates", type=int, default=None, help="units the sensitivity pass measures (all)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
@@ -73,6 +107,10 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=qdq.QdqCalibrationWarning)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, int8 dot products "
           f"saturate (no VNNI): {int8_dot_saturates()}; python {sys.version.split()[0]}")  # fmt: skip
+    if args.model == "ppocr":
+        _ppocr(args)
+        return
+    args.calib_images, args.eval_images = args.calib_images or 32, args.eval_images or 64
     source = models.package_file("nudenet", "320n.onnx")
     calibration = models.nudenet_split("calibration", args.calib_images)
     evaluation = models.nudenet_split("evaluation", args.eval_images)
