@@ -193,6 +193,8 @@ def test_a_score_in_coarse_steps_finds_the_two_tails_among_the_leading_units(tmp
     assert greedy and all(t.name.endswith("(undone)") for t in greedy)
     assert any(t.name.startswith("top") and t.meets(result.budget) for t in result.trials)
     assert result.chosen is not None and {u for (u,) in result.chosen.floated} == tails
+    report = result.report()  # no greedy step added them: their cost is the configuration's, measured
+    assert "together they cost" in report and "measured ms added" not in report
 
 
 def test_an_int8_concatenation_mixing_ranges_is_the_tensor_left_float(tmp_path):

@@ -194,13 +194,19 @@ class TuneResult:
             "",
         ]
         if self.chosen is not None and self.chosen.floated:
-            unit_rows = [[", ".join(unit), f"{self.gains.get(unit, math.nan):+.2f}",
-                          f"{self.unit_ms[unit]:+.2f}" if unit in self.unit_ms else "-"]
+            stepped = any(unit in self.unit_ms for unit in self.chosen.floated)
+            unit_rows = [[", ".join(unit), f"{self.gains.get(unit, math.nan):+.2f}"]
+                         + ([f"{self.unit_ms[unit]:+.2f}" if unit in self.unit_ms else "-"] if stepped else [])
                          for unit in self.chosen.floated]  # fmt: skip
-            lines += [markdown_table(["tensors left float", "proxy gained alone", "measured ms added"],
-                                     unit_rows),
-                      "", "- measured ms added: the latency step of the greedy configuration that added the unit "
-                      "(interleaved timing; negative values are within the timing's spread).", ""]  # fmt: skip
+            header = ["tensors left float", "proxy gained alone"] + (["measured ms added"] if stepped else [])
+            lines += [markdown_table(header, unit_rows), ""]
+            if stepped:
+                lines += ["- measured ms added: the latency step of the greedy configuration that added the unit "
+                          "(interleaved timing; negative values are within the timing's spread)."]  # fmt: skip
+            if self.chosen.ms is not None and self.int8.ms is not None:
+                lines += [f"- together they cost {self.chosen.ms - self.int8.ms:+.2f} ms per batch against full "
+                          "INT8 (measured, interleaved)."]  # fmt: skip
+            lines.append("")
         top = sorted(self.gains.items(), key=lambda item: -item[1])[:8]
         lines += ["- proxy: what ranks the units, " + ("the budget's own proxy" if self.budget.proxy else
                   "the output SQNR against FP32 (dB)") + ", on the first tuning batch.", ""]  # fmt: skip
