@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the largest file the repository may track, in bytes; RESULTS.md, the largest text file, is under 100 kB and
+#: the largest file the repository may track, in bytes; RESULTS.md, the largest text file, is well under it and
 #: the test fixtures under tests/data are a few kB
 LARGEST_FILE = 1_000_000
 
