@@ -1,4 +1,5 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -6,6 +7,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+# tf2onnx deep-copies the whole graph before each of its optimizers so that it can skip one that fails (a third of
+# a ResNet-50 export's time); the tests want such a failure loud and the time back. Inherited by the examples the
+# tests run in subprocesses.
+os.environ.setdefault("TF2ONNX_CATCH_ERRORS", "false")
 
 
 def pytest_addoption(parser):
