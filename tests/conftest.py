@@ -31,7 +31,7 @@ class _SkippedRecorder:
             self.ids.append(report.nodeid)
 
     def pytest_runtest_logreport(self, report):
-        if report.skipped and report.when in ("setup", "call"):
+        if report.skipped and report.when in ("setup", "call") and not hasattr(report, "wasxfail"):  # not xfails
             self.ids.append(report.nodeid)
 
     def pytest_sessionfinish(self):
