@@ -197,6 +197,37 @@ def test_a_score_in_coarse_steps_finds_the_two_tails_among_the_leading_units(tmp
     assert "together they cost" in report and "measured ms added" not in report
 
 
+def test_a_pytorch_model_is_tuned_through_its_fp32_export_with_labelled_batches(tmp_path):
+    """The module itself, its data as a PyTorch user holds it: (images, labels) pairs. The budget reads the labels
+    (agreement of the INT8 argmax with the FP32 model's own predictions, which the labels here are)."""
+    model = SparseTail().eval()
+    images = [torch.from_numpy(b["images"]) for b in _data(4, 1) + _data(4, 2)]
+    with torch.no_grad():
+        batches = [(x, model(x).argmax(1)) for x in images]
+    seen = []
+
+    def agreement(outputs, feeds):
+        seen.extend(sorted(feed) for feed in feeds)
+        labels = np.concatenate([feed["labels"] for feed in feeds])
+        return float((outputs[0].argmax(1) == labels).mean())
+
+    result = qdq.tune(model, batches[:4], batches[4:], tmp_path / "t.onnx", budget=Budget.sqnr(25.0), method="max",
+                      progress=False, rounds=1, iters=2)  # fmt: skip
+    assert not result.int8.meets(result.budget)
+    assert result.chosen is not None and len(result.chosen.floated) == 1  # the sparse tail, by its exported name
+    graph = onnx.load(str(result.path)).graph
+    assert [i.name for i in graph.input] == ["input"]  # qdq's export names a single positional input "input"
+    labelled = qdq.tune(model, batches[:4], batches[4:], tmp_path / "l.onnx", method="max", progress=False,
+                        rounds=1, iters=2, budget=Budget.drop(agreement, 0.5, name="agreement"))  # fmt: skip
+    assert labelled.fp32.score == 1.0  # the labels are the FP32 model's predictions
+    assert seen and all(keys == ["input", "labels"] for keys in seen)
+
+
+def test_a_model_of_another_kind_is_one_clear_error(tmp_path):
+    with pytest.raises(qdq.QdqConfigError, match=r"float torch\.nn\.Module.*qdq\.keras\.export_onnx"):
+        qdq.tune(object(), _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), progress=False)
+
+
 def test_an_int8_concatenation_mixing_ranges_is_the_tensor_left_float(tmp_path):
     path = export(MixedConcat(), torch.randn(1, 3, 16, 16), tmp_path / "concat.onnx")
     concat = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "Concat")

@@ -1,7 +1,8 @@
 """``tune``: an accuracy budget met at the lowest measured latency, by choosing which tensors stay float.
 
-The search runs on an FP32 ONNX file (the ONNX front end; a PyTorch or Keras model enters through its FP32 export,
-which the two-doors test shows is placed the same way). Its unit of choice is one activation quantizer of the
+The search runs on an FP32 ONNX file (the ONNX front end). A PyTorch model is exported to one first (its FP32 graph,
+which the two-doors test shows is placed the same way as the model itself); a Keras model enters through its FP32
+export (:func:`qdq.keras.export_onnx` of the unquantized model). Its unit of choice is one activation quantizer of the
 target's placement: the tensors that share one range, which the runtime's int8 kernels read and write. Leaving
 such a unit float drops its Q/DQ pair and keeps every op that read it quantized in float, so the runtime loses
 exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.keep_value_float`).
@@ -33,9 +34,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from qdq.atomic import atomic_open
 from qdq.errors import QdqConfigError
+from qdq.export.onnx_export import export_onnx
 from qdq.markdown import markdown_table
 from qdq.onnx_in.bias_correction import BiasShift
 from qdq.onnx_in.calibrate import ort_session, probe_model
@@ -43,6 +46,7 @@ from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.quantize import activation_groups, place, quantize_onnx
 from qdq.targets import resolve_target
 from qdq.tensor_quant import fake_tensor_quant
+from qdq.utils.batches import split_labels
 from qdq.workflow.progress import Progress, counter
 from qdq.workflow.verification import sqnr_db
 
@@ -247,15 +251,15 @@ class TuneResult:
 
 
 def tune(
-    model: str | Path,
-    calibration_data: Iterable[Batch],
-    eval_data: Sequence[Batch],
+    model: str | Path | nn.Module,
+    calibration_data: Iterable[Any],
+    eval_data: Sequence[Any],
     path: str | Path,
     *,
     budget: Budget,
     target: str = "onnxruntime",
     method: str = "percentile",
-    holdout_data: Sequence[Batch] | None = None,
+    holdout_data: Sequence[Any] | None = None,
     max_candidates: int | None = None,
     max_steps: int = 12,
     rounds: int = 5,
@@ -269,7 +273,11 @@ def tune(
     measured on ONNX Runtime; write it at ``path``.
 
     Args:
-        model: the FP32 ONNX file.
+        model: the FP32 ONNX file, or a float PyTorch model: it is exported to FP32 ONNX
+            (:func:`qdq.export_onnx`, the first calibration batch as the example) and every batch is read by
+            qdq's batch convention (:mod:`qdq.utils.batches`: a tensor, positional inputs, keyword inputs,
+            ``(inputs, labels)`` pairs) into a dict of graph input name -> array, its labels under
+            ``"labels"`` (what a budget's metric reads).
         calibration_data: batches (dicts of graph input name -> array) for the one calibration.
         eval_data: the batches the budget is scored on during the search (keys that are not graph inputs, such as
             labels, are passed to the budget's metric only).
@@ -293,16 +301,17 @@ def tune(
         A :class:`TuneResult`; ``result.report()`` is the Markdown report, ``result.plot(png)`` the Pareto plot.
 
     Raises:
-        QdqConfigError: a model that is not an ONNX file, too little evaluation data, a target other than
-            ``"onnxruntime"``.
+        QdqConfigError: a model that is neither an ONNX file nor a PyTorch model, too little evaluation data, a
+            target other than ``"onnxruntime"``.
     """
     started = time.perf_counter()
     if resolve_target(target).name != "onnxruntime":
         raise QdqConfigError(f"tune measures latency on ONNX Runtime's CPU kernels; target {target!r} is not "
                              "supported yet: use target='onnxruntime'.")  # fmt: skip
-    tuning, holdout = _splits(eval_data, holdout_data)
-    source = Path(model)
     with tempfile.TemporaryDirectory(prefix="qdq-tune-") as folder:
+        source, calibration_data, eval_data, holdout_data = _onnx_source(model, calibration_data, eval_data,
+                                                                         holdout_data, Path(folder))  # fmt: skip
+        tuning, holdout = _splits(eval_data, holdout_data)
         search = _Search(source, calibration_data, tuning, holdout, budget, Path(folder), method, threads,
                          progress, quantize_options)  # fmt: skip
         search.run(max_candidates, max_steps)
@@ -321,6 +330,39 @@ def tune(
             calibrations=1, seconds=time.perf_counter() - started, batch=search.batch, unit_ms=search.unit_ms(),
             advice=_advice(search.fp32, search.trials[0], chosen),
         )  # fmt: skip
+
+
+def _onnx_source(model: str | Path | nn.Module, calibration: Iterable[Any], evaluation: Sequence[Any],
+                 holdout: Sequence[Any] | None, folder: Path) -> tuple[Path, Iterable[Batch], list[Batch],
+                                                                   list[Batch] | None]:  # fmt: skip
+    """The FP32 ONNX file the search runs on, and the batches as its feeds: ``model`` as it is when it is a path;
+    a PyTorch model exported (into ``folder``) with its batches converted."""
+    if isinstance(model, str | Path):
+        return Path(model), calibration, list(evaluation), None if holdout is None else list(holdout)
+    if not isinstance(model, nn.Module):
+        raise QdqConfigError(f"tune takes an FP32 ONNX file or a float torch.nn.Module, not "
+                             f"{type(model).__name__}; a Keras model: export it first with "
+                             "qdq.keras.export_onnx(model, None, path).")  # fmt: skip
+    batches = list(calibration)
+    if not batches:
+        raise QdqConfigError("tune needs calibration data: pass at least one batch.")
+    with warnings.catch_warnings():  # the FP32 graph has no quantizer by design: its float convs are no mistake
+        warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
+        source = export_onnx(model, batches[0], folder / "fp32.onnx", target="onnxruntime")
+
+    def feeds(data: Iterable[Any]) -> list[Batch]:
+        return [_feed(batch, model) for batch in data]
+
+    return source, feeds(batches), feeds(evaluation), None if holdout is None else feeds(holdout)
+
+
+def _feed(batch: Any, model: nn.Module) -> dict[str, Any]:
+    """``batch`` (qdq's batch convention) as graph input name -> array, its labels (if any) under ``"labels"``."""
+    inputs, labels = split_labels(batch, model)
+    feed: dict[str, Any] = {name: t.detach().cpu().numpy() for name, t in inputs.tensors()}
+    if labels is not None:
+        feed["labels"] = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels
+    return feed
 
 
 def _splits(eval_data: Sequence[Batch], holdout: Sequence[Batch] | None) -> tuple[list[Batch], list[Batch]]:
