@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
@@ -48,7 +49,7 @@ from qdq.targets import resolve_target
 from qdq.tensor_quant import fake_tensor_quant
 from qdq.utils.batches import split_labels
 from qdq.workflow.progress import Progress, counter
-from qdq.workflow.verification import sqnr_db
+from qdq.workflow.verification import onnx_feed, sqnr_db
 
 __all__ = ["Budget", "Trial", "TuneResult", "tune"]
 
@@ -350,16 +351,20 @@ def _onnx_source(model: str | Path | nn.Module, calibration: Iterable[Any], eval
         warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
         source = export_onnx(model, batches[0], folder / "fp32.onnx", target="onnxruntime")
 
+    graph = onnx.load(str(source), load_external_data=False).graph
+    names = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+
     def feeds(data: Iterable[Any]) -> list[Batch]:
-        return [_feed(batch, model) for batch in data]
+        return [_feed(batch, model, names) for batch in data]
 
     return source, feeds(batches), feeds(evaluation), None if holdout is None else feeds(holdout)
 
 
-def _feed(batch: Any, model: nn.Module) -> dict[str, Any]:
-    """``batch`` (qdq's batch convention) as graph input name -> array, its labels (if any) under ``"labels"``."""
+def _feed(batch: Any, model: nn.Module, names: list[str]) -> dict[str, Any]:
+    """``batch`` (qdq's batch convention) as the graph's feed (``names``: its inputs), its labels (if any) under
+    ``"labels"``."""
     inputs, labels = split_labels(batch, model)
-    feed: dict[str, Any] = {name: t.detach().cpu().numpy() for name, t in inputs.tensors()}
+    feed: dict[str, Any] = onnx_feed(inputs, names)
     if labels is not None:
         feed["labels"] = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels
     return feed

@@ -45,6 +45,7 @@ __all__ = [
     "QuantizerAgreement",
     "VerifyResult",
     "locate_divergence",
+    "onnx_feed",
     "sqnr_db",
     "verify",
 ]
@@ -133,14 +134,18 @@ def _torch_step(model: nn.Module) -> _Step:
     def step(batch: Any, engine: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
         inputs = model_inputs(batch, model)
         reference = _as_list(inputs.to(device)(model))
-        return reference, engine.run(_feed(inputs, engine.input_names))
+        return reference, engine.run(onnx_feed(inputs, engine.input_names))
 
     return step
 
 
-def _feed(inputs: ModelInputs, engine_names: list[str]) -> dict[str, np.ndarray]:
-    """The engine's feed: the batch's tensors under the names export gave them (a one-input file whatever its
-    input's name)."""
+def onnx_feed(inputs: ModelInputs, engine_names: list[str]) -> dict[str, np.ndarray]:
+    """An ONNX engine's feed (graph input name -> array): the batch's tensors under the names export gave them (a
+    one-input file whatever its input's name).
+
+    Raises:
+        QdqConfigError: the batch's inputs are not the graph's.
+    """
     named = {name: t.detach().cpu().numpy() for name, t in inputs.tensors()}
     if set(named) == set(engine_names):
         return named
