@@ -174,27 +174,59 @@ def test_a_score_in_coarse_steps_finds_the_two_tails_among_the_leading_units(tmp
     """The budget's score is a step (pass or fail, as F1 over a few images moves by whole detections): no single
     greedy step gains, so the greedy phase undoes every step; floating the leading units together finds both
     tails, and pruning drops every other unit."""
-    path = export(TwoTails(), torch.randn(1, 3, 16, 16), tmp_path / "two.onnx")
-    graph = onnx.load(str(path)).graph
-    tails = set()
-    for branch in ("b1.", "b2."):
-        conv = next(n for n in graph.node if n.op_type == "Conv" and n.input[1].startswith(branch))
-        tails.add(next(n for n in graph.node if n.op_type == "Relu" and n.input[0] == conv.output[0]).output[0])
-
-    def restored(reference, outputs):
-        signal = float(np.sum(np.square(reference[0], dtype=np.float64)))
-        return float(sqnr_db(signal, float(np.sum(np.square(reference[0] - outputs[0], dtype=np.float64)))) >= 25.0)
-
+    path, tails = _two_tails(tmp_path)
     result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "t.onnx",
-                      budget=Budget.minimum(restored, 1.0, name="restored"), method="max", progress=False,
+                      budget=Budget.minimum(_restored, 1.0, name="restored"), method="max", progress=False,
                       rounds=1, iters=2)  # fmt: skip
     assert not result.int8.meets(result.budget)
     greedy = [t for t in result.trials if t.name.startswith("greedy")]
     assert greedy and all(t.name.endswith("(undone)") for t in greedy)
     assert any(t.name.startswith("top") and t.meets(result.budget) for t in result.trials)
     assert result.chosen is not None and {u for (u,) in result.chosen.floated} == tails
-    report = result.report()  # no greedy step added them: their cost is the configuration's, measured
-    assert "together they cost" in report and "measured ms added" not in report
+    assert "together they cost" in result.report()
+    _assert_unit_costs_are_measured_pairs(result)
+
+
+def test_when_no_unit_gains_on_the_proxy_the_ranking_goes_on_over_every_unit(tmp_path):
+    """A proxy that ranks nothing (every unit gains 0 dB alone): the ranking's end is every unit float, so the
+    leading-units phase still finds the two tails, and pruning drops the rest."""
+    path, tails = _two_tails(tmp_path)
+    budget = Budget("restored", lambda reference, outputs, _: _restored(reference, outputs), 1.0,
+                    proxy=lambda reference, outputs: 0.0)  # fmt: skip
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "t.onnx", budget=budget, method="max",
+                      progress=False, rounds=1, iters=2, max_steps=20)  # fmt: skip
+    assert result.gains and all(gain == 0.0 for gain in result.gains.values())
+    assert not any(t.name.startswith("greedy") for t in result.trials)  # no unit gained: nothing to step through
+    fewest = min((t for t in result.trials if t.meets(result.budget)), key=lambda t: len(t.floated))
+    assert {u for (u,) in fewest.floated} == tails
+    assert result.chosen is not None and result.chosen.meets(result.budget)  # the fastest of those that meet
+
+
+def _two_tails(folder):
+    path = export(TwoTails(), torch.randn(1, 3, 16, 16), folder / "two.onnx")
+    graph = onnx.load(str(path)).graph
+    tails = set()
+    for branch in ("b1.", "b2."):
+        conv = next(n for n in graph.node if n.op_type == "Conv" and n.input[1].startswith(branch))
+        tails.add(next(n for n in graph.node if n.op_type == "Relu" and n.input[0] == conv.output[0]).output[0])
+    return path, tails
+
+
+def _restored(reference, outputs):
+    """1 when the output's SQNR against FP32 reaches 25 dB, else 0: a score in one coarse step."""
+    signal = float(np.sum(np.square(reference[0], dtype=np.float64)))
+    return float(sqnr_db(signal, float(np.sum(np.square(reference[0] - outputs[0], dtype=np.float64)))) >= 25.0)
+
+
+def _assert_unit_costs_are_measured_pairs(result):
+    """Each unit's reported cost is the latency difference of two timed trials that differ by that unit alone."""
+    assert result.unit_ms
+    timed = [t for t in result.trials if t.ms is not None]
+    for unit, cost in result.unit_ms.items():
+        pairs = [a.ms - b.ms for a in timed for b in timed if set(a.floated) - set(b.floated) == {unit}
+                 and len(a.floated) == len(b.floated) + 1]  # fmt: skip
+        assert any(cost == pytest.approx(diff) for diff in pairs)
+    assert "measured ms added" in result.report()
 
 
 def test_a_pytorch_model_is_tuned_through_its_fp32_export_with_labelled_batches(tmp_path):
@@ -223,8 +255,58 @@ def test_a_pytorch_model_is_tuned_through_its_fp32_export_with_labelled_batches(
     assert seen and all(keys == ["input", "labels"] for keys in seen)
 
 
+def test_a_keras_model_is_tuned_through_its_fp32_export(tmp_path):
+    """The Keras twin of :class:`SparseTail` (channels last), its data as a Keras user holds it: (images, labels)
+    arrays; the search leaves float exactly the tail tensor of the exported graph."""
+    keras = pytest.importorskip("keras")
+    model = _keras_sparse_tail(keras)
+    rng = np.random.default_rng(0)
+    batches = [(x, model(x).numpy().argmax(1)) for x in (rng.normal(size=(8, 16, 16, 3)).astype(np.float32)
+                                                         for _ in range(8))]  # fmt: skip
+    seen = []
+
+    def agreement(outputs, feeds):
+        seen.extend(sorted(feed) for feed in feeds)
+        return float((outputs[0].argmax(1) == np.concatenate([f["labels"] for f in feeds])).mean())
+
+    result = qdq.tune(model, batches[:4], batches[4:], tmp_path / "k.onnx", budget=Budget.sqnr(25.0), method="max",
+                      progress=False, rounds=1, iters=2)  # fmt: skip
+    assert not result.int8.meets(result.budget)
+    assert result.chosen is not None and len(result.chosen.floated) == 1
+    (tail,) = result.chosen.floated[0]
+    graph = onnx.load(str(result.path)).graph
+    producer = next(n for n in graph.node if tail in n.output)
+    assert producer.op_type == "Relu"
+    conv = next(n for n in graph.node if producer.input[0] in n.output)
+    assert "tail" in conv.name or any("tail" in name for name in conv.input)  # the tail layer's own activation
+    labelled = qdq.tune(model, batches[:4], batches[4:], tmp_path / "l.onnx", method="max", progress=False,
+                        rounds=1, iters=2, budget=Budget.drop(agreement, 0.5, name="agreement"))  # fmt: skip
+    assert labelled.fp32.score == 1.0
+    assert seen and all(keys == ["input", "labels"] for keys in seen)
+
+
+def _keras_sparse_tail(keras):
+    inputs = keras.Input((16, 16, 3))
+    a = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="a")
+    b = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="tail")
+    c = keras.layers.Conv2D(8, 1, activation="relu", name="c")
+    head = keras.layers.Dense(10, name="head")
+    outputs = head(keras.layers.Flatten()(c(b(a(inputs)))))
+    model = keras.Model(inputs, outputs)
+    wa, ba = a.get_weights()
+    wa[..., 0], ba[0] = 0.0, 0.0
+    wa[1, 1, 0, 0] = 1.0
+    wb, bb = b.get_weights()
+    wb[..., 0], bb[0] = 0.0, -3000.0
+    wb[1, 1, 0, 0] = 1000.0
+    wc, bc = c.get_weights()
+    wc[:, :, 0, :] = 0.0
+    a.set_weights([wa, ba]), b.set_weights([wb, bb]), c.set_weights([wc, bc])
+    return model
+
+
 def test_a_model_of_another_kind_is_one_clear_error(tmp_path):
-    with pytest.raises(qdq.QdqConfigError, match=r"float torch\.nn\.Module.*qdq\.keras\.export_onnx"):
+    with pytest.raises(qdq.QdqConfigError, match=r"float torch\.nn\.Module or a float Keras model"):
         qdq.tune(object(), _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), progress=False)
 
 

@@ -1,8 +1,8 @@
 """``tune``: an accuracy budget met at the lowest measured latency, by choosing which tensors stay float.
 
 The search runs on an FP32 ONNX file (the ONNX front end). A PyTorch model is exported to one first (its FP32 graph,
-which the two-doors test shows is placed the same way as the model itself); a Keras model enters through its FP32
-export (:func:`qdq.keras.export_onnx` of the unquantized model). Its unit of choice is one activation quantizer of the
+which the two-doors test shows is placed the same way as the model itself); a float Keras model is exported to one by
+:func:`qdq.keras.export_onnx`. Its unit of choice is one activation quantizer of the
 target's placement: the tensors that share one range, which the runtime's int8 kernels read and write. Leaving
 such a unit float drops its Q/DQ pair and keeps every op that read it quantized in float, so the runtime loses
 exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.keep_value_float`).
@@ -13,9 +13,10 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
    on the first tuning batch: a continuous score (a task metric such as F1 moves in steps of one detection).
 3. Greedy: try the units of the largest gain one by one, keeping a unit only when the budget's own score improves,
    until the budget holds on the tuning data and on the held-out data. A score that moves in coarse steps (F1 over
-   a few images) can leave every single step without a gain; then the leading units of the ranking go float
-   together, 2, 4, 8, ... of them until the budget holds, and a bisection between the last count that missed and
-   the first that met finds the fewest. Last, drop again any unit the budget does not need (least useful first).
+   a few images) can leave every single step without a gain; then the leading units of the ranking (every unit:
+   those that gained first, then the others by their proxy, so its end is the FP32 computation) go float together,
+   2, 4, 8, ... of them until the budget holds, and a bisection between the last count that missed and the first
+   that met finds the fewest. Last, drop again any unit the budget does not need (least useful first).
 4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime, and return the one
    that meets the budget at the lowest measured latency.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -158,6 +160,9 @@ class TuneResult:
         evaluations: files scored (tuning and held-out splits counted once each); files: files written;
             calibrations: calibration passes (1); seconds: wall time.
         advice: the next step when the result is no faster than FP32 or nothing met the budget.
+        runtime: where the latencies were measured; batch: the timed batch size.
+        unit_ms: unit -> the latency it adds (ms per batch), measured between two timed configurations that
+            differ by that unit alone; units without such a pair are absent.
     """
 
     path: Path | None
@@ -206,8 +211,9 @@ class TuneResult:
             header = ["tensors left float", "proxy gained alone"] + (["measured ms added"] if stepped else [])
             lines += [markdown_table(header, unit_rows), ""]
             if stepped:
-                lines += ["- measured ms added: the latency step of the greedy configuration that added the unit "
-                          "(interleaved timing; negative values are within the timing's spread)."]  # fmt: skip
+                lines += ["- measured ms added: the latency difference between two timed configurations that differ "
+                          "by that unit alone (a pruning try without it, else the greedy step that added it; "
+                          "interleaved timing, negative values are within its spread)."]  # fmt: skip
             if self.chosen.ms is not None and self.int8.ms is not None:
                 lines += [f"- together they cost {self.chosen.ms - self.int8.ms:+.2f} ms per batch against full "
                           "INT8 (measured, interleaved)."]  # fmt: skip
@@ -278,7 +284,9 @@ def tune(
             (:func:`qdq.export_onnx`, the first calibration batch as the example) and every batch is read by
             qdq's batch convention (:mod:`qdq.utils.batches`: a tensor, positional inputs, keyword inputs,
             ``(inputs, labels)`` pairs) into a dict of graph input name -> array, its labels under
-            ``"labels"`` (what a budget's metric reads).
+            ``"labels"`` (what a budget's metric reads); or a float Keras model: exported by
+            :func:`qdq.keras.export_onnx`, its batches arrays, lists of arrays (several inputs, in the model's
+            order) or ``(inputs, labels)`` pairs.
         calibration_data: batches (dicts of graph input name -> array) for the one calibration.
         eval_data: the batches the budget is scored on during the search (keys that are not graph inputs, such as
             labels, are passed to the budget's metric only).
@@ -302,7 +310,7 @@ def tune(
         A :class:`TuneResult`; ``result.report()`` is the Markdown report, ``result.plot(png)`` the Pareto plot.
 
     Raises:
-        QdqConfigError: a model that is neither an ONNX file nor a PyTorch model, too little evaluation data, a
+        QdqConfigError: a model that is not an ONNX file, a PyTorch or a Keras model, too little evaluation data, a
             target other than ``"onnxruntime"``.
     """
     started = time.perf_counter()
@@ -328,7 +336,7 @@ def tune(
         return TuneResult(
             path=written, budget=search.budget, fp32=search.fp32, int8=search.trials[0], chosen=chosen,
             trials=search.trials, gains=search.gains, evaluations=search.evaluations, files=search.files,
-            calibrations=1, seconds=time.perf_counter() - started, batch=search.batch, unit_ms=search.unit_ms(),
+            calibrations=1, seconds=time.perf_counter() - started, batch=search.batch, unit_ms=search.unit_ms(chosen),
             advice=_advice(search.fp32, search.trials[0], chosen),
         )  # fmt: skip
 
@@ -340,10 +348,11 @@ def _onnx_source(model: str | Path | nn.Module, calibration: Iterable[Any], eval
     a PyTorch model exported (into ``folder``) with its batches converted."""
     if isinstance(model, str | Path):
         return Path(model), calibration, list(evaluation), None if holdout is None else list(holdout)
+    if _is_keras(model):
+        return _keras_source(model, calibration, evaluation, holdout, folder)
     if not isinstance(model, nn.Module):
-        raise QdqConfigError(f"tune takes an FP32 ONNX file or a float torch.nn.Module, not "
-                             f"{type(model).__name__}; a Keras model: export it first with "
-                             "qdq.keras.export_onnx(model, None, path).")  # fmt: skip
+        raise QdqConfigError(f"tune takes an FP32 ONNX file, a float torch.nn.Module or a float Keras model, not "
+                             f"{type(model).__name__}.")  # fmt: skip
     batches = list(calibration)
     if not batches:
         raise QdqConfigError("tune needs calibration data: pass at least one batch.")
@@ -358,6 +367,52 @@ def _onnx_source(model: str | Path | nn.Module, calibration: Iterable[Any], eval
         return [_feed(batch, model, names) for batch in data]
 
     return source, feeds(batches), feeds(evaluation), None if holdout is None else feeds(holdout)
+
+
+def _is_keras(model: Any) -> bool:
+    """Whether ``model`` is a Keras model (keras is imported already where a user holds one)."""
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(model, keras.Model)
+
+
+def _keras_source(model: Any, calibration: Iterable[Any], evaluation: Sequence[Any], holdout: Sequence[Any] | None,
+                  folder: Path) -> tuple[Path, list[Batch], list[Batch], list[Batch] | None]:  # fmt: skip
+    """A float Keras model's FP32 ONNX export (:func:`qdq.keras.export_onnx`) and its batches as the file's feeds."""
+    from qdq.keras import export_onnx as keras_export
+
+    with warnings.catch_warnings():  # the FP32 graph has no quantizer by design: its float convs are no mistake
+        warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
+        source = keras_export(model, None, folder / "fp32.onnx", target="onnxruntime")
+    graph = onnx.load(str(source), load_external_data=False).graph
+    names = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+
+    def feeds(data: Iterable[Any]) -> list[Batch]:
+        return [_keras_feed(batch, names) for batch in data]
+
+    batches = feeds(calibration)
+    if not batches:
+        raise QdqConfigError("tune needs calibration data: pass at least one batch.")
+    return source, batches, feeds(evaluation), None if holdout is None else feeds(holdout)
+
+
+def _keras_feed(batch: Any, names: list[str]) -> dict[str, Any]:
+    """A Keras batch as the graph's feed: inputs (an array, or a list of arrays in the model's input order) or an
+    ``(inputs, labels)`` pair, its labels under ``"labels"``."""
+    labels = None
+    pair = isinstance(batch, tuple | list) and len(batch) == 2
+    if pair and (len(names) == 1 or isinstance(batch[0], tuple | list | dict)):
+        batch, labels = batch
+    if isinstance(batch, dict):
+        arrays = [batch[name] for name in names if name in batch]
+    else:
+        arrays = list(batch) if isinstance(batch, tuple | list) else [batch]
+    if len(arrays) != len(names):
+        raise QdqConfigError(f"a batch gives {len(arrays)} input(s) but the Keras model's export has {names}: pass "
+                             "an array, a list of arrays in the model's input order, or (inputs, labels).")  # fmt: skip
+    feed: dict[str, Any] = {name: np.asarray(array, np.float32) for name, array in zip(names, arrays)}
+    if labels is not None:
+        feed["labels"] = np.asarray(labels)
+    return feed
 
 
 def _feed(batch: Any, model: nn.Module, names: list[str]) -> dict[str, Any]:
@@ -484,9 +539,17 @@ class _Search:
             else:
                 trial.name += " (undone)"
         if met is None:
-            met = self._leading(order)
+            met = self._leading(self._ranking(order))
         if met is not None:
             self._prune(met, max_steps)
+
+    def _ranking(self, gaining: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+        """Every unit, best first: those that gained alone (largest gain first), then the other measured units
+        (least loss first), then the units the sensitivity pass did not measure. Its end is every unit float: the
+        FP32 computation, which a budget FP32 meets is met by."""
+        first = set(gaining)
+        rest = sorted((u for u in self.gains if u not in first), key=lambda u: -self.gains[u])
+        return gaining + rest + [u for u in self.units if u not in self.gains]
 
     def _leading(self, order: list[tuple[str, ...]]) -> Trial | None:
         """The fewest leading units of ``order`` that meet the budget together: ``k`` doubling from 2 until the
@@ -551,15 +614,18 @@ class _Search:
         passing = [t for t in self.trials if t.meets(self.budget) and t.ms is not None]
         return min(passing, key=lambda t: t.ms or math.inf) if passing else None
 
-    def unit_ms(self) -> dict[tuple[str, ...], float]:
-        """Unit -> the latency the greedy step that added it added (measured)."""
+    def unit_ms(self, chosen: Trial | None) -> dict[tuple[str, ...], float]:
+        """Unit -> the latency it adds, measured: the difference between two timed configurations that differ by
+        that unit alone, preferring the pair whose larger side is ``chosen`` (a pruning try without the unit), then
+        a greedy step that added it."""
+        timed = [(t, set(t.floated), t.ms) for t in self.trials if t.ms is not None]
         found: dict[tuple[str, ...], float] = {}
-        previous = self.trials[0]
-        for trial in self.trials:
-            kept = trial.name.startswith("greedy") and not trial.name.endswith("(undone)")
-            if kept and trial.ms is not None and previous.ms is not None:
-                found[trial.floated[-1]] = trial.ms - previous.ms
-                previous = trial
+        for trial, units, ms in timed:
+            for _, fewer, other_ms in timed:
+                if len(units) == len(fewer) + 1 and fewer < units:
+                    (unit,) = units - fewer
+                    if unit not in found or trial is chosen:
+                        found[unit] = ms - other_ms
         return found
 
 
