@@ -5,6 +5,10 @@ latency (issue 35).
   Budget: detections F1 against FP32's >= ``--min-f1`` (default 0.95) on the tuning images and on the held-out
   images (every other batch of the evaluation set). Calibration: ``--method`` (default percentile), 32 images.
   The sensitivity pass ranks units by the SQNR of the class-score rows against FP32's (the budget's proxy).
+* ``digits_resnet``, ``digits_mobilenet``, ``digits_vit``, ``digits_bert`` (``--model NAME``): the demo's digits
+  models, trained here on the project's MNIST split (or loaded from ``--cache DIR``) and tuned through the PyTorch
+  door (``qdq.tune(model, ...)``: exported to FP32 ONNX). Budget: top-1 agreement with FP32 >= ``--min-agreement``
+  (default 99.8 %) on the tuning and the held-out test images. Calibration: 8 training batches of 64.
 * ``ppocr`` (``--model ppocr``): rapidocr-onnxruntime 1.4.4's PP-OCRv4 recognizer on rendered text lines (data and
   metric in ``_onnx_in_models.py``). Budget: lines read exactly (%), at most ``--max-drop`` points (default 1.0)
   below FP32's on the tuning and on the held-out lines. Calibration: ``--method`` on 64 lines; 160 evaluation
@@ -26,6 +30,7 @@ against FP32 and qdq's choice in interleaved rounds. NNCF in a venv that sees th
 Usage (repository root; nudenet installed as in ``onnx_in.py``):
 
     PYTHONPATH=src python benchmarks/tune.py --model ppocr [--max-drop 1.0] [--method max]
+    PYTHONPATH=src python benchmarks/tune.py --model digits_vit [--min-agreement 99.8] [--cache DIR]
     PYTHONPATH=src python benchmarks/tune.py [--min-f1 0.95] [--method percentile] [--calib-images 32]
         [--eval-images 64] [--candidates N] [--rounds 5] [--plot tune_nudenet.png]
         [--nncf-python /tmp/venv-nncf/bin/python [--no-tune]]
@@ -89,11 +94,37 @@ def _ppocr(args: argparse.Namespace) -> None:
         print(f"\nPareto plot: {result.plot(args.plot)}")
 
 
+DIGITS = ("digits_resnet", "digits_mobilenet", "digits_vit", "digits_bert")
+
+
+def _digits(args: argparse.Namespace) -> None:
+    """A digits model of the demo (trained here, or loaded from ``--cache``) tuned through the PyTorch door."""
+    from calibration_quality import _trained, calibration_batches, mnist_loaders
+
+    loaders = mnist_loaders(seed=0)
+    model = _trained(args.model, loaders, 0, args.cache)
+    calib = calibration_batches(loaders[0])
+    evaluation = list(loaders[1])  # the 1,000 test images in batches of 250: every other batch held out
+    budget = Budget.agreement(args.min_agreement, class_axis=-1)
+    started = time.perf_counter()
+    result = qdq.tune(model, calib, evaluation, f"/tmp/{args.model}_tuned.onnx", budget=budget, method=args.method,
+                      max_candidates=args.candidates, rounds=args.rounds, iters=5, threads=args.threads,
+                      progress=args.model)  # fmt: skip
+    print(f"\n{args.model}: {len(calib)} calibration batches of 64 ({args.method}), 1,000 test images in 4 "
+          f"batches of 250 (2 tuning, 2 held out); {time.perf_counter() - started:.0f} s\n")  # fmt: skip
+    print(result.report())
+    if args.plot:
+        print(f"\nPareto plot: {result.plot(args.plot)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("nudenet", "ppocr"), default="nudenet")
+    parser.add_argument("--model", choices=("nudenet", "ppocr", *DIGITS), default="nudenet")
     parser.add_argument("--min-f1", type=float, default=0.95, help="nudenet's budget")
     parser.add_argument("--max-drop", type=float, default=1.0, help="ppocr's budget: points of lines read exactly")
+    parser.add_argument("--min-agreement", type=float, default=99.8, help="the digits models' budget: top-1 "
+                        "agreement with FP32 (%%)")
+    parser.add_argument("--cache", type=Path, default=None, help="the digits models' trained weights (reused)")
     parser.add_argument("--method", default="percentile")
     parser.add_argument("--calib-images", type=int, default=None, help="nudenet 32, ppocr 64")
     parser.add_argument("--eval-images", type=int, default=None, help="nudenet 64, ppocr 160")
@@ -109,6 +140,9 @@ def main() -> None:
           f"saturate (no VNNI): {int8_dot_saturates()}; python {sys.version.split()[0]}")  # fmt: skip
     if args.model == "ppocr":
         _ppocr(args)
+        return
+    if args.model in DIGITS:
+        _digits(args)
         return
     args.calib_images, args.eval_images = args.calib_images or 32, args.eval_images or 64
     source = models.package_file("nudenet", "320n.onnx")

@@ -131,11 +131,18 @@ def test_the_search_leaves_exactly_the_sparse_tail_float_and_times_it_on_the_run
     quantized = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
     assert tail not in quantized
     # latencies are the runtime's interleaved block medians
-    (comparison,) = measured
+    comparison, confirmation = measured
     timed = [result.fp32, *[t for t in result.trials if t.ms is not None]]
     assert len(timed) == len(comparison.block_ms)
     for trial, blocks in zip(timed, comparison.block_ms.values()):
         assert trial.ms == pytest.approx(float(np.median(blocks)))
+    # the choice rests on a second, fresh timing of FP32, INT8 and the passing configurations
+    confirmed = [t for t in [result.fp32, *result.trials] if t.confirmed is not None]
+    assert confirmed[:2] == [result.fp32, result.int8] and result.chosen in confirmed
+    for trial, blocks in zip(confirmed, confirmation.block_ms.values()):
+        assert trial.confirmed[0] == pytest.approx(float(np.median(blocks)))
+    passing = [t for t in confirmed[1:] if t.meets(result.budget)]  # FP32 is the reference, not a candidate
+    assert result.chosen.latency == min(t.confirmed[0] for t in passing)
     assert result.evaluations >= len(result.trials)
     report = result.report()
     print(report)

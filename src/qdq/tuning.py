@@ -130,6 +130,10 @@ class Trial:
         score / holdout: the budget's score on the tuning and the held-out data (holdout None: not evaluated).
         ms / low / high: measured latency (median of the interleaved rounds' block medians, and the 25th-75th
             percentile), ms per batch; None where it was not timed.
+        confirmed: (median, 25th, 75th percentile) ms per batch of the confirmation timing, fresh interleaved
+            rounds of FP32, INT8 and the fastest configurations that meet the budget, made after they were
+            picked; the choice is made on it (not on ``ms``, whose minimum over many noisy trials is biased low).
+            None where it was not re-timed.
         path: its file in the work folder.
     """
 
@@ -140,7 +144,13 @@ class Trial:
     ms: float | None = None
     low: float | None = None
     high: float | None = None
+    confirmed: tuple[float, float, float] | None = None
     path: Path | None = None
+
+    @property
+    def latency(self) -> float | None:
+        """The latency to compare (ms per batch): the confirmation's median where there is one, else ``ms``."""
+        return self.confirmed[0] if self.confirmed is not None else self.ms
 
     def meets(self, budget: Budget) -> bool:
         return self.score >= budget.threshold and self.holdout is not None and self.holdout >= budget.threshold
@@ -214,10 +224,11 @@ class TuneResult:
                 lines += ["- measured ms added: the latency difference between two timed configurations that differ "
                           "by that unit alone (a pruning try without it, else the greedy step that added it; "
                           "interleaved timing, negative values are within its spread)."]  # fmt: skip
-            if self.chosen.ms is not None and self.int8.ms is not None:
-                lines += [f"- together they cost {self.chosen.ms - self.int8.ms:+.2f} ms per batch against full "
-                          "INT8 (measured, interleaved)."]  # fmt: skip
+            if self.chosen.latency is not None and self.int8.latency is not None:
+                lines += [f"- together they cost {self.chosen.latency - self.int8.latency:+.2f} ms per batch against "
+                          "full INT8 (measured, interleaved)."]  # fmt: skip
             lines.append("")
+        lines += self._confirmation()
         top = sorted(self.gains.items(), key=lambda item: -item[1])[:8]
         lines += ["- proxy: what ranks the units, " + ("the budget's own proxy" if self.budget.proxy else
                   "the output SQNR against FP32 (dB)") + ", on the first tuning batch.", ""]  # fmt: skip
@@ -229,6 +240,18 @@ class TuneResult:
         if self.advice:
             lines += ["", self.advice]
         return "\n".join(lines)
+
+    def _confirmation(self) -> list[str]:
+        confirmed = [t for t in [self.fp32, *self.trials] if t.confirmed is not None]
+        if not confirmed or self.fp32.confirmed is None:
+            return []
+        fp32_ms = self.fp32.confirmed[0]
+        rows = [[t.name + (" (chosen)" if t is self.chosen else ""), f"{t.confirmed[0]:.2f} ({t.confirmed[1]:.2f}-"
+                 f"{t.confirmed[2]:.2f})", f"{fp32_ms / t.confirmed[0]:.2f}x"] for t in confirmed if t.confirmed]
+        return [markdown_table(["confirmation", f"ms per batch of {self.batch}", "speed-up vs FP32"], rows), "",
+                "- confirmation: FP32, INT8 and the fastest configurations that meet the budget timed again in fresh "
+                "interleaved rounds; the choice is made on these (the fastest of many noisy timings is biased low).",
+                ""]  # fmt: skip
 
     def plot(self, path: str | Path) -> Path:
         """A Pareto plot (latency against score of every timed configuration) saved at ``path`` (matplotlib)."""
@@ -325,6 +348,7 @@ def tune(
                          progress, quantize_options)  # fmt: skip
         search.run(max_candidates, max_steps)
         search.time(rounds, iters)
+        search.confirm(rounds, iters)
         chosen = search.choose()
         written = None
         if chosen is not None and chosen.path is not None:
@@ -573,16 +597,28 @@ class _Search:
         return met
 
     def _prune(self, met: Trial, max_tries: int) -> None:
-        """Try the met configuration without each unit, least useful first (at most ``max_tries``); keep each
-        removal that still meets."""
-        floated = met.floated
-        for unit in sorted(met.floated, key=lambda u: self.gains.get(u, 0.0))[:max_tries]:
-            if len(floated) <= 1:
+        """Drop from the met configuration the units the budget does not need, at most ``max_tries`` tries: the
+        least useful half (smallest gain) first, then quarters, and so on down to single units (each try keeps
+        its removal when the budget still holds), so a large set shrinks in a few evaluations."""
+        floated = sorted(met.floated, key=lambda u: self.gains.get(u, 0.0))
+        size, tries = max(len(floated) // 2, 1), 0
+        while tries < max_tries:
+            start = 0
+            while start < len(floated) and tries < max_tries:
+                chunk = set(floated[start : start + size])
+                keep = set(floated) - chunk
+                if not keep:  # nothing float is plain INT8, which misses
+                    start += size
+                    continue
+                trial = self._add(f"prune {len(self.trials)}", tuple(u for u in met.floated if u in keep))
+                tries += 1
+                if trial.meets(self.budget):
+                    floated = [u for u in floated if u in keep]
+                else:
+                    start += size
+            if size == 1:
                 break
-            fewer = tuple(u for u in floated if u != unit)
-            trial = self._add(f"prune {len(self.trials)}", fewer)
-            if trial.meets(self.budget):
-                floated = fewer
+            size = max(size // 2, 1)
 
     def _noisiest(self, count: int) -> list[tuple[str, ...]]:
         """The ``count`` units whose tensors lose the most to their quantization on one batch (lowest SQNR)."""
@@ -596,23 +632,41 @@ class _Search:
 
     # --- timing and the choice ------------------------------------------------------------------------------
     def time(self, rounds: int, iters: int) -> None:
+        """Time FP32 and every configuration tried in interleaved rounds (``Trial.ms``)."""
+        timed = [t for t in [self.fp32, *self.trials] if t.path is not None]
+        for trial, blocks in zip(timed, self._timings(timed, rounds, iters, "tune: timing")):
+            trial.ms = float(np.median(blocks))
+            trial.low, trial.high = (float(v) for v in np.percentile(blocks, [25, 75]))
+
+    def confirm(self, rounds: int, iters: int, count: int = 3) -> None:
+        """Time again, in fresh interleaved rounds, FP32, INT8 and the ``count`` fastest configurations that meet
+        the budget (``Trial.confirmed``): the choice among them rests on measurements it did not select on."""
+        passing = sorted((t for t in self.trials if t.meets(self.budget) and t.ms is not None),
+                         key=lambda t: t.ms or math.inf)[:count]  # fmt: skip
+        if not passing:
+            return
+        int8 = self.trials[0]
+        timed = [t for t in [self.fp32, int8, *(t for t in passing if t is not int8)] if t.path is not None]
+        for trial, blocks in zip(timed, self._timings(timed, rounds, iters, "tune: confirming")):
+            low, high = (float(v) for v in np.percentile(blocks, [25, 75]))
+            trial.confirmed = (float(np.median(blocks)), low, high)
+
+    def _timings(self, trials: list[Trial], rounds: int, iters: int, step: str) -> list[np.ndarray]:
         from qdq.runtime.benchmark import compare_models
 
-        timed = [self.fp32, *[t for t in self.trials if not t.name.startswith("sensitivity")]]
-        models = {f"{i}": t.path for i, t in enumerate(timed) if t.path is not None}
-        bar = counter(self.progress, "tune: timing", rounds * len(models))
+        models = {f"{i}": t.path for i, t in enumerate(trials) if t.path is not None}  # all have one here
+        bar = counter(self.progress, step, rounds * len(models))
         comparison = compare_models(models, "onnxruntime", threads=self.threads, rounds=rounds, iters=iters,
                                     warmup=2, batch=self.batch, inputs=self._feed(self.calibration_batch),
                                     progress=bar.update)  # fmt: skip
         bar.close()
-        for key, trial in zip(models, timed):
-            blocks = np.asarray(comparison.block_ms[key])
-            trial.ms = float(np.median(blocks))
-            trial.low, trial.high = (float(v) for v in np.percentile(blocks, [25, 75]))
+        return [np.asarray(comparison.block_ms[key]) for key in models]
 
     def choose(self) -> Trial | None:
-        passing = [t for t in self.trials if t.meets(self.budget) and t.ms is not None]
-        return min(passing, key=lambda t: t.ms or math.inf) if passing else None
+        """The configuration that meets the budget at the lowest latency (confirmed where re-timed)."""
+        passing = [t for t in self.trials if t.meets(self.budget) and t.latency is not None]
+        confirmed = [t for t in passing if t.confirmed is not None]
+        return min(confirmed or passing, key=lambda t: t.latency or math.inf) if passing else None
 
     def unit_ms(self, chosen: Trial | None) -> dict[tuple[str, ...], float]:
         """Unit -> the latency it adds, measured: the difference between two timed configurations that differ by
@@ -653,14 +707,14 @@ def _unit_sqnr(arrays: list[np.ndarray], amax: np.ndarray | None) -> float:
 
 
 def _advice(fp32: Trial, int8: Trial, chosen: Trial | None) -> str | None:
-    if int8.ms is not None and fp32.ms is not None and int8.ms >= fp32.ms:
+    if int8.latency is not None and fp32.latency is not None and int8.latency >= fp32.latency:
         return ("Even the full INT8 file runs no faster than FP32 on this runtime and CPU (x86 without VNNI, or a "
                 "model too small for int8 kernels to pay): keep FP32 here, or deploy where int8 kernels are fast "
                 "(a VNNI/AMX CPU, TensorRT).")  # fmt: skip
     if chosen is None:
         return ("No configuration met the budget: raise max_steps (or max_candidates), or fine-tune with "
                 "quantization-aware training (docs/guides/qat.md).")  # fmt: skip
-    if chosen.ms is not None and fp32.ms is not None and chosen.ms >= fp32.ms:
+    if chosen.latency is not None and fp32.latency is not None and chosen.latency >= fp32.latency:
         return ("The configuration that meets the budget is no faster than FP32: quantization-aware training "
                 "(docs/guides/qat.md) is the next step.")  # fmt: skip
     return None
