@@ -8,7 +8,8 @@ latency (issue 35).
 * ``digits_resnet``, ``digits_mobilenet``, ``digits_vit``, ``digits_bert`` (``--model NAME``): the demo's digits
   models, trained here on the project's MNIST split (or loaded from ``--cache DIR``) and tuned through the PyTorch
   door (``qdq.tune(model, ...)``: exported to FP32 ONNX). Budget: top-1 agreement with FP32 >= ``--min-agreement``
-  (default 99.8 %) on the tuning and the held-out test images. Calibration: 8 training batches of 64.
+  (default 99.8 %), or the logits' SQNR against FP32 >= ``--min-sqnr`` dB, on the tuning and the held-out test
+  images. Calibration: 8 training batches of 64.
 * ``ppocr`` (``--model ppocr``): rapidocr-onnxruntime 1.4.4's PP-OCRv4 recognizer on rendered text lines (data and
   metric in ``_onnx_in_models.py``). Budget: lines read exactly (%), at most ``--max-drop`` points (default 1.0)
   below FP32's on the tuning and on the held-out lines. Calibration: ``--method`` on 64 lines; 160 evaluation
@@ -106,6 +107,8 @@ def _digits(args: argparse.Namespace) -> None:
     calib = calibration_batches(loaders[0])
     evaluation = list(loaders[1])  # the 1,000 test images in batches of 250: every other batch held out
     budget = Budget.agreement(args.min_agreement, class_axis=-1)
+    if args.min_sqnr is not None:
+        budget = Budget.sqnr(args.min_sqnr)
     started = time.perf_counter()
     result = qdq.tune(model, calib, evaluation, f"/tmp/{args.model}_tuned.onnx", budget=budget, method=args.method,
                       max_candidates=args.candidates, rounds=args.rounds, iters=5, threads=args.threads,
@@ -124,6 +127,8 @@ def main() -> None:
     parser.add_argument("--max-drop", type=float, default=1.0, help="ppocr's budget: points of lines read exactly")
     parser.add_argument("--min-agreement", type=float, default=99.8, help="the digits models' budget: top-1 "
                         "agreement with FP32 (%%)")
+    parser.add_argument("--min-sqnr", type=float, default=None, help="the digits models' budget instead: output "
+                        "SQNR against FP32 (dB)")
     parser.add_argument("--cache", type=Path, default=None, help="the digits models' trained weights (reused)")
     parser.add_argument("--method", default="percentile")
     parser.add_argument("--calib-images", type=int, default=None, help="nudenet 32, ppocr 64")

@@ -16,9 +16,11 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
    a few images) can leave every single step without a gain; then the leading units of the ranking (every unit:
    those that gained first, then the others by their proxy, so its end is the FP32 computation) go float together,
    2, 4, 8, ... of them until the budget holds, and a bisection between the last count that missed and the first
-   that met finds the fewest. Last, drop again any unit the budget does not need (least useful first).
-4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime, and return the one
-   that meets the budget at the lowest measured latency.
+   that met finds the fewest. Last, drop again the units the budget does not need: the least useful half first,
+   then quarters, down to single units.
+4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime; time FP32, INT8 and the
+   three fastest that meet the budget again in fresh rounds (the minimum of many noisy timings is biased low), and
+   return the one that meets the budget at the lowest latency of that confirmation.
 """
 
 from __future__ import annotations
@@ -321,8 +323,8 @@ def tune(
             of ``eval_data`` is held out (then ``eval_data`` needs at least two batches).
         max_candidates: how many units the sensitivity pass measures (the noisiest on one batch: lowest SQNR of
             their tensors against their fake-quantized values); None: every unit.
-        max_steps: the most units the greedy search tries (each one evaluation), and the most units the last phase
-            tries to drop again; the doubling and bisection over the ranking add at most ``2 log2(units)``.
+        max_steps: the most units the greedy search tries (each one evaluation), and the most pruning tries of
+            the last phase; the doubling and bisection over the ranking add at most ``2 log2(units)``.
         rounds: interleaved timing rounds (each runs a block of every file).
         iters: timed runs per block.
         threads: ONNX Runtime threads, for evaluation and timing.
