@@ -256,6 +256,11 @@ def test_a_pytorch_model_is_tuned_through_its_fp32_export_with_labelled_batches(
     assert result.chosen is not None and len(result.chosen.floated) == 1  # the sparse tail, by its exported name
     graph = onnx.load(str(result.path)).graph
     assert [i.name for i in graph.input] == ["input"]  # qdq's export names a single positional input "input"
+    # what computes each tensor, from the exporter's name scopes: the module a conv belongs to
+    assert {"Conv in a", "Conv in b", "Conv in c", "Gemm in head"} <= set(result.made_by.values())
+    assert result.made_by["input"] == "graph input"
+    (tail,) = result.chosen.floated[0]
+    assert f"{tail} ({result.made_by[tail]})" in result.report()
     labelled = qdq.tune(model, batches[:4], batches[4:], tmp_path / "l.onnx", method="max", progress=False,
                         rounds=1, iters=2, budget=Budget.drop(agreement, 0.5, name="agreement"))  # fmt: skip
     assert labelled.fp32.score == 1.0  # the labels are the FP32 model's predictions

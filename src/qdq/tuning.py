@@ -25,6 +25,7 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
 
 from __future__ import annotations
 
+import ast
 import math
 import shutil
 import sys
@@ -175,6 +176,8 @@ class TuneResult:
         runtime: where the latencies were measured; batch: the timed batch size.
         unit_ms: unit -> the latency it adds (ms per batch), measured between two timed configurations that
             differ by that unit alone; units without such a pair are absent.
+        made_by: tensor -> what computes it in the FP32 file: the op type, and the module it belongs to where the
+            exporter recorded one (``"Softmax in blocks.2.attn"``), or ``"graph input"``.
     """
 
     path: Path | None
@@ -192,6 +195,11 @@ class TuneResult:
     runtime: str = "onnxruntime"
     batch: int = 1
     unit_ms: dict[tuple[str, ...], float] = field(default_factory=dict)
+    made_by: dict[str, str] = field(default_factory=dict)
+
+    def describe(self, unit: tuple[str, ...]) -> str:
+        """``unit``'s tensors, each with what computes it (``made_by``) where known."""
+        return ", ".join(f"{name} ({self.made_by[name]})" if name in self.made_by else name for name in unit)
 
     def report(self) -> str:
         """A Markdown report: the budget, every configuration (score, held-out score, measured latency), the
@@ -217,7 +225,7 @@ class TuneResult:
         ]
         if self.chosen is not None and self.chosen.floated:
             stepped = any(unit in self.unit_ms for unit in self.chosen.floated)
-            unit_rows = [[", ".join(unit), f"{self.gains.get(unit, math.nan):+.2f}"]
+            unit_rows = [[self.describe(unit), f"{self.gains.get(unit, math.nan):+.2f}"]
                          + ([f"{self.unit_ms[unit]:+.2f}" if unit in self.unit_ms else "-"] if stepped else [])
                          for unit in self.chosen.floated]  # fmt: skip
             header = ["tensors left float", "proxy gained alone"] + (["measured ms added"] if stepped else [])
@@ -236,7 +244,7 @@ class TuneResult:
                   "the output SQNR against FP32 (dB)") + ", on the first tuning batch.", ""]  # fmt: skip
         if top:
             lines += [markdown_table(["most sensitive units (tensors)", "proxy gained alone"],
-                                     [[", ".join(unit), f"{gain:+.2f}"] for unit, gain in top]), ""]  # fmt: skip
+                                     [[self.describe(unit), f"{gain:+.2f}"] for unit, gain in top]), ""]  # fmt: skip
         lines.append(f"Search cost: {self.evaluations} evaluations, {self.files} files written, "
                      f"{self.calibrations} calibration, {self.seconds:.0f} s.")  # fmt: skip
         if self.advice:
@@ -362,6 +370,7 @@ def tune(
         return TuneResult(
             path=written, budget=search.budget, fp32=search.fp32, int8=search.trials[0], chosen=chosen,
             trials=search.trials, gains=search.gains, evaluations=search.evaluations, files=search.files,
+            made_by=search.made_by,
             calibrations=1, seconds=time.perf_counter() - started, batch=search.batch, unit_ms=search.unit_ms(chosen),
             advice=_advice(search.fp32, search.trials[0], chosen),
         )  # fmt: skip
@@ -475,6 +484,7 @@ class _Search:
         self.gains: dict[tuple[str, ...], float] = {}
         self.evaluations = self.files = 0
         proto = load_float_model(source)
+        self.made_by = _made_by(proto)
         self.inputs = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
         self.reference = {id(tuning): self._outputs(source, tuning), id(holdout): self._outputs(source, holdout)}
         fp32_scores = [budget.score(self.reference[id(s)], self.reference[id(s)], s) for s in (tuning, holdout)]
@@ -683,6 +693,25 @@ class _Search:
                     if unit not in found or trial is chosen:
                         found[unit] = ms - other_ms
         return found
+
+
+def _made_by(model: onnx.ModelProto) -> dict[str, str]:
+    """Tensor name -> what computes it: its node's op type, with the module it belongs to where the exporter
+    recorded its name scopes (torch's dynamo exporter: ``pkg.torch.onnx.name_scopes``), e.g.
+    ``"Softmax in blocks.2.attn"``; ``"graph input"`` for an input."""
+    found = {value.name: "graph input" for value in model.graph.input}
+    for node in model.graph.node:
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
+        module = ""
+        if scopes:
+            try:
+                path = ast.literal_eval(scopes)
+            except (ValueError, SyntaxError):
+                path = []
+            module = str(path[-2]) if isinstance(path, list) and len(path) >= 2 else ""
+        for output in node.output:
+            found[output] = f"{node.op_type} in {module}" if module else node.op_type
+    return found
 
 
 def _sqnr(reference: Outputs, outputs: Outputs) -> float:
