@@ -174,8 +174,9 @@ class TuneResult:
             calibrations: calibration passes (1); seconds: wall time.
         advice: the next step when the result is no faster than FP32 or nothing met the budget.
         runtime: where the latencies were measured; batch: the timed batch size.
-        unit_ms: unit -> the latency it adds (ms per batch), measured between two timed configurations that
-            differ by that unit alone; units without such a pair are absent.
+        unit_ms: unit -> the latency it adds (ms per batch: the difference of the medians, and the lowest and
+            highest difference the two 25th-75th percentile ranges allow), measured between two timed configurations
+            that differ by that unit alone; units without such a pair are absent.
         made_by: tensor -> what computes it in the FP32 file: the op type, and the module it belongs to where the
             exporter recorded one (``"Softmax in blocks.2.attn"``), or ``"graph input"``.
     """
@@ -194,7 +195,7 @@ class TuneResult:
     advice: str | None = None
     runtime: str = "onnxruntime"
     batch: int = 1
-    unit_ms: dict[tuple[str, ...], float] = field(default_factory=dict)
+    unit_ms: dict[tuple[str, ...], tuple[float, float, float]] = field(default_factory=dict)
     made_by: dict[str, str] = field(default_factory=dict)
 
     def describe(self, unit: tuple[str, ...]) -> str:
@@ -226,14 +227,15 @@ class TuneResult:
         if self.chosen is not None and self.chosen.floated:
             stepped = any(unit in self.unit_ms for unit in self.chosen.floated)
             unit_rows = [[self.describe(unit), f"{self.gains.get(unit, math.nan):+.2f}"]
-                         + ([f"{self.unit_ms[unit]:+.2f}" if unit in self.unit_ms else "-"] if stepped else [])
+                         + ([_cost(self.unit_ms[unit]) if unit in self.unit_ms else "-"] if stepped else [])
                          for unit in self.chosen.floated]  # fmt: skip
             header = ["tensors left float", "proxy gained alone"] + (["measured ms added"] if stepped else [])
             lines += [markdown_table(header, unit_rows), ""]
             if stepped:
                 lines += ["- measured ms added: the latency difference between two timed configurations that differ "
-                          "by that unit alone (a pruning try without it, else the greedy step that added it; "
-                          "interleaved timing, negative values are within its spread)."]  # fmt: skip
+                          "by that unit alone (a pruning try without it, else the greedy step that added it): the "
+                          "difference of their medians, and in brackets the range their 25th-75th percentiles allow; "
+                          "a range across zero is below the timing's resolution."]  # fmt: skip
             if self.chosen.latency is not None and self.int8.latency is not None:
                 lines += [f"- together they cost {self.chosen.latency - self.int8.latency:+.2f} ms per batch against "
                           "full INT8 (measured, interleaved)."]  # fmt: skip
@@ -680,19 +682,25 @@ class _Search:
         confirmed = [t for t in passing if t.confirmed is not None]
         return min(confirmed or passing, key=lambda t: t.latency or math.inf) if passing else None
 
-    def unit_ms(self, chosen: Trial | None) -> dict[tuple[str, ...], float]:
+    def unit_ms(self, chosen: Trial | None) -> dict[tuple[str, ...], tuple[float, float, float]]:
         """Unit -> the latency it adds, measured: the difference between two timed configurations that differ by
-        that unit alone, preferring the pair whose larger side is ``chosen`` (a pruning try without the unit), then
-        a greedy step that added it."""
-        timed = [(t, set(t.floated), t.ms) for t in self.trials if t.ms is not None]
-        found: dict[tuple[str, ...], float] = {}
-        for trial, units, ms in timed:
-            for _, fewer, other_ms in timed:
+        that unit alone (the difference of their medians, and the range their 25th-75th percentiles allow),
+        preferring the pair whose larger side is ``chosen`` (a pruning try without the unit), then a greedy step
+        that added it."""
+        timed = [(t, set(t.floated), (t.ms, t.low, t.high)) for t in self.trials
+                 if t.ms is not None and t.low is not None and t.high is not None]  # fmt: skip
+        found: dict[tuple[str, ...], tuple[float, float, float]] = {}
+        for trial, units, (ms, low, high) in timed:
+            for _, fewer, (other_ms, other_low, other_high) in timed:
                 if len(units) == len(fewer) + 1 and fewer < units:
                     (unit,) = units - fewer
                     if unit not in found or trial is chosen:
-                        found[unit] = ms - other_ms
+                        found[unit] = (ms - other_ms, low - other_high, high - other_low)
         return found
+
+
+def _cost(cost: tuple[float, float, float]) -> str:
+    return f"{cost[0]:+.2f} ({cost[1]:+.1f} to {cost[2]:+.1f})"
 
 
 def _made_by(model: onnx.ModelProto) -> dict[str, str]:
