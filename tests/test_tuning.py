@@ -92,6 +92,27 @@ class MixedConcat(nn.Module):
         return self.head(torch.relu(self.mix(y)).flatten(1))
 
 
+class SparseTokens(nn.Module):
+    """:class:`SparseTail` for tokens: linear layers over ``[batch, tokens, features]`` (exported as MatMul + Add),
+    the second one's output feature 0 zero but at a few tokens; the third linear, whose MatMul reads
+    that tensor, ignores the feature (about 0.6 % of the tokens here: a few per batch). Leaving the tail float
+    leaves that MatMul float on its constant weight: the one MatMul the precision variants convert."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c, self.head = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 10)
+        with torch.no_grad():
+            self.a.weight[0].zero_()
+            self.a.weight[0, 0], self.a.bias[0] = 1.0, 0.0
+            self.b.weight[0].zero_()
+            self.b.weight[0, 0], self.b.bias[0] = 1000.0, -2500.0
+            self.c.weight[:, 0] = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x)))))))
+
+
 def _data(count: int, seed: int) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{"images": rng.normal(size=(8, 3, 16, 16)).astype(np.float32)} for _ in range(count)]
@@ -316,6 +337,39 @@ def _keras_sparse_tail(keras):
     wc[:, :, 0, :] = 0.0
     a.set_weights([wa, ba]), b.set_weights([wb, bb]), c.set_weights([wc, bc])
     return model
+
+
+def test_the_float_matmul_of_the_met_configuration_is_tried_with_block_quantized_weights(tmp_path, monkeypatch):
+    """After the search, the configuration that met with the fewest units is tried with its float MatMul on a
+    constant weight as MatMulNBits, 8 and 4 bits: each variant is a file of its own, scored by the budget on the
+    runtime and timed like every configuration."""
+    path = export(SparseTokens(), torch.randn(1, 64, 16), tmp_path / "tokens.onnx")
+    rng = np.random.default_rng(0)
+    calibration = [{"images": rng.normal(size=(8, 64, 16)).astype(np.float32)} for _ in range(4)]
+    evaluation = [{"images": rng.normal(size=(8, 64, 16)).astype(np.float32)} for _ in range(4)]
+    scored = []
+    original = qdq.tuning._Search._score
+
+    def recording(self, file, split):
+        score = original(self, file, split)
+        ops = [n.op_type for n in onnx.load(str(file)).graph.node]
+        scored.append((ops.count("MatMulNBits"), split is self.tuning, score))
+        return score
+
+    monkeypatch.setattr(qdq.tuning._Search, "_score", recording)
+    result = qdq.tune(path, calibration, evaluation, tmp_path / "t.onnx", budget=Budget.sqnr(25.0), method="max",
+                      progress=False, rounds=1, iters=2)  # fmt: skip
+    assert not result.int8.meets(result.budget)
+    met = min((t for t in result.trials if t.meets(result.budget) and t.matmul_bits is None),
+              key=lambda t: len(t.floated))  # fmt: skip
+    variants = [t for t in result.trials if t.matmul_bits is not None]
+    assert [t.matmul_bits for t in variants] == [8, 4]
+    for variant in variants:
+        assert variant.floated == met.floated and variant.name.startswith(f"{met.name}, 1 MatMul(s)")
+        assert variant.ms is not None  # timed with the others
+        (converted,) = [count for count, tuning, score in scored if tuning and score == variant.score][-1:]
+        assert converted == 1  # the file it was scored on runs that MatMul as MatMulNBits
+    assert "MatMulNBits" in result.report()
 
 
 def test_a_model_of_another_kind_is_one_clear_error(tmp_path):

@@ -18,7 +18,9 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
    2, 4, 8, ... of them until the budget holds, and a bisection between the last count that missed and the first
    that met finds the fewest. Last, drop again the units the budget does not need: the least useful half first,
    then quarters, down to single units.
-4. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime; time FP32, INT8 and the
+4. Precision variants: the configuration that met with the fewest units, its float MatMuls on constant weights run
+   as ONNX Runtime's ``MatMulNBits`` (8-bit, then 4-bit block weights; int8 activations per block at run time).
+5. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime; time FP32, INT8 and the
    three fastest that meet the budget again in fresh rounds (the minimum of many noisy timings is biased low), and
    return the one that meets the budget at the lowest latency of that confirmation.
 """
@@ -45,6 +47,7 @@ from torch import nn
 from qdq.atomic import atomic_open
 from qdq.errors import QdqConfigError
 from qdq.export.onnx_export import export_onnx
+from qdq.graphs.onnx import atomic_save
 from qdq.markdown import markdown_table
 from qdq.onnx_in.bias_correction import BiasShift
 from qdq.onnx_in.calibrate import ort_session, probe_model
@@ -137,6 +140,8 @@ class Trial:
             rounds of FP32, INT8 and the fastest configurations that meet the budget, made after they were
             picked; the choice is made on it (not on ``ms``, whose minimum over many noisy trials is biased low).
             None where it was not re-timed.
+        matmul_bits: for a precision variant, the bits of the block-quantized weights its float MatMuls got
+            (``MatMulNBits``, :mod:`qdq.targets.onnxruntime.passes.matmul_nbits`); None for the others.
         path: its file in the work folder.
     """
 
@@ -148,6 +153,7 @@ class Trial:
     low: float | None = None
     high: float | None = None
     confirmed: tuple[float, float, float] | None = None
+    matmul_bits: int | None = None
     path: Path | None = None
 
     @property
@@ -217,6 +223,10 @@ class TuneResult:
             rows.append([trial.name + mark, str(len(trial.floated)), f"{trial.score:.4g}", held, verdict, timed, speed])
         lines += [markdown_table(["configuration", "units float", "score (tuning)", "score (held-out)", "budget",
                                   f"ms per batch of {self.batch}", "speed-up vs FP32"], rows), ""]  # fmt: skip
+        if any(t.matmul_bits for t in self.trials):
+            lines += ["- N MatMul(s) k-bit: the configuration named with its float MatMuls on constant weights run as "
+                      "ONNX Runtime's MatMulNBits (k-bit weights in blocks of 32, activations quantized to int8 per "
+                      "block at run time).", ""]  # fmt: skip
         lines += [
             "- score: " + self.budget.name + " on the tuning data and on the held-out data ('-': not evaluated, the "
             "tuning score already misses). budget: PASS when both reach the threshold.",
@@ -359,6 +369,7 @@ def tune(
         search = _Search(source, calibration_data, tuning, holdout, budget, Path(folder), method, threads,
                          progress, quantize_options)  # fmt: skip
         search.run(max_candidates, max_steps)
+        search.precision_variants()
         search.time(rounds, iters)
         search.confirm(rounds, iters)
         chosen = search.choose()
@@ -634,6 +645,27 @@ class _Search:
                 break
             size = max(size // 2, 1)
 
+    def precision_variants(self, bits: Sequence[int] = (8, 4)) -> None:
+        """The configuration that met the budget with the fewest float units, its float MatMuls on constant
+        weights run at a precision between int8 and float: ``MatMulNBits`` with ``bits``-bit block weights and
+        int8 activations quantized per block at run time (one evaluation each; none without such a MatMul)."""
+        from qdq.targets.onnxruntime.passes.matmul_nbits import float_weight_matmuls, matmul_nbits
+
+        passing = [t for t in self.trials if t.meets(self.budget) and t.path is not None]
+        if not passing:
+            return
+        base = min(reversed(passing), key=lambda t: len(t.floated))  # the last of the fewest: the pruned one
+        model = onnx.load(str(base.path))
+        names = float_weight_matmuls(model)
+        if not names:
+            return
+        for width in bits:
+            out = self.work / f"config_{self.files}.onnx"
+            self.files += 1
+            atomic_save(matmul_nbits(model, names, bits=width), out)
+            trial = self._add(f"{base.name}, {len(names)} MatMul(s) {width}-bit", base.floated, out)
+            trial.matmul_bits = width
+
     def _noisiest(self, count: int) -> list[tuple[str, ...]]:
         """The ``count`` units whose tensors lose the most to their quantization on one batch (lowest SQNR)."""
         tensors = sorted({name for unit in self.units for name in unit})
@@ -687,8 +719,8 @@ class _Search:
         that unit alone (the difference of their medians, and the range their 25th-75th percentiles allow),
         preferring the pair whose larger side is ``chosen`` (a pruning try without the unit), then a greedy step
         that added it."""
-        timed = [(t, set(t.floated), (t.ms, t.low, t.high)) for t in self.trials
-                 if t.ms is not None and t.low is not None and t.high is not None]  # fmt: skip
+        timed = [(t, set(t.floated), (t.ms, t.low, t.high)) for t in self.trials if t.matmul_bits is None
+                 and t.ms is not None and t.low is not None and t.high is not None]  # fmt: skip
         found: dict[tuple[str, ...], tuple[float, float, float]] = {}
         for trial, units, (ms, low, high) in timed:
             for _, fewer, (other_ms, other_low, other_high) in timed:
