@@ -163,7 +163,9 @@ def test_the_search_leaves_exactly_the_sparse_tail_float_and_times_it_on_the_run
     for trial, blocks in zip(confirmed, confirmation.block_ms.values()):
         assert trial.confirmed[0] == pytest.approx(float(np.median(blocks)))
     passing = [t for t in confirmed[1:] if t.meets(result.budget)]  # FP32 is the reference, not a candidate
-    assert result.chosen.latency == min(t.confirmed[0] for t in passing)
+    fastest = min(passing, key=lambda t: t.confirmed[0])
+    level = [t for t in passing if t.confirmed[1] <= fastest.confirmed[2]]  # as fast within the spread
+    assert result.chosen in level and len(result.chosen.floated) == min(len(t.floated) for t in level)
     assert result.evaluations >= len(result.trials)
     report = result.report()
     print(report)
@@ -409,3 +411,21 @@ def test_the_noisiest_unit_is_the_sparse_tail_when_candidates_are_limited(sparse
                       max_candidates=1, progress=False, rounds=1, iters=2)  # fmt: skip
     assert list(result.gains) == [(tail,)]
     assert result.chosen is not None and result.chosen.floated == ((tail,),)
+
+
+def test_the_choice_prefers_fewer_float_units_when_as_fast_within_the_spread():
+    """Confirmed timings (median, 25th, 75th percentile): the fastest has three units float; a one-unit
+    configuration whose 25th percentile is below the fastest's 75th is as fast within the spread and is chosen; a
+    one-unit configuration clearly slower, and a faster one that misses the budget, are not."""
+    from qdq.tuning import Trial, _Search
+
+    budget = Budget.sqnr(10.0)
+    fastest = Trial("top 3", (("a",), ("b",), ("c",)), 20.0, 20.0, ms=9.0, confirmed=(10.0, 9.0, 11.0))
+    level = Trial("prune 1", (("a",),), 20.0, 20.0, ms=10.0, confirmed=(10.5, 10.8, 12.0))
+    slower = Trial("prune 2", (("b",),), 20.0, 20.0, ms=10.0, confirmed=(15.0, 14.0, 16.0))
+    missing = Trial("greedy 1", (), 5.0, None, ms=5.0, confirmed=(5.0, 4.0, 6.0))
+    search = object.__new__(_Search)
+    search.budget, search.trials = budget, [missing, fastest, slower, level]
+    assert search.choose() is level
+    level.confirmed = (12.0, 11.5, 13.0)  # no longer level with the fastest
+    assert search.choose() is fastest

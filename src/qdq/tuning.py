@@ -20,9 +20,10 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
    then quarters, down to single units.
 4. Precision variants: the configuration that met with the fewest units, its float MatMuls on constant weights run
    as ONNX Runtime's ``MatMulNBits`` (8-bit, then 4-bit block weights; int8 activations per block at run time).
-5. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime; time FP32, INT8 and the
-   three fastest that meet the budget again in fresh rounds (the minimum of many noisy timings is biased low), and
-   return the one that meets the budget at the lowest latency of that confirmation.
+5. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime; time FP32, INT8, the
+   three fastest that meet the budget and the one that meets it with the fewest float units again in fresh rounds
+   (the minimum of many noisy timings is biased low), and return the fastest of that confirmation, or one with
+   fewer float units that is as fast within the timing's spread.
 """
 
 from __future__ import annotations
@@ -271,8 +272,10 @@ class TuneResult:
         rows = [[t.name + (" (chosen)" if t is self.chosen else ""), f"{t.confirmed[0]:.2f} ({t.confirmed[1]:.2f}-"
                  f"{t.confirmed[2]:.2f})", f"{fp32_ms / t.confirmed[0]:.2f}x"] for t in confirmed if t.confirmed]
         return [markdown_table(["confirmation", f"ms per batch of {self.batch}", "speed-up vs FP32"], rows), "",
-                "- confirmation: FP32, INT8 and the fastest configurations that meet the budget timed again in fresh "
-                "interleaved rounds; the choice is made on these (the fastest of many noisy timings is biased low).",
+                "- confirmation: FP32, INT8, the fastest configurations that meet the budget and the one with the "
+                "fewest float units timed again in fresh interleaved rounds; the choice is the fastest of these (the "
+                "fastest of many noisy timings is biased low), or one with fewer float units as fast within the "
+                "spread (its 25th percentile at most the fastest's 75th).",
                 ""]  # fmt: skip
 
     def plot(self, path: str | Path) -> Path:
@@ -685,12 +688,15 @@ class _Search:
             trial.low, trial.high = (float(v) for v in np.percentile(blocks, [25, 75]))
 
     def confirm(self, rounds: int, iters: int, count: int = 3) -> None:
-        """Time again, in fresh interleaved rounds, FP32, INT8 and the ``count`` fastest configurations that meet
-        the budget (``Trial.confirmed``): the choice among them rests on measurements it did not select on."""
-        passing = sorted((t for t in self.trials if t.meets(self.budget) and t.ms is not None),
-                         key=lambda t: t.ms or math.inf)[:count]  # fmt: skip
-        if not passing:
+        """Time again, in fresh interleaved rounds, FP32, INT8, the ``count`` fastest configurations that meet the
+        budget and the one that meets it with the fewest float units (``Trial.confirmed``): the choice among them
+        rests on measurements it did not select on."""
+        meeting = [t for t in self.trials if t.meets(self.budget) and t.ms is not None]
+        if not meeting:
             return
+        passing = sorted(meeting, key=lambda t: t.ms or math.inf)[:count]
+        fewest = min(reversed(meeting), key=lambda t: len(t.floated))  # the last of the fewest: the pruned one
+        passing += [] if any(t is fewest for t in passing) else [fewest]
         int8 = self.trials[0]
         timed = [t for t in [self.fp32, int8, *(t for t in passing if t is not int8)] if t.path is not None]
         for trial, blocks in zip(timed, self._timings(timed, rounds, iters, "tune: confirming")):
@@ -709,10 +715,17 @@ class _Search:
         return [np.asarray(comparison.block_ms[key]) for key in models]
 
     def choose(self) -> Trial | None:
-        """The configuration that meets the budget at the lowest latency (confirmed where re-timed)."""
+        """The configuration that meets the budget at the lowest latency (confirmed where re-timed); where one with
+        fewer float units is as fast within the timing's spread (its 25th percentile at most the fastest's 75th),
+        the one with the fewest float units."""
         passing = [t for t in self.trials if t.meets(self.budget) and t.latency is not None]
         confirmed = [t for t in passing if t.confirmed is not None]
-        return min(confirmed or passing, key=lambda t: t.latency or math.inf) if passing else None
+        if not confirmed:
+            return min(passing, key=lambda t: t.latency or math.inf) if passing else None
+        fastest = min(confirmed, key=lambda t: t.latency or math.inf)
+        ceiling = fastest.confirmed[2] if fastest.confirmed is not None else math.inf
+        level = [t for t in confirmed if t.confirmed is not None and t.confirmed[1] <= ceiling]
+        return min(level, key=lambda t: (len(t.floated), t.latency or math.inf))
 
     def unit_ms(self, chosen: Trial | None) -> dict[tuple[str, ...], tuple[float, float, float]]:
         """Unit -> the latency it adds, measured: the difference between two timed configurations that differ by
