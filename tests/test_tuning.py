@@ -294,7 +294,7 @@ def test_a_pytorch_model_is_tuned_through_its_fp32_export_with_labelled_batches(
 def test_a_keras_model_is_tuned_through_its_fp32_export(tmp_path):
     """The Keras twin of :class:`SparseTail` (channels last), its data as a Keras user holds it: (images, labels)
     arrays; the search leaves float exactly the tail tensor of the exported graph."""
-    keras = pytest.importorskip("keras")
+    keras = _keras_or_skip()
     model = _keras_sparse_tail(keras)
     rng = np.random.default_rng(0)
     batches = [(x, model(x).numpy().argmax(1)) for x in (rng.normal(size=(8, 16, 16, 3)).astype(np.float32)
@@ -319,6 +319,20 @@ def test_a_keras_model_is_tuned_through_its_fp32_export(tmp_path):
                         rounds=1, iters=2, budget=Budget.drop(agreement, 0.5, name="agreement"))  # fmt: skip
     assert labelled.fp32.score == 1.0
     assert seen and all(keys == ["input", "labels"] for keys in seen)
+
+
+def _keras_or_skip():
+    """Keras 3 on TensorFlow with tf2onnx (the ``tf`` extra), imported as the Keras tests do; else a skip (a bare
+    ``import keras`` could find the ``tests/keras`` folder instead)."""
+    from qdq.errors import QdqBackendUnavailable
+    from qdq.keras import _backend
+
+    try:
+        _backend.tf()
+    except QdqBackendUnavailable:
+        pytest.skip("tuning a Keras model needs TensorFlow: pip install 'qdq[tf]'")
+    pytest.importorskip("tf2onnx", reason="the Keras export needs tf2onnx: pip install 'qdq[tf]'")
+    return importlib.import_module("keras")
 
 
 def _keras_sparse_tail(keras):

@@ -422,8 +422,8 @@ def _onnx_source(model: str | Path | nn.Module, calibration: Iterable[Any], eval
 
 def _is_keras(model: Any) -> bool:
     """Whether ``model`` is a Keras model (keras is imported already where a user holds one)."""
-    keras = sys.modules.get("keras")
-    return keras is not None and isinstance(model, keras.Model)
+    model_class = getattr(sys.modules.get("keras"), "Model", None)
+    return isinstance(model_class, type) and isinstance(model, model_class)
 
 
 def _keras_source(model: Any, calibration: Iterable[Any], evaluation: Sequence[Any], holdout: Sequence[Any] | None,
