@@ -29,13 +29,14 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 import shutil
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from qdq.graphs.onnx import atomic_save
 from qdq.markdown import markdown_table
 from qdq.onnx_in.bias_correction import BiasShift
 from qdq.onnx_in.calibrate import ort_session, probe_model
+from qdq.onnx_in.data import graph_inputs
 from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.quantize import activation_groups, place, quantize_onnx
 from qdq.targets import resolve_target
@@ -396,54 +398,51 @@ def _onnx_source(model: str | Path | nn.Module, calibration: Iterable[Any], eval
                  holdout: Sequence[Any] | None, folder: Path) -> tuple[Path, Iterable[Batch], list[Batch],
                                                                    list[Batch] | None]:  # fmt: skip
     """The FP32 ONNX file the search runs on, and the batches as its feeds: ``model`` as it is when it is a path;
-    a PyTorch model exported (into ``folder``) with its batches converted."""
+    a PyTorch or Keras model exported (into ``folder``) with its batches converted."""
     if isinstance(model, str | Path):
         return Path(model), calibration, list(evaluation), None if holdout is None else list(holdout)
+    batches = list(calibration)
     if _is_keras(model):
-        return _keras_source(model, calibration, evaluation, holdout, folder)
-    if not isinstance(model, nn.Module):
+        from qdq.keras import export_onnx as keras_export
+
+        def export(out: Path) -> Path:
+            return keras_export(model, None, out, target="onnxruntime")
+
+        convert: Callable[[Any, list[str]], Batch] = _keras_feed
+    elif isinstance(model, nn.Module):
+
+        def export(out: Path) -> Path:
+            return export_onnx(model, batches[0], out, target="onnxruntime")
+
+        def convert(batch: Any, names: list[str]) -> Batch:
+            return _feed(batch, model, names)
+    else:
         raise QdqConfigError(f"tune takes an FP32 ONNX file, a float torch.nn.Module or a float Keras model, not "
                              f"{type(model).__name__}.")  # fmt: skip
-    batches = list(calibration)
     if not batches:
         raise QdqConfigError("tune needs calibration data: pass at least one batch.")
-    with warnings.catch_warnings():  # the FP32 graph has no quantizer by design: its float convs are no mistake
-        warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
-        source = export_onnx(model, batches[0], folder / "fp32.onnx", target="onnxruntime")
-
-    graph = onnx.load(str(source), load_external_data=False).graph
-    names = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    with _float_convs_expected():  # the FP32 graph has no quantizer by design
+        source = export(folder / "fp32.onnx")
+    names = [value.name for value in graph_inputs(source)]
 
     def feeds(data: Iterable[Any]) -> list[Batch]:
-        return [_feed(batch, model, names) for batch in data]
+        return [convert(batch, names) for batch in data]
 
     return source, feeds(batches), feeds(evaluation), None if holdout is None else feeds(holdout)
+
+
+@contextlib.contextmanager
+def _float_convs_expected() -> Iterator[None]:
+    """Silence the warning that convs will run in float: a file tune writes leaves them float on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
+        yield
 
 
 def _is_keras(model: Any) -> bool:
     """Whether ``model`` is a Keras model (keras is imported already where a user holds one)."""
     model_class = getattr(sys.modules.get("keras"), "Model", None)
     return isinstance(model_class, type) and isinstance(model, model_class)
-
-
-def _keras_source(model: Any, calibration: Iterable[Any], evaluation: Sequence[Any], holdout: Sequence[Any] | None,
-                  folder: Path) -> tuple[Path, list[Batch], list[Batch], list[Batch] | None]:  # fmt: skip
-    """A float Keras model's FP32 ONNX export (:func:`qdq.keras.export_onnx`) and its batches as the file's feeds."""
-    from qdq.keras import export_onnx as keras_export
-
-    with warnings.catch_warnings():  # the FP32 graph has no quantizer by design: its float convs are no mistake
-        warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
-        source = keras_export(model, None, folder / "fp32.onnx", target="onnxruntime")
-    graph = onnx.load(str(source), load_external_data=False).graph
-    names = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
-
-    def feeds(data: Iterable[Any]) -> list[Batch]:
-        return [_keras_feed(batch, names) for batch in data]
-
-    batches = feeds(calibration)
-    if not batches:
-        raise QdqConfigError("tune needs calibration data: pass at least one batch.")
-    return source, batches, feeds(evaluation), None if holdout is None else feeds(holdout)
 
 
 def _keras_feed(batch: Any, names: list[str]) -> dict[str, Any]:
@@ -536,8 +535,7 @@ class _Search:
         out = self.work / f"config_{self.files}.onnx"
         self.files += 1
         values = sorted({name for unit in floated for name in unit})
-        with warnings.catch_warnings():  # the convs a configuration leaves float are its point, not a mistake
-            warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
+        with _float_convs_expected():  # the convs a configuration leaves float are its point, not a mistake
             result = quantize_onnx(self.source, calibration if calibration is not None else [self.tuning[0]], out,
                                    target="onnxruntime", method=self.method, float_values=values,
                                    value_ranges=self.value_ranges, bias_shifts=self.bias_shifts, progress=False,
@@ -684,8 +682,7 @@ class _Search:
         """Time FP32 and every configuration tried in interleaved rounds (``Trial.ms``)."""
         timed = [t for t in [self.fp32, *self.trials] if t.path is not None]
         for trial, blocks in zip(timed, self._timings(timed, rounds, iters, "tune: timing")):
-            trial.ms = float(np.median(blocks))
-            trial.low, trial.high = (float(v) for v in np.percentile(blocks, [25, 75]))
+            trial.ms, trial.low, trial.high = _spread(blocks)
 
     def confirm(self, rounds: int, iters: int, count: int = 3) -> None:
         """Time again, in fresh interleaved rounds, FP32, INT8, the ``count`` fastest configurations that meet the
@@ -700,8 +697,7 @@ class _Search:
         int8 = self.trials[0]
         timed = [t for t in [self.fp32, int8, *(t for t in passing if t is not int8)] if t.path is not None]
         for trial, blocks in zip(timed, self._timings(timed, rounds, iters, "tune: confirming")):
-            low, high = (float(v) for v in np.percentile(blocks, [25, 75]))
-            trial.confirmed = (float(np.median(blocks)), low, high)
+            trial.confirmed = _spread(blocks)
 
     def _timings(self, trials: list[Trial], rounds: int, iters: int, step: str) -> list[np.ndarray]:
         from qdq.runtime.benchmark import compare_models
@@ -742,6 +738,12 @@ class _Search:
                     if unit not in found or trial is chosen:
                         found[unit] = (ms - other_ms, low - other_high, high - other_low)
         return found
+
+
+def _spread(blocks: np.ndarray) -> tuple[float, float, float]:
+    """(median, 25th, 75th percentile) of interleaved block timings, ms."""
+    low, high = np.percentile(blocks, [25, 75])
+    return float(np.median(blocks)), float(low), float(high)
 
 
 def _cost(cost: tuple[float, float, float]) -> str:
