@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import re
+import time
 
 import numpy as np
 import onnx
@@ -12,10 +15,10 @@ from torch import nn
 
 import qdq
 from onnx_models import export
+from qdq.runtime import Backend, OrtRuntime, register_runtime, unregister_runtime
+from qdq.targets import TENSORRT, RuntimeSupport
 from qdq.tuning import Budget
 from qdq.workflow.verification import sqnr_db
-
-benchmark = importlib.import_module("qdq.runtime.benchmark")
 
 
 class SparseTail(nn.Module):
@@ -132,14 +135,14 @@ def test_the_search_leaves_exactly_the_sparse_tail_float_and_times_it_on_the_run
                                                                                      monkeypatch):  # fmt: skip
     path, tail = sparse_tail
     measured = []
-    original = benchmark.compare_models
+    original = qdq.tuning.compare_models
 
     def recording(*args, **kwargs):
         comparison = original(*args, **kwargs)
         measured.append(comparison)
         return comparison
 
-    monkeypatch.setattr(benchmark, "compare_models", recording)
+    monkeypatch.setattr(qdq.tuning, "compare_models", recording)
     result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(25.0),
                       method="max", progress=False, rounds=3, iters=3)  # fmt: skip
     assert not result.int8.meets(result.budget)  # plain INT8 misses the budget
@@ -196,8 +199,6 @@ def test_too_little_evaluation_data_is_one_clear_error(sparse_tail, tmp_path):
     path, _ = sparse_tail
     with pytest.raises(qdq.QdqConfigError, match="at least two batches"):
         qdq.tune(path, _data(2, 1), _data(1, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), progress=False)
-    with pytest.raises(qdq.QdqConfigError, match="target 'tensorrt' is not supported yet"):
-        qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), target="tensorrt")
 
 
 def test_a_score_in_coarse_steps_finds_the_two_tails_among_the_leading_units(tmp_path):
@@ -366,8 +367,8 @@ def test_the_float_matmul_of_the_met_configuration_is_tried_with_block_quantized
     scored = []
     original = qdq.tuning._Search._score
 
-    def recording(self, file, split):
-        score = original(self, file, split)
+    def recording(self, file, split, outputs):
+        score = original(self, file, split, outputs)
         ops = [n.op_type for n in onnx.load(str(file)).graph.node]
         scored.append((ops.count("MatMulNBits"), split is self.tuning, score))
         return score
@@ -419,6 +420,26 @@ def test_the_command_line_tunes_from_npz_files_and_writes_the_report(sparse_tail
                  str(tmp_path / "eval.npz"), "--metric", "x.py:f"]) == 2  # --metric without --min-metric
 
 
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_the_command_line_tunes_for_a_target_on_openvino(sparse_tail, target, tmp_path, capsys):
+    """Both targets' files run on OpenVINO's CPU plugin: scored and timed there, the tail still the unit to float."""
+    pytest.importorskip("openvino")
+    from qdq.cli import main
+
+    path, tail = sparse_tail
+    np.savez(tmp_path / "calib.npz", images=np.concatenate([b["images"] for b in _data(4, 1)]))
+    np.savez(tmp_path / "eval.npz", images=np.concatenate([b["images"] for b in _data(4, 2)]))
+    code = main(["tune", "--model", str(path), "--data", str(tmp_path / "calib.npz"), "--eval-data",
+                 str(tmp_path / "eval.npz"), "--min-sqnr", "25", "--calib", "max", "--target", target, "--runtime",
+                 "openvino", "--out", str(tmp_path / "t.onnx"), "--report", str(tmp_path / "tune.md")])  # fmt: skip
+    assert code == 0
+    report = (tmp_path / "tune.md").read_text()
+    assert report.startswith("# tune: output SQNR dB >= 25 on openvino") and "builds on openvino" in report
+    chosen = next(line for line in report.splitlines() if "(chosen)" in line)
+    assert re.search(r"\(chosen\) *\| 1 *\|", chosen)  # one unit float: the tail
+    assert tail in report
+
+
 def test_the_noisiest_unit_is_the_sparse_tail_when_candidates_are_limited(sparse_tail, tmp_path):
     path, tail = sparse_tail
     result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "t.onnx", budget=Budget.sqnr(25.0), method="max",
@@ -443,3 +464,66 @@ def test_the_choice_prefers_fewer_float_units_when_as_fast_within_the_spread():
     assert search.choose() is level
     level.confirmed = (12.0, 11.5, 13.0)  # no longer level with the fastest
     assert search.choose() is fastest
+
+
+class _SimulatedGpu(OrtRuntime):
+    """ONNX Runtime's numbers on a modelled clock: each Conv/Gemm costs 0.5 ms on int8 inputs, 2 ms on float ones
+    (a stand-in for an engine's own timing: the latencies tune reports must be this runtime's)."""
+
+    name = "simulated_gpu"
+    INT8_MS, FLOAT_MS = 0.5, 2.0
+
+    def bind(self, inputs):
+        run = super().bind(inputs)
+        graph = onnx.load(str(self.path)).graph
+        dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+        layers = [n for n in graph.node if n.op_type in ("Conv", "Gemm")]
+        seconds = sum(self.INT8_MS if n.input[0] in dequantized else self.FLOAT_MS for n in layers) / 1000
+
+        def call():
+            time.sleep(seconds)
+            return run()
+
+        return call
+
+
+@pytest.fixture
+def simulated_gpu_target():
+    """A TensorRT-placed target whose native runtime is the simulated GPU, registered for the test only."""
+    register_runtime("simulated_gpu", _SimulatedGpu)
+    try:
+        yield dataclasses.replace(TENSORRT, name="tensorrt_sim", runtimes=(RuntimeSupport("simulated_gpu", "native"),))
+    finally:
+        unregister_runtime("simulated_gpu")
+
+
+def test_a_tensorrt_placement_is_tuned_on_its_own_runtime_with_an_fp16_float_part(sparse_tail, simulated_gpu_target,
+                                                                                  tmp_path):  # fmt: skip
+    path, tail = sparse_tail
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(25.0),
+                      target=simulated_gpu_target, method="max", progress=False, rounds=3, iters=3,
+                      target_options={"float": "float16"})  # fmt: skip
+    assert result.runtime == "simulated_gpu"
+    assert not result.int8.meets(result.budget) and result.chosen is not None
+    assert result.chosen.floated == ((tail,),)
+    graph = onnx.load(str(result.path)).graph
+    assert tail not in {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in graph.initializer)  # the float part is FP16
+    # the modelled clock, not ONNX Runtime's: the tail float turns one int8 conv into a float one (+1.5 ms)
+    added = _SimulatedGpu.FLOAT_MS - _SimulatedGpu.INT8_MS
+    assert result.chosen.latency - result.int8.latency == pytest.approx(added, abs=0.4)
+    assert result.unit_ms[(tail,)][0] == pytest.approx(added, abs=0.4)
+    assert result.builds >= len(result.trials) and "builds on simulated_gpu" in result.report()
+
+
+def test_a_runtime_the_target_refuses_or_that_is_missing_is_one_clear_error(sparse_tail, tmp_path):
+    path, _ = sparse_tail
+    with pytest.raises(qdq.QdqConfigError, match="does not run on 'tensorrt': TensorRT builds signed int8"):
+        qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), runtime="tensorrt")
+    register_runtime(Backend("absent_gpu", _SimulatedGpu, package="qdq_no_such_package", install="pip install x"))
+    try:
+        target = dataclasses.replace(TENSORRT, name="absent", runtimes=(RuntimeSupport("absent_gpu", "native"),))
+        with pytest.raises(qdq.QdqConfigError, match="'absent_gpu', which is not installed here: pip install x"):
+            qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), target=target)
+    finally:
+        unregister_runtime("absent_gpu")

@@ -495,13 +495,14 @@ SUBCOMMANDS.append(add_check_parser)
 
 def add_tune_parser(subparsers: Any) -> None:
     """Declare ``qdq tune --model FP32.onnx --data D --eval-data E (--min-agreement P | --min-sqnr DB |
-    --metric F --min-metric M) --out TUNED.onnx``."""
+    --metric F --min-metric M) [--target T --runtime R --float fp16] --out TUNED.onnx``."""
     p = subparsers.add_parser(
         "tune",
-        help="meet an accuracy budget at the lowest latency measured on ONNX Runtime: which tensors stay float",
-        description="Quantize FP32.onnx for ONNX Runtime, then leave float the fewest activation tensors that make "
+        help="meet an accuracy budget at the lowest latency measured on the runtime: which tensors stay float",
+        description="Quantize FP32.onnx for --target, then leave float the fewest activation tensors that make "
         "the budget hold on the evaluation data and on held-out data (every other batch), timing every "
-        "configuration in interleaved rounds; write the fastest that meets it and print the report (every "
+        "configuration on --runtime (scored and timed there) in interleaved rounds; write the fastest that meets it "
+        "and print the report (every "
         "configuration with PASS/FAIL, latency and its spread; the tensors left float with their gain and cost). "
         "Exit code 0 when a configuration meets the budget, 1 when none does.",
     )
@@ -519,7 +520,11 @@ def add_tune_parser(subparsers: Any) -> None:
     p.add_argument("--class-axis", type=int, default=1, help="--min-agreement: the arg-max axis (default 1)")
     p.add_argument("--calib", default="percentile", help="calibration method (default percentile)")
     p.add_argument("--max-steps", type=_positive_int, default=12, help="most units left float (default 12)")
-    p.add_argument("--threads", type=_positive_int, help="ONNX Runtime threads (default: its own)")
+    p.add_argument("--target", default="onnxruntime", help="placement target: onnxruntime (default) or tensorrt")
+    p.add_argument("--runtime", help="where configurations are scored and timed (default: the target's native "
+                   "runtime: onnxruntime, or tensorrt for --target tensorrt; openvino runs both)")  # fmt: skip
+    p.add_argument("--float", help="float part of a tensorrt file: fp32 (default), fp16 or bf16 (TensorRT 11)")
+    p.add_argument("--threads", type=_positive_int, help="runtime threads (default: its own)")
     p.add_argument("--out", type=Path, default=Path("tuned.onnx"), help="the chosen file (default tuned.onnx)")
     p.add_argument("--report", type=Path, help="also write the report (Markdown) here")
     p.add_argument("--plot", type=Path, help="also write the Pareto plot here (matplotlib)")
@@ -544,8 +549,10 @@ def run_tune(args: argparse.Namespace) -> int:
         budget = Budget.agreement(args.min_agreement, class_axis=args.class_axis)
     calibration = calibration_batches(args.data, args.model, batch_size=args.batch_size)
     evaluation = calibration_batches(args.eval_data, args.model, batch_size=args.batch_size)
-    result = tune(args.model, calibration, evaluation, args.out, budget=budget, method=args.calib,
-                  max_steps=args.max_steps, threads=args.threads)  # fmt: skip
+    options = {"target_options": {"float": args.float}} if args.float else {}
+    result = tune(args.model, calibration, evaluation, args.out, budget=budget, target=args.target,
+                  runtime=args.runtime, method=args.calib, max_steps=args.max_steps, threads=args.threads,
+                  **options)  # fmt: skip
     report = result.report()
     print(report)
     if args.report:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -56,7 +57,11 @@ from qdq.onnx_in.calibrate import ort_session, probe_model
 from qdq.onnx_in.data import graph_inputs
 from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.quantize import activation_groups, place, quantize_onnx
-from qdq.targets import resolve_target
+from qdq.runtime import Backend, Runtime, get_backend
+from qdq.runtime.benchmark import compare_models
+from qdq.runtime.ort import inference_session, session_options
+from qdq.targets import Target, resolve_target
+from qdq.targets.onnxruntime.passes.matmul_nbits import float_weight_matmuls, matmul_nbits
 from qdq.tensor_quant import fake_tensor_quant
 from qdq.utils.batches import split_labels
 from qdq.workflow.progress import Progress, counter
@@ -180,6 +185,7 @@ class TuneResult:
         gains: unit -> the budget's proxy (default: output SQNR in dB against FP32) on the first tuning batch gained
             by leaving it float alone (the sensitivity pass, which orders the greedy search).
         evaluations: files scored (tuning and held-out splits counted once each); files: files written;
+            builds: files loaded on the runtime (sessions; engine builds on TensorRT), for scoring and timing;
             calibrations: calibration passes (1); seconds: wall time.
         advice: the next step when the result is no faster than FP32 or nothing met the budget.
         runtime: where the latencies were measured; batch: the timed batch size.
@@ -201,6 +207,7 @@ class TuneResult:
     files: int
     calibrations: int
     seconds: float
+    builds: int = 0
     advice: str | None = None
     runtime: str = "onnxruntime"
     batch: int = 1
@@ -260,8 +267,8 @@ class TuneResult:
         if top:
             lines += [markdown_table(["most sensitive units (tensors)", "proxy gained alone"],
                                      [[self.describe(unit), f"{gain:+.2f}"] for unit, gain in top]), ""]  # fmt: skip
-        lines.append(f"Search cost: {self.evaluations} evaluations, {self.files} files written, "
-                     f"{self.calibrations} calibration, {self.seconds:.0f} s.")  # fmt: skip
+        lines.append(f"Search cost: {self.evaluations} evaluations, {self.files} files written, {self.builds} "
+                     f"builds on {self.runtime}, {self.calibrations} calibration, {self.seconds:.0f} s.")  # fmt: skip
         if self.advice:
             lines += ["", self.advice]
         return "\n".join(lines)
@@ -314,7 +321,9 @@ def tune(
     path: str | Path,
     *,
     budget: Budget,
-    target: str = "onnxruntime",
+    target: str | Target = "onnxruntime",
+    runtime: str | None = None,
+    runtime_options: Mapping[str, Any] | None = None,
     method: str = "percentile",
     holdout_data: Sequence[Any] | None = None,
     max_candidates: int | None = None,
@@ -327,7 +336,7 @@ def tune(
 ) -> TuneResult:
     """Quantize the FP32 ONNX file ``model`` and leave float the fewest tensors that make ``budget`` hold on
     ``eval_data`` and ``holdout_data``, choosing among the configurations tried the one of the lowest latency
-    measured on ONNX Runtime; write it at ``path``.
+    measured on ``runtime``; write it at ``path``.
 
     Args:
         model: the FP32 ONNX file, or a float PyTorch model: it is exported to FP32 ONNX
@@ -342,7 +351,15 @@ def tune(
             labels, are passed to the budget's metric only).
         path: where the chosen file goes.
         budget: what must hold (:class:`Budget`).
-        target: the placement target (``"onnxruntime"``; the latency is measured on ONNX Runtime's CPU kernels).
+        target: the placement target (``"onnxruntime"``, ``"tensorrt"`` or one you registered); its placement gives
+            the units of choice. For ``"tensorrt"``, ``target_options={"float": "float16"}`` (a quantize option)
+            makes every unit left float run in FP16, as TensorRT 11 builds it.
+        runtime: where every configuration is scored and timed: a registered runtime the target supports
+            (:attr:`qdq.targets.Target.runtimes`, not one that refuses its files); default: the target's first
+            native runtime (``"onnxruntime"`` for ``"onnxruntime"``, ``"tensorrt"`` for ``"tensorrt"``). The FP32
+            reference outputs are the float file's on ONNX Runtime.
+        runtime_options: the runtime's load options (:meth:`qdq.runtime.Backend.open`: ``precision`` for
+            OpenVINO, ``workspace_mib`` for TensorRT, ...).
         method: the calibration method of the one calibration.
         holdout_data: batches the chosen configuration must also meet the budget on; default: every other batch
             of ``eval_data`` is held out (then ``eval_data`` needs at least two batches).
@@ -361,18 +378,18 @@ def tune(
 
     Raises:
         QdqConfigError: a model that is not an ONNX file, a PyTorch or a Keras model, too little evaluation data, a
-            target other than ``"onnxruntime"``.
+            runtime the target does not support or that is not installed.
     """
     started = time.perf_counter()
-    if resolve_target(target).name != "onnxruntime":
-        raise QdqConfigError(f"tune measures latency on ONNX Runtime's CPU kernels; target {target!r} is not "
-                             "supported yet: use target='onnxruntime'.")  # fmt: skip
+    place_for = resolve_target(target)
+    backend = _runtime_for(place_for, runtime)
     with tempfile.TemporaryDirectory(prefix="qdq-tune-") as folder:
         source, calibration_data, eval_data, holdout_data = _onnx_source(model, calibration_data, eval_data,
                                                                          holdout_data, Path(folder))  # fmt: skip
         tuning, holdout = _splits(eval_data, holdout_data)
-        search = _Search(source, calibration_data, tuning, holdout, budget, Path(folder), method, threads,
-                         progress, quantize_options)  # fmt: skip
+        search = _Search(source, calibration_data, tuning, holdout, budget, Path(folder), method,
+                         _Engine(place_for, backend, threads, dict(runtime_options or {})), progress,
+                         quantize_options)  # fmt: skip
         search.run(max_candidates, max_steps)
         search.precision_variants()
         search.time(rounds, iters)
@@ -388,7 +405,7 @@ def tune(
         return TuneResult(
             path=written, budget=search.budget, fp32=search.fp32, int8=search.trials[0], chosen=chosen,
             trials=search.trials, gains=search.gains, evaluations=search.evaluations, files=search.files,
-            made_by=search.made_by,
+            made_by=search.made_by, runtime=backend.name, builds=search.builds,
             calibrations=1, seconds=time.perf_counter() - started, batch=search.batch, unit_ms=search.unit_ms(chosen),
             advice=_advice(search.fp32, search.trials[0], chosen),
         )  # fmt: skip
@@ -491,17 +508,19 @@ class _Search:
     """The state of one search: the data, the reference outputs, every trial and what it cost."""
 
     def __init__(self, source: Path, calibration: Iterable[Batch], tuning: list[Batch], holdout: list[Batch],
-                 budget: Budget, work: Path, method: str, threads: int | None, progress: Progress,
+                 budget: Budget, work: Path, method: str, engine: _Engine, progress: Progress,
                  options: dict[str, Any]) -> None:  # fmt: skip
-        self.source, self.work, self.threads, self.progress = source, work, threads, progress
+        self.source, self.work, self.engine, self.progress = source, work, engine, progress
+        self.threads = engine.threads
         self.tuning, self.holdout, self.options, self.method = tuning, holdout, options, method
         self.trials: list[Trial] = []
         self.gains: dict[tuple[str, ...], float] = {}
-        self.evaluations = self.files = 0
+        self.evaluations = self.files = self.builds = 0
         proto = load_float_model(source)
         self.made_by = _made_by(proto)
         self.inputs = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
-        self.reference = {id(tuning): self._outputs(source, tuning), id(holdout): self._outputs(source, holdout)}
+        self.largest = max(len(next(iter(self._feed(b).values()))) for b in [*tuning, *holdout])
+        self.reference = dict(zip((id(tuning), id(holdout)), self._reference(source, [tuning, holdout])))
         fp32_scores = [budget.score(self.reference[id(s)], self.reference[id(s)], s) for s in (tuning, holdout)]
         if budget.max_drop is not None:
             budget = Budget(budget.name, budget.score, min(fp32_scores) - budget.max_drop, budget.max_drop,
@@ -514,7 +533,7 @@ class _Search:
         self.value_ranges, self.bias_shifts = base[1], base[2]
         prepare(proto)
         self.prepared = proto
-        self.units = activation_groups(place(proto, resolve_target("onnxruntime"), options.get("keep_float", ())))
+        self.units = activation_groups(place(proto, engine.target, options.get("keep_float", ())))
         self.calibration_batch = tuning[0]
         self.batch = int(next(iter(self._feed(tuning[0]).values())).shape[0])
         self._add("INT8", (), base[0])
@@ -523,12 +542,16 @@ class _Search:
     def _feed(self, batch: Batch) -> dict[str, np.ndarray]:
         return {name: np.asarray(batch[name]) for name in self.inputs}
 
-    def _outputs(self, path: Path, batches: Sequence[Batch]) -> Outputs:
-        from qdq.runtime.ort import inference_session, session_options
-
+    def _reference(self, path: Path, splits: Sequence[Sequence[Batch]]) -> list[Outputs]:
+        """The FP32 file's outputs on each split, computed by ONNX Runtime in float32: the float model's own."""
         session = inference_session(path, session_options(threads=self.threads))
-        runs = [session.run(None, self._feed(b)) for b in batches]
-        return [np.concatenate([np.asarray(r[i], np.float32) for r in runs]) for i in range(len(runs[0]))]
+        return [_joined([session.run(None, self._feed(b)) for b in split]) for split in splits]
+
+    def _outputs(self, path: Path, splits: Sequence[Sequence[Batch]]) -> list[Outputs]:
+        """``path``'s outputs on each split, computed by the runtime (one build of the file)."""
+        self.builds += 1
+        with self.engine.open(path, self.largest) as loaded:
+            return [_joined([loaded.run(self._feed(b)) for b in split]) for split in splits]
 
     def _quantize(self, floated: tuple[tuple[str, ...], ...], calibration: Iterable[Batch] | None = None
                   ) -> tuple[Path, dict[str, np.ndarray], list[BiasShift]]:  # fmt: skip
@@ -537,22 +560,28 @@ class _Search:
         values = sorted({name for unit in floated for name in unit})
         with _float_convs_expected():  # the convs a configuration leaves float are its point, not a mistake
             result = quantize_onnx(self.source, calibration if calibration is not None else [self.tuning[0]], out,
-                                   target="onnxruntime", method=self.method, float_values=values,
+                                   target=self.engine.target, method=self.method, float_values=values,
                                    value_ranges=self.value_ranges, bias_shifts=self.bias_shifts, progress=False,
                                    threads=self.threads, **self.options)  # fmt: skip
         return result.path, result.value_ranges, result.bias_shifts
 
-    def _score(self, path: Path, split: list[Batch]) -> float:
+    def _score(self, path: Path, split: list[Batch], outputs: Outputs) -> float:
         self.evaluations += 1
-        return self.budget.score(self.reference[id(split)], self._outputs(path, split), split)
+        return self.budget.score(self.reference[id(split)], outputs, split)
 
-    def _add(self, name: str, floated: tuple[tuple[str, ...], ...], path: Path | None = None,
-             holdout: bool = True) -> Trial:  # fmt: skip
+    def _add(self, name: str, floated: tuple[tuple[str, ...], ...], path: Path | None = None) -> Trial:
+        """Score a configuration (its file, written here when ``path`` is None) on the tuning data, and on the
+        held-out data where the tuning score meets the budget; both on one build of the file."""
         if path is None:
             path = self._quantize(floated)[0]
-        trial = Trial(name, floated, self._score(path, self.tuning), path=path)
-        if holdout and trial.score >= self.budget.threshold:
-            trial.holdout = self._score(path, self.holdout)
+        self.builds += 1
+        with self.engine.open(path, self.largest) as loaded:
+            def outputs(split: list[Batch]) -> Outputs:
+                return _joined([loaded.run(self._feed(b)) for b in split])
+
+            trial = Trial(name, floated, self._score(path, self.tuning, outputs(self.tuning)), path=path)
+            if trial.score >= self.budget.threshold:
+                trial.holdout = self._score(path, self.holdout, outputs(self.holdout))
         self.trials.append(trial)
         return trial
 
@@ -566,12 +595,12 @@ class _Search:
         proxy = self.budget.proxy or _sqnr
         rows = len(next(iter(self._feed(screen[0]).values())))
         reference = [r[:rows] for r in self.reference[id(self.tuning)]]
-        base_sqnr = proxy(reference, self._outputs(base.path, screen)) if base.path else -math.inf
+        base_sqnr = proxy(reference, self._outputs(base.path, [screen])[0]) if base.path else -math.inf
         bar = counter(self.progress, "tune: sensitivity", len(candidates))
         for unit in candidates:
             path = self._quantize((unit,))[0]
             self.evaluations += 1
-            self.gains[unit] = proxy(reference, self._outputs(path, screen)) - base_sqnr
+            self.gains[unit] = proxy(reference, self._outputs(path, [screen])[0]) - base_sqnr
             path.unlink()
             bar.update()
         bar.close()
@@ -646,14 +675,14 @@ class _Search:
                 break
             size = max(size // 2, 1)
 
-    def precision_variants(self, bits: Sequence[int] = (8, 4)) -> None:
+    def precision_variants(self) -> None:
         """The configuration that met the budget with the fewest float units, its float MatMuls on constant
-        weights run at a precision between int8 and float: ``MatMulNBits`` with ``bits``-bit block weights and
-        int8 activations quantized per block at run time (one evaluation each; none without such a MatMul)."""
-        from qdq.targets.onnxruntime.passes.matmul_nbits import float_weight_matmuls, matmul_nbits
-
+        weights run at a precision between int8 and float: ``MatMulNBits`` with block weights of each width the
+        runtime runs (:attr:`qdq.runtime.Backend.block_weight_bits`; ONNX Runtime: 8 and 4 bits) and int8
+        activations quantized per block at run time (one evaluation each; none without such a MatMul)."""
+        bits = self.engine.backend.block_weight_bits
         passing = [t for t in self.trials if t.meets(self.budget) and t.path is not None]
-        if not passing:
+        if not passing or not bits:
             return
         base = min(reversed(passing), key=lambda t: len(t.floated))  # the last of the fewest: the pruned one
         model = onnx.load(str(base.path))
@@ -700,13 +729,14 @@ class _Search:
             trial.confirmed = _spread(blocks)
 
     def _timings(self, trials: list[Trial], rounds: int, iters: int, step: str) -> list[np.ndarray]:
-        from qdq.runtime.benchmark import compare_models
-
         models = {f"{i}": t.path for i, t in enumerate(trials) if t.path is not None}  # all have one here
         bar = counter(self.progress, step, rounds * len(models))
-        comparison = compare_models(models, "onnxruntime", threads=self.threads, rounds=rounds, iters=iters,
-                                    warmup=2, batch=self.batch, inputs=self._feed(self.calibration_batch),
-                                    progress=bar.update)  # fmt: skip
+        self.builds += len(models)
+        with self.engine.once():
+            comparison = compare_models(models, self.engine.backend.name, threads=self.threads, rounds=rounds,
+                                        iters=iters, warmup=2, batch=self.batch,
+                                        inputs=self._feed(self.calibration_batch), progress=bar.update,
+                                        **self.engine.options)  # fmt: skip
         bar.close()
         return [np.asarray(comparison.block_ms[key]) for key in models]
 
@@ -738,6 +768,63 @@ class _Search:
                     if unit not in found or trial is chosen:
                         found[unit] = (ms - other_ms, low - other_high, high - other_low)
         return found
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """Where the search's files are placed, scored and timed: the target, the runtime's backend, its options."""
+
+    target: Target
+    backend: Backend
+    threads: int | None
+    options: dict[str, Any]
+    said: set[str] = field(default_factory=set)
+
+    def open(self, path: Path, batch: int) -> Runtime:
+        with self.once():
+            return self.backend.open(path, threads=self.threads, batch=batch, **self.options)
+
+    @contextlib.contextmanager
+    def once(self) -> Iterator[None]:
+        """Pass on each warning the runtime gives while loading the search's files once, not once per file (the
+        file's name, which a warning starts with, removed)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        for warning in caught:
+            text = re.sub(r"^config_\d+\.onnx: ", "", str(warning.message))
+            key = re.sub(r"\d+", "#", text)  # "3 int8 weight(s) ..." and "4 int8 weight(s) ..." are one warning
+            if key not in self.said:
+                self.said.add(key)
+                warnings.warn(f"tune: {text}", warning.category, stacklevel=3)
+
+
+def _runtime_for(target: Target, runtime: str | None) -> Backend:
+    """The backend of ``runtime`` (default: ``target``'s first native runtime), checked: ``target`` supports it and
+    it is installed here."""
+    usable = [support for support in target.runtimes if support.verdict != "refuses"]
+    if runtime is None:
+        native = [support for support in usable if support.verdict == "native"]
+        if not native:
+            raise QdqConfigError(f"target {target.name!r} names no native runtime to time its files on: pass "
+                                 f"runtime= (one of {[s.runtime for s in usable]}).")  # fmt: skip
+        runtime = str(native[0].runtime)
+    backend = get_backend(runtime)
+    support = target.support(backend.name)
+    if support is None or support.verdict == "refuses":
+        why = f": {support.reason}" if support is not None else ""
+        raise QdqConfigError(f"target {target.name!r} does not run on {backend.name!r}{why}. tune scores and times "
+                             f"on a runtime the target supports: {[s.runtime for s in usable]}.")  # fmt: skip
+    if not backend.available():
+        raise QdqConfigError(f"tune scores and times every configuration on runtime {backend.name!r}, which is not "
+                             f"installed here: {backend.install or 'install its package'}; or pass runtime= one of "
+                             f"{[s.runtime for s in usable]}.")  # fmt: skip
+    return backend
+
+
+def _joined(runs: list[list[np.ndarray]]) -> Outputs:
+    """Per-batch outputs as one array per graph output, batches concatenated on axis 0."""
+    return [np.concatenate([np.asarray(run[i], np.float32) for run in runs]) for i in range(len(runs[0]))]
 
 
 def _spread(blocks: np.ndarray) -> tuple[float, float, float]:
@@ -794,9 +881,9 @@ def _unit_sqnr(arrays: list[np.ndarray], amax: np.ndarray | None) -> float:
 
 def _advice(fp32: Trial, int8: Trial, chosen: Trial | None) -> str | None:
     if int8.latency is not None and fp32.latency is not None and int8.latency >= fp32.latency:
-        return ("Even the full INT8 file runs no faster than FP32 on this runtime and CPU (x86 without VNNI, or a "
-                "model too small for int8 kernels to pay): keep FP32 here, or deploy where int8 kernels are fast "
-                "(a VNNI/AMX CPU, TensorRT).")  # fmt: skip
+        return ("Even the full INT8 file runs no faster than FP32 on this runtime and machine (an x86 CPU without "
+                "VNNI, or a model too small for int8 kernels to pay): keep FP32 here, or deploy where int8 kernels "
+                "are fast (a VNNI/AMX CPU, TensorRT).")  # fmt: skip
     if chosen is None:
         return ("No configuration met the budget: raise max_steps (or max_candidates), or fine-tune with "
                 "quantization-aware training (docs/guides/qat.md).")  # fmt: skip

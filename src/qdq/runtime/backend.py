@@ -68,6 +68,8 @@ class Backend:
         precisions: the values of the ``precision`` load option it takes (empty: it takes none).
         divergence_causes: op type feeding the first quantizer where the runtime departs from PyTorch ->
             the known cause, established by measurement (:meth:`divergence_cause`).
+        block_weight_bits: the weight widths of ONNX Runtime's ``com.microsoft`` ``MatMulNBits`` the runtime has
+            kernels for (empty: none), which :func:`qdq.tune` tries for the MatMuls a configuration leaves float.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class Backend:
         description: str = "",
         precisions: tuple[str, ...] = (),
         divergence_causes: Mapping[str, str] | None = None,
+        block_weight_bits: tuple[int, ...] = (),
     ) -> None:
         if not isinstance(name, str) or not name:
             raise QdqTypeError(f"a backend's name is a non-empty string, got {name!r}.")
@@ -94,6 +97,7 @@ class Backend:
         self.description = description
         self.precisions = tuple(precisions)
         self.divergence_causes = dict(divergence_causes or {})
+        self.block_weight_bits = tuple(block_weight_bits)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

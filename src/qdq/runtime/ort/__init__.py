@@ -43,6 +43,7 @@ class OrtBackend(Backend):
         super().__init__(
             ORT_RUNTIME.name, OrtRuntime, package="onnxruntime", install="pip install onnxruntime",
             description="ONNX Runtime, CPU execution provider (QLinearConv, QGemm, ... int8 kernels)",
+            block_weight_bits=(8, 4),
         )  # fmt: skip
 
     def int8_coverage(  # type: ignore[override]  # its runtime's load options by name; the base takes any
