@@ -16,7 +16,9 @@ latency (issue 35).
   lines. The sensitivity pass ranks units by the output SQNR against FP32's. NNCF is run beside nudenet only.
 
 Latency: ONNX Runtime CPU (qdq's session: on a CPU without VNNI its int8 weights run as uint8, exact), one batch of
-8 evaluation images, interleaved rounds inside ``tune``. Prints tune's report; ``--plot`` writes the Pareto plot.
+8 evaluation images, interleaved rounds inside ``tune``; ``--runtime openvino`` scores and times every file on
+OpenVINO's CPU plugin instead, ``--target tensorrt [--float fp16]`` places for TensorRT (scored and timed on TensorRT
+by default, on a GPU). Prints tune's report; ``--plot`` writes the Pareto plot.
 
 Beside it, with ``--nncf-python``: NNCF's ``quantize_with_accuracy_control`` (``_nncf_tune.py``, its own process)
 on the same file, calibration images, tuning images (its validation set) and metric, with ``max_drop`` = 1 - the
@@ -32,6 +34,7 @@ Usage (repository root; nudenet installed as in ``onnx_in.py``):
 
     PYTHONPATH=src python benchmarks/tune.py --model ppocr [--max-drop 1.0] [--method max]
     PYTHONPATH=src python benchmarks/tune.py --model digits_vit [--min-agreement 99.8] [--cache DIR]
+    PYTHONPATH=src python benchmarks/tune.py --model digits_resnet --min-sqnr 43 --runtime openvino
     PYTHONPATH=src python benchmarks/tune.py [--min-f1 0.95] [--method percentile] [--calib-images 32]
         [--eval-images 64] [--candidates N] [--rounds 5] [--plot tune_nudenet.png]
         [--nncf-python /tmp/venv-nncf/bin/python [--no-tune]]
@@ -48,6 +51,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import _onnx_in_models as models
 import numpy as np
@@ -87,7 +91,7 @@ def _ppocr(args: argparse.Namespace) -> None:
     result = qdq.tune(source, calib, batches, "/tmp/ppocr_tuned.onnx",
                       budget=_ppocr_budget(args.max_drop, models.ocr_characters(source)), method=args.method,
                       max_candidates=args.candidates, rounds=args.rounds, iters=5, threads=args.threads,
-                      progress="ppocr")  # fmt: skip
+                      progress="ppocr", **_where(args))  # fmt: skip
     print(f"\nppocr: {len(calibration.samples)} calibration lines ({args.method}), {len(evaluation.samples)} "
           f"evaluation lines (half tuning, half held out); {time.perf_counter() - started:.0f} s\n")  # fmt: skip
     print(result.report())
@@ -96,6 +100,12 @@ def _ppocr(args: argparse.Namespace) -> None:
 
 
 DIGITS = ("digits_resnet", "digits_mobilenet", "digits_vit", "digits_bert")
+
+
+def _where(args: argparse.Namespace) -> dict[str, Any]:
+    """tune's target, runtime and float part from the command line."""
+    options = {"target_options": {"float": args.float}} if args.float else {}
+    return {"target": args.target, "runtime": args.runtime, **options}
 
 
 def _digits(args: argparse.Namespace) -> None:
@@ -112,7 +122,7 @@ def _digits(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     result = qdq.tune(model, calib, evaluation, f"/tmp/{args.model}_tuned.onnx", budget=budget, method=args.method,
                       max_candidates=args.candidates, rounds=args.rounds, iters=5, threads=args.threads,
-                      progress=args.model)  # fmt: skip
+                      progress=args.model, **_where(args))  # fmt: skip
     print(f"\n{args.model}: {len(calib)} calibration batches of 64 ({args.method}), 1,000 test images in 4 "
           f"batches of 250 (2 tuning, 2 held out); {time.perf_counter() - started:.0f} s\n")  # fmt: skip
     print(result.report())
@@ -131,6 +141,9 @@ def main() -> None:
                         "SQNR against FP32 (dB)")
     parser.add_argument("--cache", type=Path, default=None, help="the digits models' trained weights (reused)")
     parser.add_argument("--method", default="percentile")
+    parser.add_argument("--target", default="onnxruntime", help="onnxruntime (default) or tensorrt")
+    parser.add_argument("--runtime", default=None, help="where files are scored and timed (the target's own)")
+    parser.add_argument("--float", default=None, help="--target tensorrt: the float part, fp16 or bf16")
     parser.add_argument("--calib-images", type=int, default=None, help="nudenet 32, ppocr 64")
     parser.add_argument("--eval-images", type=int, default=None, help="nudenet 64, ppocr 160")
     parser.add_argument("--candidates", type=int, default=None, help="units the sensitivity pass measures (all)")
@@ -163,7 +176,7 @@ def main() -> None:
     started = time.perf_counter()
     result = qdq.tune(source, calib, batches, "/tmp/nudenet_tuned.onnx", budget=_nudenet_budget(args.min_f1),
                       method=args.method, max_candidates=args.candidates, rounds=args.rounds, iters=5,
-                      threads=args.threads, progress="nudenet")  # fmt: skip
+                      threads=args.threads, progress="nudenet", **_where(args))  # fmt: skip
     print(f"\nnudenet: {args.calib_images} calibration images ({args.method}), {args.eval_images} evaluation "
           f"images (half tuning, half held out); {time.perf_counter() - started:.0f} s\n")  # fmt: skip
     print(result.report())

@@ -549,10 +549,9 @@ def run_tune(args: argparse.Namespace) -> int:
         budget = Budget.agreement(args.min_agreement, class_axis=args.class_axis)
     calibration = calibration_batches(args.data, args.model, batch_size=args.batch_size)
     evaluation = calibration_batches(args.eval_data, args.model, batch_size=args.batch_size)
-    options = {"target_options": {"float": args.float}} if args.float else {}
     result = tune(args.model, calibration, evaluation, args.out, budget=budget, target=args.target,
                   runtime=args.runtime, method=args.calib, max_steps=args.max_steps, threads=args.threads,
-                  **options)  # fmt: skip
+                  target_options={"float": args.float} if args.float else None)  # fmt: skip
     report = result.report()
     print(report)
     if args.report:

@@ -5,7 +5,9 @@ which the two-doors test shows is placed the same way as the model itself); a fl
 :func:`qdq.keras.export_onnx`. Its unit of choice is one activation quantizer of the
 target's placement: the tensors that share one range, which the runtime's int8 kernels read and write. Leaving
 such a unit float drops its Q/DQ pair and keeps every op that read it quantized in float, so the runtime loses
-exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.keep_value_float`).
+exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.keep_value_float`). Every file is
+scored and timed on one runtime the target supports (ONNX Runtime, OpenVINO, TensorRT, or one registered), so both
+the accuracy and the latency are what that runtime computes; the FP32 reference is the float file on ONNX Runtime.
 
 1. Calibrate once (full INT8 with the chosen method); every later file reuses those ranges (no recalibration).
 2. The sensitivity pass: for each unit (or the ``max_candidates`` noisiest: lowest SQNR of their tensors against
@@ -18,8 +20,9 @@ exactly the fused kernels that depended on it (:meth:`qdq.graphs.view.GraphView.
    2, 4, 8, ... of them until the budget holds, and a bisection between the last count that missed and the first
    that met finds the fewest. Last, drop again the units the budget does not need: the least useful half first,
    then quarters, down to single units.
-4. Precision variants: the configuration that met with the fewest units, its float MatMuls on constant weights run
-   as ONNX Runtime's ``MatMulNBits`` (8-bit, then 4-bit block weights; int8 activations per block at run time).
+4. Precision variants (where the runtime has the kernels): the configuration that met with the fewest units, its
+   float MatMuls on constant weights run as ONNX Runtime's ``MatMulNBits`` (8-bit, then 4-bit block weights; int8
+   activations per block at run time).
 5. Time FP32, full INT8 and every configuration tried in interleaved rounds on the runtime; time FP32, INT8, the
    three fastest that meet the budget and the one that meets it with the fewest float units again in fresh rounds
    (the minimum of many noisy timings is biased low), and return the fastest of that confirmation, or one with
@@ -834,7 +837,7 @@ def _spread(blocks: np.ndarray) -> tuple[float, float, float]:
 
 
 def _cost(cost: tuple[float, float, float]) -> str:
-    return f"{cost[0]:+.2f} ({cost[1]:+.1f} to {cost[2]:+.1f})"
+    return f"{cost[0]:+.2f} ({cost[1]:+.2f} to {cost[2]:+.2f})"
 
 
 def _made_by(model: onnx.ModelProto) -> dict[str, str]:

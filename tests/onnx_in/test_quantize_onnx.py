@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from torch import nn
 
 import qdq
 from onnx_models import (
@@ -279,6 +280,60 @@ def test_a_tensorrt_11_file_holds_int8_weights_fp16_elsewhere_and_passes_the_rul
         np.testing.assert_allclose(amax, float32_ranges[name], rtol=2**-10)
     feed = batches((2, 3, 16, 16), count=1, seed=5)[0]
     assert steps_apart(run(fp32.path, feed)[0], run(fp16.path, feed)[0]) <= 2.0  # FP16 arithmetic, not more
+
+
+class WideConvs(nn.Module):
+    """Two 32-channel convs with folded BatchNorms (non-zero biases), as in a small ResNet's first block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                                  nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU())  # fmt: skip
+        with torch.no_grad():
+            for bn in (self.body[1], self.body[4]):
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_onnx_runtime_runs_a_float16_file_as_its_q_dq_graph_means(tmp_path):
+    """ONNX Runtime's WeightBiasQuantization pass rewrites the float16 bias of the first Conv (whose input step is
+    float32) as int32 (0.4 output steps off here, 17 dB instead of 39 on a digits ResNet); qdq's sessions leave it
+    out for float16 files, so the optimized session computes what the graph computes node by node."""
+    torch.manual_seed(0)
+    float_path = export(WideConvs(), torch.randn(1, 1, 28, 28), tmp_path / "net.onnx")
+    data = batches((4, 1, 28, 28))
+    fp16 = qdq.quantize_onnx(float_path, data, tmp_path / "fp16.onnx", target="tensorrt",
+                             target_options={"float": "fp16"}, progress=False)  # fmt: skip
+    feed = batches((4, 1, 28, 28), count=1, seed=7)[0]
+    optimized, written = run(fp16.path, feed)[0], run(fp16.path, feed, optimize=False)[0]
+    assert steps_apart(written.astype(np.float32), optimized.astype(np.float32)) <= 0.05  # float16 rounding only
+
+
+def test_a_file_exported_by_qdq_does_not_hand_its_records_to_the_quantized_file(tmp_path):
+    """An FP32 file written by qdq.export_onnx for ONNX Runtime records its weight encoding (``qdq.weights``); the
+    tensorrt file quantized from it stores int8 weights, so it must not say uint8 (the runtimes trust that record
+    and would skip the re-encoding that keeps int8 weights exact on a CPU without VNNI)."""
+    from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, recorded_weights
+
+    torch.manual_seed(0)
+    float_path = qdq.export_onnx(WideConvs().eval(), torch.randn(1, 1, 28, 28), tmp_path / "fp32.onnx",
+                                 target="onnxruntime")  # fmt: skip
+    source = onnx.load(str(float_path))
+    onnx.helper.set_model_props(source, {WEIGHTS_METADATA_KEY: "uint8", "qdq.target": "onnxruntime", "user": "kept"})
+    onnx.save(source, str(float_path))
+    data = [{graph_input: b["images"]} for b in batches((4, 1, 28, 28))
+            for graph_input in [source.graph.input[0].name]]  # fmt: skip
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt", progress=False)
+    model = onnx.load(str(result.path))
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert recorded_weights(model) is None and meta["qdq.target"] == "tensorrt" and meta["user"] == "kept"
+    constants = {t.name: t for t in model.graph.initializer}
+    weights = [n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constants]
+    assert weights and all(constants[w].data_type == onnx.TensorProto.INT8 for w in weights)
 
 
 @pytest.mark.parametrize("target, low, unsigned", [("onnxruntime", 0.0, True), ("onnxruntime", -0.5, False),

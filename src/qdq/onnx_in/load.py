@@ -39,7 +39,10 @@ _MIN_OPSET = 13
 
 
 def load_float_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
-    """The model at ``model`` (with its external data) or ``model`` itself (a copy), checked to be float.
+    """The model at ``model`` (with its external data) or ``model`` itself (a copy), checked to be float, without
+    the metadata qdq's export wrote into it (``qdq.*``: the target and weight encoding of that export, which the
+    quantized file must not inherit: a ``qdq.weights`` record of an FP32 export would tell the runtimes its int8
+    weights were stored as uint8).
 
     Raises:
         QdqConfigError: no such file, not an ONNX file, or a graph that already holds quantized nodes.
@@ -62,6 +65,9 @@ def load_float_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
             f"this ONNX model is quantized already: it holds {listed}. quantize_onnx takes the FP32 model: "
             "give the file before quantization (quantizing twice would stack a second grid on the first)."
         )
+    kept = [prop for prop in proto.metadata_props if not prop.key.startswith("qdq.")]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
     return proto
 
 
