@@ -175,6 +175,28 @@ def test_the_search_leaves_exactly_the_sparse_tail_float_and_times_it_on_the_run
     assert "(chosen)" in report and tail in report and "PASS" in report and "FAIL" in report
 
 
+def test_timing_loads_at_most_max_loaded_files_at_once(sparse_tail, tmp_path, monkeypatch):
+    """Each configuration is a session (an engine on a GPU): beyond max_loaded, they are timed in groups, each beside
+    FP32 and INT8, and every configuration still gets its latency."""
+    path, _ = sparse_tail
+    loaded = []
+    original = qdq.tuning.compare_models
+
+    def recording(models, *args, **kwargs):
+        loaded.append(len(models))
+        return original(models, *args, **kwargs)
+
+    monkeypatch.setattr(qdq.tuning, "compare_models", recording)
+    result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(200.0),
+                      method="max", progress=False, rounds=1, iters=2, max_loaded=3)  # fmt: skip
+    assert len(result.trials) >= 3 and all(t.ms is not None for t in [result.fp32, *result.trials])
+    confirmed = any(t.confirmed is not None for t in result.trials)
+    timing = loaded[:-1] if confirmed else loaded  # the confirmation times FP32, INT8 and the passing ones last
+    assert len(timing) == len(result.trials) - 1 and set(timing) == {3}
+    with pytest.raises(qdq.QdqConfigError, match="max_loaded=2"):
+        qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), max_loaded=2)
+
+
 def test_a_budget_the_plain_int8_file_meets_leaves_nothing_float(sparse_tail, tmp_path):
     path, _ = sparse_tail
     result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(-100.0),

@@ -333,6 +333,7 @@ def tune(
     max_steps: int = 12,
     rounds: int = 5,
     iters: int = 10,
+    max_loaded: int = 24,
     threads: int | None = None,
     progress: Progress = True,
     **quantize_options: Any,
@@ -372,6 +373,8 @@ def tune(
             the last phase; the doubling and bisection over the ranking add at most ``2 log2(units)``.
         rounds: interleaved timing rounds (each runs a block of every file).
         iters: timed runs per block.
+        max_loaded: the most files loaded on the runtime at once while timing (each a session, or an engine on the
+            GPU): more configurations are timed in groups of that many, each group with FP32 and INT8 beside them.
         threads: ONNX Runtime threads, for evaluation and timing.
         progress: progress bars on stderr.
         quantize_options: passed to :func:`qdq.quantize_onnx` (``weight_method``, ``keep_float``, method options).
@@ -384,6 +387,9 @@ def tune(
             runtime the target does not support or that is not installed.
     """
     started = time.perf_counter()
+    if max_loaded < 3:
+        raise QdqConfigError(f"max_loaded={max_loaded}: timing needs at least 3 files loaded at once (FP32, INT8 and "
+                             "one configuration).")  # fmt: skip
     place_for = resolve_target(target)
     backend = _runtime_for(place_for, runtime)
     with tempfile.TemporaryDirectory(prefix="qdq-tune-") as folder:
@@ -395,7 +401,7 @@ def tune(
                          quantize_options)  # fmt: skip
         search.run(max_candidates, max_steps)
         search.precision_variants()
-        search.time(rounds, iters)
+        search.time(rounds, iters, max_loaded)
         search.confirm(rounds, iters)
         chosen = search.choose()
         written = None
@@ -710,11 +716,19 @@ class _Search:
         return sorted(self.units, key=lambda u: noise[u])[:count]
 
     # --- timing and the choice ------------------------------------------------------------------------------
-    def time(self, rounds: int, iters: int) -> None:
-        """Time FP32 and every configuration tried in interleaved rounds (``Trial.ms``)."""
-        timed = [t for t in [self.fp32, *self.trials] if t.path is not None]
-        for trial, blocks in zip(timed, self._timings(timed, rounds, iters, "tune: timing")):
-            trial.ms, trial.low, trial.high = _spread(blocks)
+    def time(self, rounds: int, iters: int, max_loaded: int) -> None:
+        """Time FP32 and every configuration tried in interleaved rounds (``Trial.ms``), at most ``max_loaded`` files
+        loaded at once: beyond that, in groups that each hold FP32 and INT8 too (their figures: the first group's)."""
+        anchors = [t for t in (self.fp32, self.trials[0]) if t.path is not None]
+        rest = [t for t in self.trials[1:] if t.path is not None]
+        size = max(max_loaded - len(anchors), 1)
+        groups = [rest[start : start + size] for start in range(0, len(rest), size)] or [[]]
+        for index, group in enumerate(groups):
+            step = "tune: timing" + (f" ({index + 1}/{len(groups)})" if len(groups) > 1 else "")
+            timed = anchors + group
+            for trial, blocks in zip(timed, self._timings(timed, rounds, iters, step)):
+                if index == 0 or any(trial is member for member in group):
+                    trial.ms, trial.low, trial.high = _spread(blocks)
 
     def confirm(self, rounds: int, iters: int, count: int = 3) -> None:
         """Time again, in fresh interleaved rounds, FP32, INT8, the ``count`` fastest configurations that meet the
