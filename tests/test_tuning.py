@@ -386,16 +386,16 @@ def test_the_float_matmul_of_the_met_configuration_is_tried_with_block_quantized
     rng = np.random.default_rng(0)
     calibration = [{"images": rng.normal(size=(8, 64, 16)).astype(np.float32)} for _ in range(4)]
     evaluation = [{"images": rng.normal(size=(8, 64, 16)).astype(np.float32)} for _ in range(4)]
-    scored = []
-    original = qdq.tuning._Search._score
+    converted = {}  # trial id -> MatMulNBits in the file it was scored on
+    original = qdq.tuning._Search._add
 
-    def recording(self, file, split, outputs):
-        score = original(self, file, split, outputs)
-        ops = [n.op_type for n in onnx.load(str(file)).graph.node]
-        scored.append((ops.count("MatMulNBits"), split is self.tuning, score))
-        return score
+    def recording(self, name, floated, path=None):
+        trial = original(self, name, floated, path)
+        ops = [n.op_type for n in onnx.load(str(trial.path)).graph.node]
+        converted[id(trial)] = ops.count("MatMulNBits")
+        return trial
 
-    monkeypatch.setattr(qdq.tuning._Search, "_score", recording)
+    monkeypatch.setattr(qdq.tuning._Search, "_add", recording)
     result = qdq.tune(path, calibration, evaluation, tmp_path / "t.onnx", budget=Budget.sqnr(25.0), method="max",
                       progress=False, rounds=1, iters=2)  # fmt: skip
     assert not result.int8.meets(result.budget)
@@ -406,8 +406,8 @@ def test_the_float_matmul_of_the_met_configuration_is_tried_with_block_quantized
     for variant in variants:
         assert variant.floated == met.floated and variant.name.startswith(f"{met.name}, 1 MatMul(s)")
         assert variant.ms is not None  # timed with the others
-        (converted,) = [count for count, tuning, score in scored if tuning and score == variant.score][-1:]
-        assert converted == 1  # the file it was scored on runs that MatMul as MatMulNBits
+        assert converted[id(variant)] == 1  # the file it was scored on runs that MatMul as MatMulNBits
+    assert converted[id(met)] == 0
     assert "MatMulNBits" in result.report()
 
 

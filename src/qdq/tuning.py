@@ -520,7 +520,6 @@ class _Search:
                  budget: Budget, work: Path, method: str, engine: _Engine, progress: Progress,
                  options: dict[str, Any]) -> None:  # fmt: skip
         self.source, self.work, self.engine, self.progress = source, work, engine, progress
-        self.threads = engine.threads
         self.tuning, self.holdout, self.options, self.method = tuning, holdout, options, method
         self.trials: list[Trial] = []
         self.gains: dict[tuple[str, ...], float] = {}
@@ -553,14 +552,23 @@ class _Search:
 
     def _reference(self, path: Path, splits: Sequence[Sequence[Batch]]) -> list[Outputs]:
         """The FP32 file's outputs on each split, computed by ONNX Runtime in float32: the float model's own."""
-        session = inference_session(path, session_options(threads=self.threads))
+        session = inference_session(path, session_options(threads=self.engine.threads))
         return [_joined([session.run(None, self._feed(b)) for b in split]) for split in splits]
 
-    def _outputs(self, path: Path, splits: Sequence[Sequence[Batch]]) -> list[Outputs]:
-        """``path``'s outputs on each split, computed by the runtime (one build of the file)."""
+    @contextlib.contextmanager
+    def _loaded(self, path: Path) -> Iterator[Runtime]:
+        """``path`` built on the runtime (counted in ``builds``) for the largest evaluation batch."""
         self.builds += 1
         with self.engine.open(path, self.largest) as loaded:
-            return [_joined([loaded.run(self._feed(b)) for b in split]) for split in splits]
+            yield loaded
+
+    def _run(self, loaded: Runtime, split: Sequence[Batch]) -> Outputs:
+        return _joined([loaded.run(self._feed(b)) for b in split])
+
+    def _outputs(self, path: Path, split: Sequence[Batch]) -> Outputs:
+        """``path``'s outputs on ``split``, computed by the runtime (one build of the file)."""
+        with self._loaded(path) as loaded:
+            return self._run(loaded, split)
 
     def _quantize(self, floated: tuple[tuple[str, ...], ...], calibration: Iterable[Batch] | None = None
                   ) -> tuple[Path, dict[str, np.ndarray], list[BiasShift]]:  # fmt: skip
@@ -571,10 +579,10 @@ class _Search:
             result = quantize_onnx(self.source, calibration if calibration is not None else [self.tuning[0]], out,
                                    target=self.engine.target, method=self.method, float_values=values,
                                    value_ranges=self.value_ranges, bias_shifts=self.bias_shifts, progress=False,
-                                   threads=self.threads, **self.options)  # fmt: skip
+                                   threads=self.engine.threads, **self.options)  # fmt: skip
         return result.path, result.value_ranges, result.bias_shifts
 
-    def _score(self, path: Path, split: list[Batch], outputs: Outputs) -> float:
+    def _score(self, split: list[Batch], outputs: Outputs) -> float:
         self.evaluations += 1
         return self.budget.score(self.reference[id(split)], outputs, split)
 
@@ -583,14 +591,10 @@ class _Search:
         held-out data where the tuning score meets the budget; both on one build of the file."""
         if path is None:
             path = self._quantize(floated)[0]
-        self.builds += 1
-        with self.engine.open(path, self.largest) as loaded:
-            def outputs(split: list[Batch]) -> Outputs:
-                return _joined([loaded.run(self._feed(b)) for b in split])
-
-            trial = Trial(name, floated, self._score(path, self.tuning, outputs(self.tuning)), path=path)
+        with self._loaded(path) as loaded:
+            trial = Trial(name, floated, self._score(self.tuning, self._run(loaded, self.tuning)), path=path)
             if trial.score >= self.budget.threshold:
-                trial.holdout = self._score(path, self.holdout, outputs(self.holdout))
+                trial.holdout = self._score(self.holdout, self._run(loaded, self.holdout))
         self.trials.append(trial)
         return trial
 
@@ -604,12 +608,12 @@ class _Search:
         proxy = self.budget.proxy or _sqnr
         rows = len(next(iter(self._feed(screen[0]).values())))
         reference = [r[:rows] for r in self.reference[id(self.tuning)]]
-        base_sqnr = proxy(reference, self._outputs(base.path, [screen])[0]) if base.path else -math.inf
+        base_sqnr = proxy(reference, self._outputs(base.path, screen)) if base.path else -math.inf
         bar = counter(self.progress, "tune: sensitivity", len(candidates))
         for unit in candidates:
             path = self._quantize((unit,))[0]
             self.evaluations += 1
-            self.gains[unit] = proxy(reference, self._outputs(path, [screen])[0]) - base_sqnr
+            self.gains[unit] = proxy(reference, self._outputs(path, screen)) - base_sqnr
             path.unlink()
             bar.update()
         bar.close()
@@ -709,7 +713,7 @@ class _Search:
         """The ``count`` units whose tensors lose the most to their quantization on one batch (lowest SQNR)."""
         tensors = sorted({name for unit in self.units for name in unit})
         probe = probe_model(self.prepared, tensors)
-        session = ort_session(probe, self.work, self.threads)
+        session = ort_session(probe, self.work, self.engine.threads)
         values = dict(zip(tensors, session.run(tensors, self._feed(self.calibration_batch))))
         ranges = self.value_ranges or {}
         noise = {unit: _unit_sqnr([values[n] for n in unit], ranges.get(unit[0])) for unit in self.units}
@@ -750,7 +754,7 @@ class _Search:
         bar = counter(self.progress, step, rounds * len(models))
         self.builds += len(models)
         with self.engine.once():
-            comparison = compare_models(models, self.engine.backend.name, threads=self.threads, rounds=rounds,
+            comparison = compare_models(models, self.engine.backend.name, threads=self.engine.threads, rounds=rounds,
                                         iters=iters, warmup=2, batch=self.batch,
                                         inputs=self._feed(self.calibration_batch), progress=bar.update,
                                         **self.engine.options)  # fmt: skip
