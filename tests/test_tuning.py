@@ -147,8 +147,9 @@ def test_the_search_leaves_exactly_the_sparse_tail_float_and_times_it_on_the_run
                       method="max", progress=False, rounds=3, iters=3)  # fmt: skip
     assert not result.int8.meets(result.budget)  # plain INT8 misses the budget
     assert result.int8.score < result.budget.threshold - 1.0
-    assert result.chosen is not None and result.chosen.meets(result.budget)
-    assert result.chosen.floated == ((tail,),)
+    assert result.chosen is not None and result.chosen.meets(result.budget) and (tail,) in result.chosen.floated
+    # the fewest that meet: the tail alone (the choice among those level in speed is asserted below, from the timings)
+    assert _fewest_meeting(result).floated == ((tail,),)
     assert result.path == tmp_path / "tuned.onnx" and result.path.is_file()
     # the file holds no Q/DQ pair on the tail tensor, and one on every other conv input
     graph = onnx.load(str(result.path)).graph
@@ -235,7 +236,8 @@ def test_a_score_in_coarse_steps_finds_the_two_tails_among_the_leading_units(tmp
     greedy = [t for t in result.trials if t.name.startswith("greedy")]
     assert greedy and all(t.name.endswith("(undone)") for t in greedy)
     assert any(t.name.startswith("top") and t.meets(result.budget) for t in result.trials)
-    assert result.chosen is not None and {u for (u,) in result.chosen.floated} == tails
+    assert {u for (u,) in _fewest_meeting(result).floated} == tails  # pruning kept the two tails only
+    assert result.chosen is not None and tails <= {u for (u,) in result.chosen.floated}  # the rest: by its timing
     assert "together they cost" in result.report()
     _assert_unit_costs_are_measured_pairs(result)
 
@@ -250,9 +252,14 @@ def test_when_no_unit_gains_on_the_proxy_the_ranking_goes_on_over_every_unit(tmp
                       progress=False, rounds=1, iters=2, max_steps=20)  # fmt: skip
     assert result.gains and all(gain == 0.0 for gain in result.gains.values())
     assert not any(t.name.startswith("greedy") for t in result.trials)  # no unit gained: nothing to step through
-    fewest = min((t for t in result.trials if t.meets(result.budget)), key=lambda t: len(t.floated))
-    assert {u for (u,) in fewest.floated} == tails
+    assert {u for (u,) in _fewest_meeting(result).floated} == tails
     assert result.chosen is not None and result.chosen.meets(result.budget)  # the fastest of those that meet
+
+
+def _fewest_meeting(result):
+    """The configuration with the fewest float units among those that meet the budget (the search's pruned one;
+    which of those level in speed is chosen rests on the host's timing)."""
+    return min((t for t in result.trials if t.meets(result.budget)), key=lambda t: len(t.floated))
 
 
 def _two_tails(folder):
@@ -422,7 +429,8 @@ def test_an_int8_concatenation_mixing_ranges_is_the_tensor_left_float(tmp_path):
     result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(30.0),
                       method="max", progress=False, rounds=1, iters=2)  # fmt: skip
     assert not result.int8.meets(result.budget)
-    assert result.chosen is not None and result.chosen.floated == ((concat.output[0],),)
+    assert _fewest_meeting(result).floated == ((concat.output[0],),)
+    assert result.chosen is not None and (concat.output[0],) in result.chosen.floated
 
 
 def test_the_command_line_tunes_from_npz_files_and_writes_the_report(sparse_tail, tmp_path, capsys):
@@ -458,8 +466,8 @@ def test_the_command_line_tunes_for_a_target_on_openvino(sparse_tail, target, tm
     report = (tmp_path / "tune.md").read_text()
     assert report.startswith("# tune: output SQNR dB >= 25 on openvino") and "builds on openvino" in report
     chosen = next(line for line in report.splitlines() if "(chosen)" in line)
-    assert re.search(r"\(chosen\) *\| 1 *\|", chosen)  # one unit float: the tail
-    assert tail in report
+    assert "PASS" in chosen and tail in report
+    assert re.search(r"\| 1 *\|[^\n]*PASS", report)  # one unit float meets the budget: the tail
 
 
 def test_the_noisiest_unit_is_the_sparse_tail_when_candidates_are_limited(sparse_tail, tmp_path):
@@ -490,21 +498,25 @@ def test_the_choice_prefers_fewer_float_units_when_as_fast_within_the_spread():
 
 class _SimulatedGpu(OrtRuntime):
     """ONNX Runtime's numbers on a modelled clock: each Conv/Gemm costs 0.5 ms on int8 inputs, 2 ms on float ones
-    (a stand-in for an engine's own timing: the latencies tune reports must be this runtime's)."""
+    (a stand-in for an engine's own timing: the latencies tune reports must be this runtime's). A timed call takes
+    the modelled time only: the outputs are computed once when bound, so the host's own speed (float16 kernels on a
+    slow CI machine) does not enter the clock."""
 
     name = "simulated_gpu"
     INT8_MS, FLOAT_MS = 0.5, 2.0
 
     def bind(self, inputs):
-        run = super().bind(inputs)
+        outputs = super().bind(inputs)()
         graph = onnx.load(str(self.path)).graph
         dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
         layers = [n for n in graph.node if n.op_type in ("Conv", "Gemm")]
         seconds = sum(self.INT8_MS if n.input[0] in dequantized else self.FLOAT_MS for n in layers) / 1000
 
         def call():
-            time.sleep(seconds)
-            return run()
+            deadline = time.perf_counter() + seconds
+            while time.perf_counter() < deadline:  # a busy wait: sleep() overshoots by a scheduler tick when loaded
+                pass
+            return outputs
 
         return call
 
