@@ -89,7 +89,7 @@ def test_compare_models_interleaves_the_models_round_by_round(
     order: list[float] = []
     fake_ms = iter([4.0, 1.0, 2.0, 4.0, 4.0, 1.0])  # (FP32, INT8), (INT8, FP32), (FP32, INT8)
 
-    def block(call, iters, warmup):  # records which model ran (the session behind ``call``) and fakes its time
+    def block(call, runtime, iters, warmup):  # records which model ran (the session behind ``call``) and fakes its time
         call()
         order.append(iters)
         return next(fake_ms)

@@ -11,6 +11,7 @@ with :class:`~qdq.errors.QdqBackendUnavailable` naming the pip command that inst
 from __future__ import annotations
 
 import importlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -106,6 +107,16 @@ class Runtime(ABC):
             return self._run(feed)
 
         return call
+
+    def time_ms(self, call: Callable[[], object]) -> float:
+        """Run ``call`` (from :meth:`bind`) once and return how long it took by this runtime's clock, in ms.
+
+        The host's wall clock here; a backend whose device keeps its own time (or a test's modelled runtime)
+        overrides it. Benchmarks and :func:`qdq.tune` time every inference through this method.
+        """
+        start = time.perf_counter()
+        call()
+        return (time.perf_counter() - start) * 1e3
 
     def close(self) -> None:
         """Release the session or compiled model. Further :meth:`run` calls raise."""

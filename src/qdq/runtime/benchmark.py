@@ -1,7 +1,9 @@
 """Latency measurement: warm-up, then a timed loop of single inferences; and speed-ups measured interleaved.
 
-Each inference is timed on its own with :func:`time.perf_counter`; the result keeps min, median, p90
-and mean in milliseconds. Min is the least disturbed by other processes, median the typical case.
+Each inference is timed on its own by the runtime's clock (:meth:`Runtime.time_ms
+<qdq.runtime.base.Runtime.time_ms>`: the host's :func:`time.perf_counter` unless a backend keeps its own time);
+the result keeps min, median, p90 and mean in milliseconds. Min is the least disturbed by other processes, median
+the typical case.
 
 Absolute times (:func:`benchmark_model`): one session alive at a time. ONNX Runtime's intra-op worker
 threads spin for a while after each run, so an idle session burns the cores the running one needs; on
@@ -19,8 +21,7 @@ range (:class:`SpeedUp`).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ def benchmark(
     if inputs is None:
         batch = batch or runtime.batch or 1
         inputs = random_inputs(runtime.input_specs, batch, seed=seed, sizes=sizes)
-    times_ms = _times_ms(runtime.bind(inputs), iters, warmup)
+    times_ms = _times_ms(runtime.bind(inputs), iters, warmup, runtime.time_ms)
     return BenchmarkResult.from_times(
         times_ms,
         label=label or runtime.path.name,
@@ -188,11 +189,12 @@ def compare_models(
         for label in labels:
             loaded.append(load_runtime(models[label], runtime, threads=threads, batch=batch, **options))
         feed = dict(inputs) if inputs is not None else random_inputs(loaded[0].input_specs, batch, seed=seed)
-        calls = {label: rt.bind(feed) for label, rt in zip(labels, loaded)}
+        runtimes = dict(zip(labels, loaded))
+        calls = {label: rt.bind(feed) for label, rt in runtimes.items()}
         blocks: dict[str, list[float]] = {label: [] for label in labels}
         for index in range(rounds):
             for label in labels if index % 2 == 0 else labels[::-1]:
-                blocks[label].append(_block_median_ms(calls[label], iters, warmup))
+                blocks[label].append(_block_median_ms(calls[label], runtimes[label], iters, warmup))
                 if progress is not None:
                     progress()
     finally:
@@ -202,20 +204,15 @@ def compare_models(
                       {label: tuple(times) for label, times in blocks.items()})  # fmt: skip
 
 
-def _times_ms(call: Any, iters: int, warmup: int) -> list[float]:
-    """``warmup`` untimed calls, then the wall time of each of ``iters`` calls, in ms."""
+def _times_ms(call: Any, iters: int, warmup: int, timer: Callable[[Any], float]) -> list[float]:
+    """``warmup`` untimed calls, then the time of each of ``iters`` calls by ``timer`` (a runtime's clock), in ms."""
     for _ in range(warmup):
         call()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+    return [timer(call) for _ in range(iters)]
 
 
-def _block_median_ms(call: Any, iters: int, warmup: int) -> float:
-    return float(np.median(_times_ms(call, iters, warmup)))
+def _block_median_ms(call: Any, runtime: Runtime, iters: int, warmup: int) -> float:
+    return float(np.median(_times_ms(call, iters, warmup, runtime.time_ms)))
 
 
 def results_table(results: Sequence[BenchmarkResult], baseline: BenchmarkResult | None = None) -> str:
