@@ -3,6 +3,13 @@ import os
 import sys
 from pathlib import Path
 
+# Under pytest-xdist the workers share the cores: one compute thread each (torch's OpenMP, TensorFlow's pools) instead
+# of every worker spinning as many threads as there are cores. Set before torch or TensorFlow is imported; a value
+# the caller exported wins. Inherited by the examples the tests run in subprocesses.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for _variable in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ.setdefault(_variable, "1")
+
 import pytest
 import torch
 

@@ -27,6 +27,7 @@ def _quantized(kind: str) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["static", "unsigned", "learned", "4bit", "dynamic"])
 @pytest.mark.parametrize("train", [True, False])
 def test_dynamo_traces_without_graph_breaks(kind, train):

@@ -30,6 +30,7 @@ def quick_demo(tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow
 def test_demo_quick_end_to_end(quick_demo):
     out, result = quick_demo
     assert result.returncode == 0, result.stderr[-2000:]

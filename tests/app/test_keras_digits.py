@@ -58,6 +58,7 @@ def keras_run(tmp_path_factory):
     return out / "W8A8", run_keras_job((model, data), cfg, progress=False)
 
 
+@pytest.mark.slow
 def test_the_job_gives_the_pytorch_jobs_summary(keras_run):
     out, summary = keras_run
     assert set(summary["accuracy"]) >= {"FP32", "QAT", "INT8 engine (onnxruntime)"}

@@ -31,6 +31,7 @@ def digits():
     return digits_datasets()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", [digits_resnet, digits_mobilenet], ids=["resnet", "mobilenet"])
 def test_digits_cnn_trains_from_scratch(digits, factory):
     train_loader, test_loader = make_loaders(*digits, batch_size=BATCH, seed=0)  # fresh: epoch orders 0, 1, 2

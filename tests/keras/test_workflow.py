@@ -19,6 +19,7 @@ def accuracy(model, x, y):
     return 100.0 * float((model.predict_on_batch(x).argmax(1) == y).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unsigned", [False, True])
 @pytest.mark.parametrize("num_bits", [2, 4, 7])
 def test_sub_8_bit_grid_equals_the_numpy_oracle(num_bits, unsigned):

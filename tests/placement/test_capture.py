@@ -81,6 +81,7 @@ def _attention(model: nn.Module) -> dict[str, QuantScaledDotProductAttention]:
     return {n: m for n, m in model.named_modules() if isinstance(m, QuantScaledDotProductAttention)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["tensorrt", "onnxruntime"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_attention_is_quantized_for_the_target_and_agrees_with_onnx_runtime(family, target, tmp_path):

@@ -93,6 +93,7 @@ def resnet_files(tmp_path_factory):
     return model, fp32, fp16
 
 
+@pytest.mark.slow
 def test_fp16_export_passes_tensorrt_rules(resnet_files):
     _, fp32, fp16 = resnet_files
     report = check_tensorrt(fp16)
@@ -139,6 +140,7 @@ def test_fp16_export_agrees_within_fp16_arithmetic(resnet_files):
     assert comparison.max_steps <= 2 * arithmetic + 1.0, (comparison.max_steps, arithmetic)
 
 
+@pytest.mark.slow
 def test_float32_steps_are_rounded_and_said(tmp_path):
     """A model quantized without the float option: the file rounds its steps and says how to match them."""
     model = resnet()
@@ -154,6 +156,7 @@ def test_float32_steps_are_rounded_and_said(tmp_path):
     assert teacher_forced_mismatches(model, rounded, X) == {}
 
 
+@pytest.mark.slow
 def test_vit_fp16_export(tmp_path):
     model = vit(FP16)
     fp32 = export_onnx(model, X, tmp_path / "vit32.onnx", target_options={"float": "float32"})
@@ -169,6 +172,7 @@ def test_vit_fp16_export(tmp_path):
     assert all(comparison.q_exact.values()) and comparison.top1 == 1.0
 
 
+@pytest.mark.slow
 def test_bf16_export_passes_tensorrt_rules(tmp_path):
     model = resnet({"float": "bf16"})
     assert {q.step_type for q in model.modules() if isinstance(q, TensorQuantizer)} == {"bfloat16"}
