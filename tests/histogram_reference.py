@@ -9,6 +9,7 @@
   ``step = amax / 127`` and ``q = clamp(round_half_even(c / step), -128, 127)``; the first of equals.
 * entropy: TensorRT's KL divergence (scipy), one candidate bin ``i`` at a time, bin 0 replaced by
   bin 1 as the seed does; amax ``i * w``, the last of equals.
+* Every method's amax is at most ``max|x|`` (a bin centre or upper edge can lie above it).
 
 Used by the workflow and weight-calibration tests; nothing here imports qdq.
 """
@@ -58,7 +59,7 @@ def mse_amax(values: np.ndarray, num_bins: int = 2048, start_bin: int = 128) -> 
         errors.append(float(np.sum(counts[:used] * (fq.astype(np.float64) - centres.astype(np.float64)) ** 2)))
     best = min(errors)
     first = next(i for i, e in zip(candidates, errors) if e <= best * (1 + 1e-9))
-    return float(centres[first])
+    return min(float(centres[first]), _max(values))
 
 
 def entropy_amax(values: np.ndarray, num_bins: int = 2048, start_bin: int = 128, levels: int = 128) -> float:
@@ -79,4 +80,8 @@ def entropy_amax(values: np.ndarray, num_bins: int = 2048, start_bin: int = 128,
         kls.append(scipy_kl(p, q) if q.sum() > 0 else np.inf)
     best = min(kls)
     last = [i for i, kl in zip(candidates, kls) if kl <= best + 1e-9][-1]
-    return float(np.float32(last * width))
+    return min(float(np.float32(last * width)), _max(values))
+
+
+def _max(values: np.ndarray) -> float:
+    return float(np.abs(np.asarray(values, dtype=np.float32)).max())

@@ -63,7 +63,8 @@ class HistogramCalibrator(Calibrator):
     integer above every magnitude seen (see :mod:`qdq.calib.binning`): a larger later batch re-bins
     exactly instead of adding bins, and the histogram of a set of batches does not depend on their
     order or on how they were split, so :meth:`merge` and :meth:`sync` give bit-identical amax. The
-    exact running max is kept too (method ``"max"``). Channels whose data is all zero get amax 0.
+    exact running max is kept too (method ``"max"``); no method returns an amax above it (a bin's upper edge can
+    lie above every value seen). Channels whose data is all zero get amax 0.
 
     Args:
         num_bits: bit width of the target format (entropy levels and mse quantization).
@@ -152,7 +153,8 @@ class HistogramCalibrator(Calibrator):
         if state is None or self._layout is None:
             return None
         self._check_finite()
-        amax = self._amax_by(state, method, options)
+        # A bin's upper edge can lie above every value seen (the range is [0, 2**k)): no range beyond the max
+        amax = torch.minimum(self._amax_by(state, method, options), state.max.to(torch.float32))
         amax = torch.where(state.max > 0, amax, torch.zeros_like(amax))
         return amax.reshape(self._layout.shape)
 
