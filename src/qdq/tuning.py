@@ -375,7 +375,7 @@ def tune(
         iters: timed runs per block.
         max_loaded: the most files loaded on the runtime at once while timing (each a session, or an engine on the
             GPU): more configurations are timed in groups of that many, each group with FP32 and INT8 beside them.
-        threads: ONNX Runtime threads, for evaluation and timing.
+        threads: the runtime's threads, for evaluation and timing (and ONNX Runtime's for the FP32 reference).
         progress: progress bars on stderr.
         quantize_options: passed to :func:`qdq.quantize_onnx` (``weight_method``, ``keep_float``, method options).
 

@@ -325,8 +325,8 @@ def test_a_file_exported_by_qdq_does_not_hand_its_records_to_the_quantized_file(
     source = onnx.load(str(float_path))
     onnx.helper.set_model_props(source, {WEIGHTS_METADATA_KEY: "uint8", "qdq.target": "onnxruntime", "user": "kept"})
     onnx.save(source, str(float_path))
-    data = [{graph_input: b["images"]} for b in batches((4, 1, 28, 28))
-            for graph_input in [source.graph.input[0].name]]  # fmt: skip
+    name = source.graph.input[0].name
+    data = [{name: b["images"]} for b in batches((4, 1, 28, 28))]
     result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt", progress=False)
     model = onnx.load(str(result.path))
     meta = {p.key: p.value for p in model.metadata_props}

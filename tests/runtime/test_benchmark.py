@@ -39,6 +39,21 @@ def test_benchmark_with_given_inputs_records_their_batch(fp32_onnx: Path) -> Non
     assert (result.batch, result.threads, result.label) == (3, None, "zeros")
 
 
+class _CountingClock(OrtRuntime):
+    """A runtime that keeps its own time: the n-th timed call took n ms."""
+
+    def time_ms(self, call):
+        call()
+        self.ticks = getattr(self, "ticks", 0) + 1
+        return float(self.ticks)
+
+
+def test_every_timed_call_goes_through_the_runtimes_own_clock(fp32_onnx: Path) -> None:
+    with _CountingClock.load(fp32_onnx, threads=1) as runtime:
+        result = benchmark(runtime, batch=1, iters=5, warmup=3)
+    assert result.times_ms == (1.0, 2.0, 3.0, 4.0, 5.0)  # warm-up calls untimed, then the clock's own readings
+
+
 def test_benchmark_model_closes_its_session(fp32_onnx: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     closed = []
     release = OrtRuntime._release

@@ -154,7 +154,7 @@ class HistogramCalibrator(Calibrator):
             return None
         self._check_finite()
         # A bin's upper edge can lie above every value seen (the range is [0, 2**k)): no range beyond the max
-        amax = torch.minimum(self._amax_by(state, method, options), state.max.to(torch.float32))
+        amax = torch.minimum(self._amax_by(state, method, options), state.max)
         amax = torch.where(state.max > 0, amax, torch.zeros_like(amax))
         return amax.reshape(self._layout.shape)
 

@@ -21,7 +21,7 @@ range (:class:`SpeedUp`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ def benchmark(
     if inputs is None:
         batch = batch or runtime.batch or 1
         inputs = random_inputs(runtime.input_specs, batch, seed=seed, sizes=sizes)
-    times_ms = _times_ms(runtime.bind(inputs), iters, warmup, runtime.time_ms)
+    times_ms = _times_ms(runtime.bind(inputs), runtime, iters, warmup)
     return BenchmarkResult.from_times(
         times_ms,
         label=label or runtime.path.name,
@@ -204,15 +204,15 @@ def compare_models(
                       {label: tuple(times) for label, times in blocks.items()})  # fmt: skip
 
 
-def _times_ms(call: Any, iters: int, warmup: int, timer: Callable[[Any], float]) -> list[float]:
-    """``warmup`` untimed calls, then the time of each of ``iters`` calls by ``timer`` (a runtime's clock), in ms."""
+def _times_ms(call: Any, runtime: Runtime, iters: int, warmup: int) -> list[float]:
+    """``warmup`` untimed calls, then the time of each of ``iters`` calls by ``runtime``'s clock, in ms."""
     for _ in range(warmup):
         call()
-    return [timer(call) for _ in range(iters)]
+    return [runtime.time_ms(call) for _ in range(iters)]
 
 
 def _block_median_ms(call: Any, runtime: Runtime, iters: int, warmup: int) -> float:
-    return float(np.median(_times_ms(call, iters, warmup, runtime.time_ms)))
+    return float(np.median(_times_ms(call, runtime, iters, warmup)))
 
 
 def results_table(results: Sequence[BenchmarkResult], baseline: BenchmarkResult | None = None) -> str:
