@@ -21,9 +21,10 @@ Variants: FP32 (TorchScript export, opset 17); ORT ``quantize_static`` U8S8 (QDQ
 after ``quant_pre_process``) on that FP32 file; qdq ``QuantConfig(target="onnxruntime")`` calibrated with
 ``qdq.calibrate(model, data, method=...)`` for max, entropy, mse, percentile and auto, exported with
 ``qdq.export.export_onnx(target="onnxruntime")`` with int8 weights (as ORT's file: like with like on every CPU).
-Every file runs as written (int8 weights stay int8 also on x86 CPUs without VNNI, where qdq.runtime would
-otherwise re-encode them). Calibration and evaluation data: rendered text (DejaVu words on
-light grounds: lines for the CRNN, pages of scattered words for the U-Net), seeded, disjoint.
+Every file is timed as written (int8 weights stay int8 also on x86 CPUs without VNNI, where qdq.runtime would
+otherwise re-encode them); its fidelity is computed exactly (re-encoded there). Calibration and evaluation data:
+rendered text (DejaVu words on light grounds: lines for the CRNN, pages of scattered words for the U-Net), seeded,
+disjoint.
 
 Columns (from ORT's optimized graph, read from ``qdq.runtime.ort.fusion_report`` and the saved graph's types):
 speed-up over FP32 (median of per-round ratios over interleaved rounds, ``qdq.runtime.compare_models``, 25-75 %);
@@ -70,8 +71,9 @@ from qdq.workflow.calibration import calibrate
 
 METHODS = ("max", "entropy", "mse", "percentile", "auto")
 AS_WRITTEN = {"uint8_weights": False}
-"""Every file runs as written: on an x86 CPU without VNNI (``qdq.cpu.int8_dot_saturates()``) qdq.runtime would
-otherwise run int8 weights as uint8 (exact, slower U8U8 kernels), which is not what these files give a user."""
+"""Every file is timed as written: on an x86 CPU without VNNI (``qdq.cpu.int8_dot_saturates()``) qdq.runtime would
+otherwise run int8 weights as uint8 (exact, slower U8U8 kernels), which is not what these files give a user on a
+VNNI CPU; there the U8S8 kernels saturate, so fidelity is computed with the re-encoding (:func:`outputs_of`)."""
 FP32, ORT_STATIC = "FP32", "ORT quantize_static U8S8 MinMax"
 
 
@@ -339,8 +341,10 @@ def placement_counts(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
 
 
 def outputs_of(path: Path, batches: list[torch.Tensor], threads: int) -> np.ndarray:
-    """The model's output on every batch, concatenated on the batch axis (axis 1 for the CRNN's ``(T, N, C)``)."""
-    with load_runtime(path, "onnxruntime", threads=threads, **AS_WRITTEN) as runtime:
+    """The model's output on every batch, concatenated on the batch axis (axis 1 for the CRNN's ``(T, N, C)``).
+    Computed exactly: on a CPU whose int8 dot products saturate, qdq.runtime runs int8 weights as uint8 (what a
+    VNNI CPU computes from the same file); timing and kernel counts read the files as written."""
+    with load_runtime(path, "onnxruntime", threads=threads) as runtime:
         outs = [runtime.run(b.numpy())[0] for b in batches]
     return np.concatenate(outs, axis=1 if outs[0].ndim == 3 else 0)
 
@@ -376,7 +380,8 @@ def legend(args: argparse.Namespace) -> str:
     return "\n".join([
         f"Command: `python benchmarks/placement_int8.py {' '.join(sys.argv[1:])}`; onnxruntime, "
         f"{args.threads} threads; CPU load average at the end {os.getloadavg()[0]:.1f}; int8 dot products saturate "
-        f"on this CPU: {int8_dot_saturates()} (files run as written: int8 weights stay int8).",
+        f"on this CPU: {int8_dot_saturates()} (timed as written: int8 weights stay int8; fidelity computed "
+        "exactly, int8 weights as uint8 where the CPU saturates).",
         f"- speed-up vs FP32: FP32 latency / variant latency, median of the per-round ratios over {args.rounds} "
         f"interleaved rounds ({args.warmup} untimed + {args.iters} timed runs per variant per round, "
         "`qdq.runtime.compare_models`, random inputs), 25th-75th percentile in brackets.",

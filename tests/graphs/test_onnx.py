@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.graphs.onnx import GraphIndex, remove_nodes, tidy
+from qdq.graphs.onnx import GraphIndex, remove_nodes, sort_nodes, tidy
 
 
 def graph() -> onnx.ModelProto:
@@ -85,3 +85,16 @@ def test_remove_nodes_and_tidy():
     assert len(model.graph.node) == 3
     tidy(model)  # the unused initializer goes; the Constant is read by Mul and stays
     assert [t.name for t in model.graph.initializer] == [] and "const" in [n.name for n in model.graph.node]
+
+
+def test_sort_nodes_moves_a_node_only_behind_what_it_reads():
+    model = graph()
+    nodes = model.graph.node
+    relu, add = nodes[1], nodes[2]
+    nodes.remove(relu)
+    nodes.append(relu)  # transpose, add, const, mul, relu: add and (through it) mul read relu before it runs
+    sort_nodes(model)
+    assert [n.name for n in model.graph.node] == ["transpose", "relu", "add", "const", "mul"]
+    assert add.name == "add"
+    sort_nodes(model)  # already an order: unchanged
+    assert [n.name for n in model.graph.node] == ["transpose", "relu", "add", "const", "mul"]

@@ -35,6 +35,7 @@ __all__ = [
     "rename_io",
     "set_axis",
     "set_metadata",
+    "sort_nodes",
     "tidy",
 ]
 
@@ -66,6 +67,42 @@ def remove_nodes(model: onnx.ModelProto, nodes: Iterable[Any]) -> None:
     kept = [n for n in model.graph.node if id(n) not in doomed]
     del model.graph.node[:]
     model.graph.node.extend(kept)
+
+
+def _reads(node: Any) -> list[str]:
+    """Every tensor name ``node`` reads: its inputs and, for control flow, what its subgraphs read."""
+    names = [name for name in node.input if name]
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for inner in graph.node:
+                names += _reads(inner)
+    return names
+
+
+def sort_nodes(model: onnx.ModelProto) -> None:
+    """Order the top-level graph's nodes topologically (as ONNX requires), keeping the present order wherever it
+    already is one: a node moves only behind the producers it reads."""
+    nodes = list(model.graph.node)
+    at = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    order: list[int] = []
+    placed = [False] * len(nodes)
+    for start in range(len(nodes)):
+        stack = [start]
+        while stack:
+            i = stack[-1]
+            if placed[i]:
+                stack.pop()
+                continue
+            pending = [at[name] for name in _reads(nodes[i]) if name in at and not placed[at[name]] and at[name] != i]
+            if pending:
+                stack += pending[::-1]
+                continue
+            placed[i] = True
+            order.append(i)
+            stack.pop()
+    if order != list(range(len(nodes))):
+        del model.graph.node[:]
+        model.graph.node.extend(nodes[i] for i in order)
 
 
 class GraphIndex:

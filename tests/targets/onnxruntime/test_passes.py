@@ -23,6 +23,7 @@ from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quanti
 from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, remove_requantization
 from qdq.targets.onnxruntime.passes.float_convs import unfusable_convs
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
+from qdq.targets.onnxruntime.passes.shapes import shapes_of_int8
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
 from qdq.targets.onnxruntime.passes.zero_masks import drop_masks_of_zeros, fold_zero_masks
@@ -355,6 +356,37 @@ def test_a_requantization_with_equal_parameters_is_removed():
     assert ops(model) == ["QuantizeLinear", "DequantizeLinear"]
     assert node(model, "DequantizeLinear").input[0] == "q1"
     np.testing.assert_array_equal(run(model, x=X4), before)
+
+
+# ---------------------------------------------------------------------------------------- 16. shapes
+def test_shapes_read_the_int8_encoding_and_a_dequantization_done_for_a_shape_goes():
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["m"]),
+        helper.make_node("Shape", ["m"], ["shape_m"]),  # before the Q it will read: the pass re-orders the nodes
+        helper.make_node("QuantizeLinear", ["m", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+        helper.make_node("Relu", ["d"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q2"]),
+        helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["d2"]),  # read by the Shape alone
+        helper.make_node("Shape", ["d2"], ["shape_d"]),
+        helper.make_node("Concat", ["shape_m", "shape_d"], ["shapes"], axis=0),
+        helper.make_node("Cast", ["shapes"], ["sizes"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["d", "sizes"], ["y"]),
+    ]
+    model = build(nodes, [("x", [2, 2, 3, 8])], [("y", [2, 2, 3, 8])], {"s": np.float32(0.1), "z": np.int8(0)})
+    x = np.random.default_rng(1).standard_normal((2, 2, 3, 8)).astype(F32)
+    before = run(model, x=x)
+    assert shapes_of_int8(GraphIndex(model)) == 2
+    assert [n.input[0] for n in model.graph.node if n.op_type == "Shape"] == ["q", "q2"]
+    assert ops(model).count("DequantizeLinear") == 1  # d2 had the Shape alone
+    onnx.checker.check_model(model)  # the Shape now comes after the QuantizeLinear it reads
+    np.testing.assert_array_equal(run(model, x=x), before)
+
+
+def test_a_shape_of_a_float_tensor_nothing_quantizes_stays():
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Cast", ["shape"], ["y"], to=1)]
+    model = build(nodes, [("x", [2, 3])], [("y", [2])], {})
+    assert shapes_of_int8(GraphIndex(model)) == 0 and model.graph.node[0].input[0] == "x"
 
 
 # ------------------------------------------------------------------------------- 7. average pooling

@@ -261,7 +261,8 @@ class _Explainer:
         if node.op_type != _Q:
             return False
         readers = self.index.readers(node.output[0], through=self.facts.layout_ops | self.facts.int8_data_movers)
-        return bool(readers) and all(r is not None and r.op_type in self.facts.int8_kernels for r in readers)
+        values = [r for r in readers if r is None or r.op_type != "Shape"]  # a Shape reads no value
+        return bool(values) and all(r is not None and r.op_type in self.facts.int8_kernels for r in values)
 
     def _explain_dq(self, node: onnx.NodeProto) -> tuple[str, bool]:
         readers = self.next_ops(node.output[0])

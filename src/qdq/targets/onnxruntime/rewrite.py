@@ -26,7 +26,9 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
     bias as an ``Add`` after it (before the Gelu's Reshape: ORT's ``BiasGelu`` is slower than the two apart), not
     as an int32 bias inside ``QGemm`` (an extra pass over its output);
 15. ``layernorms``: a LayerNorm reads its residual ``Add`` through a ``Reshape`` to 2-D, so that ORT does not fuse
-    the two into ``SkipLayerNormalization`` (a scalar kernel, several times slower than the two apart).
+    the two into ``SkipLayerNormalization`` (a scalar kernel, several times slower than the two apart);
+16. ``shapes``: a ``Shape`` of a quantized tensor reads its int8 encoding (a float reader less: the product before
+    it fuses, a dequantization done only for a shape goes).
 
 The exporter's ``value_info`` is dropped (the rewrite retypes tensors); ONNX Runtime infers types itself.
 
@@ -54,6 +56,7 @@ from qdq.targets.onnxruntime.passes.layernorms import keep_layernorms_apart
 from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
 from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
+from qdq.targets.onnxruntime.passes.shapes import shapes_of_int8
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
 from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8, resolve_weights
 from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
@@ -84,7 +87,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
         ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``zero_biases``,
-        ``layernorms``; and ``float_convs``, the Convs ORT cannot fuse (warned).
+        ``layernorms``, ``shapes``; and ``float_convs``, the Convs ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
     tidy(model)
@@ -106,6 +109,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "layernorms": keep_layernorms_apart(g),
     }
     counts["requantizations"] = remove_requantization(g)
+    counts["shapes"] = shapes_of_int8(g)
     float_convs = unfusable_conv_nodes(g)
     counts["float_biases"] += bias_after_float_convs(g, float_convs)
     counts["biases"] = quantize_biases(g, float_convs)
