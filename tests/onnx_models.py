@@ -56,6 +56,29 @@ class DetectorHead(nn.Module):
         return torch.cat([boxes, torch.sigmoid(self.scores(h))], 1).flatten(2)
 
 
+class YoloBlocks(nn.Module):
+    """YOLOv8's movers of SiLU outputs: a C2f split (halves to a concatenation and to a conv), an SPPF chain of
+    max-pools concatenated, and a max-pool then nearest upsampling of a SiLU output concatenated with that output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU())
+        self.inner = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.SiLU())
+        self.fuse = nn.Sequential(nn.Conv2d(12, 8, 1), nn.SiLU())
+        self.sppf = nn.Sequential(nn.Conv2d(32, 8, 1), nn.SiLU())
+        self.head = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.stem(x).chunk(2, 1)
+        y = self.fuse(torch.cat([a, b, self.inner(b)], 1))
+        p1 = nn.functional.max_pool2d(y, 5, 1, 2)
+        p2 = nn.functional.max_pool2d(p1, 5, 1, 2)
+        p3 = nn.functional.max_pool2d(p2, 5, 1, 2)
+        z = self.sppf(torch.cat([y, p1, p2, p3], 1))
+        up = nn.functional.interpolate(nn.functional.max_pool2d(z, 2), scale_factor=2.0, mode="nearest")
+        return self.head(torch.cat([up, z], 1))
+
+
 class Attention(nn.Module):
     """One attention block written with matmuls between activations (no fused op)."""
 
@@ -98,6 +121,30 @@ def constant_weight_conv(path: Path) -> Path:
     graph = helper.make_graph(nodes, "constant_weights", [_image(3)], [_output("y")],
                               [numpy_helper.from_array(w2, "w2")])  # fmt: skip
     return _save(graph, path, opset=12)
+
+
+def scale_shift_convs(path: Path) -> Path:
+    """PP-LCNetV3's learnt affine layers after convs: x -> Conv(+b) -> Mul(scalar, constant first) -> Add(scalar)
+    -> Relu -> Conv -> Mul(per channel [1, C, 1, 1]) -> y1; and that second Mul's input also read by
+    Add(x2: a graph input, so not foldable) -> y2."""
+    rng = _rng()
+    w1, b1 = rng.normal(size=(4, 3, 3, 3)).astype(np.float32), rng.normal(size=4).astype(np.float32)
+    w2 = rng.normal(size=(4, 4, 1, 1)).astype(np.float32)
+    constants = {"w1": w1, "b1": b1, "w2": w2, "c": np.array([0.7], np.float32), "d": np.array([-0.2], np.float32),
+                 "cc": rng.uniform(0.5, 1.5, size=(1, 4, 1, 1)).astype(np.float32)}  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c", "c1"], ["m1"]),
+        helper.make_node("Add", ["m1", "d"], ["a1"]),
+        helper.make_node("Relu", ["a1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+        helper.make_node("Mul", ["c2", "cc"], ["y1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c3"]),
+        helper.make_node("Add", ["c3", "x2"], ["y2"]),
+    ]
+    inputs = [_image(3), helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["batch", 4, "height", "width"])]
+    inits = [numpy_helper.from_array(v, k) for k, v in constants.items()]
+    return _save(helper.make_graph(nodes, "scale_shift", inputs, [_output("y1"), _output("y2")], inits), path)
 
 
 def with_if(path: Path) -> Path:

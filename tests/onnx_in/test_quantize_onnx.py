@@ -22,15 +22,18 @@ from onnx_models import (
     ConvNet,
     DetectorHead,
     Recognizer,
+    YoloBlocks,
     already_quantized,
     batches,
     constant_weight_conv,
     export,
+    scale_shift_convs,
     with_custom_op,
     with_if,
 )
 from qdq.errors import QdqConfigError
 from qdq.graphs.onnx_tags import qdq_sites
+from qdq.onnx_in.load import prepare
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 
 
@@ -81,6 +84,22 @@ def test_every_method_keeps_the_max_pool_and_concatenation_in_int8(tmp_path, met
     assert result.method.startswith(method)
 
 
+@pytest.mark.parametrize("method", ["max", "percentile"])
+def test_movers_of_an_unquantized_silu_output_run_on_int8_data(tmp_path, method):
+    """A SiLU output that reaches int8 readers only through a Split, a MaxPool or a Resize is quantized before
+    the mover, with one range for it and the mover's quantized reads: ONNX Runtime runs the product as
+    QLinearMul and the mover on int8 data, with no DQ -> float op -> Q left."""
+    torch.manual_seed(0)
+    float_path = export(YoloBlocks(), torch.randn(1, 3, 16, 16), tmp_path / "yolo.onnx")
+    result = qdq.quantize_onnx(float_path, batches((4, 3, 16, 16)), tmp_path / "int8.onnx", target="onnxruntime",
+                               method=method, progress=False)  # fmt: skip
+    report = fusion_report(result.path)
+    assert report.int8_kernels == {"com.microsoft:QLinearConv": 5} and not report.idle
+    fused = {op: report.count(op) for op in ("QLinearMul", "QLinearSigmoid", "NhwcMaxPool", "QLinearConcat")}
+    assert fused == {"QLinearMul": 4, "QLinearSigmoid": 4, "NhwcMaxPool": 4, "QLinearConcat": 3}
+    check_engine(result.path, float_path, batches((2, 3, 16, 16), count=1, seed=6)[0])
+
+
 def test_weights_in_constant_nodes_are_quantized_per_channel_as_int8_initializers(tmp_path):
     path = constant_weight_conv(tmp_path / "const.onnx")
     result = qdq.quantize_onnx(path, batches((2, 3, 8, 8), name="x"), tmp_path / "int8.onnx", target="tensorrt",
@@ -110,6 +129,58 @@ def test_batchnorm_after_a_conv_is_folded_before_quantizing(tmp_path):
     assert result.prepared["batchnorms_folded"] == 1
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(str(result.path)).graph.node}
     check_engine(result.path, float_path, batches((2, 3, 8, 8), name="input", count=1, seed=4)[0])
+
+
+def test_a_constant_scale_and_shift_after_a_conv_is_folded_into_it(tmp_path):
+    path = scale_shift_convs(tmp_path / "affine.onnx")
+    model = onnx.load(str(path))
+    counts = prepare(model)
+    # Mul and Add after the first conv, the per-channel Mul at an output; the Add of a graph input stays
+    assert counts["scale_shifts_folded"] == 3
+    assert [n.op_type for n in model.graph.node] == ["Conv", "Relu", "Conv", "Conv", "Add"]
+    assert [o.name for o in model.graph.output] == ["y1", "y2"]
+    folded = tmp_path / "folded.onnx"
+    onnx.save(model, str(folded))
+    rng = np.random.default_rng(3)
+    feed = {"x": rng.normal(size=(2, 3, 6, 6)).astype(np.float32),
+            "x2": rng.normal(size=(2, 4, 6, 6)).astype(np.float32)}  # fmt: skip
+    for want, got in zip(run(path, feed, optimize=False), run(folded, feed, optimize=False)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # one float rounding apart
+    result = qdq.quantize_onnx(path, [feed], tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    assert result.prepared["scale_shifts_folded"] == 3 and result.int8_ops["Conv"] == 3
+
+
+class _WrittenOutHardSwish(nn.Module):
+    """conv -> x * clamp(x + 3, 0, 6) / 6 (the form Paddle2ONNX writes) -> conv -> (x * clamp(x + 3, 0, 6)) * 1/6."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x)
+        y = self.conv2(y * torch.clamp(y + 3, 0, 6) / 6)
+        return y * torch.clamp(y + 3, 0, 6) * (1 / 6)
+
+
+def test_a_written_out_hard_swish_becomes_one_op(tmp_path):
+    torch.manual_seed(0)
+    example = 4 * torch.randn(2, 3, 8, 8)  # values on both sides of -3 and 3
+    path = tmp_path / "hswish.onnx"
+    torch.onnx.export(_WrittenOutHardSwish().eval(), (example,), str(path), dynamo=False, opset_version=13,
+                      input_names=["images"], output_names=["scores"])  # fmt: skip
+    model = onnx.load(str(path))
+    counts = prepare(model)
+    assert counts["hard_swishes"] == 2 and counts["opset"] == 14  # HardSwish is an opset-14 op
+    assert [n.op_type for n in model.graph.node] == ["Conv", "HardSwish", "Conv", "HardSwish"]
+    fused = tmp_path / "fused.onnx"
+    onnx.save(model, str(fused))
+    feed = {"images": example.numpy()}
+    np.testing.assert_allclose(run(fused, feed, optimize=False)[0], run(path, feed, optimize=False)[0], rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+    result = qdq.quantize_onnx(path, [feed], tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    assert result.prepared["hard_swishes"] == 2 and result.int8_ops["Conv"] == 2
+    check_engine(result.path, path, feed)
 
 
 def test_control_flow_and_custom_operators_stay_float_and_are_reported(tmp_path):

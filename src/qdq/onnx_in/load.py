@@ -9,6 +9,12 @@ or QOperator nodes. :func:`prepare` then makes the graph the view reads:
   of its op whatever the exporter did;
 * a ``BatchNormalization`` reading a ``Conv`` (read only by it) is folded into the conv's weight and bias, as every
   runtime folds it (per-channel weights are then quantized after the fold, as the runtime multiplies them);
+* so is a constant scale and shift after a ``Conv`` (``Mul`` by a constant, then ``Add`` of one, either alone,
+  per tensor or per output channel: the learnt affine layers of PP-LCNetV3): otherwise they run as float
+  elementwise ops between the conv's int8 output and its reader;
+* a hard-swish written out as ``x * Clip(x + 3, 0, 6) / 6`` (Paddle2ONNX, older exporters) becomes one
+  ``HardSwish`` (the opset raised to 14 for it): ONNX Runtime runs it as two ops instead of four, and reads its
+  input once, so the quantized conv output before it needs one ``DequantizeLinear`` instead of two;
 * the opset is raised to 13 when it is lower (per-channel ``DequantizeLinear`` needs an ``axis``);
 * shapes are inferred where ONNX can (dynamic axes stay symbolic).
 
@@ -73,9 +79,14 @@ def load_float_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
 
 def prepare(model: onnx.ModelProto) -> dict[str, int]:
     """Prepare ``model`` in place for placement (module doc); counts of what was changed."""
+    opset = _opset(model)
     counts = {"constant_weights": _constants_to_initializers(model), "opset": _raise_opset(model)}
     tidy(model)  # an Identity of an initializer (TorchScript's shared constants) is bypassed
     counts["batchnorms_folded"] = _fold_batchnorms(model)
+    counts["scale_shifts_folded"] = _fold_scale_shifts(model)
+    counts["hard_swishes"] = _fuse_hard_swishes(model)
+    if _opset(model) != opset:
+        counts["opset"] = _opset(model) or 0
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         del model.graph.value_info[:]
@@ -116,14 +127,19 @@ def _constants_to_initializers(model: onnx.ModelProto) -> int:
     return len(moved)
 
 
-def _raise_opset(model: onnx.ModelProto) -> int:
-    """Raise the default-domain opset to 13 when lower (per-channel Q/DQ need it); the new opset, or 0."""
-    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if current is None or current >= _MIN_OPSET:
+def _opset(model: onnx.ModelProto) -> int | None:
+    """The model's default-domain opset (None when it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _raise_opset(model: onnx.ModelProto, minimum: int = _MIN_OPSET) -> int:
+    """Raise the default-domain opset to ``minimum`` when lower (per-channel Q/DQ need 13); the new opset, else 0."""
+    current = _opset(model)
+    if current is None or current >= minimum:
         return 0
-    converted = onnx.version_converter.convert_version(model, _MIN_OPSET)
+    converted = onnx.version_converter.convert_version(model, minimum)
     model.CopyFrom(converted)
-    return _MIN_OPSET
+    return minimum
 
 
 def _fold_batchnorms(model: onnx.ModelProto) -> int:
@@ -138,7 +154,9 @@ def _fold_batchnorms(model: onnx.ModelProto) -> int:
         conv = producer.get(bn.input[0]) if bn.op_type == "BatchNormalization" else None
         if conv is None or conv.op_type != "Conv" or readers[conv.output[0]] != 1 or conv.output[0] in outputs:
             continue
-        if len(bn.output) != 1 or any(name not in inits for name in bn.input[1:5]) or conv.input[1] not in inits:
+        if len(bn.output) != 1 or any(name not in inits for name in bn.input[1:5]):
+            continue
+        if not _constant_weights(conv, inits):
             continue
         _fold_one(graph, inits, conv, bn)
         folded.append(bn)
@@ -163,3 +181,156 @@ def _fold_one(graph: onnx.GraphProto, inits: dict[str, Any], conv: Any, bn: Any)
     del conv.input[1:]
     conv.input.extend(names)
     conv.output[0] = bn.output[0]
+
+
+def _per_channel(value: np.ndarray | None, rank: int, channels: int) -> np.ndarray | None:
+    """``value`` as one number per output channel of a conv whose output has ``rank`` axes (a constant of one
+    element, or of ``channels`` elements along axis 1 of the output, broadcast right-aligned), else None."""
+    if value is None or value.ndim > rank:
+        return None
+    if value.size == 1:
+        return np.full(channels, value.reshape(()), np.float64)
+    shape = (1,) * (rank - value.ndim) + value.shape
+    if shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return value.reshape(channels).astype(np.float64)
+
+
+def _constant_operand(node: Any, tensor: str, inits: dict[str, Any]) -> np.ndarray | None:
+    """The constant operand of a binary ``node`` whose other operand is ``tensor``, or None."""
+    if len(node.input) != 2 or tensor not in node.input:
+        return None
+    other = node.input[1] if node.input[0] == tensor else node.input[0]
+    return numpy_helper.to_array(inits[other]) if other in inits and other != tensor else None
+
+
+def _fold_scale_shifts(model: onnx.ModelProto) -> int:
+    """``Conv -> Mul(c)``, ``Conv -> Add(d)`` and ``Conv -> Mul(c) -> Add(d)``, with ``c`` and ``d`` constants per
+    tensor or per output channel and each tensor on the way read once, become one Conv (weight ``W * c``, bias
+    ``b * c + d``); returns how many ops were folded."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    folded: list[Any] = []
+    for conv in list(graph.node):
+        if conv.op_type != "Conv" or not _constant_weights(conv, inits):
+            continue
+        tail, scale, shift = _scale_shift_tail(conv, numpy_helper.to_array(inits[conv.input[1]]).shape, readers,
+                                               inits, outputs)  # fmt: skip
+        if tail:
+            _fold_affine(graph, inits, conv, scale, shift, tail[-1].output[0])
+            folded += tail
+    for node in folded:
+        graph.node.remove(node)
+    return len(folded)
+
+
+def _constant_weights(conv: Any, inits: dict[str, Any]) -> bool:
+    """Are the conv's weight and bias (when it has one) constants?"""
+    bias = conv.input[2] if len(conv.input) > 2 else ""
+    return conv.input[1] in inits and (not bias or bias in inits)
+
+
+def _scale_shift_tail(
+    conv: Any, weight_shape: tuple[int, ...], readers: dict[str, list[Any]], inits: dict[str, Any], outputs: set[str]
+) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """The ``Mul`` then ``Add`` after ``conv`` that fold into it, with the scale and shift per output channel."""
+    channels, rank = weight_shape[0], len(weight_shape)
+    scale, shift, tail, tensor = np.ones(channels), np.zeros(channels), [], conv.output[0]
+    for op_type in ("Mul", "Add"):
+        users = readers.get(tensor, [])
+        if len(users) != 1 or users[0].op_type != op_type or tensor in outputs:
+            continue
+        value = _per_channel(_constant_operand(users[0], tensor, inits), rank, channels)
+        if value is None:
+            break
+        scale, shift = (value, shift) if op_type == "Mul" else (scale, value)
+        tail.append(users[0])
+        tensor = users[0].output[0]
+    return tail, scale, shift
+
+
+def _fold_affine(graph: onnx.GraphProto, inits: dict[str, Any], conv: Any, scale: np.ndarray, shift: np.ndarray,
+                 output: str) -> None:  # fmt: skip
+    weight = numpy_helper.to_array(inits[conv.input[1]])
+    has_bias = len(conv.input) > 2 and conv.input[2]
+    bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
+    new_weight = weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))
+    new_bias = (bias * scale + shift).astype(weight.dtype)
+    names = (f"{output}_folded_weight", f"{output}_folded_bias")
+    graph.initializer.extend([numpy_helper.from_array(new_weight.astype(weight.dtype), names[0]),
+                              numpy_helper.from_array(new_bias, names[1])])  # fmt: skip
+    del conv.input[1:]
+    conv.input.extend(names)
+    conv.output[0] = output
+
+
+def _scalar(tensor: str, inits: dict[str, Any]) -> float | None:
+    """The value of ``tensor`` when it is a constant of one element, else None."""
+    proto = inits.get(tensor)
+    value = numpy_helper.to_array(proto) if proto is not None else None
+    return float(value.reshape(())) if value is not None and value.size == 1 else None
+
+
+def _hard_swish_chain(add: Any, readers: dict[str, list[Any]], inits: dict[str, Any]) -> tuple[str, list[Any]] | None:
+    """``x`` and the four nodes of ``Add(x, 3) -> Clip(0, 6) -> Mul(x, .) -> Div(., 6)`` (or ``Mul(., 1/6)``)
+    starting at ``add``, each intermediate read once; else None."""
+    values = [_scalar(name, inits) for name in add.input]
+    if add.op_type != "Add" or len(add.input) != 2 or 3.0 not in values or None not in values:
+        return None
+    x: str = add.input[values.index(None)]
+    chain, tensor = [add], add.output[0]
+    for op_type in ("Clip", "Mul", "Div"):
+        users = readers.get(tensor, [])
+        if len(users) != 1:
+            return None
+        node = users[0]
+        if not _hard_swish_step(node, op_type, x, tensor, inits):
+            return None
+        chain.append(node)
+        tensor = node.output[0]
+    return x, chain
+
+
+def _hard_swish_step(node: Any, op_type: str, x: str, tensor: str, inits: dict[str, Any]) -> bool:
+    if op_type == "Clip":
+        bounds = [_scalar(name, inits) for name in node.input[1:3]]
+        return node.op_type == "Clip" and bounds == [0.0, 6.0]
+    if op_type == "Mul":
+        return node.op_type == "Mul" and sorted(node.input) == sorted([x, tensor])
+    if node.op_type == "Div":
+        return node.input[0] == tensor and _scalar(node.input[1], inits) == 6.0
+    other = [_scalar(name, inits) for name in node.input if name != tensor]
+    return node.op_type == "Mul" and len(other) == 1 and other[0] is not None and abs(other[0] * 6.0 - 1.0) < 1e-6
+
+
+def _fuse_hard_swishes(model: onnx.ModelProto) -> int:
+    """Every written-out hard-swish becomes one ``HardSwish`` node (opset 14); returns how many."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    chains = [c for c in (_hard_swish_chain(n, readers, inits) for n in graph.node) if c is not None]
+    chains = [(x, nodes) for x, nodes in chains if not any(n.output[0] in outputs for n in nodes[:-1])]
+    if not chains or _opset(model) is None:
+        return 0
+    try:
+        _raise_opset(model, 14)
+    except Exception:  # a graph ONNX's converter cannot take keeps its written-out hard-swishes
+        return 0
+    graph = model.graph  # the conversion rebuilt the graph: its nodes are found again by their outputs
+    for x, nodes in chains:
+        last = nodes[-1].output[0]
+        found = [n for n in graph.node if n.output and n.output[0] in {m.output[0] for m in nodes}]
+        at = list(graph.node).index(found[-1])
+        graph.node.insert(at, onnx.helper.make_node("HardSwish", [x], [last], name=f"{last}/HardSwish"))
+        for node in found:
+            graph.node.remove(node)
+    return len(chains)
