@@ -23,7 +23,7 @@ from qdq.graphs import ops
 from qdq.targets.rules import PlacementRule
 
 if TYPE_CHECKING:
-    from qdq.graphs.view import GraphView, Op, Quantizer, Value
+    from qdq.graphs.view import GraphView, Op, Quantizer
 
 __all__ = ["DATA_MOVERS", "int8_reader"]
 
@@ -35,35 +35,32 @@ def int8_reader(view: GraphView, op: Op) -> bool:
     return op.type in ops.WEIGHTED or (fusion is not None and op.type in fusion.int8_data_movers)
 
 
-def _int8_reads(view: GraphView, op: Op) -> list[Quantizer]:
-    """The quantizers of every read of ``op``'s outputs that is quantized or that the target runs in int8 (those
-    are quantized here)."""
-    reads = []
-    for output in op.outputs:
-        for reader, index in output.readers:
-            if view.reads_quantized(reader, index) or int8_reader(view, reader):
-                reads.append(view.quantize_input(reader, index, f"{op.type} runs on int8 data"))
-    return [q for q in reads if q is not None]
+def _int8_reads(view: GraphView, op: Op) -> list[tuple[Op, int]]:
+    """Every read of ``op``'s outputs that is quantized or that the target runs in int8."""
+    return [(reader, index) for output in op.outputs for reader, index in output.readers
+            if view.reads_quantized(reader, index) or int8_reader(view, reader)]  # fmt: skip
 
 
-def _quantized_reads(view: GraphView, value: Value) -> list[Quantizer | None]:
-    return [view.quantizer_at(reader, index) for reader, index in value.readers]
+def _input_side(view: GraphView, op: Op, reads: list[tuple[Op, int]]) -> list[Quantizer | None] | None:
+    """The quantizers on the mover's input side, or None when the mover's input stays float: it is quantized
+    already, or it is quantized here when an int8 op produces it and the mover's outputs are read in int8."""
+    index, source = op.data_inputs[0]
+    if view.reads_quantized(op, index):
+        return [view.quantizer_at(op, index)]
+    if not reads or source.producer is None or not view.is_quantized(source.producer):
+        return None
+    mover = view.quantize_input(op, index, f"{op.type} of an int8 op's output runs on int8 data")
+    return [mover, *(view.quantizer_at(reader, i) for reader, i in source.readers)]
 
 
 def _decide(view: GraphView) -> None:
     movers = view.target.fusion.int8_data_movers if view.target.fusion is not None else frozenset()
     for op in view.ops_of(*movers):
-        if not op.data_inputs:
+        reads = _int8_reads(view, op) if op.data_inputs else []
+        sides = _input_side(view, op, reads) if op.data_inputs else None
+        if sides is None:
             continue
-        index, source = op.data_inputs[0]
-        reads = _int8_reads(view, op)
-        if view.reads_quantized(op, index):
-            sides = [view.quantizer_at(op, index), *reads]
-        elif reads and source.producer is not None and view.is_quantized(source.producer):
-            why = f"{op.type} of an int8 op's output runs on int8 data"
-            sides = [view.quantize_input(op, index, why), *_quantized_reads(view, source), *reads]
-        else:
-            continue
+        sides += [view.quantize_input(reader, index, f"{op.type} runs on int8 data") for reader, index in reads]
         found = [q for q in sides if q is not None]
         if len({id(q) for q in found}) > 1:
             view.share_range(found, f"{op.name} ({op.type}) runs on int8 data")
