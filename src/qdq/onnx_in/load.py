@@ -33,7 +33,7 @@ import onnx
 from onnx import numpy_helper
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import tidy
+from qdq.graphs.onnx import consumers, initializer_map, tidy
 
 __all__ = ["QUANTIZED_OPS", "load_float_model", "prepare"]
 
@@ -208,12 +208,7 @@ def _fold_scale_shifts(model: onnx.ModelProto) -> int:
     """``Conv -> Mul(c)``, ``Conv -> Add(d)`` and ``Conv -> Mul(c) -> Add(d)``, with ``c`` and ``d`` constants per
     tensor or per output channel and each tensor on the way read once, become one Conv (weight ``W * c``, bias
     ``b * c + d``); returns how many ops were folded."""
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    readers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    graph, inits, readers = model.graph, initializer_map(model), consumers(model)
     outputs = {o.name for o in graph.output}
     folded: list[Any] = []
     for conv in list(graph.node):
@@ -310,12 +305,7 @@ def _hard_swish_step(node: Any, op_type: str, x: str, tensor: str, inits: dict[s
 
 def _fuse_hard_swishes(model: onnx.ModelProto) -> int:
     """Every written-out hard-swish becomes one ``HardSwish`` node (opset 14); returns how many."""
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    readers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    graph, inits, readers = model.graph, initializer_map(model), consumers(model)
     outputs = {o.name for o in graph.output}
     chains = [c for c in (_hard_swish_chain(n, readers, inits) for n in graph.node) if c is not None]
     chains = [(x, nodes) for x, nodes in chains if not any(n.output[0] in outputs for n in nodes[:-1])]
