@@ -247,8 +247,8 @@ class GraphView:
         return bool(positions) and all(self.reads_quantized(op, i) for i in positions)
 
     def follows_weighted(self, value: Value, hops: int = 8) -> bool:
-        """``value`` is a weighted op's output, possibly through a BatchNorm, activations and identities, and
-        each value on the way (``value`` included) has one reader: what a runtime fuses into one kernel."""
+        """``value`` is a weighted op's output, possibly through a BatchNorm, a bias add, activations and identities,
+        and each value on the way (``value`` included) has one reader: what a runtime fuses into one kernel."""
         for _ in range(hops):
             producer = value.producer
             if self.single_reader(value) is None or producer is None:
@@ -256,10 +256,17 @@ class GraphView:
             if producer.type in vocab.WEIGHTED:
                 return True
             passthrough = vocab.NORMS | vocab.ACTIVATIONS | vocab.IDENTITIES
-            if producer.type not in passthrough or not producer.data_inputs:
+            if (producer.type not in passthrough and not self.is_bias_add(producer)) or not producer.data_inputs:
                 return False
             value = producer.data_inputs[0][1]
         return False
+
+    @staticmethod
+    def is_bias_add(op: Op) -> bool:
+        """Is ``op`` an ``Add`` of one computed value and a constant: a bias written apart from its weighted op (a
+        linear exported as ``MatMul`` + ``Add``)? It fuses into that op as a BatchNorm does; it is no residual add."""
+        return op.type == "Add" and len(op.inputs) == 2 and len(op.data_inputs) == 1 and any(
+            v.constant for v in op.inputs)  # fmt: skip
 
     def weighted_depth(self, value: Value) -> int:
         """How many weighted ops the longest path from a graph input to ``value`` goes through."""
