@@ -17,6 +17,7 @@ on the same placement language (:mod:`qdq.graphs.view`):
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -45,6 +46,7 @@ from qdq.onnx_in.materialize import quantizer_names, write_qdq
 from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_weighted
 from qdq.quantizer import STEP_TYPES
 from qdq.targets import DEFAULT_TARGET, Target, resolve_target
+from qdq.targets.onnxruntime.passes.biases import WIDENED_METADATA_KEY
 from qdq.tensor_quant import low_precision_amax
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.progress import Progress
@@ -77,6 +79,8 @@ class OnnxQuantizeResult:
         value_ranges: tensor name -> float32 amax of the activation quantizer that reads it (pass it back as
             ``quantize_onnx(..., value_ranges=...)`` to place again without calibrating).
         bias_shifts: the biases bias correction changed, with the shift subtracted from each.
+        widened_weights: op name -> the factor its weight step grew by so that its int32 bias fits at ``s_x * s_w``
+            (the ``onnxruntime`` target's rewrite; the op stays int8).
     """
 
     path: Path
@@ -94,6 +98,7 @@ class OnnxQuantizeResult:
     ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     value_ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
+    widened_weights: dict[str, float] = field(default_factory=dict, repr=False)
 
     def report(self) -> str:
         """A Markdown summary: what runs in int8, what stays float and why."""
@@ -105,6 +110,10 @@ class OnnxQuantizeResult:
             lines += [f"Bias correction: {len(self.bias_shifts)} biases shifted by the mean error of their layer's "
                       f"quantization (largest: {worst.op}, {worst.relative:.3f} of its output's spread).",
                       ""]  # fmt: skip
+        if self.widened_weights:
+            name, factor = max(self.widened_weights.items(), key=lambda item: item[1])
+            lines += [f"Weight steps widened so that int32 biases fit: {len(self.widened_weights)} op(s) kept int8 "
+                      f"(largest: {name}, x{factor:.3g}).", ""]  # fmt: skip
         rows = [[op, str(n)] for op, n in sorted(self.int8_ops.items())]
         lines += [markdown_table(["op type", "ops reading int8"], rows), ""] if rows else []
         floats = [[name, why] for name, why in sorted(self.float_ops.items())]
@@ -216,7 +225,14 @@ def quantize_onnx(
         prepared=prepared, batches=batches, seconds=seconds, calibration=calibration,
         changes=list(view.changes),
         ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value, bias_shifts=shifts,
+        widened_weights=_widened_weights(proto),
     )  # fmt: skip
+
+
+def _widened_weights(model: onnx.ModelProto) -> dict[str, float]:
+    """The weight steps the target's rewrite widened for their int32 biases, as the written file records them."""
+    recorded = {p.key: p.value for p in model.metadata_props}.get(WIDENED_METADATA_KEY)
+    return {str(k): float(v) for k, v in json.loads(recorded).items()} if recorded else {}
 
 
 def place(model: onnx.ModelProto, target: Target, keep_float: Sequence[str] = (), float_values: Sequence[str] = (),

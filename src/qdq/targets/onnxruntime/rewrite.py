@@ -9,7 +9,9 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 2. ``batchnorm`` / ``bias_adds``: a BatchNorm (a per-channel bias Add) after a Conv is folded into it;
 3. ``zero_masks``: the 0/1 masks of zero-range quantizers after a Conv are folded into its weights;
 4. ``uint8_activations``: int8 activations with zero point 0 become uint8 with zero point 128 (the same grid);
-5. ``biases``: Conv / Gemm biases become int32 at ``s_x * s_w``; a Conv ORT cannot fuse keeps a float bias;
+5. ``biases``: Conv / Gemm biases become int32 at ``s_x * s_w``; a Conv ORT cannot fuse keeps a float bias; a
+   weight step too small for its bias's int32 code is widened (recorded as ``qdq.widened_weights``: JSON node ->
+   the largest factor a step grew by);
 6. ``duplicates``: equal Q/DQ pairs on one tensor merge, ``DQ -> Q`` with equal parameters goes;
 7. ``pools``: a spatial ``ReduceMean`` becomes ``GlobalAveragePool``, a ``Flatten`` after it a ``Reshape``;
 8. ``gemm``: ``MatMul`` of a 2-D input by a dequantized weight (Keras Dense) becomes ``Gemm``;
@@ -41,13 +43,14 @@ from :func:`rewrite_for_onnxruntime` at its place in the order, and its count ad
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from qdq.graphs.onnx import GraphIndex, set_metadata, tidy
 from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.bias_adds import fold_bias_adds
-from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
+from qdq.targets.onnxruntime.passes.biases import WIDENED_METADATA_KEY, bias_after_float_convs, quantize_biases
 from qdq.targets.onnxruntime.passes.duplicates import merge_duplicate_pairs, remove_requantization
 from qdq.targets.onnxruntime.passes.float_biases import biases_to_float_adds
 from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, warn_float_convs
@@ -87,7 +90,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
         ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``zero_biases``,
-        ``layernorms``, ``shapes``; and ``float_convs``, the Convs ORT cannot fuse (warned).
+        ``layernorms``, ``shapes``, ``widened_weights``; and ``float_convs``, the Convs ORT cannot
+        fuse (warned).
     """
     encoding = resolve_weights(weights)
     tidy(model)
@@ -112,7 +116,11 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     counts["shapes"] = shapes_of_int8(g)
     float_convs = unfusable_conv_nodes(g)
     counts["float_biases"] += bias_after_float_convs(g, float_convs)
-    counts["biases"] = quantize_biases(g, float_convs)
+    widened: dict[str, float] = {}
+    counts["biases"] = quantize_biases(g, float_convs, widened)
+    counts["widened_weights"] = len(widened)
+    if widened:
+        set_metadata(model, WIDENED_METADATA_KEY, json.dumps(widened, sort_keys=True))
     tidy(model)
     g = GraphIndex(model)
     left = unfusable_conv_nodes(g)

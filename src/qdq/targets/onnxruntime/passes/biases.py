@@ -2,7 +2,14 @@
 as ORT's ``QLinearConv`` requires; the bias moves by at most ``s_x * s_w / 2``. At 8 bits that is far below an
 output step; with 4-bit weights and activations it reaches a few % of one. A Conv ORT cannot fuse (its output
 has no Q, e.g. behind a sub-8-bit clamp) runs in float: its bias moves to an ``Add`` after it so that ORT's own
-passes do not round it to int32 either."""
+passes do not round it to int32 either.
+
+A bias that would not fit int32 at ``s_x * s_w`` (a channel whose weights are all near zero, so its per-channel
+step is tiny: depthwise convs after BatchNorm folding) widens that channel's weight step until it fits, as ORT's
+own quantizer does: the step becomes ``|bias| / (s_x * BIAS_CODE_LIMIT)`` and the channel's int8 codes are
+re-rounded on it, so the conv keeps its int8 kernel. ``BIAS_CODE_LIMIT`` is half of int32's range: the
+accumulator adds the products of the codes to the bias and must not overflow either. The channel's weights then
+move by at most one new step, which is below ``|bias| / s_x`` over 2**30 of its output: the bias dominates it."""
 
 from __future__ import annotations
 
@@ -12,24 +19,35 @@ from typing import Any
 import numpy as np
 
 from qdq.graphs.onnx import GraphIndex, attribute
-from qdq.targets.onnxruntime.passes._graph import INT32_LIMIT, dq_params, weight_dq
+from qdq.targets.onnxruntime.passes._graph import INT32_LIMIT, dq_params, quantize_weight, weight_dq
 
-__all__ = ["bias_after_float_convs", "quantize_biases"]
+__all__ = ["BIAS_CODE_LIMIT", "WIDENED_METADATA_KEY", "bias_after_float_convs", "quantize_biases"]
+
+#: the largest int32 bias code a widened weight step aims for (half of int32's range: room for the accumulation)
+BIAS_CODE_LIMIT = 2**30
+#: model metadata key of the widened weight steps (JSON: node name -> the largest factor one of its steps grew by)
+WIDENED_METADATA_KEY = "qdq.widened_weights"
+
+
+def _input_step(g: GraphIndex, node: Any) -> np.ndarray | None:
+    """The per-tensor step ``s_x`` of ``node``'s dequantized input (read directly or through a Reshape: pass 8's
+    Gemm of an N-D input, which ORT fuses all the same), else None."""
+    source = g.source(node.input[0], through={"Reshape"})
+    x = dq_params(g, source.output[0]) if source is not None else None
+    return None if x is None or x[0].ndim != 0 else x[0]
 
 
 def _bias_scale(g: GraphIndex, node: Any) -> np.ndarray | None:
-    """``s_x * s_w`` per output channel, when input and weight are dequantized and the weight axis is 0 (the
-    input may be reshaped after its DQ: pass 8's Gemm of an N-D input, which ORT fuses all the same)."""
-    source = g.source(node.input[0], through={"Reshape"})
-    x = dq_params(g, source.output[0]) if source is not None else None
+    """``s_x * s_w`` per output channel, when input and weight are dequantized and the weight axis is 0."""
+    x = _input_step(g, node)
     w = dq_params(g, node.input[1])
-    if x is None or w is None or x[0].ndim != 0:
+    if x is None or w is None:
         return None
     if node.op_type == "Gemm" and (attribute(node, "transB", 0) != 1 or attribute(node, "transA", 0) != 0):
         return None
     if w[0].ndim == 1 and w[1] != 0:
         return None
-    return (x[0].astype(np.float32) * w[0].astype(np.float32)).astype(np.float32)
+    return (x.astype(np.float32) * w[0].astype(np.float32)).astype(np.float32)
 
 
 def bias_after_float_convs(g: GraphIndex, float_convs: list[Any]) -> int:
@@ -56,16 +74,23 @@ def bias_after_float_convs(g: GraphIndex, float_convs: list[Any]) -> int:
     return count
 
 
-def quantize_biases(g: GraphIndex, float_convs: list[Any]) -> int:
-    """int32 biases for the Convs ORT fuses and for Gemms; ``float_convs`` keep their exact float bias."""
+def quantize_biases(g: GraphIndex, float_convs: list[Any], widened: dict[str, float] | None = None) -> int:
+    """int32 biases for the Convs ORT fuses and for Gemms; ``float_convs`` keep their exact float bias. A weight
+    step too small for its bias is widened first (see the module doc); ``widened`` (when given) receives node name
+    -> the largest factor one of its steps grew by."""
     count = 0
     skip = {id(conv) for conv in float_convs}
     for node in list(g.graph.node):
         if node.op_type not in ("Conv", "Gemm") or id(node) in skip:
             continue
         bias = g.const_input(node, 2)
+        if bias is None or bias.ndim != 1 or _bias_scale(g, node) is None:
+            continue
+        factor = _fit_weight_steps(g, node, bias.astype(np.float32))
+        if factor > 1.0 and widened is not None:
+            widened[node.name] = factor
         scale = _bias_scale(g, node)
-        if bias is None or scale is None or bias.ndim != 1:
+        if scale is None:
             continue
         scale = np.broadcast_to(scale, bias.shape).astype(np.float32)
         safe = np.where(scale > 0, scale, np.float32(1.0))
@@ -82,6 +107,39 @@ def quantize_biases(g: GraphIndex, float_convs: list[Any]) -> int:
         count += 1
     g.refresh()
     return count
+
+
+def _fit_weight_steps(g: GraphIndex, node: Any, bias: np.ndarray) -> float:
+    """Widen the weight steps of ``node`` whose bias codes at ``s_x * s_w`` would pass :data:`BIAS_CODE_LIMIT` (the
+    step becomes ``|bias| / (s_x * BIAS_CODE_LIMIT)``, the int8 codes re-rounded on it); the largest factor a step
+    grew by (1.0: none). A weight whose DQ other ops read too is left as it is."""
+    found, s_x = weight_dq(g, node), _input_step(g, node)
+    if found is None or s_x is None or float(s_x) <= 0:
+        return 1.0
+    dq, codes = found
+    step = g.array(dq.input[1])
+    if step is None or codes.dtype != np.int8:
+        return 1.0
+    step = step.astype(np.float32)
+    needed = (np.abs(bias) / (np.float32(s_x) * np.float32(BIAS_CODE_LIMIT))).astype(np.float32)
+    needed = needed if step.ndim == 1 else np.max(needed, initial=0.0)  # a per-tensor step fits its largest bias
+    if not np.any(needed > step):
+        return 1.0
+    wider = np.maximum(step, needed).astype(np.float32)
+    axis = attribute(dq, "axis", 1)
+    values = codes.astype(np.float32) * (step.reshape(_channel_shape(codes.ndim, axis, step)))
+    dq.input[0] = g.add_const(dq.input[0] + "_widened", quantize_weight(values, wider, np.dtype(np.int8), axis))
+    dq.input[1] = g.add_const(dq.input[1] + "_widened", wider)
+    return float(np.max(wider / np.where(step > 0, step, wider)))
+
+
+def _channel_shape(rank: int, axis: int, step: np.ndarray) -> list[int]:
+    """The shape that broadcasts a per-channel ``step`` along ``axis`` of a rank-``rank`` weight (a scalar: [])."""
+    if step.ndim == 0:
+        return []
+    shape = [1] * rank
+    shape[axis % rank] = -1
+    return shape
 
 
 def _make_dq(x: str, scale: str, zp: str, out: str, name: str) -> Any:
