@@ -157,8 +157,8 @@ def finish_onnx(
 
     Renames inputs/outputs to ``io_names`` (default ``input`` / ``output``, ``input_0``, ... for several),
     tidies the graph, runs the target's ONNX rewrite (with the target's export options, overridden by
-    ``target_options``), records the target in the metadata, checks the model with
-    ``onnx.checker`` (full check) and writes it atomically to ``path``. ``annotate`` (the PyTorch
+    ``target_options``), gives every node a name of its own, records the target in the metadata, checks the model
+    with ``onnx.checker`` (full check) and writes it atomically to ``path``. ``annotate`` (the PyTorch
     exporter's quantizer names) runs on the tidied graph, before the rewrite; ``target_options`` are the
     rewrite's options.
 
@@ -179,6 +179,7 @@ def finish_onnx(
     if annotate is not None:
         annotate(proto)
     target.rewrite_onnx(proto, **target.export_options(target_options))
+    graph.name_nodes(proto)  # ONNX Runtime refuses two nodes of one name (an unnamed source's bias DQs)
     _set_metadata(proto, target.name)
     _warn_opset(proto, opset)
     large = proto.ByteSize() >= graph.EXTERNAL_DATA_BYTES

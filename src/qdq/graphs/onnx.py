@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GraphIndex",
+    "all_nodes",
     "atomic_save",
     "attribute",
     "consumers",
     "initializer_map",
+    "name_nodes",
     "remove_nodes",
     "rename_io",
     "set_axis",
@@ -255,7 +257,8 @@ def set_axis(node: Any, axis: int | None) -> None:
 
 
 def tidy(model: onnx.ModelProto) -> None:
-    """Exact clean-ups: ``Identity`` of an initializer is bypassed; unused Constants and initializers go."""
+    """Exact clean-ups: ``Identity`` of an initializer is bypassed; unused Constants and initializers go. What the
+    subgraphs of control flow read from the main graph counts as used, and is renamed with it."""
     constants = {t.name for t in model.graph.initializer}
     outputs = {v.name for v in model.graph.output}
     rename = {
@@ -264,14 +267,46 @@ def tidy(model: onnx.ModelProto) -> None:
         if n.op_type == "Identity" and n.input[0] in constants and n.output[0] not in outputs
     }
     remove_nodes(model, [n for n in model.graph.node if n.op_type == "Identity" and n.output[0] in rename])
-    for node in model.graph.node:
+    for node in all_nodes(model.graph):
         for i, name in enumerate(node.input):
             node.input[i] = rename.get(name, name)
-    used = {name for node in model.graph.node for name in node.input} | outputs
+    used = {name for node in model.graph.node for name in _reads(node)} | outputs
     remove_nodes(model, [n for n in model.graph.node if n.op_type == "Constant" and n.output[0] not in used])
     initializers = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(initializers)
+
+
+def all_nodes(graph: Any) -> list[Any]:
+    """Every node of ``graph`` (an ``onnx.GraphProto``) and of the subgraphs of its control flow, outer first."""
+    found = list(graph.node)
+    for node in graph.node:
+        for attr in node.attribute:
+            for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                found += all_nodes(inner)
+    return found
+
+
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every node of the model (subgraphs included) a name of its own: an unnamed node ``<op type>_<n>``, a
+    name used before ``<name>_<n>`` (ONNX Runtime refuses two nodes of one name; old exporters leave nodes
+    unnamed). Returns how many nodes were named."""
+    nodes = all_nodes(model.graph)
+    taken = {node.name for node in nodes if node.name}
+    seen: set[str] = set()
+    named = 0
+    for node in nodes:
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        stem, number = node.name or node.op_type, 0
+        while f"{stem}_{number}" in taken:
+            number += 1
+        node.name = f"{stem}_{number}"
+        taken.add(node.name)
+        seen.add(node.name)
+        named += 1
+    return named
 
 
 def rename_io(model: onnx.ModelProto, inputs: Iterable[str], outputs: Iterable[str]) -> None:

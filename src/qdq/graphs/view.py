@@ -90,8 +90,10 @@ class Op:
 
     @property
     def data_inputs(self) -> list[tuple[int, Value]]:
-        """``(position, value)`` of the inputs that are not weights or constants."""
-        return [(i, v) for i, v in enumerate(self.inputs) if i not in self.weights and not v.constant]
+        """``(position, value)`` of the inputs that are not weights or constants, and hold real numbers: an integer
+        input computed at run time (a ``Resize``'s sizes, a ``Pad``'s amounts, a ``Gather``'s indices, all from
+        ``Shape`` arithmetic or token ids) is never quantized, and says nothing of the sign of the op's output."""
+        return [(i, v) for i, v in enumerate(self.inputs) if i not in self.weights and not v.constant and v.real]
 
 
 @dataclass(frozen=True, eq=True)

@@ -33,7 +33,7 @@ import onnx
 from onnx import numpy_helper
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import consumers, initializer_map, tidy
+from qdq.graphs.onnx import all_nodes, consumers, initializer_map, name_nodes, tidy
 
 __all__ = ["QUANTIZED_OPS", "load_float_model", "prepare"]
 
@@ -64,7 +64,7 @@ def load_float_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
             proto = onnx.load(str(path), load_external_data=True)
         except Exception as err:  # protobuf's DecodeError and friends
             raise QdqConfigError(f"{path} is not an ONNX model ({type(err).__name__}: {err}).") from err
-    found = Counter(n.op_type for n in _all_nodes(proto.graph) if n.op_type in QUANTIZED_OPS)
+    found = Counter(n.op_type for n in all_nodes(proto.graph) if n.op_type in QUANTIZED_OPS)
     if found:
         listed = ", ".join(f"{count} {op}" for op, count in found.most_common())
         raise QdqConfigError(
@@ -80,7 +80,8 @@ def load_float_model(model: str | Path | onnx.ModelProto) -> onnx.ModelProto:
 def prepare(model: onnx.ModelProto) -> dict[str, int]:
     """Prepare ``model`` in place for placement (module doc); counts of what was changed."""
     opset = _opset(model)
-    counts = {"constant_weights": _constants_to_initializers(model), "opset": _raise_opset(model)}
+    counts = {"initializer_inputs": _initializers_not_inputs(model), "named_nodes": name_nodes(model),
+              "constant_weights": _constants_to_initializers(model), "opset": _raise_opset(model)}  # fmt: skip
     tidy(model)  # an Identity of an initializer (TorchScript's shared constants) is bypassed
     counts["batchnorms_folded"] = _fold_batchnorms(model)
     counts["scale_shifts_folded"] = _fold_scale_shifts(model)
@@ -96,16 +97,18 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-def _all_nodes(graph: onnx.GraphProto) -> list[Any]:
-    """Every node of ``graph`` and of its subgraphs (the branches of ``If``, the bodies of ``Loop``)."""
-    nodes = list(graph.node)
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                nodes += _all_nodes(attribute.g)
-            for sub in attribute.graphs:
-                nodes += _all_nodes(sub)
-    return nodes
+def _initializers_not_inputs(model: onnx.ModelProto) -> int:
+    """Graph inputs that name an initializer are dropped (IR version 3 listed every initializer among the inputs):
+    they are constants, not data a caller feeds, and ONNX Runtime folds no constant it could be fed. The IR version
+    is raised to 4, the first that allows it. Returns how many inputs were dropped."""
+    constants = {t.name for t in model.graph.initializer}
+    kept = [value for value in model.graph.input if value.name not in constants]
+    dropped = len(model.graph.input) - len(kept)
+    if dropped:
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+    model.ir_version = max(model.ir_version, 4)
+    return dropped
 
 
 def _constants_to_initializers(model: onnx.ModelProto) -> int:
@@ -138,6 +141,7 @@ def _raise_opset(model: onnx.ModelProto, minimum: int = _MIN_OPSET) -> int:
     if current is None or current >= minimum:
         return 0
     converted = onnx.version_converter.convert_version(model, minimum)
+    converted.ir_version = max(converted.ir_version, onnx.helper.find_min_ir_version_for(list(converted.opset_import)))
     model.CopyFrom(converted)
     return minimum
 

@@ -30,7 +30,9 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 15. ``layernorms``: a LayerNorm reads its residual ``Add`` through a ``Reshape`` to 2-D, so that ORT does not fuse
     the two into ``SkipLayerNormalization`` (a scalar kernel, several times slower than the two apart);
 16. ``shapes``: a ``Shape`` of a quantized tensor reads its int8 encoding (a float reader less: the product before
-    it fuses, a dequantization done only for a shape goes).
+    it fuses, a dequantization done only for a shape goes);
+17. ``pads``: ``DQ -> Pad -> Q`` of one grid pads the integers (ORT runs no Pad between Q/DQ on int8 data itself;
+    the same-padding before TensorFlow-style convs).
 
 The exporter's ``value_info`` is dropped (the rewrite retypes tensors); ONNX Runtime infers types itself.
 
@@ -57,6 +59,7 @@ from qdq.targets.onnxruntime.passes.float_convs import unfusable_conv_nodes, war
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.layernorms import keep_layernorms_apart
 from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
+from qdq.targets.onnxruntime.passes.pads import pads_on_int8
 from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
 from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
 from qdq.targets.onnxruntime.passes.shapes import shapes_of_int8
@@ -90,7 +93,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
         ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``zero_biases``,
-        ``layernorms``, ``shapes``, ``widened_weights``; and ``float_convs``, the Convs ORT cannot
+        ``layernorms``, ``shapes``, ``pads``, ``widened_weights``; and ``float_convs``, the Convs ORT cannot
         fuse (warned).
     """
     encoding = resolve_weights(weights)
@@ -114,6 +117,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     }
     counts["requantizations"] = remove_requantization(g)
     counts["shapes"] = shapes_of_int8(g)
+    counts["pads"] = pads_on_int8(g)
     float_convs = unfusable_conv_nodes(g)
     counts["float_biases"] += bias_after_float_convs(g, float_convs)
     widened: dict[str, float] = {}
