@@ -1,7 +1,8 @@
 """qdq.onnx_in.bias_correction: each quantized layer's bias absorbs the mean error of its own quantization.
 
 The expected shifts come from a numpy oracle: the layer computed by hand (padded patches, matrix products) on the
-inputs and weights rounded to the grid the written file holds, against the same layer in float."""
+inputs and weights rounded to the grid the written file holds, against the same layer in float; a channel's shift
+counts where it is significant against the sampling error of its mean over the samples (3 standard errors)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ def _data(count=3, seed=1, batch=5):
     return [{"x": (rng.exponential(size=(batch, 3, 9, 9)) - 0.3).astype(np.float32)} for _ in range(count)]
 
 
+def _measured(per_sample: np.ndarray) -> np.ndarray:
+    """The oracle of the measurability rule: the mean error per channel over samples (``[N, C]``), 0 where it is
+    below 3 standard errors of that mean."""
+    mean = per_sample.mean(0)
+    error = per_sample.std(0, ddof=1) / np.sqrt(per_sample.shape[0])
+    return np.where(np.abs(mean) >= 3 * error, mean, 0.0)
+
+
 def _bias_in(path) -> np.ndarray:
     graph = onnx.load(str(path)).graph
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -74,16 +83,17 @@ def _bias_in(path) -> np.ndarray:
 
 def test_a_conv_bias_is_shifted_by_the_mean_error_of_its_quantized_input_and_weights(tmp_path):
     weight, bias = _weights()
-    data = _data()
+    data = _data(batch=40)
     result = qdq.quantize_onnx(_conv_model(tmp_path / "f.onnx", weight, bias), data, tmp_path / "q.onnx",
                                target="tensorrt", method="percentile", percentile=99.0, progress=False)  # fmt: skip
     amax_x = float(result.ranges[next(k for k in result.ranges if "input" in k)])
     x = np.concatenate([d["x"] for d in data]).astype(np.float64)
     w_q = _fq(weight, np.abs(weight).reshape(4, -1).max(1)[:, None, None, None])
     error = _conv2d(_fq(x, amax_x), w_q, (1, 0, 2, 1), 2) - _conv2d(x, weight, (1, 0, 2, 1), 2)
-    expected = bias - error.mean((0, 2, 3))
-    assert np.abs(error.mean((0, 2, 3))).max() > 1e-2  # the clipped tail makes a real shift
-    np.testing.assert_allclose(_bias_in(result.path), expected, rtol=0, atol=2e-5)
+    shift = _measured(error.mean((2, 3)))
+    assert np.abs(shift).max() > 1e-2  # the clipped tail makes a real shift
+    assert list(result.bias_shifts[0].unmeasured) == [int(c) for c in np.flatnonzero(shift == 0)]
+    np.testing.assert_allclose(_bias_in(result.path), bias - shift, rtol=0, atol=2e-5)
     assert [s.op for s in result.bias_shifts] == ["conv"]
     assert "Bias correction: 1 biases" in result.report()
 
@@ -93,7 +103,7 @@ def test_a_grouped_dilated_conv_is_corrected_by_the_oracle(tmp_path):
     rng = np.random.default_rng(5)
     weight = rng.normal(size=(6, 1, 3, 3)).astype(np.float32)
     bias = rng.normal(size=6).astype(np.float32)
-    data = _data(seed=6)
+    data = _data(seed=6, batch=40)
     result = qdq.quantize_onnx(_conv_model(tmp_path / "f.onnx", weight, bias, pads=(2, 1, 0, 2), stride=1, groups=3,
                                            dilation=2), data, tmp_path / "q.onnx", target="tensorrt",
                                method="percentile", percentile=99.0, progress=False)  # fmt: skip
@@ -101,8 +111,9 @@ def test_a_grouped_dilated_conv_is_corrected_by_the_oracle(tmp_path):
     x = np.concatenate([d["x"] for d in data]).astype(np.float64)
     w_q = _fq(weight, np.abs(weight).reshape(6, -1).max(1)[:, None, None, None])
     args = ((2, 1, 0, 2), 1, 3, 2)
-    error = (_conv2d(_fq(x, amax_x), w_q, *args) - _conv2d(x, weight, *args)).mean((0, 2, 3))
-    np.testing.assert_allclose(_bias_in(result.path), bias - error, rtol=0, atol=2e-5)
+    shift = _measured((_conv2d(_fq(x, amax_x), w_q, *args) - _conv2d(x, weight, *args)).mean((2, 3)))
+    assert np.count_nonzero(shift) >= 3
+    np.testing.assert_allclose(_bias_in(result.path), bias - shift, rtol=0, atol=2e-5)
 
 
 def test_bias_correction_removes_the_mean_error_on_held_out_data(tmp_path):
@@ -135,7 +146,7 @@ def test_gemm_and_a_linear_matmul_are_corrected_by_the_oracle(tmp_path):
                                                                           (b2, "b2"))])  # fmt: skip
     source = tmp_path / "f.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
-    data = [{"x": (rng.exponential(size=(64, 5)) - 0.5).astype(np.float32)} for _ in range(2)]
+    data = [{"x": (rng.exponential(size=(512, 5)) - 0.5).astype(np.float32)} for _ in range(2)]
     result = qdq.quantize_onnx(source, data, tmp_path / "q.onnx", target="tensorrt", method="percentile",
                                percentile=99.0, progress=False)  # fmt: skip
     shifts = {s.op: s.shift for s in result.bias_shifts}
@@ -143,13 +154,15 @@ def test_gemm_and_a_linear_matmul_are_corrected_by_the_oracle(tmp_path):
     inputs = {k: float(v) for k, v in result.ranges.items() if v.ndim == 0}
     x = np.concatenate([d["x"] for d in data]).astype(np.float64)
     amax_x = next(v for k, v in inputs.items() if k.startswith("gemm"))
-    expected = (_fq(x, amax_x) @ _fq(w1, np.abs(w1).max(1)[:, None]).T - x @ w1.T).mean(0)
+    expected = _measured(_fq(x, amax_x) @ _fq(w1, np.abs(w1).max(1)[:, None]).T - x @ w1.T)  # a sample: a row
+    assert np.count_nonzero(expected) >= 1
     np.testing.assert_allclose(shifts["gemm"], expected, rtol=1e-4, atol=1e-6)
     # the MatMul's input is the float model's ReLU output (its own error only: the Gemm's correction is not in it),
     # on TensorRT's signed grid
     r = np.maximum(x @ w1.T + b1, 0)
     amax_r = next(v for k, v in inputs.items() if k.startswith("matmul"))
-    expected = (_fq(r, amax_r) @ _fq(w2, np.abs(w2).max(0)[None, :]) - r @ w2).mean(0)
+    expected = _measured(_fq(r, amax_r) @ _fq(w2, np.abs(w2).max(0)[None, :]) - r @ w2)
+    assert np.count_nonzero(expected) >= 1
     np.testing.assert_allclose(shifts["matmul"], expected, rtol=1e-4, atol=1e-6)
     graph = onnx.load(str(result.path)).graph
     written = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -192,3 +205,36 @@ def test_shifts_of_an_earlier_call_are_applied_again_without_measuring(tmp_path,
                                 float_values=["x"])  # fmt: skip
     assert floated.bias_shifts == []  # the conv runs float: its bias stays the file's
     np.testing.assert_array_equal(_bias_in(floated.path), bias)
+
+
+def test_a_dead_channel_is_reported_as_constant_and_its_exact_shift_applied(tmp_path):
+    """conv1's channel 1 has zero weights (its output is its bias, 0.37, everywhere); conv2's channel 0 reads only
+    that channel: its output never varies, and its error (0.37 on the input's grid) is the same on every sample.
+    The shift relative to a spread of 0 is no number: the channel is reported as constant, and its shift, measured
+    exactly, is applied."""
+    rng = np.random.default_rng(3)
+    w1 = rng.normal(size=(3, 3, 1, 1)).astype(np.float32)
+    w1[1] = 0.0
+    b1 = np.array([0.1, 0.37, -0.2], np.float32)
+    w2 = rng.normal(size=(2, 3, 1, 1)).astype(np.float32)
+    w2[0, [0, 2]] = 0.0
+    b2 = np.zeros(2, np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], name="conv1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"], name="conv2")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2, 4, 4])],
+                              [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"),
+                                                                          (b2, "b2"))])  # fmt: skip
+    source = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    data = [{"x": rng.normal(size=(4, 3, 4, 4)).astype(np.float32)} for _ in range(2)]
+    result = qdq.quantize_onnx(source, data, tmp_path / "q.onnx", target="tensorrt", progress=False)
+    shifts = {s.op: s for s in result.bias_shifts}
+    assert 1 in shifts["conv1"].constant and shifts["conv1"].shift[1] == 0  # zero weights: no error at all
+    assert shifts["conv2"].constant == (0,) and np.isfinite(shifts["conv2"].relative) and shifts["conv2"].relative < 1
+    amax_r = float(next(v for k, v in result.ranges.items() if k.startswith("conv2") and v.ndim == 0))
+    w_q = _fq(w2[0, 1], np.abs(w2[0]).max())
+    np.testing.assert_allclose(shifts["conv2"].shift[0], (w_q * _fq(np.float32(0.37), amax_r) - w2[0, 1] * 0.37).item(),
+                               rtol=1e-5)  # fmt: skip
+    assert "constant channels (no output spread)" in result.report()

@@ -19,6 +19,16 @@ under every output position, once as is and once on its grid (float64 sums), and
 applied to the quantized mean patch minus the float weights applied to the float mean patch. No layer is run on the
 calibration batches (one float run on the first batch gives the output's spread the report states).
 
+**Only measured shifts are applied.** The shift of a channel is a mean over samples (the items along the batch axis
+of every batch), each sample's own mean error ``m_i``; its sampling error is ``SE = std(m_i) / sqrt(n)`` over the
+``n`` samples. A channel's shift is applied when ``n >= 2`` and ``|shift| >= SIGNIFICANCE * SE`` (3 standard errors);
+otherwise it is noise of the calibration set, not the layer's error, and that channel keeps its bias (counted in
+``BiasShift.unmeasured``). An error that is the same on every sample (a channel reading a constant) has ``SE = 0``
+and is measured exactly: it is applied. A channel whose float output does not vary on the first batch (its spread at
+most ``CONSTANT_SPREAD`` times the layer's largest: a dead channel, zero weights or a dead input, only its bias left)
+is listed in ``BiasShift.constant``: its shift has no spread to be relative to, so ``BiasShift.relative`` leaves it
+out, and the report names such channels instead of dividing by zero.
+
 Used by :func:`qdq.onnx_in.quantize.quantize_onnx` (``bias_correction=True``).
 """
 
@@ -44,21 +54,34 @@ from qdq.onnx_in.view import weight_axis
 from qdq.tensor_quant import fake_tensor_quant
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["BiasShift", "correct_biases"]
+__all__ = ["CONSTANT_SPREAD", "SIGNIFICANCE", "BiasShift", "correct_biases", "measured"]
 
 _CONV_FUNCTIONS = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}  # by the weight's rank
+#: standard errors of the mean a channel's shift must reach to be applied
+SIGNIFICANCE = 3.0
+#: a channel whose output spread is at most this fraction of its layer's largest is a constant (dead) channel
+CONSTANT_SPREAD = 1e-6
 
 
 @dataclass(frozen=True)
 class BiasShift:
-    """One corrected bias: the op, its bias tensor, the shift subtracted (float32, per output channel) and the
-    shift relative to the spread of the layer's float output (``|shift| / std`` on the first calibration batch,
-    the largest over channels)."""
+    """One corrected bias: the op, its bias tensor, the shift subtracted (float32, per output channel: 0 where it
+    was not measured), the shift relative to the spread of the layer's float output (``|shift| / std`` on the first
+    calibration batch, the largest over the channels that vary), the channels whose output does not vary
+    (``constant``) and those whose shift was not significant against its sampling error (``unmeasured``: left at
+    0); see the module doc."""
 
     op: str
     bias: str
     shift: np.ndarray
     relative: float
+    constant: tuple[int, ...] = ()
+    unmeasured: tuple[int, ...] = ()
+
+    @property
+    def applied(self) -> bool:
+        """Does the shift change the bias (some channel measured with a non-zero shift)?"""
+        return bool(np.any(self.shift != 0))
 
 
 @dataclass(frozen=True)
@@ -66,8 +89,8 @@ class _Shape:
     """How a layer reads its input, for the linearity the shift is computed with.
 
     The layer's weight is held as ``[C_out, C_in / groups, K]`` (``K`` the kernel's positions, 1 for a linear
-    layer); :meth:`patch_sums` gives, for an input batch, the sum over every output position of the input patch
-    that position reads (``[C_in, K]``, float64) and the number of output positions.
+    layer); :meth:`patch_sums` gives, for each sample of an input batch, the sum over every output position of the
+    input patch that position reads (``[N, C_in, K]``, float64) and the number of output positions of one sample.
     """
 
     padding: tuple[int, ...] = ()  # F.pad order, for a convolution
@@ -78,23 +101,25 @@ class _Shape:
 
     def patch_sums(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         if not self.kernel:
-            rows = x.reshape(-1, x.shape[-1])
-            return rows.sum(0, dtype=torch.float64)[:, None], rows.shape[0]
-        # sums are linear: add the batch up first, pad that (zeros add nothing), then reduce one spatial axis at a
-        # time into its kernel offsets (the output positions' lattice along that axis)
-        total = F.pad(x.sum(0).double(), list(self.padding))
-        spans = [(total.shape[1 + a] - self.dilations[a] * (k - 1) - 1) // self.strides[a] + 1
+            rows = x.reshape(x.shape[0], -1, x.shape[-1]) if x.ndim > 2 else x[:, None, :]
+            return rows.sum(1, dtype=torch.float64)[..., None], rows.shape[1]
+        # sums are linear: pad (zeros add nothing), then reduce one spatial axis at a time into its kernel offsets
+        # (the output positions' lattice along that axis)
+        total = F.pad(x.double(), list(self.padding))
+        spans = [(total.shape[2 + a] - self.dilations[a] * (k - 1) - 1) // self.strides[a] + 1
                  for a, k in enumerate(self.kernel)]  # fmt: skip
         for k, d, n, s in zip(self.kernel, self.dilations, spans, self.strides):
-            total = torch.stack([total.narrow(1, o * d, (n - 1) * s + 1)[:, ::s].sum(1) for o in range(k)], dim=-1)
-        return total.reshape(x.shape[1], -1), x.shape[0] * math.prod(spans)
+            total = torch.stack([total.narrow(2, o * d, (n - 1) * s + 1)[:, :, ::s].sum(2) for o in range(k)], dim=-1)
+        return total.reshape(x.shape[0], x.shape[1], -1), math.prod(spans)
 
     def mean_output(self, mean_patch: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The layer's output without bias, averaged over positions, per output channel: ``weight`` (``[C_out,
-        C_in / groups, K]``) applied to the mean input patch (``[C_in, K]``); float64."""
+        """The layer's output without bias, averaged over positions, per sample and output channel: ``weight``
+        (``[C_out, C_in / groups, K]``) applied to the mean input patches (``[N, C_in, K]``); ``[N, C_out]``,
+        float64."""
         g = self.groups
         w = weight.double().reshape(g, weight.shape[0] // g, weight.shape[1], -1)
-        return torch.einsum("gock,gck->go", w, mean_patch.reshape(g, weight.shape[1], -1)).reshape(-1)
+        patches = mean_patch.reshape(mean_patch.shape[0], g, weight.shape[1], -1)
+        return torch.einsum("gock,ngck->ngo", w, patches).reshape(mean_patch.shape[0], -1)
 
 
 @dataclass
@@ -112,26 +137,54 @@ class _Layer:
     sums_q: torch.Tensor | None = None
     count: int = 0
     spread: torch.Tensor | None = None
+    samples: int = 0
+    moments: torch.Tensor | None = None  # [2, C_out]: sum over samples of m_i and of m_i ** 2
 
     def observe(self, x: torch.Tensor) -> None:
-        """Add a batch of the layer's float input: its patch sums, unquantized and on the input's grid."""
+        """Add a batch of the layer's float input: its patch sums, unquantized and on the input's grid, and each
+        sample's own mean error."""
         sums, count = self.shape.patch_sums(x)
         sums_q, _ = self.shape.patch_sums(fake_tensor_quant(x, self.input_amax, 8, self.unsigned))
-        if self.sums is None or self.sums_q is None:
-            self.sums, self.sums_q = sums, sums_q
+        errors = (self.shape.mean_output(sums_q / count, self.weight_q)
+                  - self.shape.mean_output(sums / count, self.weight))  # fmt: skip
+        moments = torch.stack([errors.sum(0), (errors**2).sum(0)])
+        if self.sums is None or self.sums_q is None or self.moments is None:
+            self.sums, self.sums_q, self.moments = sums.sum(0), sums_q.sum(0), moments
             self.spread = self.apply(x).double().std(1, unbiased=False)
         else:
-            self.sums += sums
-            self.sums_q += sums_q
-        self.count += count
+            self.sums += sums.sum(0)
+            self.sums_q += sums_q.sum(0)
+            self.moments += moments
+        self.count += count * x.shape[0]
+        self.samples += x.shape[0]
 
-    def shift(self) -> tuple[np.ndarray, float]:
-        """Mean over positions of ``layer(Q(x), Q(W)) - layer(x, W)``, by linearity from the mean patches."""
+    def shift(self) -> BiasShift:
+        """Mean over positions of ``layer(Q(x), Q(W)) - layer(x, W)``, by linearity from the mean patches, where it
+        is measured (see the module doc); 0 elsewhere."""
         assert self.sums is not None and self.sums_q is not None and self.spread is not None
-        shift = (self.shape.mean_output(self.sums_q / self.count, self.weight_q)
-                 - self.shape.mean_output(self.sums / self.count, self.weight))  # fmt: skip
-        relative = float((shift.abs() / self.spread.clamp(min=1e-12)).max())
-        return shift.numpy().astype(np.float32), relative
+        assert self.moments is not None
+        shift = (self.shape.mean_output((self.sums_q / self.count)[None], self.weight_q)
+                 - self.shape.mean_output((self.sums / self.count)[None], self.weight))[0].numpy()  # fmt: skip
+        spread = self.spread.numpy()
+        constant = spread <= CONSTANT_SPREAD * spread.max(initial=0.0)
+        keep = measured(shift, self.moments[0].numpy(), self.moments[1].numpy(), self.samples)
+        shift = np.where(keep, shift, 0.0)
+        relative = np.abs(shift) / np.where(constant, 1.0, spread)
+        return BiasShift(self.op.name, self.bias, shift.astype(np.float32),
+                         float(np.max(np.where(constant, 0.0, relative), initial=0.0)),
+                         tuple(int(c) for c in np.flatnonzero(constant)),
+                         tuple(int(c) for c in np.flatnonzero(~keep)))  # fmt: skip
+
+
+def measured(shift: np.ndarray, sample_sum: np.ndarray, sample_squares: np.ndarray, samples: int) -> np.ndarray:
+    """Which channels' ``shift`` is significant against its sampling error: ``|shift| >= SIGNIFICANCE * SE``, with
+    ``SE = std(m_i) / sqrt(n)`` from the ``n = samples`` per-sample mean errors ``m_i`` (given as their sum and the
+    sum of their squares, per channel). With fewer than 2 samples nothing is measured."""
+    if samples < 2:
+        return np.zeros(shift.shape, bool)
+    mean = sample_sum / samples
+    variance = np.maximum(sample_squares - samples * mean**2, 0.0) / (samples - 1)
+    return np.abs(shift) >= SIGNIFICANCE * np.sqrt(variance / samples)
 
 
 def correct_biases(
@@ -173,7 +226,7 @@ def correct_biases(
                 layer.observe(torch.from_numpy(np.asarray(outputs[layer.input], np.float32)))
             bar.update()
     bar.close()
-    return [_subtract(BiasShift(layer.op.name, layer.bias, *layer.shift()), inits[layer.bias]) for layer in layers]
+    return [_subtract(layer.shift(), inits[layer.bias]) for layer in layers]
 
 
 def _subtract(shift: BiasShift, tensor: onnx.TensorProto) -> BiasShift:

@@ -105,11 +105,16 @@ class OnnxQuantizeResult:
         lines = [f"# {self.path.name}: quantized for {self.target} ({self.method})", "",
                  f"{self.quantizers} quantizers, {self.batches} calibration batches, calibration "
                  f"{self.seconds.get('calibration', 0.0):.1f} s.", ""]  # fmt: skip
-        if self.bias_shifts:
-            worst = max(self.bias_shifts, key=lambda s: s.relative)
-            lines += [f"Bias correction: {len(self.bias_shifts)} biases shifted by the mean error of their layer's "
-                      f"quantization (largest: {worst.op}, {worst.relative:.3f} of its output's spread).",
-                      ""]  # fmt: skip
+        applied = [shift for shift in self.bias_shifts if shift.applied]
+        if applied:
+            worst = max(applied, key=lambda s: s.relative)
+            constant = sum(len(s.constant) for s in self.bias_shifts)
+            unmeasured = sum(len(s.unmeasured) for s in self.bias_shifts)
+            lines += [f"Bias correction: {len(applied)} biases shifted by the mean error of their layer's "
+                      f"quantization (largest: {worst.op}, {worst.relative:.3f} of its output's spread)"
+                      + (f"; {constant} constant channels (no output spread)" if constant else "")
+                      + (f"; {unmeasured} channel shifts not significant against their sampling error, not "
+                         "applied" if unmeasured else "") + ".", ""]  # fmt: skip
         if self.widened_weights:
             name, factor = max(self.widened_weights.items(), key=lambda item: item[1])
             lines += [f"Weight steps widened so that int32 biases fit: {len(self.widened_weights)} op(s) kept int8 "
