@@ -25,13 +25,13 @@ from onnx import TensorProto, helper, numpy_helper
 from qdq.calib import make_calibrator
 from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.graphs.onnx_session import ort_session as session_of
 from qdq.graphs.view import GraphView, Quantizer
 from qdq.onnx_in.view import weight_axis
 from qdq.workflow.progress import Progress, counter
 
 __all__ = ["Statistics", "collect", "ort_session", "weight_ranges"]
 
-_PROTOBUF_LIMIT = 2**31 - 1 - 2**20  # serialized size above which a model goes to disk with external data
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 
 
@@ -126,19 +126,9 @@ def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") 
 
 
 def ort_session(model: onnx.ModelProto, folder: Path, threads: int | None = None) -> Any:
-    """An ONNX Runtime CPU session of ``model``; a model over protobuf's 2 GB limit goes through ``folder``
-    (saved with external data)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    if model.ByteSize() < _PROTOBUF_LIMIT:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    path = folder / "model.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="model.data")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    """An ONNX Runtime CPU session of ``model`` from the one session factory
+    (:func:`qdq.graphs.onnx_session.ort_session`); a model over protobuf's 2 GB limit goes through ``folder``."""
+    return session_of(model, threads=threads, folder=folder)
 
 
 def probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:

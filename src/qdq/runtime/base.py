@@ -54,6 +54,9 @@ class Runtime(ABC):
         self.batch = batch
         #: what the file's target says about running it here (:func:`qdq.runtime.target_check.target_advice`)
         self.advice: str | None = None
+        #: how the runtime computes this file where it departs from what was asked (ONNX Runtime runs a float16
+        #: Q/DQ file without graph optimizations, as TensorRT computes it); None: as asked
+        self.how: str | None = None
         self._closed = False
 
     @classmethod

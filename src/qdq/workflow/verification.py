@@ -63,7 +63,9 @@ higher is better."""
 @dataclass
 class VerifyResult:
     """Agreement between a reference and one runtime over ``samples`` inputs, and the thresholds of its verdict
-    (``min_agreement`` percent, ``max_allowed_steps`` output steps, ``min_metric`` when a metric was given)."""
+    (``min_agreement`` percent, ``max_allowed_steps`` output steps, ``min_metric`` when a metric was given);
+    ``how``: how the runtime computed the file where it departs from its defaults (:attr:`qdq.runtime.Runtime.how`:
+    a float16 file on ONNX Runtime runs without graph optimizations, as TensorRT computes it)."""
 
     runtime: str
     samples: int
@@ -78,6 +80,7 @@ class VerifyResult:
     metric_name: str | None = None
     metric: float | None = None
     min_metric: float | None = None
+    how: str | None = None
 
     def ok(self, min_agreement: float | None = None, max_error_steps: float | None = None) -> bool:
         """True when the agreement reaches ``min_agreement`` percent, the max error is within ``max_error_steps``
@@ -113,7 +116,7 @@ class VerifyResult:
         return (
             f"{self.runtime} against {self.reference}: top-1 agreement {self.top1_agreement:.2f}% over "
             f"{self.samples} samples, max error {self.max_error_steps:.2f} steps ({self.max_abs_error:.3g}), "
-            f"SQNR {sqnr} dB{metric}"
+            f"SQNR {sqnr} dB{metric}" + (f"\n{self.how}" if self.how else "")
         )
 
 
@@ -267,10 +270,12 @@ def verify(
         torch_model.eval()
     reference_outs: list[list[np.ndarray]] = []
     engine_outs: list[list[np.ndarray]] = []
+    how = None
     try:
         with ExitStack() as stack, torch.no_grad():
             step = _step_for(model, stack, threads)
             engine = stack.enter_context(load_runtime(onnx_path, runtime, threads=threads, **runtime_options))
+            how = engine.how
             for batch in batches:
                 reference, engine_out = step(batch, engine)
                 reference_outs.append(reference)
@@ -285,6 +290,7 @@ def verify(
     if max_error_steps is None:
         max_error_steps = math.inf if is_onnx_file(model) else MAX_ERROR_STEPS
     result.min_agreement, result.max_allowed_steps = float(min_agreement), float(max_error_steps)
+    result.how = how
     if metric is not None:
         ref = [np.concatenate([b[i] for b in reference_outs]) for i in range(len(reference_outs[0]))]
         got = [np.concatenate([b[i] for b in engine_outs]) for i in range(len(engine_outs[0]))]

@@ -4,11 +4,13 @@ Sessions use ``intra_op_num_threads=threads``, one inter-op thread and sequentia
 thread count is the only parallelism knob and benchmarks are comparable. ``onnxruntime`` is imported
 only when a session is built.
 
-A file whose float part computes in float16 (qdq's TensorRT 11 export records ``qdq.float``) is loaded without
-three of ORT's passes (``_FLOAT16_DISABLED``): the NCHWc layout pass (ONNX Runtime 1.32 crashes the process
-building it for some float16 graphs, a torchvision ViT, and its NCHWc kernels are float32 ones anyway), the QDQ
-fusions (their kernels reject float16 scales) and WeightBiasQuantization (it re-quantizes a float16 Conv bias, and
-the session then departs from the file's graph), so the session computes what the file says, node by node.
+Every session comes from the one factory, :func:`qdq.graphs.onnx_session.ort_session`: a Q/DQ file whose float
+part is float16 or bfloat16 (a TensorRT 11 file) runs without graph optimizations, as TensorRT computes it, and the
+runtime says so (:attr:`OrtRuntime.how`). A file whose float part computes in float16 (qdq's TensorRT 11 export
+records ``qdq.float``) is also loaded without three of ORT's passes (``_FLOAT16_DISABLED``), for a level asked of a
+float16 file without Q/DQ: the NCHWc layout pass (ONNX Runtime 1.32 crashes the process building it for some float16
+graphs, a torchvision ViT, and its NCHWc kernels are float32 ones anyway), the QDQ fusions (their kernels reject
+float16 scales) and WeightBiasQuantization (it re-quantizes a float16 Conv bias).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.errors import QdqConfigError, did_you_mean
+from qdq.errors import QdqConfigError
+from qdq.graphs.onnx_session import (
+    OPTIMIZATION_LEVELS,
+    UNOPTIMIZED_NOTE,
+    low_precision_qdq,
+    ort_session,
+    session_options,
+)
 from qdq.runtime._text import first_line
 from qdq.runtime.base import Runtime, check_common_options, import_backend
 from qdq.runtime.model_info import ModelInfo, load_onnx, read_model_info
@@ -33,54 +42,16 @@ if TYPE_CHECKING:
 
 __all__ = ["OPTIMIZATION_LEVELS", "OrtRuntime", "fusion_report", "inference_session", "session_options"]
 
-OPTIMIZATION_LEVELS = {
-    "disable": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "layout": "ORT_ENABLE_LAYOUT",
-    "all": "ORT_ENABLE_ALL",
-}
-"""``optimization_level`` names and the ``GraphOptimizationLevel`` each selects ("layout": ORT ≥ 1.22)."""
-
-_PROVIDERS = ["CPUExecutionProvider"]
 #: optimizer passes left out for a float16 file: ORT 1.32 segfaults in NchwcTransformer on a float16 ViT, its
 #: QDQ fusions build kernels that reject float16 scales (a QLinearConcat over a YOLOv8 head: an invalid graph), and
 #: WeightBiasQuantization rewrites a float16 Conv bias as int32 on a float16 scale product, which moved a digits
 #: ResNet's second conv output by 6 % of its range (output SQNR against FP32 17 dB instead of 39); so a float16 file
 #: (made for TensorRT 11) runs its Q/DQ nodes and biases as written
 _FLOAT16_DISABLED = ("NchwcTransformer", "QDQSelectorActionTransformer", "WeightBiasQuantization")
-_ERROR_LEVEL = 3  # ORT log severity: errors only (hides the NCHWc "hardware specific" save warning)
 
 
 def _ort() -> Any:
     return import_backend("onnxruntime", "pip install onnxruntime")
-
-
-def session_options(
-    *, threads: int | None = None, optimization_level: str = "all", optimized_model_path: str | None = None
-) -> onnxruntime.SessionOptions:
-    """Build ``SessionOptions``: ``threads`` intra-op threads (None: ORT's default), 1 inter-op thread,
-    sequential execution, and the graph optimization level named by ``optimization_level``."""
-    ort = _ort()
-    if optimization_level not in OPTIMIZATION_LEVELS:
-        raise QdqConfigError(
-            f"unknown optimization_level {optimization_level!r}; choose one of "
-            f"{', '.join(OPTIMIZATION_LEVELS)}." + did_you_mean(optimization_level, OPTIMIZATION_LEVELS)
-        )
-    level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[optimization_level], None)
-    if level is None:
-        raise QdqConfigError(
-            f"optimization_level {optimization_level!r} needs a newer onnxruntime than {ort.__version__}"
-        )
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or 0
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = level
-    options.log_severity_level = _ERROR_LEVEL
-    if optimized_model_path is not None:
-        options.optimized_model_filepath = optimized_model_path
-    return options
 
 
 class OrtRuntime(Runtime):
@@ -131,9 +102,12 @@ class OrtRuntime(Runtime):
         options = session_options(threads=threads, optimization_level=optimization_level)
         source, reencoded = _session_source(info.path, uint8_weights)
         session = _create_session(info.path, options, source, _disabled_passes(info))
-        runtime = cls(info, session, threads=threads, batch=batch, optimization_level=optimization_level)
+        low = low_precision_qdq(load_onnx(info.path, external_data=False))
+        level = "disable" if low is not None else optimization_level
+        runtime = cls(info, session, threads=threads, batch=batch, optimization_level=level)
         runtime.reencoded_weights = reencoded
         runtime.advice = advice
+        runtime.how = UNOPTIMIZED_NOTE.format(type=low) if low is not None else None
         return runtime
 
     @property
@@ -228,10 +202,9 @@ def _create_session(
     source: str | bytes | None = None,
     disabled: tuple[str, ...] = (),
 ) -> onnxruntime.InferenceSession:
-    ort = _ort()
-    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
+    _ort()
     try:
-        return ort.InferenceSession(source or str(path), sess_options=options, providers=_PROVIDERS, **extra)
+        return ort_session(source or path, options, disabled_optimizers=disabled)
     except _ort_errors() as err:
         raise QdqConfigError(f"onnxruntime cannot load {path}: {first_line(err)}") from None
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_session import ort_session
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.markdown import markdown_table
 from qdq.targets.tensorrt.float_ranges import Batch, feeds
@@ -71,7 +72,6 @@ class GraphComparison:
 def _session(model: Any) -> tuple[Any, dict[str, tuple[str, str, str]]]:
     """An ORT session of ``model`` exposing every Q output; quantizer -> (Q input, Q scale, Q output) names."""
     import onnx
-    import onnxruntime as ort
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -87,11 +87,9 @@ def _session(model: Any) -> tuple[Any, dict[str, tuple[str, str, str]]]:
             if tensor not in existing and tensor not in index.constants:
                 probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
                 existing.add(tensor)
-    # ORT 1.32's NCHWc layout pass crashes the process on some FP16 graphs (a torchvision ViT): leave it out.
-    session = ort.InferenceSession(
-        probe.SerializeToString(), providers=["CPUExecutionProvider"], disabled_optimizers=["NchwcTransformer"]
-    )
-    return session, exposed
+    # ORT 1.32's NCHWc layout pass crashes the process on some FP16 graphs (a torchvision ViT): leave it out; the
+    # factory runs a float16 Q/DQ graph without optimizations at all, as TensorRT computes it
+    return ort_session(probe, disabled_optimizers=("NchwcTransformer",)), exposed
 
 
 def _run(session: Any, batch: Batch) -> dict[str, np.ndarray]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from qdq.errors import QdqConfigError
 from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx_session import ort_session, session_options
 from qdq.graphs.onnx_types import FLOAT_TYPES, TensorTypes, float_slots, type_name
 
 __all__ = ["Batch", "TensorRange", "feeds", "keep_fp32_reasons", "measure_ranges"]
@@ -90,7 +91,6 @@ def measure_ranges(model: Any, batches: Iterable[Batch]) -> dict[str, TensorRang
     run on the CPU with graph optimizations off so that each tensor is computed as written.
     """
     import onnx
-    import onnxruntime as ort
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -101,9 +101,7 @@ def measure_ranges(model: Any, batches: Iterable[Batch]) -> dict[str, TensorRang
             if name and name not in outputs and types.get(name) == _FLOAT32 and node.op_type != "Constant":
                 probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
                 outputs.add(name)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(probe, session_options(optimization_level="disable"))
     names = [o.name for o in session.get_outputs()]
     ranges: dict[str, TensorRange] = {}
     seen = 0

@@ -4,9 +4,9 @@
   weight inputs dequantized, each from a DequantizeLinear directly (or through a Transpose/Reshape, which
   TensorRT moves the DQ across), never through a Cast. Developer guide "Q/DQ Layer-Placement
   Recommendations" (quantize all inputs of weighted operations) and "Q/DQ Fusion".
-* ``residual-add`` — an Add that follows a quantized weighted op (directly or through BatchNormalization or a
-  bias add) and whose output is quantized again has a dequantized other ("residual") input: TensorRT fuses the
-  Add into the op, and the residual input's precision decides the fused output's. Developer guide, placement
+* ``residual-add`` — an Add that follows a quantized weighted op (directly or through BatchNormalization) and
+  whose output is quantized again has a dequantized other ("residual") input: TensorRT fuses the Add into
+  the op, and the residual input's precision decides the fused output's. Developer guide, placement
   recommendations (element-wise addition fusion). An Add of a constant is the op's bias (a linear exported as
   MatMul + Add), fused into it with nothing to quantize: no residual add.
 * ``fused-scales`` — scales agree across ops TensorRT runs on int8 data: the inputs of a quantized Concat
@@ -159,19 +159,11 @@ def _concat_scales(f: GraphFacts, node: Any) -> Iterator[Violation]:
 
 
 def _quantized_weighted_producer(f: GraphFacts, tensor: str) -> Any | None:
-    """The quantized weighted op producing ``tensor`` (directly or through BatchNormalization and bias adds: an Add
-    of a constant), else None."""
-    node = f.index.producer.get(tensor)
-    while node is not None and (node.op_type == "BatchNormalization" or _bias_add(f, node)):
-        node = f.index.producer.get(next(name for name in node.input if not f.is_constant(name)))
+    """The quantized weighted op producing ``tensor`` (directly or through BatchNormalization), else None."""
+    node = f.index.source(tensor, through=frozenset({"BatchNormalization"}))
     if node is None or node.op_type not in WEIGHTED or len(node.input) < 2:
         return None
     return node if all(f.quantized_source(node.input[i])[0] is not None for i in (0, 1)) else None
-
-
-def _bias_add(f: GraphFacts, node: Any) -> bool:
-    """An Add of one computed tensor and a constant: a weighted op's bias written apart."""
-    return node.op_type == "Add" and len(node.input) == 2 and sum(f.is_constant(name) for name in node.input) == 1
 
 
 def _quantized_downstream(f: GraphFacts, tensor: str) -> bool:
