@@ -162,3 +162,182 @@ def test_an_old_export_with_initializers_among_its_inputs_and_unnamed_nodes(tmp_
     assert steps_apart(run(float_path, feed), run(result.path, feed, optimize=False)) <= 12.0
     if target == "onnxruntime":
         assert fusion_report(result.path).int8_kernels == {"com.microsoft:QLinearConv": 3}
+
+
+def if_with_weights(path: Path) -> dict[str, np.ndarray]:
+    """silero-vad's family: the network inside the branches of an ``If`` (on a graph input).
+
+    x -> Conv(w0, b0) -> Relu = r0 -> If(cond) {then: Conv(t.w, t.b: Constant nodes of the branch) -> Relu = t2 ->
+    Conv(shared.w, shared.b: main-graph initializers read only inside the branches) -> Relu; else: Conv(e.w: an
+    initializer of the branch) -> Relu -> Conv(shared.w, shared.b) -> Relu} -> Conv(w9) -> y. Returns the weights."""
+    rng = np.random.default_rng(0)
+    shapes = {"w0": (4, 3, 3, 3), "b0": (4,), "t.w": (8, 4, 3, 3), "t.b": (8,), "e.w": (8, 4, 3, 3),
+              "shared.w": (8, 8, 1, 1), "shared.b": (8,), "w9": (2, 8, 1, 1)}  # fmt: skip
+    w = {k: (rng.normal(size=s) / np.sqrt(np.prod(s[1:]) if len(s) > 1 else 4)).astype(np.float32)
+         for k, s in shapes.items()}  # fmt: skip
+
+    def branch(name: str, first: list[str], nodes: list, inits: list) -> onnx.GraphProto:
+        body = [helper.make_node("Conv", ["r0", *first], [f"{name}1"], pads=[1, 1, 1, 1]),
+                helper.make_node("Relu", [f"{name}1"], [f"{name}2"]),
+                helper.make_node("Conv", [f"{name}2", "shared.w", "shared.b"], [f"{name}3"]),
+                helper.make_node("Relu", [f"{name}3"], [f"{name}_out"])]  # fmt: skip
+        output = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)
+        return helper.make_graph(nodes + body, name, [], [output], inits)
+
+    constants = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(w[k], k)) for k in ("t.w", "t.b")]
+    then = branch("t", ["t.w", "t.b"], constants, [])
+    other = branch("e", ["e.w"], [], [numpy_helper.from_array(w["e.w"], "e.w")])
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("If", ["cond"], ["branch"], then_branch=then, else_branch=other),
+        helper.make_node("Conv", ["branch", "w9"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(w[k], k) for k in ("w0", "b0", "shared.w", "shared.b", "w9")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"]),
+              helper.make_tensor_value_info("cond", TensorProto.BOOL, [])]  # fmt: skip
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, "height", "width"])
+    model = helper.make_model(helper.make_graph(nodes, "if_weights", inputs, [output], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return w
+
+
+def conv_relu(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """ReLU of a 3x3 conv padded by 1, in torch."""
+    out = nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(weight), torch.from_numpy(bias), padding=1)
+    return torch.relu(out).numpy()
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_convolutions_inside_if_branches_are_quantized_on_what_the_taken_branch_computes(tmp_path: Path,
+                                                                                          target: str) -> None:
+    """The convs of the branch the data takes are quantized (ONNX Runtime runs them as QLinearConv inside the
+    branch), their activation ranges the max of what the branch computes (here by hand, with torch); the branch
+    no batch takes stays float, and says why. A main-graph weight read only inside the branches stays in the file
+    (silero_vad_16k_op15 lost its LSTM weights and ONNX Runtime refused the file)."""
+    w = if_with_weights(tmp_path / "if.onnx")
+    data = [{**b, "cond": np.array(True)} for b in batches((2, 3, 8, 8), name="x", count=4)]
+    result = qdq.quantize_onnx(tmp_path / "if.onnx", data, tmp_path / "int8.onnx", target=target, progress=False)
+    t2 = [conv_relu(conv_relu(b["x"], w["w0"], w["b0"]), w["t.w"], w["t.b"]) for b in data]
+    assert np.isclose(float(result.value_ranges["t2"]), max(float(np.abs(t).max()) for t in t2), rtol=1e-5)
+    unreached = {name for name, why in result.float_ops.items() if "never reached" in why}
+    assert len(unreached) == 1 and result.int8_ops["Conv"] == 5  # the else branch's first conv reads r0, reached
+    feed = {**batches((2, 3, 8, 8), name="x", count=1, seed=9)[0], "cond": np.array(True)}
+    assert steps_apart(run(tmp_path / "if.onnx", feed), run(result.path, feed, optimize=False)) <= 12.0
+    if target == "onnxruntime":
+        report = fusion_report(result.path)  # the branches' kernels counted with the main graph's
+        assert report.int8_kernels == {"com.microsoft:QLinearConv": 3}  # 2 in the then branch, the head
+        assert steps_apart(run(result.path, feed, optimize=False), run(result.path, feed)) <= 1.0
+
+
+def nhwc_input(path: Path) -> Path:
+    """What tf2onnx writes for a Keras/TensorFlow CNN: an NHWC input, a Transpose to NCHW right after it, then
+    x -> Conv(+b) -> Relu -> MaxPool -> Conv(+b) -> y (OpenNSFW's family)."""
+    rng = np.random.default_rng(0)
+    w = {"w1": (8, 3, 3, 3), "b1": (8,), "w2": (4, 8, 1, 1), "b2": (4,)}
+    inits = [numpy_helper.from_array((rng.normal(size=s) / 3).astype(np.float32), k) for k, s in w.items()]
+    nodes = [
+        helper.make_node("Transpose", ["input:0"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["nchw", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["y"]),
+    ]
+    inputs = [helper.make_tensor_value_info("input:0", TensorProto.FLOAT, ["batch", 16, 16, 3])]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8, 8])
+    model = helper.make_model(helper.make_graph(nodes, "nhwc", inputs, [output], inits),
+                              opset_imports=[helper.make_opsetid("", 13)])  # fmt: skip
+    model.ir_version = 7
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_nhwc_input_transposed_in_the_graph(tmp_path: Path) -> None:
+    """tf2onnx's NHWC input: calibration feeds the input as the file names it, the Transpose moves int8 data (the
+    input quantized before it) and both convs run as QLinearConv, no Q/DQ idle."""
+    float_path = nhwc_input(tmp_path / "nhwc.onnx")
+    data = [{"input:0": b["x"]} for b in batches((2, 16, 16, 3), name="x", count=4)]
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    report = fusion_report(result.path)
+    assert report.int8_kernels == {"com.microsoft:QLinearConv": 2} and not report.float_kernels
+    assert not report.idle
+    feed = {"input:0": batches((2, 16, 16, 3), name="x", count=1, seed=8)[0]["x"]}
+    assert steps_apart(run(float_path, feed), run(result.path, feed)) <= 12.0
+
+
+class StatefulRecurrent(nn.Module):
+    """A streaming recognizer's step: conv features, then a GRU or LSTM whose initial state is a graph input (the
+    caller carries it from call to call), then a Linear; returns the output and the new state."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.conv = nn.Conv1d(4, 8, 3, padding=1)
+        self.rnn = nn.LSTM(8, 8, batch_first=True) if kind == "LSTM" else nn.GRU(8, 8, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        features = torch.relu(self.conv(x)).transpose(1, 2)
+        out, new = self.rnn(features, state if self.kind == "LSTM" else state[0])
+        return self.fc(out), *(new if self.kind == "LSTM" else (new,))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_a_recurrent_layer_with_state_inputs_stays_float(tmp_path: Path, kind: str, target: str) -> None:
+    """initial_h (and initial_c) from graph inputs: the recurrent op reads every input float (float_recurrent on
+    ONNX Runtime; no rule quantizes it for TensorRT), the conv before it is int8, outputs and state stay near
+    FP32."""
+    torch.manual_seed(0)
+    path, names = tmp_path / "rnn.onnx", ["x", "h", "c"] if kind == "LSTM" else ["x", "h"]
+    example = (torch.randn(1, 4, 10), *(torch.zeros(1, 1, 8) for _ in names[1:]))
+    torch.onnx.export(StatefulRecurrent(kind).eval(), example, str(path), dynamo=False, opset_version=17,
+                      input_names=names, output_names=["y", "h_out", "c_out"][: len(names)])  # fmt: skip
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.normal(size=(1, 4, 10)).astype(np.float32),
+             **{n: (rng.normal(size=(1, 1, 8)) * 0.5).astype(np.float32) for n in names[1:]}} for _ in range(4)]
+    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    model = onnx.load(str(result.path))
+    recurrent = next(n for n in model.graph.node if n.op_type == kind)
+    producers = {out: n.op_type for n in model.graph.node for out in n.output}
+    assert all(producers.get(name) != "DequantizeLinear" for name in recurrent.input if name)
+    assert result.int8_ops["Conv"] == 1
+    assert steps_apart(run(path, data[0]), run(result.path, data[0], optimize=False)) <= 12.0
+    if target == "onnxruntime":
+        assert fusion_report(result.path).int8_kernels["com.microsoft:QLinearConv"] == 1
+
+
+class TokenClassifier(nn.Module):
+    """Token ids (int64) -> an embedding table (Gather) -> Linear -> ReLU -> Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.fc1, self.fc2 = nn.Embedding(50, 16), nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(self.embed(ids))))
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_integer_ids_into_an_embedding_are_not_calibrated(tmp_path: Path, target: str) -> None:
+    """MiniLM's family: the ids are not calibrated or quantized (integers), the embedding table is not quantized
+    as an activation (a constant Gather reads), and the Linears after the Gather read it quantized."""
+    torch.manual_seed(0)
+    path = tmp_path / "tokens.onnx"
+    torch.onnx.export(TokenClassifier().eval(), (torch.randint(0, 50, (2, 7)),), str(path), dynamo=False,
+                      opset_version=17, input_names=["ids"], output_names=["y"],
+                      dynamic_axes={"ids": {0: "batch", 1: "length"}})  # fmt: skip
+    rng = np.random.default_rng(0)
+    data = [{"ids": rng.integers(0, 50, (2, 7 + i))} for i in range(3)]
+    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    gather = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "Gather")
+    assert gather.output[0] in result.value_ranges  # the looked-up vectors, as the first Linear reads them
+    assert "ids" not in result.value_ranges and gather.input[0] not in result.value_ranges
+    model = onnx.load(str(result.path))
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] in ("ids", gather.input[0]) for n in model.graph.node)
+    assert result.int8_ops == {"MatMul": 2}
+    assert steps_apart(run(path, data[0]), run(result.path, data[0], optimize=False)) <= 12.0
+    if target == "onnxruntime":
+        assert fusion_report(result.path).int8_kernels == {"com.microsoft:QGemm": 2}

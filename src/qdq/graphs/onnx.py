@@ -14,7 +14,7 @@ Imports neither torch nor (at import time) onnx.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +35,12 @@ __all__ = [
     "name_nodes",
     "remove_nodes",
     "rename_io",
+    "rewrite_branches",
     "set_axis",
     "set_metadata",
     "sort_nodes",
     "tidy",
+    "unique_value_names",
 ]
 
 
@@ -52,12 +54,12 @@ def initializer_map(model: onnx.ModelProto) -> dict[str, Any]:
 
 
 def consumers(model: onnx.ModelProto) -> dict[str, list[Any]]:
-    """Tensor name -> nodes that read it."""
+    """Tensor name -> nodes that read it (a control-flow node reads what its subgraphs read from outside them)."""
     table: dict[str, list[Any]] = defaultdict(list)
     for node in model.graph.node:
-        for name in node.input:
-            if name:
-                table[name].append(node)
+        inputs = [name for name in node.input if name]
+        for name in inputs + sorted(set(_reads(node)) - set(inputs)):
+            table[name].append(node)
     return table
 
 
@@ -217,11 +219,12 @@ class GraphIndex:
         return name
 
     def rewire(self, old: str, new: str) -> None:
-        """Make every reader of tensor ``old`` read ``new`` instead."""
+        """Make every reader of tensor ``old`` read ``new`` instead (inside the subgraphs of control flow too)."""
         for node in self.consumers.pop(old, []):
-            for i, name in enumerate(node.input):
-                if name == old:
-                    node.input[i] = new
+            for inner in all_nodes_of(node):
+                for i, name in enumerate(inner.input):
+                    if name == old:
+                        inner.input[i] = new
             self.consumers.setdefault(new, []).append(node)
 
     def remove(self, nodes: Iterable[Any]) -> None:
@@ -277,6 +280,15 @@ def tidy(model: onnx.ModelProto) -> None:
     model.graph.initializer.extend(initializers)
 
 
+def all_nodes_of(node: Any) -> list[Any]:
+    """``node`` and every node of its subgraphs (an ``If``'s branches, a ``Loop``'s body)."""
+    found = [node]
+    for attr in node.attribute:
+        for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            found += all_nodes(inner)
+    return found
+
+
 def all_nodes(graph: Any) -> list[Any]:
     """Every node of ``graph`` (an ``onnx.GraphProto``) and of the subgraphs of its control flow, outer first."""
     found = list(graph.node)
@@ -285,6 +297,89 @@ def all_nodes(graph: Any) -> list[Any]:
             for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
                 found += all_nodes(inner)
     return found
+
+
+def unique_value_names(model: onnx.ModelProto) -> int:
+    """Make every tensor name the model defines defined once: a name a subgraph (an ``If`` branch, a ``Loop`` body)
+    defines (its inputs, initializers, node outputs) that an enclosing or earlier graph defines too is renamed
+    ``<name>__<n>`` in that subgraph, reads of nested subgraphs included. ONNX allows sibling branches to reuse a
+    name; qdq reads every graph of a model as one (the ONNX front end's view, calibration's outputs, constants moved
+    to the main graph). Returns how many names changed."""
+    graph = model.graph
+    every = {name for g in _graphs(graph) for name in _defined(g)} | {n for node in all_nodes(graph) for n in
+                                                                      node.input}  # fmt: skip
+    defined = set(_defined(graph))
+    return _unique_below(graph, defined, every)
+
+
+def _graphs(graph: Any) -> list[Any]:
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                found += _graphs(inner)
+    return found
+
+
+def _defined(graph: Any) -> list[str]:
+    """The names ``graph`` itself defines: its inputs, initializers and node outputs."""
+    names = [v.name for v in graph.input] + [t.name for t in graph.initializer]
+    return names + [out for node in graph.node for out in node.output if out]
+
+
+def _unique_below(graph: Any, defined: set[str], every: set[str]) -> int:
+    changed = 0
+    for node in graph.node:
+        for attr in node.attribute:
+            for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                rename: dict[str, str] = {}
+                for name in _defined(inner):
+                    if name in defined:
+                        number = 1
+                        while f"{name}__{number}" in every:
+                            number += 1
+                        rename[name] = f"{name}__{number}"
+                        every.add(rename[name])
+                _rename_in(inner, rename)
+                defined.update(_defined(inner))
+                changed += len(rename) + _unique_below(inner, defined, every)
+    return changed
+
+
+def _rename_in(graph: Any, rename: dict[str, str]) -> None:
+    """Rename tensors in ``graph`` (definitions, reads, outputs, value_info) and in the reads of its subgraphs."""
+    if not rename:
+        return
+    for value in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
+        value.name = rename.get(value.name, value.name)
+    for node in graph.node:
+        node.output[:] = [rename.get(name, name) for name in node.output]
+    for node in all_nodes(graph):
+        node.input[:] = [rename.get(name, name) for name in node.input]
+    for inner in _graphs(graph)[1:]:
+        for value in inner.output:
+            value.name = rename.get(value.name, value.name)
+
+
+def rewrite_branches(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], object]) -> int:
+    """Run ``rewrite`` on every ``If`` branch of the main graph as a model of its own (the model's IR version and
+    opsets; what it reads from the main graph are names it does not define, as a model's inputs are) and put each
+    result back, its new names made unique in the model (:func:`unique_value_names`). A branch's own ``If`` nodes
+    are ``rewrite``'s to walk. Returns how many branches were rewritten."""
+    import onnx
+
+    count = 0
+    for node in model.graph.node:
+        for attr in node.attribute if node.op_type == "If" else ():
+            branch = onnx.ModelProto(ir_version=model.ir_version)
+            branch.opset_import.extend(model.opset_import)
+            branch.graph.CopyFrom(attr.g)
+            rewrite(branch)
+            attr.g.CopyFrom(branch.graph)
+            count += 1
+    if count:
+        unique_value_names(model)
+    return count
 
 
 def name_nodes(model: onnx.ModelProto) -> int:

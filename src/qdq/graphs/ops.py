@@ -48,10 +48,11 @@ ACTIVATIONS = frozenset({"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "Elu", 
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 #: Ops that only move or reshape data: a runtime adds them around its kernels.
 LAYOUT = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
-#: Ops whose output is >= 0 wherever every data input is (pooling, moving, padding with 0, sums, products, ...).
+#: Ops whose output is >= 0 wherever every data input is (pooling, moving, padding with 0, sums, products, ...;
+#: an ``If``, whose view reads what its branches return).
 KEEP_SIGN = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax",
                        "Pad", "Resize", "Slice", "Split", "Gather", "Concat", "Add", "Mul", "DepthToSpace",
-                       "SpaceToDepth", "Expand", "Tile", *LAYOUT})  # fmt: skip
+                       "SpaceToDepth", "Expand", "Tile", "If", *LAYOUT})  # fmt: skip
 _NON_NEGATIVE = frozenset({"Relu", "Sigmoid", "Softmax", "HardSigmoid"})
 
 

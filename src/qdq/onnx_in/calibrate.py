@@ -27,7 +27,8 @@ from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.graphs.onnx_session import ort_session as session_of
 from qdq.graphs.view import GraphView, Quantizer
-from qdq.onnx_in.view import weight_axis
+from qdq.onnx_in.subgraphs import expose
+from qdq.onnx_in.view import keep_unreached_float, weight_axis
 from qdq.workflow.progress import Progress, counter
 
 __all__ = ["Statistics", "collect", "ort_session", "weight_ranges"]
@@ -67,7 +68,8 @@ def collect(
     progress: Progress = True,
 ) -> Statistics:
     """Run the float ``model`` over ``data`` (dicts of graph input name -> array) and collect every activation
-    quantizer's statistics with ``calibrator`` (``"max"`` or ``"histogram"``).
+    quantizer's statistics with ``calibrator`` (``"max"`` or ``"histogram"``). A quantizer the data never reached
+    (inside an ``If`` branch no batch took) goes from ``view``, the ops reading through it left float.
 
     Raises:
         QdqConfigError: no data, a batch that is not a dict of the graph's inputs.
@@ -82,13 +84,14 @@ def collect(
         session = ort_session(probe, Path(folder), threads)
         total = len(data) if isinstance(data, list | tuple) else None
         bar = counter(progress, "calibration", min(filter(None, (num_batches, total)), default=0))
-        seen = 0
+        seen, reached = 0, set()
         for batch in _batches(data, num_batches):
             feed = _feed(batch, inputs, seen)
             outputs = dict(zip(tensors, session.run(tensors, feed)))
             for key, names in reading.items():
-                for name in names:
+                for name in (n for n in names if outputs[n].size):  # empty: an If branch this batch did not take
                     calibrators[key].collect(torch.from_numpy(np.ascontiguousarray(outputs[name], np.float32)))
+                    reached.add(key)
             del outputs
             seen += 1
             bar.update()
@@ -98,7 +101,9 @@ def collect(
             "quantize_onnx got no calibration data: pass an iterable of batches, each a dict of graph input name "
             "-> array (a few hundred representative samples). qdq never calibrates on random data."
         )
-    return Statistics(calibrators, quantizers, seen)
+    keep_unreached_float(view, [q for key, q in quantizers.items() if key not in reached])
+    return Statistics({k: c for k, c in calibrators.items() if k in reached},
+                      {k: q for k, q in quantizers.items() if k in reached}, seen)  # fmt: skip
 
 
 def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") -> dict[int, np.ndarray]:
@@ -135,11 +140,12 @@ def probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
     """A copy of ``model`` that also returns every tensor in ``tensors``."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
+    nested = set(expose(probe, tensors))  # tensors computed inside If branches: returned through each If
     types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.value_info, *model.graph.input,
                                                                *model.graph.output]}  # fmt: skip
     present = {o.name for o in probe.graph.output}
     for name in tensors:
-        if name in present:
+        if name in present or name in nested:
             continue
         elem = types.get(name)
         probe.graph.output.append(

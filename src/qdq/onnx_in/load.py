@@ -18,8 +18,11 @@ or QOperator nodes. :func:`prepare` then makes the graph the view reads:
 * the opset is raised to 13 when it is lower (per-channel ``DequantizeLinear`` needs an ``axis``);
 * shapes are inferred where ONNX can (dynamic axes stay symbolic).
 
-Control flow (``If``, ``Loop``, ``Scan``) and operators of custom domains are left as they are: the view sees
-them as ops no rule knows, so they stay float, and the report lists them.
+Old exports are read as new ones: initializers listed among the graph inputs (IR version 3) are constants, not
+inputs, and every node gets a name of its own. The branches of ``If`` nodes are part of the graph
+(:mod:`qdq.onnx_in.subgraphs`): every tensor name is made unique in the model and their weights move to the main
+graph's initializers. ``Loop`` / ``Scan`` bodies and operators of custom domains are left as they are: the view
+sees them as ops no rule knows, so they stay float, and the report lists them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import onnx
 from onnx import numpy_helper
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import all_nodes, consumers, initializer_map, name_nodes, tidy
+from qdq.graphs.onnx import all_nodes, consumers, initializer_map, name_nodes, tidy, unique_value_names
+from qdq.onnx_in.subgraphs import hoist_constants, if_branches
 
 __all__ = ["QUANTIZED_OPS", "load_float_model", "prepare"]
 
@@ -81,7 +85,9 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
     """Prepare ``model`` in place for placement (module doc); counts of what was changed."""
     opset = _opset(model)
     counts = {"initializer_inputs": _initializers_not_inputs(model), "named_nodes": name_nodes(model),
-              "constant_weights": _constants_to_initializers(model), "opset": _raise_opset(model)}  # fmt: skip
+              "renamed_tensors": unique_value_names(model), "constant_weights": _constants_to_initializers(model),
+              "branch_constants": hoist_constants(model), "opset": _raise_opset(model)}  # fmt: skip
+    counts["constants_folded"] = _fold_constant_moves(model)
     tidy(model)  # an Identity of an initializer (TorchScript's shared constants) is bypassed
     counts["batchnorms_folded"] = _fold_batchnorms(model)
     counts["scale_shifts_folded"] = _fold_scale_shifts(model)
@@ -90,8 +96,11 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
         counts["opset"] = _opset(model) or 0
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        del model.graph.value_info[:]
-        model.graph.value_info.extend(inferred.graph.value_info)
+        pairs = zip([model.graph, *(g for _, g in if_branches(model.graph))],
+                    [inferred.graph, *(g for _, g in if_branches(inferred.graph))], strict=True)  # fmt: skip
+        for mine, theirs in pairs:
+            del mine.value_info[:]
+            mine.value_info.extend(theirs.value_info)
     except Exception:  # shape inference is a convenience: a model it cannot read still quantizes
         counts["shapes_unknown"] = 1
     return counts
@@ -128,6 +137,54 @@ def _constants_to_initializers(model: onnx.ModelProto) -> int:
     for node in moved:
         graph.node.remove(node)
     return len(moved)
+
+
+#: ops that only move, select or retype data: one whose inputs are all constants is folded into its result
+_MOVES = frozenset({"Slice", "Concat", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast",
+                    "Gather", "Split"})  # fmt: skip
+
+
+def _fold_constant_moves(model: onnx.ModelProto) -> int:
+    """Each op that only moves data (:data:`_MOVES`) and reads constants alone, in the main graph or an ``If``
+    branch, becomes its result, an initializer of the main graph (silero-vad slices and concatenates its LSTM
+    weights at run time): a weight computed so is a constant, not an activation to calibrate. Never a result
+    larger than its inputs. Returns how many ops were folded."""
+    inits = {t.name: t for t in model.graph.initializer}
+    folded, found = 0, True
+    while found:
+        found = False
+        for graph in reversed([model.graph, *(g for _, g in if_branches(model.graph))]):  # inner graphs first
+            for node in [n for n in graph.node if _foldable(n, inits)]:
+                values = {name: numpy_helper.to_array(inits[name]) for name in node.input if name}
+                results = _evaluate(node, values, model.opset_import)
+                if results is None or sum(r.size for r in results) > sum(v.size for v in values.values()):
+                    continue
+                for name, result in zip(node.output, results, strict=True):
+                    inits[name] = numpy_helper.from_array(np.asarray(result), name)
+                    model.graph.initializer.append(inits[name])
+                graph.node.remove(node)
+                folded, found = folded + 1, True
+    return folded
+
+
+def _foldable(node: Any, inits: dict[str, Any]) -> bool:
+    present = [name for name in node.input if name]
+    return node.op_type in _MOVES and node.domain in ("", "ai.onnx") and bool(present) and all(
+        name in inits for name in present)  # fmt: skip
+
+
+def _evaluate(node: Any, values: dict[str, np.ndarray], opsets: Any) -> list[np.ndarray] | None:
+    """``node``'s outputs on ``values`` (ONNX's reference evaluator), or None when it cannot compute them."""
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype),
+                                                 value.shape) for name, value in values.items()]  # fmt: skip
+    outputs = [onnx.ValueInfoProto(name=name) for name in node.output]
+    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
+    try:
+        return list(ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=list(opsets))).run(None, values))
+    except Exception:  # an op the evaluator cannot run stays in the graph
+        return None
 
 
 def _opset(model: onnx.ModelProto) -> int | None:

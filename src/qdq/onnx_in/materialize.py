@@ -11,7 +11,9 @@ PyTorch path's arithmetic) and one zero point (0, int8 or uint8), shared by all 
 
 Each Q and DQ node carries its quantizer's name (node metadata ``qdq.quantizer``, :mod:`qdq.graphs.onnx_tags`), as
 the PyTorch export writes them, so the targets' rewrites and :func:`~qdq.graphs.onnx_tags.qdq_sites` read both
-alike. New nodes keep the graph's topological order.
+alike. New nodes keep the graph's topological order. A site inside an ``If`` branch is written there, with its
+constants (:mod:`qdq.onnx_in.subgraphs`), the pair whole (TensorRT reads a Q only through its DQ) even where it
+quantizes a tensor of an enclosing graph; a value-level site's readers in the branches read its DQ too.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from qdq.graphs.onnx import all_nodes, unique_value_names
 from qdq.graphs.onnx_tags import QUANTIZER_KEY
-from qdq.graphs.view import GraphView, Quantizer, Site
+from qdq.graphs.view import GraphView, Op, Quantizer, Site
+from qdq.onnx_in.subgraphs import Nested, Path, graph_at, if_branches
 from qdq.onnx_in.view import weight_axis
 from qdq.tensor_quant import quant_step
 
@@ -58,36 +62,90 @@ def quantizer_names(view: GraphView) -> dict[int, str]:
 def write_qdq(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray]) -> int:
     """Insert the Q/DQ nodes of ``view``'s quantizers into ``model`` (in place), with ``ranges[id(quantizer)]``
     (float32 amax: 0-d for an activation, ``[C]`` for a weight); returns how many Q/DQ pairs were written."""
-    writer = _Writer(model, view)
+    writers = _Writers(model)
     names = quantizer_names(view)
     for quantizer in view.quantizers():
-        writer.write(quantizer, names[id(quantizer)], np.asarray(ranges[id(quantizer)], np.float32))
-    writer.finish()
-    return writer.pairs
+        writers.write(quantizer, names[id(quantizer)], np.asarray(ranges[id(quantizer)], np.float32))
+    writers.finish()
+    return writers.pairs
 
 
-class _Writer:
-    def __init__(self, model: onnx.ModelProto, view: GraphView) -> None:
-        self.model, self.view, self.graph = model, view, model.graph
-        self.nodes = list(model.graph.node)  # an op's ref is its position here (the view's model, or a copy)
-        self.position = {id(node): index for index, node in enumerate(self.nodes)}  # stable: the list holds them
-        self.before: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put before it
-        self.after: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put after it (-1: the graph's start)
-        self.inits = {t.name: t for t in self.graph.initializer}
-        self.shared: dict[tuple[str, bytes, int], tuple[str, tuple[Any, Any], int]] = {}  # grid -> its pair
-        self.pairs = 0
+def _split(ref: Any) -> tuple[Path, Any]:
+    """The graph an op's ``ref`` points into (``()``: the main graph) and the ref there."""
+    return (ref.path, ref.ref) if isinstance(ref, Nested) else ((), ref)
+
+
+class _Writers:
+    """One writer per graph holding sites: the main graph's, and each ``If`` branch's (its Q/DQ nodes and their
+    constants inside the branch, named apart from the main graph's at the end)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.main = {t.name: t for t in model.graph.initializer}
+        self.writers: dict[Path, _Writer] = {}
+
+    def at(self, op: Op | None) -> _Writer:
+        path = _split(op.ref)[0] if op is not None else ()
+        if path not in self.writers:
+            self.writers[path] = _Writer(graph_at(self.model, path), self)
+        return self.writers[path]
 
     def write(self, quantizer: Quantizer, name: str, amax: np.ndarray) -> None:
         for number, site in enumerate(quantizer.sites):
-            suffix = f"_{number}" if number else ""
+            node_name = f"{name}_{number}" if number else name
             if quantizer.per_channel and site.reader is not None:
-                self._weight(site, f"{name}{suffix}", amax)
+                self.at(site.reader).weight(site, node_name, amax)
             else:
-                scale, zero = self._grid(name, amax, quantizer.unsigned)
-                self._activation(site, f"{name}{suffix}", name, scale, zero)
+                writer = self.at(site.reader if site.reader is not None else site.value.producer)
+                writer.activation(site, node_name, name, *writer.grid(name, amax, quantizer.unsigned))
 
-    def _grid(self, name: str, amax: np.ndarray, unsigned: bool) -> tuple[str, str]:
-        """The step and zero-point initializers of an activation quantizer (made once, shared by its sites)."""
+    def constant(self, name: str, writer: _Writer) -> TensorProto:
+        """The constant ``name`` as ``writer``'s graph reads it (its own, else the main graph's)."""
+        return writer.inits.get(name) or self.main[name]
+
+    def rewire(self, old: str, new: str, skip: Any, graph: onnx.GraphProto) -> None:
+        """Every read of ``old`` in ``graph`` and the graphs inside it, and every QuantizeLinear written so far,
+        reads ``new``."""
+        for node in all_nodes(graph):
+            for i, name in enumerate(node.input):
+                if name == old:
+                    node.input[i] = new
+        for writer in self.writers.values():
+            for nodes in (*writer.before.values(), *writer.after.values()):
+                for node in nodes:
+                    if node is not skip and node.op_type == "QuantizeLinear" and node.input[0] == old:
+                        node.input[0] = new  # a site-level Q written earlier reads the value-level DQ: Q(DQ(Q(x)))
+
+    def finish(self) -> None:
+        """Every graph's nodes with its Q/DQ nodes in place, the innermost branches first (an outer graph's nodes
+        are copied with their branches); then the branches' constants named apart from the main graph's, and the types
+recorded in the branches while placing dropped."""
+        for path in sorted(self.writers, key=len, reverse=True):
+            self.writers[path].finish()
+        if any(path for path in self.writers):
+            unique_value_names(self.model)
+        for _, branch in if_branches(self.model.graph):  # types inferred to place: a rewrite may retype tensors
+            del branch.value_info[:]
+
+    @property
+    def pairs(self) -> int:
+        return sum(writer.pairs for writer in self.writers.values())
+
+
+class _Writer:
+    def __init__(self, graph: onnx.GraphProto, owner: _Writers) -> None:
+        self.graph, self.owner = graph, owner
+        self.nodes = list(graph.node)  # an op's ref is its position here (the view's model, or a copy)
+        self.position = {id(node): index for index, node in enumerate(self.nodes)}  # stable: the list holds them
+        self.before: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put before it
+        self.after: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put after it (-1: the graph's start)
+        self.inits = {t.name: t for t in graph.initializer}
+        self.shared: dict[tuple[str, bytes, int], tuple[str, tuple[Any, Any], int]] = {}  # grid -> its pair
+        self.pairs = 0
+
+    def grid(self, name: str, amax: np.ndarray, unsigned: bool) -> tuple[str, str]:
+        """The step and zero-point initializers of an activation quantizer (made once per graph, shared by its
+        sites there)."""
         scale, zero = f"{name}.step", f"{name}.zero_point"
         if scale not in self.inits:
             step = _step(amax, unsigned)
@@ -95,7 +153,7 @@ class _Writer:
             self._add_init(numpy_helper.from_array(np.zeros((), np.uint8 if unsigned else np.int8), zero))
         return scale, zero
 
-    def _activation(self, site: Site, node_name: str, tag: str, scale: str, zero: str) -> None:
+    def activation(self, site: Site, node_name: str, tag: str, scale: str, zero: str) -> None:
         if site.reader is None:
             self._value_level(site, node_name, tag, scale, zero)
             return
@@ -120,18 +178,18 @@ class _Writer:
             node.input[index] = restored
 
     def _value_level(self, site: Site, node_name: str, tag: str, scale: str, zero: str) -> None:
-        """``Q -> DQ`` after the value's producer, read by every reader (a model output keeps its name)."""
+        """``Q -> DQ`` after the value's producer, read by every reader (a graph output keeps its name)."""
         name, output = site.value.name, site.value.graph_output
         source = self._rename_output(name) if output else name
         q, dq = _pair(source, name if output else f"{node_name}.dq", node_name, tag, scale, zero)
         producer = self._producer_node(site.value)
         self.after.setdefault(self.position[id(producer)] if producer is not None else -1, []).extend([q, dq])
         if not output:
-            self._rewire_all(name, dq.output[0], skip=q)
+            self.owner.rewire(name, dq.output[0], q, self.graph)
         self.pairs += 1
 
-    def _weight(self, site: Site, name: str, amax: np.ndarray) -> None:
-        weight = numpy_helper.to_array(self.inits[site.value.name]).astype(np.float32)
+    def weight(self, site: Site, name: str, amax: np.ndarray) -> None:
+        weight = numpy_helper.to_array(self.owner.constant(site.value.name, self)).astype(np.float32)
         axis = weight_axis(site.input_reader, site.index) % weight.ndim
         step = _step(amax.reshape(-1), False)
         shape = [1] * weight.ndim
@@ -144,22 +202,23 @@ class _Writer:
                               [f"{name}.dq"], name=f"{name}/DequantizeLinear", axis=axis)  # fmt: skip
         _tag(dq, name)
         self.pairs += 1
-        reader = self.nodes[site.input_reader.ref]
-        self.before.setdefault(site.input_reader.ref, []).append(dq)
-        reader.input[site.index] = f"{name}.dq"
+        ref = _split(site.input_reader.ref)[1]
+        self.before.setdefault(ref, []).append(dq)
+        self.nodes[ref].input[site.index] = f"{name}.dq"
 
     def _producer_node(self, value: Any) -> Any:
         op = value.producer
         if op is None:
             return None
-        if isinstance(op.ref, tuple):  # a SiLU: its sigmoid (the inner value) or its product
-            return self.nodes[op.ref[0] if value is op.inner.get("sigmoid") else op.ref[1]]
-        return self.nodes[op.ref]
+        ref = _split(op.ref)[1]
+        if isinstance(ref, tuple):  # a SiLU: its sigmoid (the inner value) or its product
+            return self.nodes[ref[0] if value is op.inner.get("sigmoid") else ref[1]]
+        return self.nodes[ref]
 
     def _reader_slots(self, site: Site) -> list[tuple[Any, int]]:
         """``(node, input position)`` where the site's reader reads its value (a SiLU: in its sigmoid and its
         product); positions count the node's empty optional inputs, which the view leaves out."""
-        ref = site.input_reader.ref
+        ref = _split(site.input_reader.ref)[1]
         if isinstance(ref, tuple):
             nodes = [self.nodes[i] for i in ref]
             return [(node, list(node.input).index(site.value.name)) for node in nodes if site.value.name in node.input]
@@ -167,18 +226,8 @@ class _Writer:
         present = [i for i, name in enumerate(node.input) if name]
         return [(node, present[site.index])]
 
-    def _rewire_all(self, old: str, new: str, skip: Any) -> None:
-        for node in self.nodes:
-            for i, name in enumerate(node.input):
-                if name == old:
-                    node.input[i] = new
-        for nodes in (*self.before.values(), *self.after.values()):
-            for node in nodes:
-                if node is not skip and node.op_type == "QuantizeLinear" and node.input[0] == old:
-                    node.input[0] = new  # a site-level Q written earlier reads the value-level DQ: Q(DQ(Q(x)))
-
     def _rename_output(self, name: str) -> str:
-        """The producer of model output ``name`` writes ``<name>.float`` instead; the DQ then writes ``name``, which
+        """The producer of graph output ``name`` writes ``<name>.float`` instead; the DQ then writes ``name``, which
         its readers keep reading (quantized, as a value-level site says)."""
         renamed = f"{name}.float"
         for node in self.nodes:

@@ -336,8 +336,10 @@ def _float_ops(view: Any) -> dict[str, str]:
     for op in view.ops:
         if op.type in vocab.WEIGHTED and op.name not in found and not view.is_quantized(op):
             found[op.name] = "no quantizer here: its inputs are not both activations and constant weights"
-        elif ":" in op.type or op.type in ("If", "Loop", "Scan"):
-            found.setdefault(op.name, "control flow or a custom domain: qdq leaves it float")
+        elif op.type == "If":
+            found.setdefault(op.name, "control flow: the If itself stays; its branches' ops are placed as the graph's")
+        elif ":" in op.type or op.type in ("Loop", "Scan"):
+            found.setdefault(op.name, "control flow or a custom domain: qdq leaves it float (a loop's body too)")
     return found
 
 

@@ -4,7 +4,10 @@ Each node is an op as it is (ONNX's vocabulary is the view's; an operator of a c
 ``"<domain>:<op>"``, which no rule knows); initializers are constants; a ``Mul`` of a tensor
 and its own ``Sigmoid`` (how exporters write SiLU) is one ``Silu`` op whose sigmoid is an inner value, as on the
 PyTorch path. An op's ``ref`` is its node's position in ``graph.node`` (a ``Silu``: the sigmoid's and the product's),
-so that the decisions can be written into any copy of the model.
+so that the decisions can be written into any copy of the model. The branches of every ``If`` are part of the view
+(:mod:`qdq.onnx_in.subgraphs`): their ops come before the ``If``, each with a ``Nested`` ref; what a branch
+returns is an output of its graph, and an input of the ``If`` after its condition (an ``If`` is >= 0 where its
+branches' outputs are); ``Loop`` and ``Scan`` bodies are not (their ops stay float).
 
 :func:`select_weighted` makes the decisions module replacement makes on the PyTorch path: the data inputs of every
 ``Conv``, ``ConvTranspose``, ``Gemm`` and ``MatMul`` (both inputs of a product of two activations) and of the
@@ -23,8 +26,9 @@ import onnx
 from onnx import TensorProto
 
 from qdq.graphs.view import GraphView, Op, Quantizer
+from qdq.onnx_in.subgraphs import Nested, Path, if_branches
 
-__all__ = ["KeepFloat", "build_view", "keep_user_float", "select_weighted", "weight_axis"]
+__all__ = ["KeepFloat", "build_view", "keep_unreached_float", "keep_user_float", "select_weighted", "weight_axis"]
 
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _REAL = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16})
@@ -65,38 +69,61 @@ class KeepFloat:
 
 
 def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
-    """The view of ``model``'s main graph (nodes in their topological order)."""
+    """The view of ``model``'s main graph and of its ``If`` branches (nodes in their topological order: a branch's
+    ops before its ``If``; :mod:`qdq.onnx_in.subgraphs`)."""
     view = GraphView("onnx", target)
     graph = model.graph
     constants = {t.name for t in graph.initializer}
     scalars = {t.name: float(onnx.numpy_helper.to_array(t)) for t in graph.initializer
                if not t.dims and t.data_type != TensorProto.STRING}  # fmt: skip
-    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    graphs = [graph, *(branch for _, branch in if_branches(graph))]
+    types = {v.name: v.type.tensor_type.elem_type for g in graphs for v in [*g.input, *g.value_info, *g.output]}
     types.update({t.name: t.data_type for t in graph.initializer})
     for name, elem in types.items():  # integer and boolean tensors (shapes, indices) are never quantized
         view.value(name, constant=name in constants, real=elem in _REAL or elem == TensorProto.UNDEFINED)
-    outputs = {o.name for o in graph.output}
+    _add_graph(view, graph, (), scalars)
+    return view
+
+
+def _add_graph(view: GraphView, graph: onnx.GraphProto, path: Path, scalars: dict[str, float]) -> None:
+    """The ops of ``graph`` (at ``path``), each ``If``'s branches before it; the values ``graph`` returns are its
+    outputs (the model's, or an ``If`` branch's)."""
     nodes = list(graph.node)
     sigmoid_of = _silu_pairs(graph)
     gates = set(sigmoid_of.values())
     for number, node in enumerate(nodes):
         if number in gates:
             continue  # the sigmoid of a SiLU: added with its product, as the Silu op's inner value
+        for attribute in node.attribute if node.op_type == "If" else ():
+            _add_graph(view, attribute.g, (*path, (number, attribute.name)), scalars)
         name = node.name or f"{node.op_type}_{number}"
-        inputs = [view.value(i) for i in node.input if i]
+        inputs = [view.value(i) for i in [*node.input, *_returned(node)] if i]
         produced = [view.value(o) for o in node.output if o]
         gate = sigmoid_of.get(number)
         if gate is not None:
             sigmoid = nodes[gate]
             view.add_op(name, "Silu", [view.value(sigmoid.input[0])], produced,
-                        inner={"sigmoid": view.value(sigmoid.output[0])}, ref=(gate, number))  # fmt: skip
+                        inner={"sigmoid": view.value(sigmoid.output[0])}, ref=_ref(path, (gate, number)))  # fmt: skip
         else:
             op_type = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
             weights = [i for i, v in enumerate(inputs) if v.constant and _is_weight(op_type, i)]
-            view.add_op(name, op_type, inputs, produced, attrs=_attrs(node, scalars), weights=weights, ref=number)
-    for name in outputs:
-        view.value(name).graph_output = True
-    return view
+            view.add_op(name, op_type, inputs, produced, attrs=_attrs(node, scalars), weights=weights,
+                        ref=_ref(path, number))  # fmt: skip
+    for value in graph.output:
+        view.value(value.name).graph_output = True
+
+
+def _returned(node: Any) -> list[str]:
+    """What an ``If``'s branches return (the values of its outputs: the view's ``If`` reads them), else nothing."""
+    if node.op_type != "If":
+        return []
+    return [value.name for attribute in node.attribute if attribute.type == attribute.GRAPH
+            for value in attribute.g.output]  # fmt: skip
+
+
+def _ref(path: Path, ref: Any) -> Any:
+    """An op's ``ref``: its node's position in the main graph, or where it is inside an ``If`` branch."""
+    return Nested(path, ref) if path else ref
 
 
 def select_weighted(view: GraphView, keep: KeepFloat) -> None:
@@ -118,6 +145,18 @@ def keep_user_float(view: GraphView, keep: KeepFloat) -> None:
         why = keep.match(op)
         if why is not None:
             view.keep_float(op, why)
+
+
+def keep_unreached_float(view: GraphView, quantizers: Iterable[Quantizer]) -> None:
+    """Each of ``quantizers`` (activations the calibration data never reached: inside an ``If`` branch no batch
+    took) goes: the ops reading through it stay float, so does a tensor it quantized for every reader."""
+    why = "the calibration data never reached it (an If branch no batch took)"
+    for quantizer in quantizers:
+        for site in list(quantizer.sites):
+            if site.reader is not None:
+                view.keep_float(site.reader, why)
+            else:
+                view.keep_value_float(site.value, why)
 
 
 def weight_axis(op: Op, index: int) -> int:

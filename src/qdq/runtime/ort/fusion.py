@@ -11,8 +11,9 @@ export read too. A weighted op left in a float kernel is a :class:`~qdq.runtime.
 reason (:attr:`FusionReport.float_layers`: ONNX Runtime's int8 coverage).
 
 :func:`analyse_fusion` works on two ``onnx.ModelProto``; :func:`qdq.runtime.ort.fusion_report` makes
-the optimized graph with an ONNX Runtime session and calls it. Only the top-level graph is read
-(subgraphs of If/Loop are not).
+the optimized graph with an ONNX Runtime session and calls it. The subgraphs of control flow (an ``If``'s
+branches, a ``Loop``'s body) are read too, each as a graph of its own: their kernels are counted with the main
+graph's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.onnx import GraphIndex, all_nodes
 from qdq.runtime._text import markdown_table
 from qdq.runtime.coverage import Coverage, FloatLayer
 from qdq.runtime_registry import ORT_RUNTIME
@@ -189,22 +190,36 @@ def analyse_fusion(
     """Compare ORT's ``optimized`` graph of a model with its ``source`` graph (``facts``: ORT's fusion facts,
     by default :func:`ort_fusion_facts`)."""
     facts = facts or ort_fusion_facts()
-    explainer = _Explainer(optimized, facts)
-    unfused = tuple(explainer.explain(node) for node in optimized.graph.node if node.op_type in (_Q, _DQ))
+    explainers = [(part, _Explainer(part, facts)) for part in _graphs(optimized)]
+    unfused = tuple(e.explain(node) for part, e in explainers for node in part.graph.node if node.op_type in (_Q, _DQ))
     floats = tuple(
-        FloatLayer(node.name, node.op_type, explainer.float_cause(node))
-        for node in optimized.graph.node
+        FloatLayer(node.name, node.op_type, e.float_cause(node))
+        for part, e in explainers
+        for node in part.graph.node
         if node.op_type in facts.float_kernels
     )
     return FusionReport(
         model=model,
         optimization_level=optimization_level,
-        source_ops=dict(Counter(node.op_type for node in source.graph.node)),
-        optimized_ops=dict(Counter(_key(node) for node in optimized.graph.node)),
+        source_ops=dict(Counter(node.op_type for node in all_nodes(source.graph))),
+        optimized_ops=dict(Counter(_key(node) for node in all_nodes(optimized.graph))),
         unfused=unfused,
         facts=facts,
         float_layers=floats,
     )
+
+
+def _graphs(model: onnx.ModelProto) -> list[onnx.ModelProto]:
+    """``model`` and each subgraph of its control flow (an ``If``'s branches, a ``Loop``'s body) as a model of its
+    own, read apart: what a subgraph reads from outside it is an input there."""
+    import onnx
+
+    found = [model]
+    for node in all_nodes(model.graph):
+        for attr in node.attribute:
+            for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                found.append(onnx.ModelProto(ir_version=model.ir_version, graph=graph))
+    return found
 
 
 def _key(node: onnx.NodeProto) -> str:

@@ -37,7 +37,8 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 The exporter's ``value_info`` is dropped (the rewrite retypes tensors); ONNX Runtime infers types itself.
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
-per cause. Only the top-level graph is rewritten.
+per cause. The branches of each ``If`` are rewritten the same way, each as a graph of its own (ORT fuses Q/DQ
+groups inside them; a branch of ``quantize_onnx`` holds its Q/DQ constants); ``Loop`` bodies are not.
 
 Adding a pass: a module in ``passes/`` with one function ``pass(g: GraphIndex) -> int`` (edits made), called
 from :func:`rewrite_for_onnxruntime` at its place in the order, and its count added to the result.
@@ -48,7 +49,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from qdq.graphs.onnx import GraphIndex, set_metadata, tidy
+from qdq.graphs.onnx import GraphIndex, rewrite_branches, set_metadata, tidy
 from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.bias_adds import fold_bias_adds
@@ -130,6 +131,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     left = unfusable_conv_nodes(g)
     counts["float_convs"] = len(left)
     warn_float_convs(g, left)
+    counts["branches"] = rewrite_branches(model, lambda branch: rewrite_for_onnxruntime(branch, weights=encoding))
     counts["uint8_weights"] = encode_weights_uint8(model) if encoding == "uint8" else 0
     set_metadata(model, WEIGHTS_METADATA_KEY, encoding)
     del model.graph.value_info[:]  # the exporter's types are stale (int8 -> uint8)
