@@ -4,6 +4,8 @@
 
 * a compute node computes in the low type unless a reason keeps it in FP32 (its float initializers are
   converted once; other inputs of another type get a Cast, one per tensor and type);
+* a node with float inputs but no float output (``Greater``, ``Equal``...) reads them all in one type: that of
+  its computed inputs when they agree (its constants follow), else float32;
 * a QuantizeLinear takes its input in its producer's type, with a scale of that type;
 * a DequantizeLinear outputs the type its readers compute in (its scale has that type), and is duplicated
   when its readers compute in two types: no Cast ever stands between a DQ and its reader;
@@ -178,11 +180,14 @@ class TypeRewrite:
         precision = self.precision(node)
         slots = float_slots(node, self.opset)
         options = input_types(node, self.opset)
+        shared = self._shared_input_type(node, slots) if precision is None else None
         for i, name in enumerate(node.input):
             if not name:
                 continue
             if precision is not None and i in slots.inputs:
                 node.input[i] = self.as_type(name, precision)
+            elif shared is not None and i in slots.inputs:
+                node.input[i] = self.as_type(name, shared)
             elif precision == self.low and self.low in options[i] and self.index.array(name) is not None:
                 node.input[i] = self.as_type(name, self.low)  # a constant of another parameter (BN's scale...)
             elif i in slots.inputs and slots.allows(self.dtype.get(name, self.types.get(name) or 0)):
@@ -202,6 +207,16 @@ class TypeRewrite:
             self.dtype[node.output[0]] = precision
         self.converted += precision == self.low and node.op_type != "Cast"
         self.nodes.append(node)
+
+    def _shared_input_type(self, node: Any, slots: Any) -> int | None:
+        """The one float type the inputs of a node without float outputs read (a comparison: ``Greater(x, 0.5)``
+        reads ``x`` in float16 and its constant must follow): the type of its computed inputs when they agree, else
+        float32; None for a node with fewer than two such inputs."""
+        if len(slots.inputs) < 2:
+            return None
+        computed = {self.dtype.get(node.input[i], self.types.get(node.input[i])) for i in slots.inputs
+                    if i < len(node.input) and node.input[i] and self.index.array(node.input[i]) is None}  # fmt: skip
+        return computed.pop() if len(computed) == 1 and computed <= {_FLOAT32, self.low} else _FLOAT32
 
     def _finish_outputs(self, keep_io: bool) -> None:
         from onnx import helper
