@@ -156,6 +156,29 @@ def test_onnxruntime_rules_on_efficientnet():
         torch.testing.assert_close(placed(X), reference(X), rtol=1e-3, atol=1e-3)
 
 
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's ``BatchNormAct2d``: ``F.batch_norm``, a dropout (the identity at inference), the activation."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels)
+        self.drop, self.act = nn.Identity(), nn.ReLU6()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+        )
+        return self.act(self.drop(x))
+
+
+def test_onnxruntime_quantizes_a_conv_output_after_its_functional_batchnorm_dropout_and_relu6():
+    """The conv's output quantizer goes after the ReLU6 ONNX Runtime folds into QLinearConv: the function call is a
+    BatchNorm and the dropout between is passed (it went right after the conv, before the BatchNorm)."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), BatchNormAct(8), nn.Conv2d(8, 4, 3), BatchNormAct(4)).eval()
+    placed = qdq.quantize_model(model, qdq.QuantConfig(target="onnxruntime"))
+    added = [n for n in placed.graph.nodes if n.op == "call_module" and n.target not in dict(model.named_modules())]
+    assert [str(n.args[0].target) for n in added] == ["3.act"]  # the first conv's tail is read by a quantized conv
+
+
 def test_tensorrt_keeps_silu():
     placed = apply_placement(quantized("efficientnet_b0"), target="tensorrt")
     assert not any("sigmoid_quantizer" in n for n, _ in placed.named_modules())

@@ -12,7 +12,7 @@ from qdq import nn as quant_nn
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.quantize import QuantConfig, quantize_model
-from qdq.replace import register_quant_module, unregister_quant_module
+from qdq.replace import ModuleFilter, register_quant_module, replace_modules, unregister_quant_module
 
 
 def _small_net():
@@ -126,6 +126,45 @@ def test_user_registered_module():
             register_quant_module(Scale, type("QuantScale2", (QuantScale,), {}))
     finally:
         unregister_quant_module(Scale)
+
+
+class PadFirst(nn.Conv2d):
+    """A conv subclass whose own forward pads first (qdq.nn.subclass quantizes it through that forward)."""
+
+    def forward(self, x):
+        return super().forward(nn.functional.pad(x, (0, 1, 0, 1)))
+
+
+def _conv_and_subclass():
+    return nn.Sequential(nn.Conv2d(3, 4, 1), PadFirst(4, 4, 2))
+
+
+@pytest.mark.parametrize(
+    ("module_filter", "kinds"),
+    [
+        (ModuleFilter(), ("QuantConv2d", "QuantPadFirst")),
+        (ModuleFilter(include_types=(nn.Conv2d,)), ("QuantConv2d", "QuantPadFirst")),
+        (ModuleFilter(include_types=(PadFirst,)), ("Conv2d", "QuantPadFirst")),
+        (ModuleFilter(exclude_types=(nn.Conv2d,)), ("Conv2d", "PadFirst")),
+        (ModuleFilter(exclude_types=(PadFirst,)), ("QuantConv2d", "PadFirst")),
+    ],
+)
+def test_a_subclass_is_selected_as_its_registered_type_or_by_its_own(module_filter, kinds):
+    model = replace_modules(_conv_and_subclass(), module_filter)
+    assert (type(model[0]).__name__, type(model[1]).__name__) == kinds
+
+
+def test_a_registered_subclass_takes_its_registered_class():
+    class QuantPadFirst(quant_nn.QuantConv2d, PadFirst):
+        pass
+
+    register_quant_module(PadFirst, QuantPadFirst)
+    try:
+        model = replace_modules(_conv_and_subclass())
+        assert type(model[1]) is QuantPadFirst
+    finally:
+        unregister_quant_module(PadFirst)
+    assert type(replace_modules(_conv_and_subclass())[1]) is not QuantPadFirst
 
 
 def test_register_rejects_non_quant_class():

@@ -413,6 +413,16 @@ class TensorQuantizer(nn.Module):
             out = self._quant_forward(x)
         return out
 
+    def requantize(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as read again through this quantizer, for values it already put on its grid and that an op kept
+        there (a pad with zeros, which are on every grid, or with copies of its values): ``x`` itself in PyTorch,
+        where quantizing again changes nothing, and a second Q/DQ pair of the same range while exporting, so that
+        the file shows the op between two conversions of one scale (which the ``onnxruntime`` rewrite runs on the
+        integers). No ``pre_quant_scale``, no calibration."""
+        if self.export_fn is not None and self.is_quantizing:
+            return self.export_fn(x)
+        return x
+
     def _quant_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.export_fn is not None:
             return self.export_fn(x)

@@ -1,16 +1,19 @@
 """Module replacement: turn an already-built float model into a quantized one, in place.
 
-:func:`replace_modules` walks the model and replaces every module whose exact type is registered
+:func:`replace_modules` walks the model and replaces every module whose type is registered
 (``nn.Conv2d`` → ``QuantConv2d``, ...) and that a :class:`ModuleFilter` selects by its quantized version,
-sharing the parameters, so an optimizer or a loaded checkpoint keeps working. A user adds their own module
-with ``register_quant_module(MyBlock, QuantMyBlock)``. The user entry point, which also places Q/DQ for a
-target, is :func:`qdq.quantize_model` (:mod:`qdq.quantize`).
+sharing the parameters, so an optimizer or a loaded checkpoint keeps working. A subclass of a registered
+convolution (timm's ``Conv2dSame``, whose forward pads first) gets a quantized class that keeps its own forward
+(:mod:`qdq.nn.subclass`); a subclass qdq cannot quantize so stays float, and one warning per call names those
+modules and why. A user adds their own module with ``register_quant_module(MyBlock, QuantMyBlock)``. The user
+entry point, which also places Q/DQ for a target, is :func:`qdq.quantize_model` (:mod:`qdq.quantize`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast, overload
@@ -21,6 +24,7 @@ from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.nn.base import QuantInputMixin, QuantMixin, float_class_of
 from qdq.nn.registry import QUANT_MODULES, default_float_types
+from qdq.nn.subclass import registered_family, resolve
 
 __all__ = [
     "QUANT_MODULES",
@@ -97,6 +101,8 @@ class ModuleFilter:
         include_types: float module types to replace; empty means every registered type except MaxPool and
             InstanceNorm (the seed's default set).
         exclude_types: float module types left in float.
+
+    A subclass of a registered type is selected by the types as that type is, or by its own name.
     """
 
     include: tuple[Pattern, ...] = ()
@@ -121,13 +127,14 @@ class ModuleFilter:
 
     def selects(self, name: str, module: nn.Module) -> bool:
         """True when ``module`` (called ``name`` in the model) should be quantized."""
-        kind = type(module)
+        family = registered_family(type(module))
+        kinds = {type(module), family}
         if self.include_types:
-            if kind not in self.include_types:
+            if kinds.isdisjoint(self.include_types):
                 return False
-        elif kind in QUANT_MODULES and kind not in default_float_types():
+        elif family is not None and family not in default_float_types():
             return False
-        if kind in self.exclude_types:
+        if not kinds.isdisjoint(self.exclude_types):
             return False
         if self.include and not any(_compile(p)(name) for p in self.include):
             return False
@@ -143,6 +150,8 @@ def replace_modules(
     """Replace the registered modules of ``model`` that ``module_filter`` selects, in place.
 
     The quantized modules share the float modules' parameters. Descriptors None use each class's default.
+    Selected subclasses of registered classes that stay float (:func:`qdq.nn.subclass.resolve`) are named in one
+    warning.
 
     Returns:
         ``model``, or the quantized module when ``model`` itself is a selected registered module (a new
@@ -153,9 +162,13 @@ def replace_modules(
     """
     module_filter = ModuleFilter() if module_filter is None else module_filter
     descs = (quant_desc_input, quant_desc_weight)
-    if _convertible(model, "", module_filter):
-        return _convert(model, descs)
-    replaced = _replace_children(model, "", module_filter, descs)
+    left_float: dict[str, tuple[nn.Module, str]] = {}
+    quant_cls = _selected_class(model, "", module_filter, left_float)
+    if quant_cls is not None:
+        return _convert(model, quant_cls, descs)
+    replaced = _replace_children(model, "", module_filter, descs, left_float)
+    if left_float:
+        warnings.warn(_left_float_message(left_float), stacklevel=3)
     if not replaced and module_filter.narrowed:
         types = [t.__name__ for t in module_filter.include_types]
         raise QdqConfigError(
@@ -166,31 +179,58 @@ def replace_modules(
 
 
 _Descs = tuple[QuantDescriptor | None, QuantDescriptor | None]
+_LeftFloat = dict[str, tuple[nn.Module, str]]
 
 
-def _convertible(module: nn.Module, name: str, module_filter: ModuleFilter) -> bool:
-    registered = type(module) in QUANT_MODULES
-    return not isinstance(module, QuantInputMixin) and registered and module_filter.selects(name, module)
+def _selected_class(module: nn.Module, name: str, module_filter: ModuleFilter, left_float: _LeftFloat) -> type | None:
+    """The quantized class ``module`` becomes, or None (then a selected subclass qdq cannot quantize is recorded
+    in ``left_float`` with the reason)."""
+    if isinstance(module, QuantInputMixin) or registered_family(type(module)) is None:
+        return None
+    if not module_filter.selects(name, module):
+        return None
+    quant_cls, why = resolve(module)
+    if why is not None:
+        left_float[name] = (module, why)
+    return quant_cls
 
 
-def _convert(module: nn.Module, descs: _Descs) -> nn.Module:
-    quant_cls = QUANT_MODULES.get(type(module))
+def _convert(module: nn.Module, quant_cls: type, descs: _Descs) -> nn.Module:
     # every registered class subclasses QuantInputMixin and the torch module it replaces (register_quant_module)
     if issubclass(quant_cls, QuantMixin):
         return cast(nn.Module, quant_cls.from_float(module, *descs))
     return cast(nn.Module, cast("type[QuantInputMixin]", quant_cls).from_float(module, descs[0]))
 
 
-def _replace_children(parent: nn.Module, prefix: str, module_filter: ModuleFilter, descs: _Descs) -> list[str]:
+def _replace_children(
+    parent: nn.Module, prefix: str, module_filter: ModuleFilter, descs: _Descs, left_float: _LeftFloat
+) -> list[str]:
     replaced: list[str] = []
     for child_name, child in list(parent.named_children()):
         name = f"{prefix}.{child_name}" if prefix else child_name
-        if _convertible(child, name, module_filter):
-            setattr(parent, child_name, _convert(child, descs))
+        quant_cls = _selected_class(child, name, module_filter, left_float)
+        if quant_cls is not None:
+            setattr(parent, child_name, _convert(child, quant_cls, descs))
             replaced.append(name)
         elif not isinstance(child, QuantInputMixin):
-            replaced += _replace_children(child, name, module_filter, descs)
+            replaced += _replace_children(child, name, module_filter, descs, left_float)
     return replaced
+
+
+def _left_float_message(left_float: _LeftFloat) -> str:
+    """One warning for the selected modules left float, grouped by class: which, and why."""
+    by_class: dict[tuple[type, str], list[str]] = {}
+    for name, (module, why) in left_float.items():
+        by_class.setdefault((type(module), why), []).append(name or "the model itself")
+    parts = []
+    for (kind, why), names in by_class.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{len(names)} {kind.__name__} ({shown}): {why}")
+    return (
+        f"quantize_model left {len(left_float)} module(s) float, of subclasses of quantizable classes: "
+        f"{'; '.join(parts)}. A subclass qdq cannot quantize is quantized once a quantized class is registered for "
+        "it (qdq.register_quant_module(MyConv, QuantMyConv))."
+    )
 
 
 def quantized_module_names(model: nn.Module) -> Iterable[str]:

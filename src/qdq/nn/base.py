@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -147,6 +147,16 @@ class QuantMixin(QuantInputMixin):
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = QUANT_DESC_8BIT_PER_TENSOR
     _descriptor_arguments: ClassVar[tuple[str, ...]] = ("quant_desc_input", "quant_desc_weight")
+    #: The torch function this class's weighted op is, called as ``function(input, weight, ...)`` (``torch.conv2d``
+    #: for ``QuantConv2d``), or None. Where it is set, a subclass of the float class whose own ``forward`` pads its
+    #: input before that call is quantized at the call, through its own forward (:mod:`qdq.nn.subclass`).
+    weighted_function: ClassVar[Callable[..., torch.Tensor] | None] = None
+
+    @classmethod
+    def sample_input(cls, module: nn.Module) -> torch.Tensor | None:
+        """A small input that ``module`` (of this class's float class or a subclass) accepts, or None: what
+        :mod:`qdq.nn.subclass` runs a subclass's own ``forward`` on, to see what it computes around the call."""
+        return None
 
     @classmethod
     def set_default_quant_desc_weight(cls, value: QuantDescriptor) -> None:

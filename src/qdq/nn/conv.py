@@ -7,7 +7,7 @@ axis is 0 as well, the per-*input*-channel scale TensorRT's deconvolution kernel
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import nn
@@ -38,12 +38,22 @@ class _QuantConvNd(QuantMixin):
         quant_weight = self._weight_quantizer(self.weight)
         return self._conv_forward(quant_input, quant_weight, self.bias)
 
+    @classmethod
+    def sample_input(cls, module: nn.Module) -> torch.Tensor:
+        """Zeros of batch 1, ``module``'s input channels and, per spatial axis, a few strides more than its
+        dilated kernel (no padding needed)."""
+        conv = cast(nn.modules.conv._ConvNd, module)
+        weight = conv.weight
+        sizes = [(k - 1) * d + 2 * s + 1 for k, s, d in zip(conv.kernel_size, conv.stride, conv.dilation, strict=True)]
+        return torch.zeros(1, conv.in_channels, *sizes, dtype=weight.dtype, device=weight.device)
+
 
 @quantizes(nn.Conv1d)
 class QuantConv1d(_QuantConvNd, nn.Conv1d):
     """``nn.Conv1d`` with quantized input and weight."""
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
+    weighted_function = staticmethod(torch.conv1d)
 
 
 @quantizes(nn.Conv2d)
@@ -51,6 +61,7 @@ class QuantConv2d(_QuantConvNd, nn.Conv2d):
     """``nn.Conv2d`` with quantized input and weight."""
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
+    weighted_function = staticmethod(torch.conv2d)
 
 
 @quantizes(nn.Conv3d)
@@ -58,6 +69,7 @@ class QuantConv3d(_QuantConvNd, nn.Conv3d):
     """``nn.Conv3d`` with quantized input and weight."""
 
     default_quant_desc_weight: ClassVar[QuantDescriptor] = d.QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
+    weighted_function = staticmethod(torch.conv3d)
 
 
 class _QuantConvTransposeNd(_QuantConvNd):

@@ -29,10 +29,21 @@ def conv_tail(view: GraphView, value: Value) -> Value:
 
 
 def folded_tail(view: GraphView, value: Value) -> Value:
-    """``value``, or the output of the one activation the target folds into the int8 op before it (read once)."""
+    """``value``, or the output of the one activation the target folds into the int8 op before it (read once;
+    identities on the way, such as timm's dropout between a BatchNorm and its activation, are passed)."""
     folded = view.target.fusion.folded_activations if view.target.fusion is not None else frozenset()
-    reader = view.single_reader(value)
+    after = _past_identities(view, value)
+    reader = view.single_reader(after)
     return reader.outputs[0] if reader is not None and reader.type in folded else value
+
+
+def _past_identities(view: GraphView, value: Value) -> Value:
+    """``value`` past the identities that read it (each read once)."""
+    reader = view.single_reader(value)
+    while reader is not None and reader.type in ops.IDENTITIES and reader.outputs:
+        value = reader.outputs[0]
+        reader = view.single_reader(value)
+    return value
 
 
 def _decide(view: GraphView) -> None:
