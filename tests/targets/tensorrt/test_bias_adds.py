@@ -1,6 +1,9 @@
-"""A linear exported as ``MatMul`` + bias ``Add`` (a GRU denoiser's layers, any transformer's): TensorRT fuses the
-bias into the MatMul, so the Add is no residual add. Placement and the rule check agree on that, and a residual add
-after such a linear is found through its bias."""
+"""Adds that are no residual add TensorRT fuses into a weighted op, where placement and the rule check agree:
+
+* a linear exported as ``MatMul`` + bias ``Add`` (a GRU denoiser's layers, any transformer's): TensorRT fuses the
+  bias into the MatMul; a residual add after such a linear is found through its bias;
+* an Add of a conv's output that other ops read too (``x + x * HardSigmoid(x)``, PP-OCR's detector): the conv
+  cannot take the Add into its kernel."""
 
 from __future__ import annotations
 
@@ -58,3 +61,22 @@ def test_a_residual_add_after_a_biased_matmul_quantizes_its_shortcut(tmp_path, f
     (residual,) = [n for n in model.graph.node if n.name == "residual"]
     kinds = [producers[name].op_type for name in residual.input]
     assert kinds == ["Add", "DequantizeLinear"]  # the linear's output fused, the shortcut read in int8
+
+
+def test_an_add_of_a_conv_output_other_ops_read_is_no_residual_add(tmp_path):
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(size=(2, 4, 1, 1)).astype(np.float32), "w2")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSigmoid", ["c"], ["gate"], name="gate"),
+             helper.make_node("Mul", ["c", "gate"], ["swish"], name="swish"),
+             helper.make_node("Add", ["c", "swish"], ["sum"], name="sum"),
+             helper.make_node("Conv", ["sum", "w2"], ["y"], name="head")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    data = [{"x": rng.normal(size=(1, 3, 6, 6)).astype(np.float32)} for _ in range(2)]
+    result = qdq.quantize_onnx(model, data, tmp_path / "q.onnx", target="tensorrt", progress=False)
+    report = check_tensorrt(result.path)
+    assert report.ok, str(report)
+    assert report.int8_ops == 2

@@ -4,11 +4,11 @@
   weight inputs dequantized, each from a DequantizeLinear directly (or through a Transpose/Reshape, which
   TensorRT moves the DQ across), never through a Cast. Developer guide "Q/DQ Layer-Placement
   Recommendations" (quantize all inputs of weighted operations) and "Q/DQ Fusion".
-* ``residual-add`` — an Add that follows a quantized weighted op (directly or through BatchNormalization) and
-  whose output is quantized again has a dequantized other ("residual") input: TensorRT fuses the Add into
-  the op, and the residual input's precision decides the fused output's. Developer guide, placement
-  recommendations (element-wise addition fusion). An Add of a constant is the op's bias (a linear exported as
-  MatMul + Add), fused into it with nothing to quantize: no residual add.
+* ``residual-add`` — an Add that follows a quantized weighted op (directly or through BatchNormalization, the op's
+  output read by nothing else) and whose output is quantized again has a dequantized other ("residual") input:
+  TensorRT fuses the Add into the op, and the residual input's precision decides the fused output's. Developer
+  guide, placement recommendations (element-wise addition fusion). An Add of a constant is the op's bias (a linear
+  exported as MatMul + Add), fused into it with nothing to quantize: no residual add.
 * ``fused-scales`` — scales agree across ops TensorRT runs on int8 data: the inputs of a quantized Concat
   share one scale with the Q after it, and a DQ -> data-movement op (MaxPool, Reshape, Transpose...) -> Q
   group has one scale. Developer guide, "Q/DQ Propagation" (commuting layers); ModelOpt's ONNX
@@ -159,8 +159,14 @@ def _concat_scales(f: GraphFacts, node: Any) -> Iterator[Violation]:
 
 
 def _quantized_weighted_producer(f: GraphFacts, tensor: str) -> Any | None:
-    """The quantized weighted op producing ``tensor`` (directly or through BatchNormalization), else None."""
-    node = f.index.source(tensor, through=frozenset({"BatchNormalization"}))
+    """The quantized weighted op producing ``tensor`` (directly or through BatchNormalization), each tensor on the
+    way read by one node (an op whose output other nodes read too cannot take the Add into its kernel), else None."""
+    node = None
+    while len(f.index.consumers.get(tensor, [])) == 1 and tensor not in f.index.outputs:
+        node = f.index.producer.get(tensor)
+        if node is None or node.op_type != "BatchNormalization":
+            break
+        tensor, node = node.input[0], None
     if node is None or node.op_type not in WEIGHTED or len(node.input) < 2:
         return None
     return node if all(f.quantized_source(node.input[i])[0] is not None for i in (0, 1)) else None
