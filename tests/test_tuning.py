@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 import qdq
+import qdq.tuning.evaluation
+import qdq.tuning.timing
 from onnx_models import export
 from qdq.runtime import Backend, OrtRuntime, register_runtime, unregister_runtime
 from qdq.targets import TENSORRT, RuntimeSupport
@@ -135,14 +137,14 @@ def test_the_search_leaves_exactly_the_sparse_tail_float_and_times_it_on_the_run
                                                                                      monkeypatch):  # fmt: skip
     path, tail = sparse_tail
     measured = []
-    original = qdq.tuning.compare_models
+    original = qdq.tuning.timing.compare_models
 
     def recording(*args, **kwargs):
         comparison = original(*args, **kwargs)
         measured.append(comparison)
         return comparison
 
-    monkeypatch.setattr(qdq.tuning, "compare_models", recording)
+    monkeypatch.setattr(qdq.tuning.timing, "compare_models", recording)
     result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(25.0),
                       method="max", progress=False, rounds=3, iters=3)  # fmt: skip
     assert not result.int8.meets(result.budget)  # plain INT8 misses the budget
@@ -181,13 +183,13 @@ def test_timing_loads_at_most_max_loaded_files_at_once(sparse_tail, tmp_path, mo
     FP32 and INT8, and every configuration still gets its latency."""
     path, _ = sparse_tail
     loaded = []
-    original = qdq.tuning.compare_models
+    original = qdq.tuning.timing.compare_models
 
     def recording(models, *args, **kwargs):
         loaded.append(len(models))
         return original(models, *args, **kwargs)
 
-    monkeypatch.setattr(qdq.tuning, "compare_models", recording)
+    monkeypatch.setattr(qdq.tuning.timing, "compare_models", recording)
     result = qdq.tune(path, _data(4, 1), _data(4, 2), tmp_path / "tuned.onnx", budget=Budget.sqnr(200.0),
                       method="max", progress=False, rounds=1, iters=2, max_loaded=3)  # fmt: skip
     assert len(result.trials) >= 3 and all(t.ms is not None for t in [result.fp32, *result.trials])
@@ -394,7 +396,7 @@ def test_the_float_matmul_of_the_met_configuration_is_tried_with_block_quantized
     calibration = [{"images": rng.normal(size=(8, 64, 16)).astype(np.float32)} for _ in range(4)]
     evaluation = [{"images": rng.normal(size=(8, 64, 16)).astype(np.float32)} for _ in range(4)]
     converted = {}  # trial id -> MatMulNBits in the file it was scored on
-    original = qdq.tuning._Search._add
+    original = qdq.tuning.evaluation.Evaluator.add
 
     def recording(self, name, floated, path=None):
         trial = original(self, name, floated, path)
@@ -402,7 +404,7 @@ def test_the_float_matmul_of_the_met_configuration_is_tried_with_block_quantized
         converted[id(trial)] = ops.count("MatMulNBits")
         return trial
 
-    monkeypatch.setattr(qdq.tuning._Search, "_add", recording)
+    monkeypatch.setattr(qdq.tuning.evaluation.Evaluator, "add", recording)
     result = qdq.tune(path, calibration, evaluation, tmp_path / "t.onnx", budget=Budget.sqnr(25.0), method="max",
                       progress=False, rounds=1, iters=2)  # fmt: skip
     assert not result.int8.meets(result.budget)
@@ -482,18 +484,18 @@ def test_the_choice_prefers_fewer_float_units_when_as_fast_within_the_spread():
     """Confirmed timings (median, 25th, 75th percentile): the fastest has three units float; a one-unit
     configuration whose 25th percentile is below the fastest's 75th is as fast within the spread and is chosen; a
     one-unit configuration clearly slower, and a faster one that misses the budget, are not."""
-    from qdq.tuning import Trial, _Search
+    from qdq.tuning.result import Trial
+    from qdq.tuning.timing import choose
 
     budget = Budget.sqnr(10.0)
     fastest = Trial("top 3", (("a",), ("b",), ("c",)), 20.0, 20.0, ms=9.0, confirmed=(10.0, 9.0, 11.0))
     level = Trial("prune 1", (("a",),), 20.0, 20.0, ms=10.0, confirmed=(10.5, 10.8, 12.0))
     slower = Trial("prune 2", (("b",),), 20.0, 20.0, ms=10.0, confirmed=(15.0, 14.0, 16.0))
     missing = Trial("greedy 1", (), 5.0, None, ms=5.0, confirmed=(5.0, 4.0, 6.0))
-    search = object.__new__(_Search)
-    search.budget, search.trials = budget, [missing, fastest, slower, level]
-    assert search.choose() is level
+    trials = [missing, fastest, slower, level]
+    assert choose(trials, budget) is level
     level.confirmed = (12.0, 11.5, 13.0)  # no longer level with the fastest
-    assert search.choose() is fastest
+    assert choose(trials, budget) is fastest
 
 
 class _SimulatedGpu(OrtRuntime):
@@ -556,3 +558,24 @@ def test_a_runtime_the_target_refuses_or_that_is_missing_is_one_clear_error(spar
             qdq.tune(path, _data(2, 1), _data(2, 2), tmp_path / "t.onnx", budget=Budget.sqnr(20.0), target=target)
     finally:
         unregister_runtime("absent_gpu")
+
+
+def test_the_runtimes_warnings_are_said_once_per_kind_without_the_files_name():
+    """A runtime's warning about a file carries its kind and the file's name as data: loading tens of the search's
+    files says each kind once, as the first file's message without that file's (temporary) name."""
+    import warnings
+
+    from qdq.errors import QdqRuntimeWarning
+    from qdq.runtime import get_backend
+    from qdq.targets import ONNXRUNTIME
+    from qdq.tuning.engine import Engine
+
+    engine = Engine(ONNXRUNTIME, get_backend("onnxruntime"), None, {})
+    with pytest.warns(UserWarning) as said:
+        for number, count in ((0, 3), (1, 4)):
+            with engine.once():
+                name = f"config_{number}.onnx"
+                message = QdqRuntimeWarning(f"{name}: {count} weight(s) run in float", file=name, kind="float")
+                warnings.warn(message, stacklevel=1)
+                warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in said] == ["tune: 3 weight(s) run in float", "tune: another warning"]

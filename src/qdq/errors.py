@@ -8,7 +8,9 @@ so ``except ValueError`` keeps working for code written against the seed toolkit
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "QdqBackendUnavailable",
@@ -18,6 +20,7 @@ __all__ = [
     "QdqDistributedError",
     "QdqError",
     "QdqExportError",
+    "QdqRuntimeWarning",
     "QdqTypeError",
     "did_you_mean",
 ]
@@ -44,6 +47,27 @@ class QdqCalibrationWarning(UserWarning):
 
     Silence it with ``warnings.filterwarnings("ignore", category=QdqCalibrationWarning)``.
     """
+
+
+class QdqRuntimeWarning(UserWarning):
+    """A runtime's warning about one file it loads, with what it is about as data: ``file`` (the file's name, which
+    the message starts with as ``"<file>: "``) and ``kind`` (the same for every file with that cause, whatever its
+    counts), so that a caller loading many files (:func:`qdq.tune`) says each kind once, without the file's name
+    (:attr:`text`).
+    """
+
+    def __init__(self, message: str, *, file: str = "", kind: str = "") -> None:
+        super().__init__(message)
+        self.file = file
+        self.kind = kind or message
+
+    @property
+    def text(self) -> str:
+        """The message without the leading ``"<file>: "``."""
+        return str(self).removeprefix(f"{self.file}: ") if self.file else str(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword-only fields survive pickling (multiprocessing)
+        return functools.partial(type(self), file=self.file, kind=self.kind), self.args
 
 
 class QdqExportError(QdqError, RuntimeError):

@@ -159,7 +159,7 @@ def run_keras_job(trained: tuple[Any, Arrays], cfg: PipelineConfig, progress: Pr
         return _accuracy(m.predict_on_batch, x_test, y_test, 2 * cfg.batch_size)
 
     summary: dict[str, Any] = {"config": cfg.to_dict(), "accuracy": {"FP32": evaluate(model)}}
-    qk.export_onnx(model, None, out / "model_fp32.onnx", target="tensorrt")  # no wrappers: the float graph
+    qk.export_float_onnx(model, out / "model_fp32.onnx", target=cfg.target)  # the INT8 file's FP32 twin
     qmodel = qk.quantize_model(model, num_bits=cfg.activation_bits, weight_bits=cfg.weight_bits, target=cfg.target)
     calib = [x_train[i : i + cfg.batch_size] for i in range(0, cfg.calib_batches * cfg.batch_size, cfg.batch_size)]
     methods = CALIBRATION_METHODS if cfg.calib == "all" else (cfg.calib,)

@@ -355,10 +355,10 @@ def export_notes(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 def _export_fp32(job: _Job, float_model: nn.Module) -> None:
-    from qdq.export import export_onnx
+    from qdq.export import export_float_onnx
 
-    # The float reference has no quantizers: the "tensorrt" target exports it as the plain graph.
-    export_onnx(float_model, job.example, job.out / "model_fp32.onnx", target="tensorrt")
+    # The FP32 reference of the INT8 file: the same target's export, so the two differ by the quantization alone.
+    export_float_onnx(float_model, job.example, job.out / "model_fp32.onnx", target=job.cfg.target)
 
 
 def _engines(job: _Job) -> None:

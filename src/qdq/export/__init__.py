@@ -3,6 +3,8 @@
 * :func:`export_onnx` writes a Q/DQ ONNX graph for TensorRT (``target="tensorrt"``) or ONNX Runtime
   (``target="onnxruntime"``; any target registered in :mod:`qdq.targets`), by default for the target the
   model was placed for, with torch's dynamo exporter or the TorchScript one.
+* :func:`export_float_onnx`: a float model as the FP32 file of the quantized files for a target (the one they
+  are compared with and timed against; the one :func:`qdq.tune` places).
 * :func:`rewrite_for_onnxruntime`: the ``"onnxruntime"`` target's rewrite of a Q/DQ graph
   (:mod:`qdq.targets.onnxruntime`).
 * :func:`annotate_quantizers` tags the Q/DQ nodes of a graph traced inside :func:`export_mode` with their
@@ -30,6 +32,7 @@ from qdq.lazy import lazy_names
 
 _LAZY = {
     "export_onnx": "qdq.export.onnx_export",
+    "export_float_onnx": "qdq.export.onnx_export",
     "onnx_opset": "qdq.export.onnx_export",
     "export_mode": "qdq.export.mode",
     "quantizer_specs": "qdq.export.mode",

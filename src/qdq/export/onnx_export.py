@@ -21,11 +21,12 @@ one requested; :func:`onnx_opset` reads it back.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import io
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_inp
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["export_onnx", "finish_onnx", "onnx_opset"]
+__all__ = ["export_float_onnx", "export_onnx", "finish_onnx", "float_graph_export", "onnx_opset"]
 
 _MIN_OPSET = 10  # QuantizeLinear / DequantizeLinear
 _MIN_OPSET_PER_CHANNEL = 13  # their ``axis`` attribute
@@ -126,6 +127,30 @@ def export_onnx(
     finally:
         model.train(was_training)
     return _finish(proto, specs, path, chosen, opset, target_options, names)
+
+
+def export_float_onnx(
+    model: nn.Module,
+    example_input: torch.Tensor | Sequence[Any] | Mapping[str, Any],
+    path: str | Path,
+    target: str | Target,
+) -> Path:
+    """The float ``model`` (no quantizer) as the FP32 ONNX file of the quantized files made for ``target``: the one
+    they are compared with and timed against (the application's ``model_fp32.onnx``), and the one :func:`qdq.tune`
+    places. It is :func:`export_onnx` for ``target`` (its rewrite on the float graph: what the target's runtimes run
+    in float, a file each of them loads), without the rewrite's warnings about Convs running in float.
+    """
+    with float_graph_export():
+        return export_onnx(model, example_input, path, target=target)
+
+
+@contextlib.contextmanager
+def float_graph_export() -> Iterator[None]:
+    """Around the export of a float graph (an FP32 reference, or a file that leaves Convs float on purpose): the
+    warning that its Convs will run in float on ONNX Runtime (the ``"onnxruntime"`` rewrite's) is not said."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*Conv\(s\) will run in float", category=UserWarning)
+        yield
 
 
 def _finish(

@@ -33,6 +33,7 @@ _LAZY = {
     "bypassed": "qdq.keras.post_training",
     "qat": "qdq.keras.fine_tuning",
     "export_onnx": "qdq.keras.export",
+    "export_float_onnx": "qdq.keras.export",
     "fold_batchnorms": "qdq.keras.fold",
     "split_activations": "qdq.keras.placement",
     "placed_target": "qdq.targets.marks",

@@ -34,7 +34,7 @@ from qdq.keras._backend import tf, tf2onnx
 from qdq.keras.graph import check_graph_model
 from qdq.targets import Target, export_target
 
-__all__ = ["export_onnx"]
+__all__ = ["export_float_onnx", "export_onnx"]
 
 _DROPPED_OPTIMIZERS = ("q_dq_optimizer", "const_dequantize_optimizer")
 _DEFAULT_OPSET = 13  # tf2onnx's opset when the target names none
@@ -90,6 +90,16 @@ def export_onnx(
     _drop_identity_reshapes(proto)
     _layout_before_q(proto)
     return finish_onnx(proto, path, chosen, opset=opset, target_options=target_options)
+
+
+def export_float_onnx(model: Any, path: str | Path, target: str | Target) -> Path:
+    """The float Keras ``model`` (no quantize wrapper) as the FP32 ONNX file of the quantized files made for
+    ``target``: the PyTorch path's :func:`qdq.export.export_float_onnx` (the same target, the same silence about
+    Convs running in float)."""
+    from qdq.export.onnx_export import float_graph_export
+
+    with float_graph_export():
+        return export_onnx(model, None, path, target=target)
 
 
 def _legacy_order(example_input: Any, path: Any) -> tuple[Any, Path]:

@@ -4,7 +4,8 @@ The third front end, next to PyTorch (:func:`qdq.quantize_model`) and Keras (:fu
 on the same placement language (:mod:`qdq.graphs.view`):
 
 1. load and prepare the file (:mod:`qdq.onnx_in.load`: ``Constant`` weights as initializers, BatchNorm folded,
-   opset >= 13; an already quantized file is refused);
+   opset >= 13; an already quantized file is refused), once: a :class:`~qdq.onnx_in.prepared.PreparedModel` (passed
+   instead of a file, it is placed again without loading: what :func:`qdq.tune` does for every file it writes);
 2. build its view (:mod:`qdq.onnx_in.view`), quantize what module replacement quantizes on the PyTorch path (the
    inputs and per-channel weights of Conv, ConvTranspose, Gemm, MatMul, average pools), run the target's rules,
    then keep float what the user asked to;
@@ -34,16 +35,13 @@ import torch
 
 from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationWarning, QdqConfigError
-from qdq.export.onnx_export import finish_onnx
 from qdq.graphs import ops as vocab
-from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.onnx_in import auto as auto_ranges
 from qdq.onnx_in.bias_correction import BiasShift, correct_biases
 from qdq.onnx_in.calibrate import Statistics, collect, weight_ranges
-from qdq.onnx_in.load import load_float_model, prepare
-from qdq.onnx_in.materialize import quantizer_names, write_qdq
-from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_weighted
+from qdq.onnx_in.materialize import quantizer_names
+from qdq.onnx_in.prepared import PreparedModel
 from qdq.quantizer import STEP_TYPES
 from qdq.targets import DEFAULT_TARGET, Target, resolve_target
 from qdq.targets.onnxruntime.passes.biases import WIDENED_METADATA_KEY
@@ -51,7 +49,7 @@ from qdq.tensor_quant import low_precision_amax
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.progress import Progress
 
-__all__ = ["OnnxQuantizeResult", "activation_groups", "place", "quantize_onnx"]
+__all__ = ["OnnxQuantizeResult", "quantize_onnx"]
 
 _TRT_FLOAT_BATCHES = 4  # calibration batches kept for the TensorRT 11 float16 conversion's value ranges
 _BIAS_BATCHES = 8  # calibration batches kept for bias correction (the first ones)
@@ -128,7 +126,7 @@ class OnnxQuantizeResult:
 
 
 def quantize_onnx(
-    model: str | Path | onnx.ModelProto,
+    model: str | Path | onnx.ModelProto | PreparedModel,
     calibration_data: Iterable[Mapping[str, np.ndarray]],
     path: str | Path,
     *,
@@ -149,7 +147,8 @@ def quantize_onnx(
     """Quantize the FP32 ONNX ``model`` for ``target`` and write the Q/DQ file at ``path``.
 
     Args:
-        model: a path to an ONNX file (external data next to it is read) or an ``onnx.ModelProto``.
+        model: a path to an ONNX file (external data next to it is read), an ``onnx.ModelProto``, or a
+            :class:`~qdq.onnx_in.prepared.PreparedModel` (loaded and prepared once, placed again by each call).
         calibration_data: batches, each a dict of graph input name -> array (any batch size; dynamic axes free);
             a one-input model also takes plain arrays. Needed: qdq never calibrates on random data.
         path: the file to write (replaced atomically).
@@ -190,11 +189,12 @@ def quantize_onnx(
     started = time.perf_counter()
     chosen = resolve_target(target)
     calibration_method = get_method(method)
-    proto = load_float_model(model)
-    prepared = prepare(proto)
+    source = PreparedModel.load(model)
     data, kept = _keep_first(calibration_data, max(_TRT_FLOAT_BATCHES, _BIAS_BATCHES))
-    minima = _minima(kept, [i.name for i in proto.graph.input])
-    view = place(proto, chosen, keep_float, float_values, [name for name, low in minima.items() if low >= 0])
+    minima = _minima(kept, [i.name for i in source.model.graph.input])
+    placement = source.place(chosen, keep_float, float_values, [name for name, low in minima.items() if low >= 0],
+                             copy=source is model)  # a model loaded here is written itself, not a copy of it
+    proto, view = placement.model, placement.view
     calibrating = time.perf_counter()
     ranges = _reused(view, value_ranges)
     batches, calibration = 0, CalibrationReport()
@@ -217,17 +217,15 @@ def quantize_onnx(
     if bias_correction:
         shifts = correct_biases(proto, view, ranges, kept[:min(_BIAS_BATCHES, num_batches or _BIAS_BATCHES)],
                                 threads=threads, progress=progress, known=bias_shifts)  # fmt: skip
-    write_qdq(proto, view, ranges)
     options = dict(target_options or {})
     if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
         options["calibration_data"] = list(kept[:_TRT_FLOAT_BATCHES])
-    inputs, outputs = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
-    written = finish_onnx(proto, path, chosen, target_options=options, io_names=(inputs, outputs))
+    written = placement.write(ranges, path, target_options=options)
     seconds["total"] = time.perf_counter() - started
     return OnnxQuantizeResult(
         path=written, target=chosen.name, method=calibration_method.label(method_options), quantizers=len(ranges),
         int8_ops=_int8_ops(view), float_ops=_float_ops(view), float_op_types=_float_types(view),
-        prepared=prepared, batches=batches, seconds=seconds, calibration=calibration,
+        prepared=dict(source.changes), batches=batches, seconds=seconds, calibration=calibration,
         changes=list(view.changes),
         ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value, bias_shifts=shifts,
         widened_weights=_widened_weights(proto),
@@ -238,31 +236,6 @@ def _widened_weights(model: onnx.ModelProto) -> dict[str, float]:
     """The weight steps the target's rewrite widened for their int32 biases, as the written file records them."""
     recorded = {p.key: p.value for p in model.metadata_props}.get(WIDENED_METADATA_KEY)
     return {str(k): float(v) for k, v in json.loads(recorded).items()} if recorded else {}
-
-
-def place(model: onnx.ModelProto, target: Target, keep_float: Sequence[str] = (), float_values: Sequence[str] = (),
-          non_negative_inputs: Sequence[str] = ()) -> GraphView:  # fmt: skip
-    """The view of the prepared ``model`` with ``target``'s decisions, then the user's: ``keep_float`` ops and
-    ``float_values`` tensors left float. ``non_negative_inputs``: graph inputs the data shows are >= 0 (images in
-    [0, 1]); a target with unsigned activations gives them the uint8 grid ``[0, amax]``."""
-    keep = KeepFloat.of(keep_float)
-    view = build_view(model, target)
-    view.non_negative_data.update(non_negative_inputs)
-    select_weighted(view, keep)
-    for rule in target.placement_rules:
-        rule.decide(view)
-    keep_user_float(view, keep)
-    unknown = [name for name in float_values if name not in view.values]
-    if unknown:
-        raise QdqConfigError(f"float_values names tensors the graph does not have: {unknown[:5]}")
-    for name in float_values:
-        view.keep_value_float(view.values[name], "its input tensor is kept float")
-    return view
-
-
-def activation_groups(view: GraphView) -> list[tuple[str, ...]]:
-    """The tensors of each activation quantizer of ``view`` (one range each), in placement order."""
-    return [tuple(_activation_values(q)) for q in view.quantizers() if not q.per_channel and q.sites]
 
 
 def _minima(batches: Sequence[Any], inputs: Sequence[str]) -> dict[str, float]:

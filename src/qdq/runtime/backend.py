@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from qdq.runtime_registry import (
     unregister_runtime_entry,
 )
 from qdq.targets import Target, native_fact
+from qdq.targets.target import BlockWeights
 
 __all__ = [
     "Backend",
@@ -69,7 +70,8 @@ class Backend:
         divergence_causes: op type feeding the first quantizer where the runtime departs from PyTorch ->
             the known cause, established by measurement (:meth:`divergence_cause`).
         block_weight_bits: the weight widths of ONNX Runtime's ``com.microsoft`` ``MatMulNBits`` the runtime has
-            kernels for (empty: none), which :func:`qdq.tune` tries for the MatMuls a configuration leaves float.
+            kernels for (empty: none), which :func:`qdq.tune` tries for the MatMuls a configuration leaves float
+            (:meth:`block_weight_matmuls`, :meth:`with_block_weights`).
     """
 
     def __init__(
@@ -168,6 +170,31 @@ class Backend:
     def divergence_cause(self, op_type: str) -> str | None:
         """The known cause when this runtime departs from PyTorch first at a quantizer fed by ``op_type``."""
         return self.divergence_causes.get(op_type)
+
+    # -- block-quantized weights -------------------------------------------------------------------------
+
+    def block_weight_matmuls(self, model: Any) -> list[str]:
+        """The MatMuls of ``model`` (an ``onnx.ModelProto``) that run in float on a constant weight, which this runtime
+        can run with block-quantized weights; none where it declares no width (:attr:`block_weight_bits`) or no target
+        made for it records the rewrite (:attr:`qdq.targets.Target.block_weights`)."""
+        rewrite = self._block_weights()
+        return [] if rewrite is None else list(rewrite.matmuls(model))
+
+    def with_block_weights(self, model: Any, nodes: Sequence[str], bits: int) -> Any:
+        """A copy of ``model`` with the MatMuls ``nodes`` on ``bits``-bit block weights, as this runtime runs them.
+
+        Raises:
+            QdqConfigError: a width this runtime has no kernels for, or no rewrite recorded for it.
+        """
+        rewrite = self._block_weights()
+        if rewrite is None or bits not in self.block_weight_bits:
+            widths = list(self.block_weight_bits)
+            raise QdqConfigError(f"runtime {self.name!r} runs block-quantized weights of {widths} bits (by a rewrite "
+                                 f"a target made for it records), not {bits}.")  # fmt: skip
+        return rewrite.convert(model, nodes, bits)
+
+    def _block_weights(self) -> BlockWeights | None:
+        return self.native_fact(lambda target: target.block_weights) if self.block_weight_bits else None
 
     # -- load options --------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdq import cpu
+from qdq.errors import QdqRuntimeWarning
 from qdq.runtime.model_info import load_onnx
 from qdq.runtime_registry import RuntimeEntry
 from qdq.targets import WeightEncoding, native_fact
@@ -68,9 +69,13 @@ def saturation_safe_model(
         return None, 0
     if model.ByteSize() >= _PROTOBUF_LIMIT:  # cannot be serialized in one piece
         warnings.warn(
-            f"{Path(path).name} is over 2 GB, so its {count} saturating int8 weights are not re-encoded as uint8 "
-            "in memory, and this CPU's int8 kernels may saturate on them. Export it re-encoded instead: "
-            "export_onnx(..., target_options={'weights': 'uint8'}).",
+            QdqRuntimeWarning(
+                f"{Path(path).name} is over 2 GB, so its {count} saturating int8 weights are not re-encoded as "
+                "uint8 in memory, and this CPU's int8 kernels may saturate on them. Export it re-encoded instead: "
+                "export_onnx(..., target_options={'weights': 'uint8'}).",
+                file=Path(path).name,
+                kind="int8 weights not re-encoded: over 2 GB",
+            ),
             stacklevel=3,
         )
         return None, 0

@@ -12,7 +12,7 @@ This module imports neither torch nor onnx.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -21,8 +21,8 @@ from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.runtime_registry import RUNTIME_REGISTRY, RuntimeEntry, find_runtime_entry
 from qdq.targets.rules import PLACEMENT_RULES, PlacementRule
 
-__all__ = ["ATTENTION_QUANTIZER_NAMES", "VERDICTS", "AttentionFacts", "ExportDefaults", "FusionFacts", "RuntimeSupport",
-           "Target", "WeightEncoding"]  # fmt: skip
+__all__ = ["ATTENTION_QUANTIZER_NAMES", "VERDICTS", "AttentionFacts", "BlockWeights", "ExportDefaults", "FusionFacts",
+           "RuntimeSupport", "Target", "WeightEncoding"]  # fmt: skip
 
 _RESIDUAL_MODES = ("skip", "both")
 #: How a runtime runs a target's graphs (:class:`RuntimeSupport`): what the target is made for, runs it with a
@@ -197,6 +197,28 @@ class WeightEncoding:
 
 
 @dataclass(frozen=True)
+class BlockWeights:
+    """How the target's runtime runs a float MatMul on a constant weight with block-quantized weights
+    (``"onnxruntime"``: ``com.microsoft.MatMulNBits``), a precision between the file's int8 and float. A runtime with
+    kernels for it declares their widths (:attr:`qdq.runtime.Backend.block_weight_bits`) and reads the rewrite from
+    the targets made for it; :func:`qdq.tune` tries it on the MatMuls a configuration leaves float.
+
+    Attributes:
+        matmuls: ``matmuls(model) -> [node name]``: the MatMuls of an ``onnx.ModelProto`` that run in float on a
+            constant 2-D float weight.
+        convert: ``convert(model, nodes, bits) -> model``: a copy with the MatMuls ``nodes`` on ``bits``-bit block
+            weights (``model`` unchanged).
+    """
+
+    matmuls: Callable[[Any], list[str]]
+    convert: Callable[[Any, Sequence[str], int], Any]
+
+    def __post_init__(self) -> None:
+        if not (callable(self.matmuls) and callable(self.convert)):
+            raise QdqTypeError("BlockWeights takes two callables: matmuls(model) and convert(model, nodes, bits).")
+
+
+@dataclass(frozen=True)
 class ExportDefaults:
     """What :func:`qdq.export.export_onnx` uses for a target when the call does not say.
 
@@ -248,6 +270,8 @@ class Target:
             (:mod:`qdq.runtime.tensorrt`), ``qdq check`` prints it.
         weight_encoding: how the target's runtime stores int8 weights as uint8 where the CPU saturates
             (:class:`WeightEncoding`), or None.
+        block_weights: how the target's runtime runs a float MatMul with block-quantized weights
+            (:class:`BlockWeights`), or None.
     """
 
     name: str
@@ -262,6 +286,7 @@ class Target:
     attention: AttentionFacts = field(default_factory=AttentionFacts, repr=False)
     rule_check: Callable[[Any], Any] | None = field(default=None, repr=False)
     weight_encoding: WeightEncoding | None = field(default=None, repr=False)
+    block_weights: BlockWeights | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -295,6 +320,8 @@ class Target:
             raise QdqTypeError(f"target {self.name!r}: rule_check must be a callable rule_check(model) or None.")
         if self.weight_encoding is not None and not isinstance(self.weight_encoding, WeightEncoding):
             raise QdqTypeError(f"target {self.name!r}: weight_encoding must be a WeightEncoding or None.")
+        if self.block_weights is not None and not isinstance(self.block_weights, BlockWeights):
+            raise QdqTypeError(f"target {self.name!r}: block_weights must be a BlockWeights or None.")
 
     @property
     def rule_names(self) -> tuple[str, ...]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.errors import QdqConfigError, did_you_mean
+from qdq.errors import QdqConfigError, QdqRuntimeWarning, did_you_mean
 from qdq.runtime._text import first_line
 from qdq.runtime.base import Runtime, check_common_options, import_backend
 from qdq.runtime.model_info import ModelInfo, read_model_info
@@ -233,10 +233,14 @@ def _read_model(core: openvino.Core, path: Path, uint8_weights: bool | None) -> 
         return core.read_model(str(path)), 0
     if uint8_weights is None:
         warnings.warn(
-            f"{path.name}: {count} int8 weight(s) have more than 64 levels, which this CPU's int8 kernels (x86 "
-            "without VNNI) saturate on; OpenVINO runs those layers in float to stay exact. Quantize weights to 7 "
-            "bits (weight_bits=7) to keep them in int8 on this CPU, or pass uint8_weights=False to run them as "
-            "they are.",
+            QdqRuntimeWarning(
+                f"{path.name}: {count} int8 weight(s) have more than 64 levels, which this CPU's int8 kernels (x86 "
+                "without VNNI) saturate on; OpenVINO runs those layers in float to stay exact. Quantize weights to "
+                "7 bits (weight_bits=7) to keep them in int8 on this CPU, or pass uint8_weights=False to run them "
+                "as they are.",
+                file=path.name,
+                kind="int8 weights run in float: saturating kernels",
+            ),
             stacklevel=3,
         )
     with tempfile.TemporaryDirectory(prefix="qdq-ov-") as tmp:

@@ -28,7 +28,8 @@ is calibrated and trained is what ONNX Runtime computes. Its rules (each written
 The exported graph is rewritten by :func:`~qdq.targets.onnxruntime.rewrite.rewrite_for_onnxruntime` (one
 pass per module, :mod:`.passes`); its one option, ``weights`` (the weight encoding), defaults to ``"auto"``. The
 same encoding is the target's ``weight_encoding``: the CPU runtimes re-encode a file with it where the CPU's int8
-dot products saturate (:mod:`qdq.runtime.saturation`).
+dot products saturate (:mod:`qdq.runtime.saturation`). Its ``block_weights`` (:mod:`.passes.matmul_nbits`, not part of
+the rewrite) write a float MatMul on a constant weight as ``MatMulNBits``, for the runtimes with those kernels.
 
 Adding a rule: a module in ``rules/`` defining a :class:`~qdq.targets.rules.PlacementRule` (a function of the
 graph view), listed in ``RULES`` below at its place. Adding a pass: see :mod:`qdq.targets.onnxruntime.rewrite`.
@@ -41,6 +42,7 @@ from qdq.targets.common.attention import ATTENTION
 from qdq.targets.common.residual import RESIDUAL_ADD
 from qdq.targets.onnxruntime.attention import ONNXRUNTIME_ATTENTION
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+from qdq.targets.onnxruntime.passes.matmul_nbits import float_weight_matmuls, matmul_nbits
 from qdq.targets.onnxruntime.passes.weight_encoding import encode_weights_uint8, recorded_weights
 from qdq.targets.onnxruntime.rewrite import DEFAULT_WEIGHTS, rewrite_for_onnxruntime
 from qdq.targets.onnxruntime.rules.conv_output import CONV_OUTPUT
@@ -52,7 +54,7 @@ from qdq.targets.onnxruntime.rules.recurrent import FLOAT_RECURRENT
 from qdq.targets.onnxruntime.rules.sigmoid import SIGMOID_OUTPUT, SILU_GATE
 from qdq.targets.onnxruntime.rules.tensor_range import ONE_RANGE_PER_TENSOR
 from qdq.targets.onnxruntime.rules.unsigned import UNSIGNED_ACTIVATIONS
-from qdq.targets.target import ExportDefaults, RuntimeSupport, Target, WeightEncoding
+from qdq.targets.target import BlockWeights, ExportDefaults, RuntimeSupport, Target, WeightEncoding
 
 __all__ = ["ONNXRUNTIME", "ONNXRUNTIME_FUSION", "RULES", "RUNTIMES"]
 
@@ -93,4 +95,5 @@ ONNXRUNTIME = Target(
     runtimes=RUNTIMES,
     attention=ONNXRUNTIME_ATTENTION,
     weight_encoding=WeightEncoding(recorded=recorded_weights, to_uint8=encode_weights_uint8),
+    block_weights=BlockWeights(matmuls=float_weight_matmuls, convert=matmul_nbits),
 )

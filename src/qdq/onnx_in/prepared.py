@@ -1,0 +1,155 @@
+"""``PreparedModel``: an FP32 ONNX model loaded and prepared once, then placed as many times as asked.
+
+:func:`qdq.quantize_onnx` loads and prepares its file (:mod:`qdq.onnx_in.load`), places it for a target,
+calibrates and writes it; :func:`qdq.tune` writes tens of files from one FP32 model that differ only in the tensors
+left float. Both go through this object:
+
+* :meth:`PreparedModel.load`: load and prepare, once;
+* :meth:`PreparedModel.place`: the view of the prepared graph (:mod:`qdq.onnx_in.view`) with the target's rules
+  and the user's float ops and tensors, and the copy of the graph it is written into (:class:`Placement`; the
+  view's ops refer to nodes by position, so any copy takes its decisions);
+* :meth:`PreparedModel.units`: the tensors of each activation quantizer of the target's placement, the units
+  :func:`qdq.tune` leaves float;
+* :meth:`PreparedModel.values`: float tensors of the model on one batch (ONNX Runtime);
+* :meth:`Placement.write`: the Q/DQ nodes at the placement's quantizers with the ranges given, then the end of every
+  qdq export (:func:`qdq.export.onnx_export.finish_onnx`: the target's rewrite, ``onnx.checker``, an atomic write).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from qdq.errors import QdqConfigError
+from qdq.export.onnx_export import finish_onnx
+from qdq.graphs.onnx_session import ort_session
+from qdq.graphs.view import GraphView, Quantizer
+from qdq.onnx_in.calibrate import probe_model
+from qdq.onnx_in.load import load_float_model, prepare
+from qdq.onnx_in.materialize import write_qdq
+from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_weighted
+from qdq.targets import Target
+
+__all__ = ["Placement", "PreparedModel", "activation_groups", "activation_values"]
+
+
+class PreparedModel:
+    """An FP32 ONNX model, loaded and prepared for placement once (:meth:`load`).
+
+    Attributes:
+        model: the prepared graph (``Constant`` weights as initializers, BatchNorm folded, opset >= 13...); every
+            placement writes a copy of it, so it stays as prepared.
+        changes: what preparing changed (``constant_weights``, ``batchnorms_folded``, ``opset``...).
+    """
+
+    def __init__(self, model: onnx.ModelProto, changes: Mapping[str, int]) -> None:
+        self.model = model
+        self.changes = dict(changes)
+        self._taken = False
+
+    @classmethod
+    def load(cls, model: str | Path | onnx.ModelProto | PreparedModel) -> PreparedModel:
+        """The model at a path (its external data read) or a ``ModelProto`` (copied), checked to be float and
+        prepared; a :class:`PreparedModel` as it is.
+
+        Raises:
+            QdqConfigError: no such file, not an ONNX file, or a graph quantized already.
+        """
+        if isinstance(model, PreparedModel):
+            return model
+        proto = load_float_model(model)
+        return cls(proto, prepare(proto))
+
+    @property
+    def inputs(self) -> list[str]:
+        """The graph's inputs (initializers excepted), in order: the names a batch feeds."""
+        constants = {t.name for t in self.model.graph.initializer}
+        return [i.name for i in self.model.graph.input if i.name not in constants]
+
+    def place(self, target: Target, keep_float: Sequence[str] = (), float_values: Sequence[str] = (),
+              non_negative_inputs: Sequence[str] = (), *, copy: bool = True) -> Placement:  # fmt: skip
+        """``target``'s decisions on the prepared graph, then the user's: ``keep_float`` ops (names, ``"op:Type"``,
+        patterns) and ``float_values`` tensors left float. ``non_negative_inputs``: graph inputs the data shows are
+        >= 0 (images in [0, 1]); a target with unsigned activations gives them the uint8 grid ``[0, amax]``.
+        ``copy=False``: the placement writes the prepared graph itself (one placement of a large model, no copy
+        in memory); the model cannot be placed again after that.
+
+        Raises:
+            QdqConfigError: ``float_values`` names a tensor the graph does not have; a model placed without a copy.
+        """
+        if self._taken:
+            raise QdqConfigError("this prepared model was placed with copy=False and written: load it again.")
+        view = self._view(target, keep_float, non_negative_inputs)
+        unknown = [name for name in float_values if name not in view.values]
+        if unknown:
+            raise QdqConfigError(f"float_values names tensors the graph does not have: {unknown[:5]}")
+        for name in float_values:
+            view.keep_value_float(view.values[name], "its input tensor is kept float")
+        if copy:
+            written = onnx.ModelProto()
+            written.CopyFrom(self.model)
+        else:
+            written, self._taken = self.model, True
+        return Placement(written, view, target)
+
+    def units(self, target: Target, keep_float: Sequence[str] = ()) -> list[tuple[str, ...]]:
+        """The tensors of each activation quantizer of ``target``'s placement (one range each), in placement order:
+        what leaving one unit float switches (:meth:`qdq.graphs.view.GraphView.keep_value_float`)."""
+        return activation_groups(self._view(target, keep_float, ()))
+
+    def values(self, names: Sequence[str], feed: Mapping[str, np.ndarray], *,
+               threads: int | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+        """The float tensors ``names`` of the prepared model on one batch (``feed``: graph input name -> array),
+        computed by ONNX Runtime (one session of the model with those tensors as outputs)."""
+        listed = list(names)
+        with tempfile.TemporaryDirectory(prefix="qdq-values-") as folder:
+            session = ort_session(probe_model(self.model, listed), threads=threads, folder=Path(folder))
+            return dict(zip(listed, session.run(listed, dict(feed))))
+
+    def _view(self, target: Target, keep_float: Sequence[str], non_negative_inputs: Sequence[str]) -> GraphView:
+        keep = KeepFloat.of(keep_float)
+        view = build_view(self.model, target)
+        view.non_negative_data.update(non_negative_inputs)
+        select_weighted(view, keep)
+        for rule in target.placement_rules:
+            rule.decide(view)
+        keep_user_float(view, keep)
+        return view
+
+
+@dataclass
+class Placement:
+    """One placement of a :class:`PreparedModel`: its view (the quantizers, what stays float and why) and the graph
+    it is written into (a copy of the prepared graph, or the graph itself; bias correction edits it in place)."""
+
+    model: onnx.ModelProto
+    view: GraphView
+    target: Target
+
+    def units(self) -> list[tuple[str, ...]]:
+        """The tensors of each activation quantizer of this placement, in placement order."""
+        return activation_groups(self.view)
+
+    def write(self, ranges: Mapping[int, np.ndarray], path: str | Path, *,
+              target_options: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+        """Write the Q/DQ nodes of every quantizer with its float32 amax (``ranges``: ``id(quantizer)`` -> amax, 0-d
+        for an activation, per channel for a weight) and finish the file for the target at ``path``."""
+        write_qdq(self.model, self.view, ranges)
+        inputs, outputs = [i.name for i in self.model.graph.input], [o.name for o in self.model.graph.output]
+        return finish_onnx(self.model, path, self.target, target_options=target_options, io_names=(inputs, outputs))
+
+
+def activation_groups(view: GraphView) -> list[tuple[str, ...]]:
+    """The tensors of each activation quantizer of ``view`` (one range each), in placement order."""
+    return [tuple(activation_values(q)) for q in view.quantizers() if not q.per_channel and q.sites]
+
+
+def activation_values(quantizer: Quantizer) -> list[str]:
+    """The tensors ``quantizer`` reads, sorted."""
+    return sorted({site.value.name for site in quantizer.sites})
