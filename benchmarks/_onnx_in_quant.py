@@ -2,14 +2,16 @@
 
 One process per quantization, so that nothing leaks from one quantizer into the next: NVIDIA ModelOpt patches
 ``onnxruntime.quantization`` for the whole process, ORT's histogram calibrators keep every activation until the
-process ends, and the peak resident memory measured (``getrusage(RUSAGE_SELF).ru_maxrss``) is this quantizer's.
+process ends, and the peak resident memory measured (``VmHWM`` of ``/proc/self/status``) is this quantizer's.
 
-The job file (written by ``onnx_in.py``) names the variant, the model file, the calibration data (an ``.npz`` of
-batches: key ``"{batch:04d}/{input name}"``) and where to write the int8 file and the result. The result is a
+The job file (written by ``onnx_in.py`` or ``zoo.py``) names the variant (one of :data:`VARIANTS` by name, or any
+variant given as ``quantizer`` and ``options`` beside its name), the model file, the calibration data (an ``.npz``
+of batches: key ``"{batch:04d}/{input name}"``) and where to write the int8 file and the result. The result is a
 JSON object: ``ok``, ``seconds`` (wall time of the quantizer call, loading and saving included), ``rss_start_mib``
-(resident memory after imports and data, before the call), ``rss_peak_mib`` (the process's peak), ``error``
-(the first line of what it raised) and ``notes``. After quantizing, the worker loads the file in an ONNX Runtime
-session, so that a file ORT cannot load (or crashes on) fails here and not in the parent.
+(resident memory after imports and data, before the call), ``rss_peak_mib`` (the process's peak), ``error`` (the
+first line of what it raised), ``warnings`` (the distinct warnings the call gave, first lines) and ``notes``.
+After quantizing, the worker loads the file in an ONNX Runtime session, so that a file ORT cannot load (or crashes
+on) fails here and not in the parent.
 
 This module imports only the standard library and numpy at the top: it also runs under ModelOpt's interpreter
 (``--modelopt-python``), which may be another virtual environment.
@@ -23,6 +25,7 @@ import resource
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +82,25 @@ def quantize_qdq(model: Path, batches: list[Batch], out: Path, options: Mapping[
     qdq.quantize_onnx(str(model), batches, str(out), target_options=target_options, progress=False, **chosen)
 
 
+def quantize_qdq_torch(model: Path, batches: list[Batch], out: Path, options: Mapping[str, Any]) -> None:
+    """qdq's PyTorch door: ``options["builder"]`` (``"module:function"``, imported from the benchmarks folder) builds
+    the float model, then ``qdq.quantize_model`` for ``options["target"]``, ``qdq.calibrate`` on the batches (their
+    one input as a tensor) with ``options["method"]`` where given, else qdq's default, and ``qdq.export_onnx``
+    (int8 weights for ``onnxruntime``, as :func:`quantize_qdq`). ``model`` (the FP32 ONNX file) is not read."""
+    import torch
+
+    import qdq
+
+    module, _, name = options["builder"].partition(":")
+    float_model = getattr(importlib.import_module(module), name)()
+    quantized = qdq.quantize_model(float_model, qdq.QuantConfig(target=options["target"]))
+    data = [torch.from_numpy(np.ascontiguousarray(next(iter(batch.values())))) for batch in batches]
+    calibrate_options = {"method": options["method"]} if "method" in options else {}
+    qdq.calibrate(quantized, data, progress=False, **calibrate_options)
+    target_options = {"weights": "int8"} if options["target"] == "onnxruntime" else {}
+    qdq.export_onnx(quantized, data[0], str(out), target_options=target_options)
+
+
 def quantize_ort(model: Path, batches: list[Batch], out: Path, options: Mapping[str, Any]) -> None:
     """ONNX Runtime's ``quantize_static``: QDQ format, per-channel int8 weights, ``options["activations"]``
     "u8s8" (uint8 activations, what its docstring advises on x86) or "s8s8" (int8, its advice for ARM and
@@ -115,12 +137,21 @@ def quantize_modelopt(model: Path, batches: list[Batch], out: Path, options: Map
     """NVIDIA ModelOpt's ``modelopt.onnx.quantization.quantize``: int8, max calibration on the CPU, the batches
     concatenated (``calibration_shapes`` = the first batch's shapes, so it calibrates batch by batch as the
     others do); ``options`` are passed on (``high_precision_dtype``: what the float remainder is cast to,
-    ModelOpt's default "fp16"; ``simplify``: run onnxslim first)."""
+    ModelOpt's default "fp16"; ``simplify``: run onnxslim first).
+
+    Each input is concatenated along its batch axis: the first axis as long as the first input's batch (a
+    recurrent state ``[layers, N, hidden]`` has it second); scalars are passed once, without a shape. ModelOpt
+    splits every input along its first axis, so where an input's batch axis is another, the whole set is one
+    calibration batch."""
     from modelopt.onnx.quantization import quantize
 
     names = list(batches[0])
-    data = {n: np.concatenate([b[n] for b in batches]) for n in names}
-    shapes = ",".join(f"{n}:{'x'.join(str(d) for d in batches[0][n].shape)}" for n in names)
+    rows = batches[0][names[0]].shape[0]
+    axes = {n: next((i for i, d in enumerate(batches[0][n].shape) if d == rows), 0) for n in names}
+    data = {n: np.concatenate([b[n] for b in batches], axis=axes[n]) if batches[0][n].ndim else batches[0][n]
+            for n in names}  # fmt: skip
+    shaped = data if any(axes[n] and batches[0][n].ndim for n in names) else batches[0]
+    shapes = ",".join(f"{n}:{'x'.join(str(d) for d in shaped[n].shape)}" for n in names if shaped[n].ndim)
     quantize(str(model), quantize_mode="int8", calibration_method="max", calibration_data=data,
              calibration_shapes=shapes, calibration_eps=["cpu"], output_path=str(out), log_level="WARNING",
              **dict(options))  # fmt: skip
@@ -150,8 +181,10 @@ QUANTIZERS: dict[str, Callable[[Path, list[Batch], Path, Mapping[str, Any]], Non
     "ort": quantize_ort,
     "modelopt": quantize_modelopt,
     "qdq": quantize_qdq,
+    "qdq-torch": quantize_qdq_torch,
 }
-IMPORTS = {"ort": "onnxruntime.quantization", "modelopt": "modelopt.onnx.quantization", "qdq": "qdq"}
+IMPORTS = {"ort": "onnxruntime.quantization", "modelopt": "modelopt.onnx.quantization", "qdq": "qdq",
+           "qdq-torch": "qdq"}  # fmt: skip
 """What each quantizer imports: imported before ``rss_start_mib`` is read, so the growth is the call's."""
 
 
@@ -173,16 +206,31 @@ def load_batches(path: Path) -> list[Batch]:
     return [batches[i] for i in sorted(batches)]
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory: ``VmHWM``, the high-water mark of its own address space. Not
+    ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries the parent's peak across fork and exec into it, so a worker
+    started by a 2 GB parent reported at least 2 GB whatever it used."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def _rss_mib() -> float:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def _check_loads(path: Path) -> None:
+def _check_loads(path: Path, notes: list[str]) -> None:
     """The file loads in ONNX Runtime as the benchmark loads it (qdq.runtime's session, as written; a plain
-    session where this interpreter has no qdq)."""
+    session where this interpreter has no qdq). A file computing in float16 that ORT's optimizer refuses is
+    loaded again unoptimized, as ``zoo.py`` runs such files (``_zoo_models.open_runtime``), with a note."""
     try:
-        from qdq.runtime.ort import inference_session
+        from qdq.runtime.ort import inference_session, session_options
     except ImportError:
         import onnxruntime as ort
 
@@ -190,12 +238,35 @@ def _check_loads(path: Path) -> None:
         options.log_severity_level = 3
         ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         return
-    inference_session(path, uint8_weights=False)
+    try:
+        inference_session(path, uint8_weights=False)
+    except Exception as err:
+        from _zoo_models import computes_float16
+
+        if not computes_float16(path):
+            raise
+        inference_session(path, session_options(optimization_level="disable"), uint8_weights=False)
+        lines = str(err).strip().splitlines()
+        notes.append(f"loads only unoptimized (float16; optimized: {lines[0] if lines else type(err).__name__})")
+
+
+def _first_lines(caught: list[warnings.WarningMessage], most: int = 8) -> list[str]:
+    """The distinct warnings of a quantizer call: category and first line, at most ``most``."""
+    lines: list[str] = []
+    for warning in caught:
+        text = str(warning.message).strip().splitlines()
+        line = f"{warning.category.__name__}: {text[0] if text else ''}"[:300]
+        if line not in lines:
+            lines.append(line)
+    return lines[:most]
 
 
 def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     """Quantize as ``job`` says; the result object of the module doc."""
-    variant = next(v for v in VARIANTS if v.name == job["variant"])
+    if "quantizer" in job:
+        variant = Variant(job["variant"], job["quantizer"], job.get("options", {}))
+    else:
+        variant = next(v for v in VARIANTS if v.name == job["variant"])
     result: dict[str, Any] = {"ok": False, "seconds": None, "rss_start_mib": None, "rss_peak_mib": None,
                               "error": None, "notes": []}  # fmt: skip
     try:
@@ -206,10 +277,13 @@ def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
 
         result["rss_start_mib"] = _rss_mib()
         start = time.perf_counter()
-        quantizer(Path(job["model"]), batches, Path(job["output"]), variant.options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quantizer(Path(job["model"]), batches, Path(job["output"]), variant.options)
         result["seconds"] = time.perf_counter() - start
-        result["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-        _check_loads(Path(job["output"]))
+        result["warnings"] = _first_lines(caught)
+        result["rss_peak_mib"] = _peak_rss_mib()
+        _check_loads(Path(job["output"]), result["notes"])
         result["ok"] = True
     except Exception as err:  # a quantizer's failure is a result, not a crash of the benchmark
         lines = str(err).strip().splitlines()

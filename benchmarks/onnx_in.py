@@ -192,7 +192,7 @@ def prepare_for_ort(fp32: Path, notes: list[str]) -> Path:
     try:
         quant_pre_process(str(path), str(prep))
     except Exception as err:
-        notes.append(f"`quant_pre_process` failed ({type(err).__name__}: {str(err).splitlines()[0]}): "
+        notes.append(f"`quant_pre_process` failed ({type(err).__name__}: {(str(err).splitlines() or [''])[0]}): "
                      "ORT's quantizer runs without it")  # fmt: skip
         return path
     notes.append("`quant_pre_process` succeeded")
