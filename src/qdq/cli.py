@@ -238,9 +238,10 @@ def add_quantize_parser(subparsers: Any) -> None:
                    "error of its quantization)")  # fmt: skip
     p.add_argument("--mean", help=".onnx model, imagefolder: per-channel mean subtracted after scaling to [0, 1]")
     p.add_argument("--std", help=".onnx model, imagefolder: per-channel std divided by after the mean")
-    p.add_argument("--calib", action=_CalibAction, help="all (default: every registered calibration method, the "
-                   "best kept) or one of them: %(methods)s (auto: per quantizer, the range with the smallest error at "
-                   "its layer's output)")  # fmt: skip
+    p.add_argument("--calib", action=_CalibAction, help="the calibration method. Default: for a PyTorch model "
+                   "'all' (every registered method, the one with the best accuracy on the evaluation data kept); for "
+                   "an .onnx model 'auto' (the method whose outputs stay closest to the float model's on calibration "
+                   "batches held out from setting the ranges). Or one of: %(methods)s")  # fmt: skip
     p.add_argument("--calib-batches", type=_positive_int, help="calibration batches (default 8)")
     p.add_argument("--batch-size", type=_positive_int, help="batch size for calibration/QAT/eval (default 64)")
     p.add_argument("--image-size", type=_positive_int, help="input height/width (default: the data's)")
@@ -314,7 +315,7 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 
 def run_quantize_onnx(args: argparse.Namespace) -> int:
-    """``qdq quantize --model x.onnx --data ...``: one calibration method (``--calib``, default max), one file."""
+    """``qdq quantize --model x.onnx --data ...``: one calibration method (``--calib``, default auto), one file."""
     from qdq.onnx_in.data import calibration_batches
     from qdq.onnx_in.quantize import quantize_onnx
 
@@ -327,7 +328,7 @@ def run_quantize_onnx(args: argparse.Namespace) -> int:
     path = out if out.suffix == ".onnx" else out / "model.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
     options = {"float": args.float} if args.float else {}
-    result = quantize_onnx(args.model, batches, path, target=args.target or "onnxruntime", method=args.calib or "max",
+    result = quantize_onnx(args.model, batches, path, target=args.target or "onnxruntime", method=args.calib or "auto",
                            num_batches=args.calib_batches, keep_float=args.keep_float or (), target_options=options,
                            threads=args.threads, bias_correction=args.bias_correction)  # fmt: skip
     print(result.report())

@@ -138,7 +138,7 @@ def _quantized(target: str = "onnxruntime") -> tuple[nn.Module, nn.Module]:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model = qdq.quantize_model(copy.deepcopy(net), qdq.QuantConfig(target=target))
-    qdq.calibrate(model, [X], progress=False)
+    qdq.calibrate(model, [X], progress=False, method="max")
     return net, model.eval()
 
 
@@ -247,7 +247,7 @@ def test_resolve_reads_a_forward_without_changing_the_module():
 
 def test_quantized_subclass_trains_pickles_and_copies():
     model = replace_modules(_same_padding_net())
-    qdq.calibrate(model, [X], progress=False)
+    qdq.calibrate(model, [X], progress=False, method="max")
     model.train()
     model(X).sum().backward()
     assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in model.modules()

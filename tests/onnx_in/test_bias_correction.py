@@ -173,12 +173,12 @@ def test_without_bias_correction_or_with_a_shared_bias_the_biases_stay(tmp_path)
     weight, bias = _weights()
     data = _data()
     kept = qdq.quantize_onnx(_conv_model(tmp_path / "f.onnx", weight, bias), data, tmp_path / "q.onnx",
-                             target="tensorrt", bias_correction=False, progress=False)  # fmt: skip
+                             target="tensorrt", bias_correction=False, progress=False, method="max")  # fmt: skip
     np.testing.assert_array_equal(_bias_in(kept.path), bias)
     assert kept.bias_shifts == [] and "Bias correction" not in kept.report()
     shared = _conv_model(tmp_path / "s.onnx", weight, bias, share_bias=True)
     feed = [{**d, "y2in": np.zeros((5, 4), np.float32)} for d in data]
-    result = qdq.quantize_onnx(shared, feed, tmp_path / "qs.onnx", target="tensorrt", progress=False)
+    result = qdq.quantize_onnx(shared, feed, tmp_path / "qs.onnx", target="tensorrt", progress=False, method="max")
     assert result.bias_shifts == []
     np.testing.assert_array_equal(_bias_in(result.path), bias)
 
@@ -195,14 +195,14 @@ def test_shifts_of_an_earlier_call_are_applied_again_without_measuring(tmp_path,
 
     weight, bias = _weights()
     source, data = _conv_model(tmp_path / "f.onnx", weight, bias), _data()
-    first = qdq.quantize_onnx(source, data, tmp_path / "a.onnx", target="tensorrt", progress=False)
+    first = qdq.quantize_onnx(source, data, tmp_path / "a.onnx", target="tensorrt", progress=False, method="max")
     monkeypatch.setattr(bias_correction, "probe_model", None)  # measuring would fail
     again = qdq.quantize_onnx(source, data[:1], tmp_path / "b.onnx", target="tensorrt", progress=False,
-                              value_ranges=first.value_ranges, bias_shifts=first.bias_shifts)  # fmt: skip
+                              value_ranges=first.value_ranges, bias_shifts=first.bias_shifts, method="max")  # fmt: skip
     np.testing.assert_array_equal(_bias_in(again.path), _bias_in(first.path))
     floated = qdq.quantize_onnx(source, data[:1], tmp_path / "c.onnx", target="tensorrt", progress=False,
                                 value_ranges=first.value_ranges, bias_shifts=first.bias_shifts,
-                                float_values=["x"])  # fmt: skip
+                                float_values=["x"], method="max")  # fmt: skip
     assert floated.bias_shifts == []  # the conv runs float: its bias stays the file's
     np.testing.assert_array_equal(_bias_in(floated.path), bias)
 
@@ -229,7 +229,7 @@ def test_a_dead_channel_is_reported_as_constant_and_its_exact_shift_applied(tmp_
     source = tmp_path / "f.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
     data = [{"x": rng.normal(size=(4, 3, 4, 4)).astype(np.float32)} for _ in range(2)]
-    result = qdq.quantize_onnx(source, data, tmp_path / "q.onnx", target="tensorrt", progress=False)
+    result = qdq.quantize_onnx(source, data, tmp_path / "q.onnx", target="tensorrt", progress=False, method="max")
     shifts = {s.op: s for s in result.bias_shifts}
     assert 1 in shifts["conv1"].constant and shifts["conv1"].shift[1] == 0  # zero weights: no error at all
     assert shifts["conv2"].constant == (0,) and np.isfinite(shifts["conv2"].relative) and shifts["conv2"].relative < 1

@@ -61,7 +61,7 @@ def test_a_conv_upsampled_to_a_size_computed_at_run_time_runs_in_int8(tmp_path: 
     resize = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "Resize")
     assert resize.input[3] and resize.input[3] not in {t.name for t in onnx.load(str(path)).graph.initializer}
     result = qdq.quantize_onnx(path, batches((2, 3, 16, 16)), tmp_path / "int8.onnx", target="onnxruntime",
-                               progress=False)  # fmt: skip
+                               progress=False, method="max")  # fmt: skip
     report = fusion_report(result.path)
     assert report.int8_kernels == {"com.microsoft:QLinearConv": 3} and not report.float_kernels
 
@@ -100,7 +100,7 @@ def test_padding_before_a_conv_runs_on_int8_data(tmp_path: Path) -> None:
                         dynamic={"images": {0: "batch", 2: "height", 3: "width"}})  # fmt: skip
     assert sum(n.op_type == "Pad" for n in onnx.load(str(float_path)).graph.node) == 3
     result = qdq.quantize_onnx(float_path, batches((2, 3, 16, 16)), tmp_path / "int8.onnx", target="onnxruntime",
-                               progress=False)  # fmt: skip
+                               progress=False, method="max")  # fmt: skip
     report = fusion_report(result.path)
     assert report.int8_kernels == {"com.microsoft:QLinearConv": 3} and not report.float_kernels
     assert not report.idle
@@ -152,7 +152,7 @@ def test_an_old_export_with_initializers_among_its_inputs_and_unnamed_nodes(tmp_
     '/bias_DequantizeLinear', which ONNX Runtime refuses)."""
     float_path = old_export(tmp_path / "old.onnx")
     result = qdq.quantize_onnx(float_path, batches((4, 3, 8, 8), name="x", count=6), tmp_path / "int8.onnx",
-                               target=target, progress=False)  # fmt: skip
+                               target=target, progress=False, method="max")  # fmt: skip
     model = onnx.load(str(result.path))
     names = [n.name for n in model.graph.node]
     assert all(names) and len(set(names)) == len(names)
@@ -219,7 +219,9 @@ def test_convolutions_inside_if_branches_are_quantized_on_what_the_taken_branch_
     (silero_vad_16k_op15 lost its LSTM weights and ONNX Runtime refused the file)."""
     w = if_with_weights(tmp_path / "if.onnx")
     data = [{**b, "cond": np.array(True)} for b in batches((2, 3, 8, 8), name="x", count=4)]
-    result = qdq.quantize_onnx(tmp_path / "if.onnx", data, tmp_path / "int8.onnx", target=target, progress=False)
+    result = qdq.quantize_onnx(
+        tmp_path / "if.onnx", data, tmp_path / "int8.onnx", target=target, progress=False, method="max",
+    )
     t2 = [conv_relu(conv_relu(b["x"], w["w0"], w["b0"]), w["t.w"], w["t.b"]) for b in data]
     assert np.isclose(float(result.value_ranges["t2"]), max(float(np.abs(t).max()) for t in t2), rtol=1e-5)
     unreached = {name for name, why in result.float_ops.items() if "never reached" in why}
@@ -259,7 +261,9 @@ def test_an_nhwc_input_transposed_in_the_graph(tmp_path: Path) -> None:
     input quantized before it) and both convs run as QLinearConv, no Q/DQ idle."""
     float_path = nhwc_input(tmp_path / "nhwc.onnx")
     data = [{"input:0": b["x"]} for b in batches((2, 16, 16, 3), name="x", count=4)]
-    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    result = qdq.quantize_onnx(
+        float_path, data, tmp_path / "int8.onnx", target="onnxruntime", progress=False, method="max",
+    )
     report = fusion_report(result.path)
     assert report.int8_kernels == {"com.microsoft:QLinearConv": 2} and not report.float_kernels
     assert not report.idle
@@ -298,7 +302,7 @@ def test_a_recurrent_layer_with_state_inputs_stays_float(tmp_path: Path, kind: s
     rng = np.random.default_rng(0)
     data = [{"x": rng.normal(size=(1, 4, 10)).astype(np.float32),
              **{n: (rng.normal(size=(1, 1, 8)) * 0.5).astype(np.float32) for n in names[1:]}} for _ in range(4)]
-    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target=target, progress=False, method="max")
     model = onnx.load(str(result.path))
     recurrent = next(n for n in model.graph.node if n.op_type == kind)
     producers = {out: n.op_type for n in model.graph.node for out in n.output}
@@ -331,7 +335,7 @@ def test_integer_ids_into_an_embedding_are_not_calibrated(tmp_path: Path, target
                       dynamic_axes={"ids": {0: "batch", 1: "length"}})  # fmt: skip
     rng = np.random.default_rng(0)
     data = [{"ids": rng.integers(0, 50, (2, 7 + i))} for i in range(3)]
-    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target=target, progress=False, method="max")
     gather = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "Gather")
     assert gather.output[0] in result.value_ranges  # the looked-up vectors, as the first Linear reads them
     assert "ids" not in result.value_ranges and gather.input[0] not in result.value_ranges

@@ -59,7 +59,7 @@ def test_a_cnn_with_dynamic_axes_quantizes_for_both_targets(tmp_path, target):
     float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx",
                         dynamic={"images": {0: "batch", 2: "height", 3: "width"}})  # fmt: skip
     data = batches((2, 3, 16, 16)) + batches((3, 3, 24, 24), count=2, seed=2)  # any batch size, any spatial size
-    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target=target, progress=False, method="max")
     model = onnx.load(str(result.path))
     dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == ["batch", 3, "height", "width"] and result.batches == 5
@@ -103,7 +103,7 @@ def test_movers_of_an_unquantized_silu_output_run_on_int8_data(tmp_path, method)
 def test_weights_in_constant_nodes_are_quantized_per_channel_as_int8_initializers(tmp_path):
     path = constant_weight_conv(tmp_path / "const.onnx")
     result = qdq.quantize_onnx(path, batches((2, 3, 8, 8), name="x"), tmp_path / "int8.onnx", target="tensorrt",
-                               progress=False)  # fmt: skip
+                               progress=False, method="max")  # fmt: skip
     assert result.prepared["constant_weights"] == 1 and result.prepared["opset"] == 13  # opset 12 raised
     model = onnx.load(str(result.path))
     inits = {t.name: t for t in model.graph.initializer}
@@ -125,7 +125,7 @@ def test_batchnorm_after_a_conv_is_folded_before_quantizing(tmp_path):
                       training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)  # fmt: skip
     assert "BatchNormalization" in {n.op_type for n in onnx.load(str(float_path)).graph.node}
     result = qdq.quantize_onnx(float_path, batches((2, 3, 8, 8), name="input"), tmp_path / "int8.onnx",
-                               target="tensorrt", progress=False)  # fmt: skip
+                               target="tensorrt", progress=False, method="max")  # fmt: skip
     assert result.prepared["batchnorms_folded"] == 1
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(str(result.path)).graph.node}
     check_engine(result.path, float_path, batches((2, 3, 8, 8), name="input", count=1, seed=4)[0])
@@ -146,7 +146,7 @@ def test_a_constant_scale_and_shift_after_a_conv_is_folded_into_it(tmp_path):
             "x2": rng.normal(size=(2, 4, 6, 6)).astype(np.float32)}  # fmt: skip
     for want, got in zip(run(path, feed, optimize=False), run(folded, feed, optimize=False)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # one float rounding apart
-    result = qdq.quantize_onnx(path, [feed], tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    result = qdq.quantize_onnx(path, [feed], tmp_path / "int8.onnx", target="onnxruntime", progress=False, method="max")
     assert result.prepared["scale_shifts_folded"] == 3 and result.int8_ops["Conv"] == 3
 
 
@@ -178,7 +178,7 @@ def test_a_written_out_hard_swish_becomes_one_op(tmp_path):
     feed = {"images": example.numpy()}
     np.testing.assert_allclose(run(fused, feed, optimize=False)[0], run(path, feed, optimize=False)[0], rtol=1e-5,
                                atol=1e-5)  # fmt: skip
-    result = qdq.quantize_onnx(path, [feed], tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    result = qdq.quantize_onnx(path, [feed], tmp_path / "int8.onnx", target="onnxruntime", progress=False, method="max")
     assert result.prepared["hard_swishes"] == 2 and result.int8_ops["Conv"] == 2
     check_engine(result.path, path, feed)
 
@@ -186,26 +186,30 @@ def test_a_written_out_hard_swish_becomes_one_op(tmp_path):
 def test_control_flow_and_custom_operators_stay_float_and_are_reported(tmp_path):
     path = with_if(tmp_path / "if.onnx")
     data = [{**b, "flip": np.array(False)} for b in batches((2, 3, 8, 8), name="x")]
-    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target="tensorrt", progress=False)
+    result = qdq.quantize_onnx(path, data, tmp_path / "int8.onnx", target="tensorrt", progress=False, method="max")
     assert "control flow" in next(why for name, why in result.float_ops.items() if name.startswith("If"))
     assert result.int8_ops["Conv"] == 2
     custom = with_custom_op(tmp_path / "custom.onnx")
     result = qdq.quantize_onnx(custom, batches((2, 3, 8, 8), name="x"), tmp_path / "int8c.onnx",
-                               target="onnxruntime", progress=False)  # fmt: skip
+                               target="onnxruntime", progress=False, method="max")  # fmt: skip
     assert any("custom domain" in why for why in result.float_ops.values())
     check_engine(result.path, custom, batches((2, 3, 8, 8), name="x", count=1, seed=6)[0])
 
 
 def test_a_quantized_file_and_missing_data_are_refused_with_one_clear_error(tmp_path):
     with pytest.raises(QdqConfigError, match=r"quantized already: it holds 1 QuantizeLinear, 1 DequantizeLinear"):
-        qdq.quantize_onnx(already_quantized(tmp_path / "q.onnx"), batches((1, 3, 4, 4), name="x"), tmp_path / "o.onnx")
+        qdq.quantize_onnx(
+            already_quantized(tmp_path / "q.onnx"), batches((1, 3, 4, 4), name="x"), tmp_path / "o.onnx", method="max",
+        )
     path = constant_weight_conv(tmp_path / "const.onnx")
     with pytest.raises(QdqConfigError, match="no calibration data"):
-        qdq.quantize_onnx(path, [], tmp_path / "o.onnx", progress=False)
+        qdq.quantize_onnx(path, [], tmp_path / "o.onnx", progress=False, method="max")
     with pytest.raises(QdqConfigError, match=r"no array for the graph input\(s\) \['x'\]"):
-        qdq.quantize_onnx(path, [{"images": np.zeros((1, 3, 4, 4), np.float32)}], tmp_path / "o.onnx", progress=False)
+        qdq.quantize_onnx(
+            path, [{"images": np.zeros((1, 3, 4, 4), np.float32)}], tmp_path / "o.onnx", progress=False, method="max",
+        )
     with pytest.raises(QdqConfigError, match="no ONNX file"):
-        qdq.quantize_onnx(tmp_path / "missing.onnx", [], tmp_path / "o.onnx")
+        qdq.quantize_onnx(tmp_path / "missing.onnx", [], tmp_path / "o.onnx", method="max")
 
 
 def test_a_detector_output_concatenation_keeps_boxes_and_scores_apart(tmp_path):
@@ -214,7 +218,9 @@ def test_a_detector_output_concatenation_keeps_boxes_and_scores_apart(tmp_path):
     torch.manual_seed(0)
     float_path = export(DetectorHead(), torch.rand(1, 3, 16, 16), tmp_path / "det.onnx")
     data = [{"images": np.random.default_rng(i).random((2, 3, 16, 16), np.float32)} for i in range(3)]
-    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    result = qdq.quantize_onnx(
+        float_path, data, tmp_path / "int8.onnx", target="onnxruntime", progress=False, method="max",
+    )
     feed = data[0]
     scores, reference = run(result.path, feed)[0][:, 4:], run(float_path, feed)[0][:, 4:]
     assert np.abs(scores - reference).max() < 0.02  # the scores keep their own fine grid (the boxes reach 80)
@@ -228,7 +234,7 @@ def test_silu_and_sigmoid_gates_run_as_int8_sigmoid_and_mul_on_onnx_runtime(tmp_
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 1))
     float_path = export(net, torch.randn(1, 3, 8, 8), tmp_path / "silu.onnx")
     result = qdq.quantize_onnx(float_path, batches((2, 3, 8, 8)), tmp_path / "int8.onnx", target="onnxruntime",
-                               progress=False)  # fmt: skip
+                               progress=False, method="max")  # fmt: skip
     sites = qdq_sites(onnx.load(str(result.path)))
     activations = [s for s in sites if s.axis is None]
     assert sum(s.zero_point.dtype == np.uint8 and int(s.zero_point) == 0 for s in activations) == 1  # the sigmoid
@@ -241,7 +247,7 @@ def test_attention_matmuls_between_activations_are_quantized(tmp_path, target):
     float_path = export(Attention(), torch.randn(1, 6, 16), tmp_path / "attn.onnx", names=("tokens", "out"),
                         dynamic={"tokens": {0: "batch", 1: "sequence"}})  # fmt: skip
     data = [{"tokens": np.random.default_rng(i).normal(size=(2, 6 + i, 16)).astype(np.float32)} for i in range(3)]
-    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target=target, progress=False)
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target=target, progress=False, method="max")
     assert result.int8_ops["MatMul"] == 4  # qkv and proj (Linear on 3-D input), Q·Kᵀ and probs·V
     check_engine(result.path, float_path, data[0], float_steps=16.0)
 
@@ -251,7 +257,7 @@ def test_recurrent_layers_stay_float_and_the_convs_before_them_run_in_int8(tmp_p
     float_path = export(Recognizer(), torch.randn(1, 1, 8, 16), tmp_path / "crnn.onnx",
                         dynamic={"images": {0: "batch", 3: "width"}})  # fmt: skip
     result = qdq.quantize_onnx(float_path, batches((2, 1, 8, 16)), tmp_path / "int8.onnx", target="onnxruntime",
-                               progress=False)  # fmt: skip
+                               progress=False, method="max")  # fmt: skip
     model = onnx.load(str(result.path))
     lstm = next(n for n in model.graph.node if n.op_type == "LSTM")
     producers = {out: n.op_type for n in model.graph.node for out in n.output}
@@ -266,7 +272,7 @@ def test_keep_float_by_name_op_type_and_pattern(tmp_path):
     float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
     names = [n.name for n in onnx.load(str(float_path)).graph.node if n.op_type == "Conv"]
     result = qdq.quantize_onnx(float_path, batches((2, 3, 16, 16)), tmp_path / "int8.onnx", target="onnxruntime",
-                               keep_float=[names[-1], "op:Concat", "*mid*"], progress=False)  # fmt: skip
+                               keep_float=[names[-1], "op:Concat", "*mid*"], progress=False, method="max")  # fmt: skip
     assert result.float_ops[names[-1]] == "kept float by the user (by name)"
     assert "pattern '*mid*'" in result.float_ops[next(n for n in names if "mid" in n)]
     assert any(why.startswith("op type Concat") for why in result.float_ops.values())
@@ -288,7 +294,7 @@ def test_models_over_two_gigabytes_go_through_external_data(tmp_path, monkeypatc
     monkeypatch.setattr(graph, "EXTERNAL_DATA_BYTES", 1024)
     monkeypatch.setattr(graph, "EXTERNAL_TENSOR_BYTES", 0)  # every tensor to the data file, scales included
     result = qdq.quantize_onnx(external, batches((2, 3, 16, 16)), tmp_path / "int8.onnx", target="tensorrt",
-                               progress=False)  # fmt: skip
+                               progress=False, method="max")  # fmt: skip
     assert (tmp_path / "int8.onnx.data").is_file()
     check_engine(result.path, float_path, batches((2, 3, 16, 16), count=1, seed=9)[0])
 
@@ -335,8 +341,8 @@ def test_a_tensorrt_11_file_holds_int8_weights_fp16_elsewhere_and_passes_the_rul
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # steps on float16's grid from the start: no rounding at export to warn of
         fp16 = qdq.quantize_onnx(float_path, data, tmp_path / "fp16.onnx", target="tensorrt",
-                                 target_options={"float": "fp16"}, progress=False)  # fmt: skip
-    fp32 = qdq.quantize_onnx(float_path, data, tmp_path / "fp32.onnx", target="tensorrt", progress=False)
+                                 target_options={"float": "fp16"}, progress=False, method="max")  # fmt: skip
+    fp32 = qdq.quantize_onnx(float_path, data, tmp_path / "fp32.onnx", target="tensorrt", progress=False, method="max")
     report = qdq.export.check_tensorrt(fp16.path)
     assert report.ok, str(report)
     model = onnx.load(str(fp16.path))
@@ -378,7 +384,7 @@ def test_onnx_runtime_runs_a_float16_file_as_its_q_dq_graph_means(tmp_path):
     float_path = export(WideConvs(), torch.randn(1, 1, 28, 28), tmp_path / "net.onnx")
     data = batches((4, 1, 28, 28))
     fp16 = qdq.quantize_onnx(float_path, data, tmp_path / "fp16.onnx", target="tensorrt",
-                             target_options={"float": "fp16"}, progress=False)  # fmt: skip
+                             target_options={"float": "fp16"}, progress=False, method="max")  # fmt: skip
     feed = batches((4, 1, 28, 28), count=1, seed=7)[0]
     optimized, written = run(fp16.path, feed)[0], run(fp16.path, feed, optimize=False)[0]
     assert steps_apart(written.astype(np.float32), optimized.astype(np.float32)) <= 0.05  # float16 rounding only
@@ -398,7 +404,7 @@ def test_a_file_exported_by_qdq_does_not_hand_its_records_to_the_quantized_file(
     onnx.save(source, str(float_path))
     name = source.graph.input[0].name
     data = [{name: b["images"]} for b in batches((4, 1, 28, 28))]
-    result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt", progress=False)
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt", progress=False, method="max")
     model = onnx.load(str(result.path))
     meta = {p.key: p.value for p in model.metadata_props}
     assert recorded_weights(model) is None and meta["qdq.target"] == "tensorrt" and meta["user"] == "kept"
@@ -451,7 +457,7 @@ def test_a_constant_of_shape_feeding_float_math_is_retyped_for_tensorrt_11(tmp_p
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(float_path))
     data = batches((2, 3, 8, 8))
     result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt",
-                               target_options={"float": "fp16"}, progress=False)  # fmt: skip
+                               target_options={"float": "fp16"}, progress=False, method="max")  # fmt: skip
     onnx.checker.check_model(onnx.load(str(result.path)), full_check=True)
     assert qdq.export.check_tensorrt(result.path).ok
     fill_type = next(a.t.data_type for n in onnx.load(str(result.path)).graph.node if n.op_type == "ConstantOfShape"
@@ -495,7 +501,7 @@ def test_a_tensorrt_11_file_with_an_int8_concatenation_runs_on_onnx_runtime(tmp_
     float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
     data = batches((2, 3, 16, 16))
     result = qdq.quantize_onnx(float_path, data, tmp_path / "trt.onnx", target="tensorrt",
-                               target_options={"float": "fp16"}, progress=False)  # fmt: skip
+                               target_options={"float": "fp16"}, progress=False, method="max")  # fmt: skip
     assert any(n.op_type == "Concat" for n in onnx.load(str(result.path)).graph.node)
     out = run(result.path, data[0])[0]
     assert steps_apart(run(float_path, data[0])[0], out.astype(np.float32)) <= 12

@@ -138,7 +138,7 @@ def test_calibrated_modules_are_left_alone():
     torch.manual_seed(0)
     quantized = qdq.quantize_model(SelfAttention(32, heads=2))
     random_biases(quantized)
-    qdq.calibrate(quantized, [torch.randn(4, 5, 32)], progress=False)
+    qdq.calibrate(quantized, [torch.randn(4, 5, 32)], progress=False, method="max")
     state = copy.deepcopy(quantized.state_dict())
     assert fold_attention_biases(quantized) == []
     assert all(torch.equal(state[k], v) for k, v in quantized.state_dict().items())
@@ -159,7 +159,7 @@ def test_placement_folds_for_the_targets_that_ask(target, tmp_path):
         return
     assert torch.equal(qkv[64:], torch.zeros(128))
     batch = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(1))
-    qdq.calibrate(quantized, [batch], progress=False)
+    qdq.calibrate(quantized, [batch], progress=False, method="max")
     path = qdq.export_onnx(quantized, batch, tmp_path / "vit.onnx")
     from qdq.graphs.onnx import GraphIndex
 

@@ -97,7 +97,7 @@ def test_attention_is_quantized_for_the_target_and_agrees_with_onnx_runtime(fami
     for module in attention.values():
         assert module.target_facts is get_target(target).attention
         assert [q.is_enabled for q in module.quantizers().values()] == [n in wanted for n in ATTENTION_QUANTIZERS]
-    qdq.calibrate(model, [inputs], progress=False)
+    qdq.calibrate(model, [inputs], progress=False, method="max")
     enabled = {name: [q.is_enabled for q in m.quantizers().values()] for name, m in attention.items()}
     assert all(flags == [n in wanted for n in ATTENTION_QUANTIZERS] for flags in enabled.values())  # head size 16
     path = qdq.export_onnx(model, inputs, tmp_path / f"{family}.onnx")
@@ -139,10 +139,10 @@ def test_tensorrt_keeps_attention_float_outside_its_fused_shapes(width, heads, l
     if why is None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            qdq.calibrate(model, [x], progress=False)
+            qdq.calibrate(model, [x], progress=False, method="max")
     else:
         with pytest.warns(UserWarning, match=f"1 of 1 attention modules keep their matmuls in float.*{why}"):
-            qdq.calibrate(model, [x], progress=False)
+            qdq.calibrate(model, [x], progress=False, method="max")
     (module,) = _attention(model).values()
     assert module.calibrated_shape == (width // heads, length)
     assert all(q.is_enabled for q in module.quantizers().values()) is (why is None)

@@ -70,7 +70,7 @@ FORMS = {
 def test_calibrate_feeds_every_form_to_the_model(form):
     model = qdq.quantize_model(Tagger())
     data = _batches()
-    qdq.calibrate(model, [FORMS[form](*b) for b in data], progress=False)
+    qdq.calibrate(model, [FORMS[form](*b) for b in data], progress=False, method="max")
     assert model.fc.input_quantizer.amax.item() == pytest.approx(_fc_input_max(model, data), rel=1e-6)
 
 
@@ -78,13 +78,13 @@ def test_labels_next_to_positional_inputs_are_an_error_not_a_mask():
     model = qdq.quantize_model(Tagger())
     ids, _, labels = _batches(1)[0]
     with pytest.raises(QdqConfigError, match="ambiguous"):
-        qdq.calibrate(model, [(ids, labels)], progress=False)
+        qdq.calibrate(model, [(ids, labels)], progress=False, method="max")
 
 
 def test_images_with_labels_still_calibrate_a_one_input_model():
     model = qdq.quantize_model(nn.Sequential(nn.Flatten(), nn.Linear(12, 2)))
     x = torch.randn(5, 3, 4)
-    qdq.calibrate(model, [(x, torch.zeros(5, dtype=torch.long))], progress=False)
+    qdq.calibrate(model, [(x, torch.zeros(5, dtype=torch.long))], progress=False, method="max")
     assert model[1].input_quantizer.amax.item() == float(x.abs().max())
 
 
@@ -109,7 +109,7 @@ def test_qat_step_on_each_labelled_form_is_sgd_on_the_cross_entropy(form):
     cross_entropy(logits, labels) of a copy of the model; the reported loss is that cross-entropy."""
     ids, mask, y = _batches(1)[0]
     model = qdq.quantize_model(LossModel())
-    qdq.calibrate(model, [(ids, mask)], progress=False)
+    qdq.calibrate(model, [(ids, mask)], progress=False, method="max")
     reference = copy.deepcopy(model)
     loss = nn.functional.cross_entropy(reference(ids, mask)["logits"], y)
     loss.backward()
@@ -128,7 +128,7 @@ def test_qat_step_on_each_labelled_form_is_sgd_on_the_cross_entropy(form):
 def test_qat_without_labels_says_what_it_needs():
     model = qdq.quantize_model(Tagger())
     ids, mask, _ = _batches(1)[0]
-    qdq.calibrate(model, [(ids, mask)], progress=False)
+    qdq.calibrate(model, [(ids, mask)], progress=False, method="max")
     with pytest.raises(QdqConfigError, match="QAT needs labels"):
         qat(model, [{"input_ids": ids, "attention_mask": mask}], None, epochs=1, lr=0.1, progress=False)
 
@@ -137,7 +137,7 @@ def test_verify_feeds_dict_batches_by_name(tmp_path):
     pytest.importorskip("onnxruntime")
     model = qdq.quantize_model(Tagger())
     data = _batches()
-    qdq.calibrate(model, [(ids, mask) for ids, mask, _ in data], progress=False)
+    qdq.calibrate(model, [(ids, mask) for ids, mask, _ in data], progress=False, method="max")
     path = qdq.export_onnx(model, {"attention_mask": data[0][1], "input_ids": data[0][0]}, tmp_path / "t.onnx")
     forms = [FORMS["dict"](*data[0]), FORMS["pair_of_dict"](*data[1]), FORMS["pair_of_dict"](*data[2])]
     result = qdq.verify(model, path, forms)

@@ -49,7 +49,7 @@ def test_max_calibration_equals_independent_max_and_restores_modes():
     for _, quantizer in named_quantizers(model):
         assert quantizer._if_quant and not quantizer._if_calib
     model.train()
-    calibrate(model, data, progress=False)
+    calibrate(model, data, progress=False, method="max")
     assert model.training  # restored
 
 
@@ -58,7 +58,7 @@ def test_num_batches_runs_exactly_that_many():
     calls = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
     data = _data(5)
-    calibrate(model, data, num_batches=2, progress=False)
+    calibrate(model, data, num_batches=2, progress=False, method="max")
     assert len(calls) == 2  # the seed ran num_batches + 1
     assert model.conv.input_quantizer.amax.item() == max(b.abs().max().item() for b in data[:2])
 
@@ -110,11 +110,11 @@ def test_batches_as_pairs_and_forward_fn():
     model = _model()
     inputs = _data(2)
     pairs = [(b, torch.full((6,), 1e3)) for b in inputs]
-    calibrate(model, pairs, progress=False)  # the inputs of (inputs, labels) pairs, labels ignored
+    calibrate(model, pairs, progress=False, method="max")  # the inputs of (inputs, labels) pairs, labels ignored
     assert model.conv.input_quantizer.amax.item() == float(np.abs(_magnitudes(inputs)).max())
     seen = []
     dicts = [{"x": b * 10} for b in _data(2)]
-    calibrate(model, dicts, forward_fn=lambda m, batch: seen.append(m(batch["x"])), progress=False)
+    calibrate(model, dicts, forward_fn=lambda m, batch: seen.append(m(batch["x"])), progress=False, method="max")
     assert len(seen) == 2
     assert model.conv.input_quantizer.amax.item() == float(np.abs(_magnitudes([d["x"] for d in dicts])).max())
 
@@ -122,8 +122,8 @@ def test_batches_as_pairs_and_forward_fn():
 def test_unused_quantizer_error_names_module():
     model = qdq.quantize_model(Net())
     with pytest.raises(QdqCalibrationError, match=r"unused\._input_quantizer.*not used in forward"):
-        calibrate(model, _data(1), progress=False)
-    calibrate(model, _data(1), progress=False, strict=False)  # warns and leaves it dynamic
+        calibrate(model, _data(1), progress=False, method="max")
+    calibrate(model, _data(1), progress=False, strict=False, method="max")  # warns and leaves it dynamic
     assert model.unused.input_quantizer.amax is None and model.conv.input_quantizer.amax is not None
 
 
@@ -132,16 +132,16 @@ def test_nan_in_data_names_quantizer():
     bad = torch.randn(2, 3, 8, 8)
     bad[0, 0, 0, 0] = float("nan")
     with pytest.raises(QdqCalibrationError, match=r"conv\._input_quantizer.*NaN"):
-        calibrate(model, [bad], progress=False)
+        calibrate(model, [bad], progress=False, method="max")
     assert model.conv.input_quantizer._if_quant  # modes restored after the error
 
 
 def test_empty_loader_raises_before_any_work():
     model = _model()
     with pytest.raises(QdqCalibrationError, match="empty"):
-        calibrate(model, [], progress=False)
+        calibrate(model, [], progress=False, method="max")
     with pytest.raises(QdqCalibrationError, match="empty"):
-        calibrate(model, iter([]), progress=False)
+        calibrate(model, iter([]), progress=False, method="max")
     assert all(q._calibrator is None for _, q in named_quantizers(model))
 
 
@@ -150,9 +150,9 @@ def test_bad_arguments():
     with pytest.raises(QdqConfigError, match="unknown calibration method"):
         calibrate(model, _data(1), method="kl")
     with pytest.raises(QdqConfigError, match="num_batches"):
-        calibrate(model, _data(1), num_batches=0)
+        calibrate(model, _data(1), num_batches=0, method="max")
     with pytest.raises(QdqConfigError, match="no enabled activation quantizer"):
-        calibrate(Net(), _data(1))
+        calibrate(Net(), _data(1), method="max")
 
 
 def test_calibrated_quantizers_are_static():

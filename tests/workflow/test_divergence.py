@@ -23,7 +23,7 @@ def files(tmp_path_factory):
     torch.manual_seed(0)
     float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp / "net.onnx")
     data = batches((4, 3, 16, 16))
-    result = qdq.quantize_onnx(float_path, data, tmp / "int8.onnx", target="onnxruntime", progress=False)
+    result = qdq.quantize_onnx(float_path, data, tmp / "int8.onnx", target="onnxruntime", progress=False, method="max")
     return float_path, result.path, data
 
 

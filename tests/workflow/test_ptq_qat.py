@@ -62,7 +62,7 @@ def test_ptq_real_scores_float_first():
 
 def _calibrated():
     model = qdq.quantize_model(_net())
-    calibrate(model, _loader(), progress=False)
+    calibrate(model, _loader(), progress=False, method="max")
     return model
 
 

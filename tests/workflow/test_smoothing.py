@@ -47,7 +47,7 @@ def test_smoothing_lowers_the_error_of_a_layer_with_outlier_channels_as_computed
 
     plain = qdq.quantize_model(nn.Sequential(nn.Linear(16, 8)))
     plain[0].load_state_dict(layer.state_dict(), strict=False)
-    qdq.calibrate(plain, [x], progress=False)
+    qdq.calibrate(plain, [x], progress=False, method="max")
     with torch.no_grad():
         plain_error = float((plain(x).double() - exact).pow(2).mean().sqrt())
 
@@ -55,7 +55,7 @@ def test_smoothing_lowers_the_error_of_a_layer_with_outlier_channels_as_computed
     smoothed[0].load_state_dict(layer.state_dict(), strict=False)
     result = smooth_inputs(smoothed, [x], alpha=0.5)
     assert result.pre_quant_scaled == ["0"] and not result.folded
-    qdq.calibrate(smoothed, [x], progress=False)
+    qdq.calibrate(smoothed, [x], progress=False, method="max")
     with torch.no_grad():
         smoothed_error = float((smoothed(x).double() - exact).pow(2).mean().sqrt())
 
@@ -130,7 +130,7 @@ def test_smoothed_model_exports_what_pytorch_computes(tmp_path):
     model = qdq.quantize_model(_with_outliers(PreNormBlock()).eval())
     data = [torch.randn(4, 5, 16) for _ in range(2)]
     smooth_inputs(model, data)
-    qdq.calibrate(model, data, progress=False)
+    qdq.calibrate(model, data, progress=False, method="max")
     path = qdq.export_onnx(model, data[0], tmp_path / "s.onnx", target="tensorrt")
     session = inference_session(path)  # qdq's: int8 weights as uint8 where this CPU's int8 kernels saturate
     (out,) = session.run(None, {"input": data[1].numpy()})

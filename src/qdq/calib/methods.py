@@ -10,7 +10,8 @@ A :class:`CalibrationMethod` is everything qdq knows about one method, in one pl
 * whether it can set a **weight**'s range (entropy compares activation distributions: it cannot);
 * how it computes the range, one of two ways: ``compute(calibrator, **options)`` from one quantizer's statistics
   (every method but ``auto``), or ``select(model, data, ...)``, a pass over the model after the statistics were
-  collected, which loads the ranges itself (a *model-level* method: ``auto``);
+  collected (or collecting them itself: ``collects``), which loads the ranges itself (a *model-level* method:
+  ``auto``, the default);
 * how reports **label** it: its name and the options that tell its variants apart (``"percentile 99.99"``).
 
 The registry (:data:`METHOD_REGISTRY`) holds the built-ins ``max``, ``entropy``, ``mse``, ``percentile`` and
@@ -86,6 +87,8 @@ class CalibrationMethod:
             cannot. Default: True with ``compute``, False with ``select``.
         accepts: ``accepts(calibrator) -> bool``: whether that calibrator's statistics give this method's range
             (None: assume they do, and let ``compute`` raise); callers skip or refuse the others with advice.
+        collects: a model-level method whose ``select`` collects the statistics itself, in its own one pass
+            (``auto`` holds batches out of them); otherwise ``qdq.calibrate`` collects them before calling it.
         description: one sentence for documentation.
 
     Raises:
@@ -101,6 +104,7 @@ class CalibrationMethod:
     labelled: tuple[str, ...] = ()
     weights: bool | None = None
     accepts: Callable[[Any], bool] | None = None
+    collects: bool = False
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -123,6 +127,8 @@ class CalibrationMethod:
             raise QdqConfigError(f"{who}: labelled names {unknown}, which are not among its options "
                                  f"{list(self.options)}.")  # fmt: skip
         weights = self.select is None if self.weights is None else bool(self.weights)
+        if self.collects and self.select is None:
+            raise QdqConfigError(f"{who}: only a model-level method (select=) can collect its own statistics.")
         if weights and self.select is not None:
             raise QdqConfigError(f"{who}: a model-level method (select=) chooses activation ranges; it cannot set "
                                  "a weight's range (weights=False).")  # fmt: skip
@@ -327,8 +333,9 @@ _BUILTINS: dict[str, CalibrationMethod] = {
                           options={"percentile": DEFAULT_PERCENTILE}, labelled=("percentile",),
                           accepts=_computes("percentile"), description="a percentile of the magnitudes"),
         CalibrationMethod("auto", "histogram", select=LazyCallable("qdq.workflow.auto_calibration", "select_amax"),
-                          description="per quantizer, the candidate range with the smallest error at its layer's "
-                          "output (qdq.workflow.auto_calibration)"),
+                          collects=True,
+                          description="the method whose quantized model stays closest to the float model on "
+                          "calibration batches held out from setting the ranges (qdq.workflow.auto_calibration)"),
     )
 }  # fmt: skip
 for _method in _BUILTINS.values():

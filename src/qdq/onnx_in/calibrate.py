@@ -12,8 +12,8 @@ around a MaxPool) collects all of them. Weights are ranged from the weights them
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,32 @@ from qdq.workflow.progress import Progress, counter
 
 __all__ = ["Statistics", "collect", "ort_session", "weight_ranges"]
 
+#: with ``held_out``, :func:`collect` keeps at most this many of the first batches when none is held out
+MAX_KEPT = 8
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 
 
 @dataclass
 class Statistics:
-    """What calibration collected: a calibrator per activation quantizer (by ``id``), the batches seen."""
+    """What calibration collected: a calibrator per activation quantizer (by ``id``), the batches seen.
+
+    With a ``held_out`` choice of batches (:func:`collect`): ``held_out`` has the statistics of those batches (by
+    quantizer ``id``; ``calibrators`` the others'), ``scored`` those batches' feeds with the float model's outputs
+    (in the graph's output order), or, when none was held out, the first batches' (at most ``MAX_KEPT``).
+    """
 
     calibrators: dict[int, Any]
     quantizers: dict[int, Quantizer]
     batches: int
+    held_out: dict[int, Any] = field(default_factory=dict)
+    scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = field(default_factory=list)
+
+    def merge_held_out(self) -> None:
+        """Add the held-out batches' statistics to the others' (the ranges then come from every batch)."""
+        for key, calibrator in self.held_out.items():
+            if key in self.calibrators and getattr(calibrator, "has_data", False):
+                self.calibrators[key].merge(calibrator)
+        self.held_out = {}
 
     def ranges(self, method: str, **options: Any) -> dict[int, np.ndarray]:
         """Every activation quantizer's float32 amax by a registered statistics-level ``method``."""
@@ -66,10 +82,14 @@ def collect(
     num_batches: int | None = None,
     threads: int | None = None,
     progress: Progress = True,
+    held_out: Callable[[int, int], bool] | None = None,
 ) -> Statistics:
     """Run the float ``model`` over ``data`` (dicts of graph input name -> array) and collect every activation
     quantizer's statistics with ``calibrator`` (``"max"`` or ``"histogram"``). A quantizer the data never reached
     (inside an ``If`` branch no batch took) goes from ``view``, the ops reading through it left float.
+
+    ``held_out(index, held so far)`` picks batches whose statistics are kept apart and whose feeds and float
+    outputs are kept (:class:`Statistics`; ``method="auto"`` scores its candidates on them).
 
     Raises:
         QdqConfigError: no data, a batch that is not a dict of the graph's inputs.
@@ -77,9 +97,13 @@ def collect(
     quantizers = {id(q): q for q in view.quantizers() if not q.per_channel}
     tensors = sorted({site.value.name for q in quantizers.values() for site in q.sites})
     calibrators = {key: make_calibrator(calibrator, unsigned=q.unsigned) for key, q in quantizers.items()}
+    apart = {key: make_calibrator(calibrator, unsigned=q.unsigned) for key, q in quantizers.items()} if held_out else {}
     reading = {key: sorted({site.value.name for site in q.sites}) for key, q in quantizers.items()}
     probe = probe_model(model, tensors)
     inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    graph_outputs = [o.name for o in model.graph.output]
+    kept: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
+    first: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
     with tempfile.TemporaryDirectory(prefix="qdq-calibrate-") as folder:
         session = ort_session(probe, Path(folder), threads)
         total = len(data) if isinstance(data, list | tuple) else None
@@ -87,10 +111,16 @@ def collect(
         seen, reached = 0, set()
         for batch in _batches(data, num_batches):
             feed = _feed(batch, inputs, seen)
-            outputs = dict(zip(tensors, session.run(tensors, feed)))
+            keep = held_out is not None and (held_out(seen, len(kept)) or (not kept and len(first) < MAX_KEPT))
+            fetched = list(dict.fromkeys([*tensors, *graph_outputs])) if keep else tensors
+            outputs = dict(zip(fetched, session.run(fetched, feed)))
+            aside = held_out is not None and held_out(seen, len(kept))
+            if keep:
+                (kept if aside else first).append((feed, [outputs[name] for name in graph_outputs]))
+            into = apart if aside else calibrators
             for key, names in reading.items():
                 for name in (n for n in names if outputs[n].size):  # empty: an If branch this batch did not take
-                    calibrators[key].collect(torch.from_numpy(np.ascontiguousarray(outputs[name], np.float32)))
+                    into[key].collect(torch.from_numpy(np.ascontiguousarray(outputs[name], np.float32)))
                     reached.add(key)
             del outputs
             seen += 1
@@ -102,8 +132,13 @@ def collect(
             "-> array (a few hundred representative samples). qdq never calibrates on random data."
         )
     keep_unreached_float(view, [q for key, q in quantizers.items() if key not in reached])
-    return Statistics({k: c for k, c in calibrators.items() if k in reached},
-                      {k: q for k, q in quantizers.items() if k in reached}, seen)  # fmt: skip
+    statistics = Statistics({k: c for k, c in calibrators.items() if k in reached},
+                            {k: q for k, q in quantizers.items() if k in reached}, seen,
+                            {k: c for k, c in apart.items() if k in reached}, kept or first)  # fmt: skip
+    unseen = [k for k, c in statistics.calibrators.items() if not getattr(c, "has_data", True)]
+    if unseen:  # reached on held-out batches alone: their statistics are all there is
+        statistics.merge_held_out()
+    return statistics
 
 
 def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") -> dict[int, np.ndarray]:

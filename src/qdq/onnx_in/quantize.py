@@ -46,6 +46,7 @@ from qdq.quantizer import STEP_TYPES
 from qdq.targets import DEFAULT_TARGET, Target, resolve_target
 from qdq.targets.onnxruntime.passes.biases import WIDENED_METADATA_KEY
 from qdq.tensor_quant import low_precision_amax
+from qdq.workflow.auto_calibration import AUTO, AutoResult, held_out
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.progress import Progress
 
@@ -62,7 +63,7 @@ class OnnxQuantizeResult:
     Attributes:
         path: the Q/DQ file written.
         target: the target's name.
-        method: the calibration method's label (``"percentile 99.99"``, ``"auto"``).
+        method: the calibration method's label (``"percentile 99.99"``; ``"auto: mse"``: the method auto chose).
         quantizers: the quantizers written (one range each), activations and weights.
         int8_ops: op type -> how many ops read every data input quantized (the ops the target can run in int8).
         float_ops: op name -> why it stays float (kept by the user, a rule's decision, control flow, a custom
@@ -79,6 +80,8 @@ class OnnxQuantizeResult:
         bias_shifts: the biases bias correction changed, with the shift subtracted from each.
         widened_weights: op name -> the factor its weight step grew by so that its int32 bias fits at ``s_x * s_w``
             (the ``onnxruntime`` target's rewrite; the op stays int8).
+        auto: with ``method="auto"``, what every candidate method scored and which was chosen
+            (:class:`qdq.workflow.auto_calibration.AutoResult`).
     """
 
     path: Path
@@ -97,12 +100,15 @@ class OnnxQuantizeResult:
     value_ranges: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
     widened_weights: dict[str, float] = field(default_factory=dict, repr=False)
+    auto: AutoResult | None = field(default=None, repr=False)
 
     def report(self) -> str:
         """A Markdown summary: what runs in int8, what stays float and why."""
         lines = [f"# {self.path.name}: quantized for {self.target} ({self.method})", "",
                  f"{self.quantizers} quantizers, {self.batches} calibration batches, calibration "
                  f"{self.seconds.get('calibration', 0.0):.1f} s.", ""]  # fmt: skip
+        if self.auto is not None:
+            lines += [self.auto.summary() + ".", "", self.auto.table(), ""]
         applied = [shift for shift in self.bias_shifts if shift.applied]
         if applied:
             worst = max(applied, key=lambda s: s.relative)
@@ -131,7 +137,7 @@ def quantize_onnx(
     path: str | Path,
     *,
     target: str | Target = DEFAULT_TARGET,
-    method: str = "max",
+    method: str = "auto",
     num_batches: int | None = None,
     weight_method: str = "max",
     keep_float: Sequence[str] = (),
@@ -154,9 +160,10 @@ def quantize_onnx(
         path: the file to write (replaced atomically).
         target: a registered target (``"tensorrt"``, the default, or ``"onnxruntime"``): its placement rules
             decide where Q/DQ go, its rewrite finishes the file.
-        method: a registered calibration method (:mod:`qdq.calib.methods`): ``"max"``, ``"entropy"``, ``"mse"``,
-            ``"percentile"`` (``percentile=99.99``), ``"auto"`` (per quantizer, the candidate range whose op output
-            is closest to float's), or one you registered.
+        method: a registered calibration method (:mod:`qdq.calib.methods`): ``"auto"`` (the default: the method
+            whose quantized outputs stay closest to the float model's on held-out calibration batches, among every
+            registered method computed from statistics: :mod:`qdq.workflow.auto_calibration`), ``"max"``,
+            ``"entropy"``, ``"mse"``, ``"percentile"`` (``percentile=99.99``), or one you registered.
         num_batches: use at most this many batches.
         weight_method: the range of the per-channel weights (``"max"``, ``"mse"``, ``"percentile"``).
         keep_float: node names, op types (``"op:Concat"``) and name patterns (``"head.*"``) to keep float.
@@ -189,6 +196,9 @@ def quantize_onnx(
     started = time.perf_counter()
     chosen = resolve_target(target)
     calibration_method = get_method(method)
+    if calibration_method.model_level and calibration_method.name != AUTO:
+        raise QdqConfigError(f"quantize_onnx: method {method!r} chooses its ranges with a pass over a PyTorch model; "
+                             f"for an ONNX file use 'auto' or a method computed from statistics.")  # fmt: skip
     source = PreparedModel.load(model)
     data, kept = _keep_first(calibration_data, max(_TRT_FLOAT_BATCHES, _BIAS_BATCHES))
     minima = _minima(kept, [i.name for i in source.model.graph.input])
@@ -198,19 +208,23 @@ def quantize_onnx(
     calibrating = time.perf_counter()
     ranges = _reused(view, value_ranges)
     batches, calibration = 0, CalibrationReport()
+    weights = weight_ranges(proto, view, weight_method)
+    auto: AutoResult | None = None
+    label = calibration_method.label(method_options)
     if ranges is None:
         statistics = collect(proto, view, data, calibration_method.calibrator, num_batches=num_batches,
-                             threads=threads, progress=progress)  # fmt: skip
+                             threads=threads, progress=progress,
+                             held_out=held_out if calibration_method.model_level else None)  # fmt: skip
         if calibration_method.model_level:
-            ranges = auto_ranges.select(proto, view, statistics, kept[:_TRT_FLOAT_BATCHES], threads=threads,
-                                        progress=progress)  # fmt: skip
+            ranges, auto = auto_ranges.select(proto, view, statistics, weights, threads=threads, progress=progress)
         else:
             ranges = statistics.ranges(method, **method_options)
         batches = statistics.batches
-        calibration = _clipping(view, statistics, ranges, calibration_method.label(method_options))
+        label = f"auto: {auto.chosen}" if auto else label
+        calibration = _clipping(view, statistics, ranges, label)
     seconds = {"calibration": time.perf_counter() - calibrating}
     by_value = _by_value(view, ranges)
-    ranges.update(weight_ranges(proto, view, weight_method))
+    ranges.update(weights)
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     names = quantizer_names(view)
     shifts: list[BiasShift] = []
@@ -223,12 +237,12 @@ def quantize_onnx(
     written = placement.write(ranges, path, target_options=options)
     seconds["total"] = time.perf_counter() - started
     return OnnxQuantizeResult(
-        path=written, target=chosen.name, method=calibration_method.label(method_options), quantizers=len(ranges),
+        path=written, target=chosen.name, method=label, quantizers=len(ranges),
         int8_ops=_int8_ops(view), float_ops=_float_ops(view), float_op_types=_float_types(view),
         prepared=dict(source.changes), batches=batches, seconds=seconds, calibration=calibration,
         changes=list(view.changes),
         ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value, bias_shifts=shifts,
-        widened_weights=_widened_weights(proto),
+        widened_weights=_widened_weights(proto), auto=auto,
     )  # fmt: skip
 
 

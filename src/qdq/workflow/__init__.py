@@ -11,8 +11,8 @@ module                      public names
 ``calibration``             ``calibrate``, ``load_amax`` (any registered method, :mod:`qdq.calib.methods`);
                             ``collect_stats``, ``named_quantizers`` (from ``collection``: running the data)
 ``diagnostics``             ``calibration_report``, ``CalibrationReport`` (what each range clips; the warning)
-``auto_calibration``        ``select_amax``, ``AutoResult`` (``method="auto"``: a range per quantizer; its passes
-                            over the data in ``auto_passes``)
+``auto_calibration``        ``select_amax``, ``AutoResult`` (``method="auto"``, the default: the method whose
+                            quantized outputs stay closest to the float model's on held-out batches)
 ``post_training``           ``ptq``, ``PTQResult``, ``MethodResult``
 ``fine_tuning``             ``qat``, ``QATResult``
 ``sensitivity_analysis``    ``sensitivity``, ``keep_float``, ``SensitivityResult``
@@ -54,7 +54,7 @@ _LAZY = {
     "locate_divergence": "qdq.workflow.divergence",
     "Divergence": "qdq.workflow.divergence",
 }
-_SUBMODULES = ("auto_calibration", "auto_passes", "calibration", "collection", "diagnostics", "distributed",
+_SUBMODULES = ("auto_calibration", "calibration", "collection", "diagnostics", "distributed",
                "divergence", "fine_tuning", "post_training", "sensitivity_analysis", "smoothing",
                "verification")  # fmt: skip
 

@@ -1,191 +1,245 @@
-"""``method="auto"``: per activation quantizer, the candidate range whose quantized layer is closest to the float one.
+"""``method="auto"``, the default calibration: one method for the whole model, chosen by how close the quantized
+model's outputs stay to the float model's on calibration batches held out from setting the ranges.
 
-A global method can be right for most quantizers and destroy one (entropy cutting off the sparse tail that
-carries the signal). ``auto`` decides per quantizer, without labels:
+No calibration method is right for every model: max keeps the outliers a detector's box coordinates need and
+wastes the grid of a recognizer whose activations have a long sparse tail; percentile is the reverse on a sentence
+encoder; entropy destroys a sparse tail where the signal lives. The choice is made by measuring, without labels:
 
-1. **Candidates**: the ranges every histogram method gives from the statistics already collected (max,
-   entropy, mse, percentiles 99.99 and 99.999: :data:`CANDIDATES`); ranges within one quantization step of
-   each other quantize alike up to rounding and are merged.
-2. **Criterion**: the squared error between the output of the layer the quantizer feeds, quantized, and the
-   same layer's float output on the same input. The layer is the model's real quantized module: the nearest
-   enclosing :class:`~qdq.nn.base.QuantModule` that declares the quantizer
-   (:meth:`~qdq.nn.base.QuantModule.quantizers`; Conv, Linear, MatMul, LSTM, pooling, QuantAdd, QuantConcat),
-   run with its weight quantizers (``role == "weight"``) quantizing as they will be exported (the ranges of
-   ``weight_method``) and the quantizer's own settings from the target's placement (unsigned, per channel).
-3. **Sequential, in the order the model runs its layers**: each layer's input is the activation the
-   quantized model computes, every layer before it at its best range so far and its weights quantized, so a
-   choice sees the error already accumulated and the layer hands on the error it adds (a layer with two
-   quantized inputs, MatMul, an add, LSTM, tunes the second with the first at its choice). The best range so far
-   is the candidate with the smallest error summed over the samples scored so far; the final choice is that over
-   all of them. On the MNIST digits CNNs and transformers (4 models, 5 seeds, 2 targets), with the model check of
-   6., its mean top-1 per model is within 0.1 point of the FP32 model's and, in two runs that trained the models on
-   two machines, within 0.1 of the best global method's on 3 of 4 models (-0.11 on the MobileNet, 11 images,
-   p = 0.23) and on 4 of 4 (MobileNet -0.07); case by case it is -0.4 to +0.1 from the best of the seven chosen on
-   the test labels themselves (within 0.1 in 27 and 28 of 40), never significantly worse (McNemar p >= 0.12;
-   benchmarks/RESULTS.md, ``calibration_quality``).
-4. A quantizer no quantized module declares (what placement adds in the graph: an output or sigmoid
-   quantizer, a residual operand's) is measured at its own output. The operation that reads it (an add, a
-   runtime's fused int8 kernel) passes the quantization error on unchanged, so the tensor's own error is that
-   of the operation's output; for ``QuantAdd`` and ``QuantConcat`` the module's forward gives the same.
-5. **One range per tensor**: quantizers that read the same tensor (equal statistics, so every candidate range
-   equal: a conv's output read by the next conv and by a residual add) get one range, the candidate with the
-   smallest sum of their relative errors. A runtime quantizes a tensor once: ONNX Runtime fuses a Conv with the
-   QuantizeLinear after it only if there is one (two ranges left 2 of 17 convs of the digits MobileNet in float).
-6. **The model check** (``model_check``, on by default): each layer's error is local, and a range that is best for
-   its layer's output can cost the model's (a softmax output clipped at mse's range: the attention's peaks). So
-   the whole model runs once more on the scored samples with the chosen ranges and once with every compared
-   quantizer at its widest candidate (``max``), and the ranges whose model output is closer to the float model's
-   (squared error over the output's energy) are kept; on a tie, the chosen ones. On 24 such cases (3 seeds) it
-   lifted the cases within 0.1 point of the best global method from 13 to 15 and the mean top-1 from 97.51 to
-   97.54 %, and left the sparse-tail head of the same benchmark as it was.
+1. **Statistics**, one pass: the float model runs over the calibration batches and every activation quantizer
+   collects its statistics (histograms). One batch in :data:`HOLDOUT_EVERY` (at most :data:`MAX_HOLDOUT` of them)
+   is **held out**: its statistics are kept apart and the float model's outputs on it are recorded.
+2. **Candidates**: every registered calibration method computed from statistics
+   (:data:`qdq.calib.CALIBRATION_METHODS`: max, entropy, mse, percentile, and those registered with
+   :func:`qdq.calib.register_method`), with its default options, sets every activation range from the statistics
+   of the other batches (:func:`candidates`).
+3. **Score**: the model quantized with each candidate's ranges runs on the held-out batches; its
+   :func:`output_fidelity` against the float outputs is the candidate's score (dB, higher is closer).
+4. **Choice** (:func:`choose`): the best score; scores within :data:`TIE_DB` of the best count as equal and the
+   earliest candidate of the registry's order wins (max first: the widest ranges, which also cover data calibration
+   did not see). A candidate whose ranges the diagnostics call destructive (one clips at least
+   :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy) is kept only when it scores
+   :data:`DESTRUCTIVE_MARGIN_DB` above the best candidate that is not, and never silently: the clipping warning
+   names its quantizers (outliers that a saturating layer discards anyway carry energy, not signal).
+5. The chosen method's ranges are then computed from the statistics of **every** batch, held-out ones included.
 
-Cost: the candidates are compared on a share of the calibration samples, :data:`SCORE_FRACTION` (a quarter; the
-statistics use them all; ``score_fraction`` changes it): the first samples of each batch, so that after ``n`` samples
-``ceil(n / 4)`` were scored (batches of one: one batch in four). The pass runs the model once on those samples (the
-sequential stream of 3.) and each quantized layer once more with all its candidates as one batch: its input repeated
-once per candidate, each copy quantized with its own range, its weights quantized once (layers with several quantized
-inputs, or a per-channel activation range, run once per candidate). With 5 candidates (about 4 after merging on the
-digits CNNs) that is about (1 + 4) / 4 model runs over the calibration data, plus the quantization and the error
-sums; the memory is that of the layer's input and output times the number of candidates for one scored sub-batch. The
-model check adds three model runs on the scored samples (float, chosen, widest): 3 / 4 of a model run over the
-calibration data. ``benchmarks/calibration.py`` measures it (resnet18, 4 batches of 16 at 224x224, 4 samples of each
-scored; medians of paired ratios, interleaved, on the shared 2-core VM): the comparison pass costs 1.3x an FP32
-forward over the 4 batches (spread 1.1-1.6; 1.6-1.9x in earlier runs) and 0.9x the histogram calibration pass, the
-model check 0.7x an FP32 forward more; against 5.6x for the comparison pass when it scored the first 2 batches whole
-with 7 candidates. Computing each method's candidate ranges from the histograms comes on top (what
-:func:`qdq.load_amax` costs per method: a few ms per quantizer and method on a quiet machine, 10 to 100x that under
-load). Statistics and errors are summed across processes under ``torch.distributed``, so every rank chooses the same
-ranges; each rank scores its own share of its batches (and its layers see its own choices so far), so the ranges can
-differ from those one process chooses over the whole stream. The pass reads no device value on the host per batch.
+With fewer than :data:`HOLDOUT_EVERY` batches none can be held out: the candidates are scored on the first
+calibration batches themselves (:attr:`AutoResult.held_out` is False and the report says so).
+
+Both front ends run it with the same candidates, fidelity and choice: :func:`select_amax` for PyTorch models
+(``qdq.calibrate(model, data)``), :func:`qdq.onnx_in.auto.select` for ONNX files (``qdq.quantize_onnx``).
+
+Cost: one statistics pass over the calibration data (what any histogram method costs), plus, on the held-out
+batches (a quarter of them at most, :data:`MAX_HOLDOUT` batches at most), one quantized run per candidate.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from qdq.calib.methods import get_method
-from qdq.errors import QdqConfigError
+from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method
 from qdq.markdown import markdown_table
-from qdq.validate import check_range
-from qdq.workflow.auto_passes import Errors, Layer, compare, layers_of, model_errors
-from qdq.workflow.calibration import calibrate, load_amax
-from qdq.workflow.collection import ForwardFn, default_forward, named_quantizers
-from qdq.workflow.distributed import unwrap
-from qdq.workflow.progress import Progress
+from qdq.workflow.calibration import load_amax
+from qdq.workflow.collection import ForwardFn, collect_split, default_forward, named_quantizers
+from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
+from qdq.workflow.distributed import all_reduce_sum, unwrap
+from qdq.workflow.progress import Progress, progress_bar
 
-__all__ = ["AUTO", "CANDIDATES", "MAX", "SCORE_FRACTION", "AmaxChoice", "AutoResult", "calibrate_auto", "select_amax"]
+__all__ = [
+    "AUTO",
+    "DESTRUCTIVE_MARGIN_DB",
+    "HOLDOUT_EVERY",
+    "MAX_HOLDOUT",
+    "TIE_DB",
+    "AutoResult",
+    "FidelityMeter",
+    "candidates",
+    "choose",
+    "held_out",
+    "output_fidelity",
+    "select_amax",
+]
 
 _log = logging.getLogger(__name__)
 
-#: the method name (``qdq.calibrate(model, data, method="auto")``, ``qdq quantize --calib auto``)
+#: the method's name (``qdq.calibrate(model, data, method="auto")``, the default)
 AUTO = "auto"
-#: the model check's alternative: every compared quantizer at its widest candidate
-MAX = "max"
-#: share of the calibration samples the comparison pass scores by default (the statistics use them all): the
-#: first samples of each batch, so that after ``n`` samples ``ceil(n * SCORE_FRACTION)`` were scored
-SCORE_FRACTION = 0.25
-#: candidate ranges, as (registered method, options), each computed from the statistics collected (histograms);
-#: the first of ranges within a quantization
-#: step of each other names them. Percentiles 99.9 and 99.9999 were candidates too: on the 12 digits CNN cases of
-#: benchmarks/calibration_quality.py (219 quantizers) 99.9 was chosen 0 times of 206 offered, 99.9999 once of
-#: 81 (max or 99.999 next to it), so they cost a layer run each for nothing
-CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("max", {}),
-    ("mse", {}),
-    ("entropy", {}),
-    *(("percentile", {"percentile": p}) for p in (99.999, 99.99)),
-)
+#: one calibration batch in this many is held out from setting the ranges, to score the candidates on
+HOLDOUT_EVERY = 4
+#: at most this many batches are held out (the scoring's cost is candidates x held-out batches)
+MAX_HOLDOUT = 8
+#: scores closer than this (dB) to the best count as equal: the earliest such candidate wins
+TIE_DB = 0.1
+#: a candidate whose ranges clip destructively is kept only when it scores this much (dB) above the best one that
+#: does not (and the clipping warning then names its quantizers)
+DESTRUCTIVE_MARGIN_DB = 3.0
+#: a feature reproduced better than this (dB) counts as this: an exact output does not outweigh the others
+_CEILING_DB = 60.0
 
 
-@dataclass
-class AmaxChoice:
-    """The range ``auto`` chose for one quantizer.
+def held_out(index: int, taken: int) -> bool:
+    """Whether calibration batch ``index`` (0-based) is held out, ``taken`` batches having been held out before it."""
+    return index % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 and taken < MAX_HOLDOUT
 
-    Attributes:
-        quantizer: the quantizer's module name.
-        layer: the module whose output was compared (the quantizer itself when it is not an input quantizer).
-        chosen: the label of the chosen candidate (``"mse"``, ``"percentile 99.99"``...).
-        amax: candidate label -> range (largest channel).
-        error: candidate label -> squared error of the layer's output over the batches, relative to the
-            float output's energy (``sum((y_q - y)**2) / sum(y**2)``).
+
+def candidates() -> list[tuple[CalibrationMethod, dict[str, Any]]]:
+    """The registered methods computed from statistics, each with its default options, in registration order."""
+    return [(get_method(name), {}) for name in CALIBRATION_METHODS]
+
+
+class FidelityMeter:
+    """Accumulates, batch by batch, how far outputs are from reference outputs, per output *feature*.
+
+    A feature is one slice along axis 1 of an output of rank 3 or more (a channel of ``[N, C, H, W]``, one row of a
+    detector's ``[N, 4 + classes, anchors]``, one position of ``[N, T, D]``) and the whole tensor otherwise. Integer
+    and boolean outputs are ignored. Sums are float64 over every batch added.
     """
 
-    quantizer: str
-    layer: str
-    chosen: str
-    amax: dict[str, float] = field(default_factory=dict)
-    error: dict[str, float] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._sums: dict[tuple[int, int], np.ndarray] = {}  # (output, feature) -> [n, sum r, sum r^2, sum (q-r)^2]
+
+    def add(self, reference: Sequence[Any], outputs: Sequence[Any]) -> None:
+        """Add one batch: the float model's outputs and the quantized model's, in the same order."""
+        for index, (ref, out) in enumerate(zip(reference, outputs)):
+            ref, out = _array(ref), _array(out)
+            if ref is None or out is None or ref.shape != out.shape or ref.size == 0:
+                continue
+            for feature, (r, q) in enumerate(zip(_features(ref), _features(out))):
+                sums = self._sums.setdefault((index, feature), np.zeros(4))
+                sums += (r.size, r.sum(), np.square(r).sum(), np.square(q - r).sum())
+
+    def sums(self) -> dict[tuple[int, int], np.ndarray]:
+        """``(output index, feature index) -> [count, sum of reference, sum of its squares, sum of squared errors]``."""
+        return {key: value.copy() for key, value in self._sums.items()}
+
+    def score(self) -> float:
+        """:func:`output_fidelity` of what was added (dB); NaN when nothing comparable was added."""
+        return output_fidelity(self._sums)
+
+
+def output_fidelity(sums: Mapping[tuple[int, int], Any]) -> float:
+    """How close outputs are to the reference, in dB (higher is closer): per output feature (see
+    :class:`FidelityMeter`), ``10 log10(variance of the reference / mean squared error)``, capped at 60 dB; averaged
+    over each output's features, then over the outputs. A feature that does not vary (a constant channel) is left
+    out; an output none of whose features varies does not count. NaN when no output counts.
+
+    The variance, not the energy, is the yardstick: an error in pixel coordinates (hundreds) and one in 0-1 class
+    scores are each measured against how much that feature moves, so a detector's scores count as much as its boxes.
+    """
+    per_output: dict[int, list[float]] = {}
+    for (output, _), (count, total, squares, error) in sums.items():
+        variance = squares / count - (total / count) ** 2 if count else 0.0
+        if variance <= 1e-12 * max(squares / count, 1e-30) or variance <= 0:
+            continue
+        mse = error / count
+        decibels = _CEILING_DB if mse <= 0 else min(_CEILING_DB, 10 * math.log10(variance / mse))
+        per_output.setdefault(output, []).append(decibels)
+    if not per_output:
+        return math.nan
+    return float(np.mean([np.mean(values) for values in per_output.values()]))
+
+
+def _array(value: Any) -> np.ndarray | None:
+    """``value`` as a float64 array, or None for an integer or boolean tensor."""
+    array = value.detach().cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
+    return array.astype(np.float64) if np.issubdtype(array.dtype, np.floating) else None
+
+
+def _features(array: np.ndarray) -> Iterable[np.ndarray]:
+    if array.ndim < 3:
+        return (array,)
+    return (array[:, i] for i in range(array.shape[1]))
 
 
 @dataclass
 class AutoResult:
-    """What ``auto`` chose, and what it cost.
+    """What ``auto`` chose, and what every candidate scored.
 
     Attributes:
-        choices: one :class:`AmaxChoice` per activation quantizer, in model order.
-        batches: calibration batches of the comparison pass (those of which it scored samples).
-        layer_runs: quantized-layer evaluations of that pass (candidates x layers x batches).
-        samples: samples it scored (a batch of no tensor counts as one).
-        seconds: wall time of :func:`select_amax` (without the histogram pass).
-        compare_seconds: of which the comparison pass (the rest computes each method's candidate ranges from
-            the histograms, as :func:`qdq.load_amax` would for each method).
-        model_error: the model check (module docstring, 6.): ``"auto"`` (the ranges chosen per quantizer) and
-            ``"max"`` (every compared quantizer at its widest candidate) -> the model output's squared error
-            against the float model's over the output's energy, on the scored samples; empty when not run.
-        kept: which of the two the model was left with (``"auto"`` or ``"max"``).
-        check_seconds: wall time of the model check (included in ``seconds``).
+        chosen: the label of the chosen method (``"mse"``, ``"percentile 99.99"``).
+        scores: candidate label -> :func:`output_fidelity` of the model quantized with its ranges (dB, higher is
+            closer to the float model).
+        clipping: candidate label -> the quantizers whose range under it clips at least
+            :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of their activation's energy (destructive).
+        batches: the batches scored on.
+        held_out: whether those batches were held out from setting the ranges (False with fewer than
+            :data:`HOLDOUT_EVERY` calibration batches: scored on calibration batches).
+        seconds: wall time of the statistics pass (``"statistics"``) and of the scoring (``"scoring"``).
     """
 
-    choices: list[AmaxChoice]
-    batches: int
-    layer_runs: int
-    seconds: float
-    compare_seconds: float = 0.0
-    samples: int = 0
-    model_error: dict[str, float] = field(default_factory=dict)
-    kept: str = AUTO
-    check_seconds: float = 0.0
+    chosen: str
+    scores: dict[str, float]
+    clipping: dict[str, list[str]] = field(default_factory=dict)
+    batches: int = 0
+    held_out: bool = True
+    seconds: dict[str, float] = field(default_factory=dict)
 
-    def counts(self) -> dict[str, int]:
-        """How many quantizers got each candidate."""
-        found: dict[str, int] = {}
-        for choice in self.choices:
-            found[choice.chosen] = found.get(choice.chosen, 0) + 1
-        return found
+    def summary(self) -> str:
+        """One line: the choice, its score and the runner-up's."""
+        where = "held-out calibration batches" if self.held_out else "calibration batches (too few to hold one out)"
+        ranked = sorted(self.scores, key=lambda label: -_finite(self.scores[label]))
+        others = ", ".join(f"{label} {self.scores[label]:.1f} dB" for label in ranked if label != self.chosen)
+        return (f"auto: {self.chosen} ({self.scores[self.chosen]:.1f} dB output fidelity on {self.batches} "
+                f"{where}; {others})")  # fmt: skip
 
     def table(self) -> str:
-        """Markdown table: quantizer, compared at, chosen range, and each candidate's relative output error."""
-        labels = list(dict.fromkeys(label for c in self.choices for label in c.error))
-        rows = [[c.quantizer, c.layer, c.chosen, f"{c.amax[c.chosen]:.4g}",
-                 *(_error(c.error.get(label)) for label in labels)] for c in self.choices]  # fmt: skip
-        return markdown_table(["quantizer", "compared at", "chosen", "amax", *labels], rows)
+        """Markdown table: each candidate's fidelity, whether it clips destructively, and which was chosen."""
+        rows = [[label, f"{score:.2f}", _clips(self.clipping.get(label, [])), "chosen" if label == self.chosen else ""]
+                for label, score in self.scores.items()]  # fmt: skip
+        legend = ("output fidelity: per output feature, 10 log10(variance of the float output / mean squared "
+                  "error), averaged; higher is closer to the float model. destructive: quantizers whose range clips "
+                  f">= {CLIPPED_ENERGY_LIMIT:.0%} of their activation's energy (never chosen while another "
+                  "candidate is not).")  # fmt: skip
+        return markdown_table(["method", "output fidelity (dB)", "destructive", ""], rows) + "\n\n" + legend
 
 
-def _error(value: float | None) -> str:
-    return "" if value is None else f"{value:.3g}"
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf
 
 
-def calibrate_auto(
-    model: nn.Module,
-    data: Iterable[Any],
-    *,
-    num_batches: int | None = None,
-    weight_method: str | None = "max",
-    forward_fn: ForwardFn | None = None,
-    progress: Progress = True,
-    strict: bool = True,
-) -> nn.Module:
-    """``qdq.calibrate(model, data, method="auto")``: histogram statistics, then :func:`select_amax`, then the
-    clipping warning (:func:`qdq.workflow.diagnostics.warn_clipping`)."""
-    return calibrate(model, data, AUTO, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
-                     progress=progress, strict=strict)  # fmt: skip
+def _clips(names: list[str]) -> str:
+    if not names:
+        return ""
+    return f"{len(names)}: {', '.join(names[:3])}" + (", ..." if len(names) > 3 else "")
+
+
+def choose(scores: Mapping[str, float], clipping: Mapping[str, Sequence[str]]) -> str:
+    """The label ``auto`` keeps (see the module docstring, 4.): ``scores`` in the candidates' order."""
+    labels = list(scores)
+    best = _earliest_best(labels, scores)
+    safe = [label for label in labels if not clipping.get(label)]
+    if not clipping.get(best) or not safe:
+        return best
+    fallback = _earliest_best(safe, scores)
+    return best if _finite(scores[best]) >= _finite(scores[fallback]) + DESTRUCTIVE_MARGIN_DB else fallback
+
+
+def _earliest_best(labels: Sequence[str], scores: Mapping[str, float]) -> str:
+    top = max(_finite(scores[label]) for label in labels)
+    if top == -math.inf:
+        return labels[0]
+    return next(label for label in labels if _finite(scores[label]) >= top - TIE_DB)
+
+
+def destructive(named_calibrators: Mapping[str, Any], ranges: Mapping[str, Any], label: str) -> list[str]:
+    """The quantizers (of ``named_calibrators``) whose range in ``ranges`` the diagnostics call destructive."""
+    found = []
+    for name, calibrator in named_calibrators.items():
+        row = diagnose_statistics(name, calibrator, ranges.get(name), label)
+        if row is not None and row.clipping_error is not None and row.clipping_error >= CLIPPED_ENERGY_LIMIT:
+            found.append(name)
+    return found
+
+
+# -- the PyTorch front end -------------------------------------------------------------------------------------
 
 
 def select_amax(
@@ -195,151 +249,79 @@ def select_amax(
     num_batches: int | None = None,
     weight_method: str | None = "max",
     forward_fn: ForwardFn | None = None,
-    candidates: Iterable[tuple[str, dict[str, Any]]] = CANDIDATES,
-    score_fraction: float = SCORE_FRACTION,
-    model_check: bool = True,
     progress: Progress = True,
     strict: bool = True,
 ) -> AutoResult:
-    """Choose each activation quantizer's range among ``candidates`` by the error of its layer's output.
-
-    Call it after :func:`qdq.collect_stats` with histogram statistics (``calibrator="histogram"``); see the
-    module docstring for the criterion. Each quantizer gets the candidate with the smallest error (the larger
-    range among equals) and records it as ``amax_method = "auto: <candidate>"``.
+    """``auto`` on a PyTorch model: collect the statistics (holding batches out), score every candidate, load the
+    chosen method's ranges from every batch's statistics (see the module docstring).
 
     Args:
-        model: the quantized model, statistics collected.
-        data: calibration batches (the ones the statistics came from), fed with ``forward_fn``.
-        num_batches: the statistics came from the first ``num_batches`` batches of ``data`` (None: all).
-        score_fraction: compare the candidates on this share of those batches' samples (0 < share <= 1): the
-            first samples of each batch (:data:`SCORE_FRACTION`; a batch :func:`qdq.utils.batches.sample_count`
-            cannot count is one sample, scored whole or skipped).
-        weight_method: how weight quantizers get their range first (:func:`qdq.load_amax`); None keeps them.
-        candidates: (method, options) pairs of the calibrators' ``compute_amax``.
-        model_check: keep the chosen ranges only if the model's output is no further from the float model's than
-            with every compared quantizer at its widest candidate (module docstring, 6.).
-        progress: show a progress bar.
+        model: the quantized model (its activation quantizers' statistics are collected here, with histograms).
+        data: calibration batches, read once (fed with ``forward_fn``).
+        num_batches: use the first ``num_batches`` batches (None: all).
+        weight_method: how weight quantizers get their range (:func:`qdq.load_amax`); None keeps them.
+        progress: bars for the statistics pass and the scoring.
         strict: a quantizer that saw no data is an error (else it stays dynamic, with a warning).
 
     Returns:
-        An :class:`AutoResult`; the model is left with the chosen ranges.
+        An :class:`AutoResult`; the model is left with the chosen method's ranges (each quantizer's
+        ``amax_method`` reads ``"auto: <method>"``).
     """
-    if not 0 < score_fraction <= 1:
-        raise QdqConfigError(f"score_fraction must be in (0, 1], got {score_fraction}.")
     started = time.perf_counter()
+    forward = forward_fn or default_forward
     module = unwrap(model)
-    load_amax(model, "max", weight_method=weight_method, strict=strict, warn=False)  # also syncs the statistics
-    options = _candidates(module, list(candidates))
-    layers = layers_of(module, list(options))
-    comparing = time.perf_counter()
-    errors = compare(model, module, data, layers, options, (num_batches, score_fraction),
-                     forward_fn or default_forward, progress)  # fmt: skip
-    compared = time.perf_counter() - comparing
-    choices = _choose(module, layers, options, errors)
-    model_error: dict[str, float] = {}
-    checking = time.perf_counter()
-    if model_check and options:
-        widest = {name: ranges[_widest(ranges)] for name, ranges in options.items()}
-        errors_of = model_errors(model, module, data, widest, (num_batches, score_fraction),
-                                 forward_fn or default_forward, progress)  # fmt: skip
-        model_error = {} if errors_of is None else dict(zip((AUTO, MAX), errors_of))
-    kept = MAX if model_error and model_error[MAX] < model_error[AUTO] else AUTO
-    if kept == MAX:
-        _keep_widest(module, options, choices)
-    checked = time.perf_counter() - checking
-    result = AutoResult(choices, errors.batches, errors.layer_runs, time.perf_counter() - started, compared,
-                        errors.samples, model_error, kept, checked)  # fmt: skip
-    _log.info("auto calibration: %s in %.2f s", result.counts(), result.seconds)
+    held = collect_split(model, data, held_out, num_batches=num_batches, calibrator="histogram", forward_fn=forward,
+                         progress=progress)  # fmt: skip
+    statistics = time.perf_counter()
+    scored = held.batches if held.batches else held.first
+    fit = {name: q._calibrator for name, q in named_quantizers(module, weights=False) if q._calibrator is not None}
+    scores: dict[str, float] = {}
+    clipping: dict[str, list[str]] = {}
+    grid = candidates()
+    for method, options in progress_bar(grid, progress, f"auto: scoring {len(grid)} methods"):
+        label = method.label(options)
+        load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False, **options)
+        clipping[label] = destructive(fit, {n: q.amax for n, q in named_quantizers(module, weights=False)}, label)
+        scores[label] = _score(model, scored, forward)
+    chosen = choose(scores, clipping)
+    for name, calibrator in held.calibrators.items():
+        fit[name].merge(calibrator)
+    method = next(m for m, o in grid if m.label(o) == chosen)
+    load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False)
+    for _, quantizer in named_quantizers(module, weights=False):
+        if quantizer.amax_method == chosen:
+            quantizer.amax_method = f"{AUTO}: {chosen}"
+    result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
+                        {"statistics": statistics - started, "scoring": time.perf_counter() - statistics})  # fmt: skip
+    _log.info("%s", result.summary())
     return result
 
 
-# -- candidates ---------------------------------------------------------------------------------------
+def _score(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> float:
+    """The fidelity of ``model`` (quantizing) on ``scored`` (batch, float output) pairs; averaged over the ranks."""
+    meter = FidelityMeter()
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch, reference in scored:
+                meter.add(_outputs(reference), _outputs(forward(model, batch)))
+    finally:
+        model.train(was_training)
+    total, ranks = all_reduce_sum([_finite_or_zero(meter.score()), 1.0])
+    return total / ranks
 
 
-def _candidates(model: nn.Module, grid: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, torch.Tensor]]:
-    """Quantizer name -> {label: range}, for every quantizer with a loaded range: each registered method of
-    ``grid`` whose range its statistics give. A range within one quantization step of an earlier candidate (in every
-    channel) is left out: the two quantize alike up to rounding."""
-    methods = [(get_method(name, who="auto: candidate: "), opts) for name, opts in grid]
-    if any(method.model_level for method, _ in methods):
-        raise QdqConfigError("auto: a candidate must be a method computed from statistics, not a model-level one.")
-    found: dict[str, dict[str, torch.Tensor]] = {}
-    for name, quantizer in named_quantizers(model, weights=False):
-        calibrator = quantizer._calibrator
-        if calibrator is None or quantizer.amax is None or quantizer.learn_amax:  # a learned range is QAT's
-            continue
-        ranges: dict[str, torch.Tensor] = {}
-        for method, opts in methods:
-            if method.accepts is not None and not method.accepts(calibrator):
-                continue  # statistics that cannot give it: a max calibrator's, for a histogram method
-            value = check_range("amax", method.compute_amax(calibrator, **opts), quantizer.amax.device)
-            if not any(_within_a_step(value, seen, quantizer.maxbound) for seen in ranges.values()):
-                ranges[method.label(opts)] = value
-        found[name] = ranges
-    return found
+def _finite_or_zero(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
 
 
-def _within_a_step(a: torch.Tensor, b: torch.Tensor, max_bound: int) -> bool:
-    return bool(((a - b).abs() * max_bound <= torch.maximum(a, b)).all())
-
-
-# -- the choice ---------------------------------------------------------------------------------------
-
-
-def _choose(
-    model: nn.Module, layers: list[Layer], options: dict[str, dict[str, torch.Tensor]], errors: Errors
-) -> list[AmaxChoice]:
-    layer_of = {name: layer.name for layer in layers for name, _ in layer.tuned}
-    modules = dict(model.named_modules())
-    relative = {name: _relative_errors(errors, name) for name in options}
-    chosen: dict[str, str] = {}
-    for group in _same_tensor_groups(options):
-        labels = list(options[group[0]])
-        largest = [float(options[group[0]][label].max()) for label in labels]
-        total = [sum(relative[name][k] for name in group) for k in range(len(labels))]
-        # the smallest error; among equal errors the larger range (it also covers data calibration did not see)
-        best = labels[min(range(len(labels)), key=lambda k: (total[k], -largest[k]))]
-        chosen.update(dict.fromkeys(group, best))
-    choices = []
-    for name, ranges in options.items():
-        quantizer = modules[name]
-        quantizer.amax = ranges[chosen[name]]
-        quantizer.amax_method = f"{AUTO}: {chosen[name]}"
-        shown = dict(zip(ranges, relative[name])) if len(ranges) > 1 else {}
-        choices.append(AmaxChoice(name, layer_of[name], chosen[name],
-                                  {label: float(r.max()) for label, r in ranges.items()}, shown))  # fmt: skip
-    return choices
-
-
-def _relative_errors(errors: Errors, name: str) -> list[float]:
-    """The quantizer's squared output error per candidate over its float output's energy."""
-    energy = float(errors.energy[name])
-    return [s / energy if energy > 0 else 0.0 for s in errors.sums[name].cpu().tolist()]
-
-
-def _same_tensor_groups(options: dict[str, dict[str, torch.Tensor]]) -> list[list[str]]:
-    """Quantizer names grouped by their candidate ranges: equal in every candidate means equal statistics, i.e.
-    quantizers reading one tensor (each name in one group, groups in the order of their first member)."""
-    groups: dict[tuple[Any, ...], list[str]] = {}
-    for name, ranges in options.items():
-        key = tuple((label, tuple(r.detach().cpu().flatten().tolist())) for label, r in ranges.items())
-        groups.setdefault(key, []).append(name)
-    return list(groups.values())
-
-
-# -- the model check's alternative ----------------------------------------------------------------------
-
-
-def _widest(ranges: dict[str, torch.Tensor]) -> str:
-    """The label of the widest candidate: ``max`` when it is one (it always is for histogram statistics)."""
-    return MAX if MAX in ranges else max(ranges, key=lambda label: float(ranges[label].max()))
-
-
-def _keep_widest(module: nn.Module, options: dict[str, dict[str, torch.Tensor]], choices: list[AmaxChoice]) -> None:
-    """Leave every compared quantizer at its widest candidate, and say so in its choice and method."""
-    quantizers = dict(module.named_modules())
-    for choice in choices:
-        label = _widest(options[choice.quantizer])
-        quantizers[choice.quantizer].amax = options[choice.quantizer][label]
-        quantizers[choice.quantizer].amax_method = f"{AUTO}: {label} (model check)"
-        choice.chosen = label
+def _outputs(value: Any) -> list[Any]:
+    """The tensors of a model's output (a tensor, a tuple or list, a dict, a Hugging Face ``ModelOutput``), in order."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _outputs(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _outputs(v)]
+    return []

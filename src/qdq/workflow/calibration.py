@@ -134,7 +134,7 @@ def _collect_hint(method: CalibrationMethod) -> str:
 def calibrate(
     model: nn.Module,
     data: Iterable[Any],
-    method: str = "max",
+    method: str = "auto",
     *,
     num_batches: int | None = None,
     percentile: float | None = None,
@@ -146,16 +146,16 @@ def calibrate(
 ) -> nn.Module:
     """Calibrate ``model`` on ``data``: collect statistics, compute amax with ``method``, load it.
 
-    ``method`` is any registered calibration method (:data:`qdq.calib.METHOD_NAMES`: ``"max"``, ``"entropy"``,
-    ``"mse"``, ``"percentile"``, ``"auto"``, and those registered with :func:`qdq.calib.register_method`). The
-    calibrator is the one the method reads (:attr:`~qdq.calib.CalibrationMethod.calibrator`: a max calibrator for
-    ``"max"``, a histogram for the other built-ins), whatever the descriptors' ``calib_method``; use
-    :func:`collect_stats` and :func:`load_amax` to calibrate with the descriptors' own calibrators.
+    ``method`` is any registered calibration method (:data:`qdq.calib.METHOD_NAMES`: ``"auto"``, the default,
+    ``"max"``, ``"entropy"``, ``"mse"``, ``"percentile"``, and those registered with
+    :func:`qdq.calib.register_method`). The calibrator is the one the method reads
+    (:attr:`~qdq.calib.CalibrationMethod.calibrator`: a max calibrator for ``"max"``, a histogram for the other
+    built-ins), whatever the descriptors' ``calib_method``; use :func:`collect_stats` and :func:`load_amax` to
+    calibrate with the descriptors' own calibrators.
 
-    A model-level method passes over the data once more (``"auto"`` chooses per activation quantizer, among the
-    ranges of several methods, the one with the smallest error at the output of the layer it feeds:
-    :func:`qdq.workflow.auto_calibration.select_amax`), so ``data`` must then be re-iterable (a list or a
-    DataLoader, not an iterator).
+    ``"auto"`` chooses the method for the whole model: every method computed from statistics sets the ranges from
+    most of the batches, the quantized model runs on the batches held out, and the method whose outputs stay
+    closest to the float model's is kept (:mod:`qdq.workflow.auto_calibration`). It reads ``data`` once.
 
     Args:
         percentile: for a method with a ``percentile`` option (``"percentile"``; None: its default, 99.99);
@@ -175,10 +175,11 @@ def calibrate(
     chosen = get_method(method)
     given = {"percentile": percentile} if percentile is not None and "percentile" in chosen.options else {}
     options = chosen.resolve_options({**given, **method_options})
-    if chosen.model_level:
+    if chosen.model_level and not chosen.collects:
         check_reiterable(data, chosen.name)
-    collect_stats(model, data, num_batches=num_batches, calibrator=chosen.calibrator, forward_fn=forward_fn,
-                  progress=progress)  # fmt: skip
+    if not chosen.collects:
+        collect_stats(model, data, num_batches=num_batches, calibrator=chosen.calibrator, forward_fn=forward_fn,
+                      progress=progress)  # fmt: skip
     if chosen.select is not None:
         chosen.select(model, data, num_batches=num_batches, weight_method=weight_method, forward_fn=forward_fn,
                       progress=progress, strict=strict, **options)  # fmt: skip

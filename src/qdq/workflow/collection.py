@@ -20,6 +20,7 @@ import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,9 +35,12 @@ from qdq.workflow.distributed import rank, unwrap, world_size
 from qdq.workflow.progress import Progress, progress_bar
 
 __all__ = [
+    "MAX_KEPT",
     "ForwardFn",
+    "HeldOut",
     "batch_total",
     "check_reiterable",
+    "collect_split",
     "collect_stats",
     "default_forward",
     "local_batches",
@@ -205,6 +209,57 @@ def collect_stats(
     Raises:
         QdqCalibrationError: empty data, or NaN/Inf in a quantizer's input (named).
     """
+    return _collect(model, data, None, num_batches, calibrator, forward_fn, progress, calibrator_options).model
+
+
+@dataclass
+class HeldOut:
+    """What :func:`collect_split` held out.
+
+    Attributes:
+        model: the model given (a DistributedDataParallel wrapper stays one).
+        calibrators: activation quantizer name -> the statistics of the held-out batches (the quantizer's own
+            calibrator has the other batches').
+        batches: the held-out batches, each with the float model's output on it.
+        first: when no batch was held out, the first batches with their float outputs (as many as ``MAX_KEPT``).
+    """
+
+    model: nn.Module
+    calibrators: dict[str, Any] = field(default_factory=dict)
+    batches: list[tuple[Any, Any]] = field(default_factory=list)
+    first: list[tuple[Any, Any]] = field(default_factory=list)
+
+
+#: :func:`collect_split` keeps at most this many of the first batches when none is held out
+MAX_KEPT = 8
+
+
+def collect_split(
+    model: nn.Module,
+    data: Iterable[Any],
+    held_out: Callable[[int, int], bool],
+    *,
+    num_batches: int | None = None,
+    calibrator: str | None = None,
+    forward_fn: ForwardFn | None = None,
+    progress: Progress = True,
+    **calibrator_options: Any,
+) -> HeldOut:
+    """:func:`collect_stats`, with the batches ``held_out(index, held so far)`` picks collected apart: their
+    statistics go to a second calibrator per quantizer and the float model's outputs on them are kept."""
+    return _collect(model, data, held_out, num_batches, calibrator, forward_fn, progress, calibrator_options)
+
+
+def _collect(
+    model: nn.Module,
+    data: Iterable[Any],
+    held_out: Callable[[int, int], bool] | None,
+    num_batches: int | None,
+    calibrator: str | None,
+    forward_fn: ForwardFn | None,
+    progress: Progress,
+    calibrator_options: dict[str, Any],
+) -> HeldOut:
     wrapper, model = model, unwrap(model)
     batches = local_batches(data, num_batches)
     quantizers = named_quantizers(model, weights=False)
@@ -212,12 +267,38 @@ def collect_stats(
         raise QdqConfigError("the model has no enabled activation quantizer; call qdq.quantize_model first.")
     for _, quantizer in quantizers:
         quantizer.calibrator = _make_calibrator(quantizer, calibrator, **calibrator_options)
+    result = HeldOut(wrapper)
+    if held_out is not None:
+        result.calibrators = {n: _make_calibrator(q, calibrator, **calibrator_options) for n, q in quantizers}
     forward = forward_fn or default_forward
     total = batch_total(data, num_batches)
     calibration_started(model)
     with _calibration_mode(model, quantizers), torch.no_grad():
-        for batch in progress_bar(batches, progress, "calibrating", total=total):
-            forward(model, batch)
+        for index, batch in enumerate(progress_bar(batches, progress, "calibrating", total=total)):
+            if held_out is None:
+                forward(wrapper, batch)
+            elif held_out(index, len(result.batches)):
+                with _collecting_into(quantizers, result.calibrators):
+                    result.batches.append((batch, forward(wrapper, batch)))
+            else:
+                output = forward(wrapper, batch)
+                if len(result.first) < MAX_KEPT:
+                    result.first.append((batch, output))
+    if result.batches:
+        result.first = []
     for message in calibration_finished(model):  # e.g. the target's shape conditions on attention, now known
-        warnings.warn(message, stacklevel=2)
-    return wrapper
+        warnings.warn(message, stacklevel=3)
+    return result
+
+
+@contextlib.contextmanager
+def _collecting_into(quantizers: list[tuple[str, TensorQuantizer]], calibrators: dict[str, Any]) -> Iterator[None]:
+    """The quantizers collect into ``calibrators`` (by name) instead of their own, inside the context."""
+    saved = [q._calibrator for _, q in quantizers]
+    try:
+        for name, quantizer in quantizers:
+            quantizer.calibrator = _NamedCollector(calibrators[name], name)
+        yield
+    finally:
+        for (_, quantizer), calibrator in zip(quantizers, saved):
+            quantizer.calibrator = calibrator

@@ -38,7 +38,7 @@ def test_a_bias_too_large_for_its_weight_step_widens_the_step_and_stays_int8(tmp
     rng = np.random.default_rng(1)
     data = [{"x": rng.normal(size=(1, 4, 6, 6)).astype(np.float32)} for _ in range(2)]
     result = qdq.quantize_onnx(source, data, tmp_path / "q.onnx", target="onnxruntime", bias_correction=False,
-                               target_options={"weights": "int8"}, progress=False)  # fmt: skip
+                               target_options={"weights": "int8"}, progress=False, method="max")  # fmt: skip
     model = onnx.load(str(result.path))
     widened = json.loads({p.key: p.value for p in model.metadata_props}[WIDENED_METADATA_KEY])
     assert list(widened) == ["dw"] and widened["dw"] > 1.0 and result.widened_weights == widened

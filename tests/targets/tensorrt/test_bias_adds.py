@@ -42,7 +42,7 @@ def _data() -> list[dict[str, np.ndarray]]:
 @pytest.mark.parametrize("float_type", ["float32", "float16"])
 def test_a_bias_add_after_a_matmul_is_no_residual_add(tmp_path, float_type):
     result = qdq.quantize_onnx(_linear_model(residual=False), _data(), tmp_path / "q.onnx", target="tensorrt",
-                               target_options={"float": float_type}, progress=False)  # fmt: skip
+                               target_options={"float": float_type}, progress=False, method="max")  # fmt: skip
     report = check_tensorrt(result.path)
     assert report.ok, str(report)
     assert report.int8_ops == 2
@@ -53,7 +53,7 @@ def test_a_bias_add_after_a_matmul_is_no_residual_add(tmp_path, float_type):
 @pytest.mark.parametrize("float_type", ["float32", "float16"])
 def test_a_residual_add_after_a_biased_matmul_quantizes_its_shortcut(tmp_path, float_type):
     result = qdq.quantize_onnx(_linear_model(residual=True), _data(), tmp_path / "q.onnx", target="tensorrt",
-                               target_options={"float": float_type}, progress=False)  # fmt: skip
+                               target_options={"float": float_type}, progress=False, method="max")  # fmt: skip
     report = check_tensorrt(result.path)
     assert report.ok, str(report)
     model = onnx.load(str(result.path))
@@ -76,7 +76,7 @@ def test_an_add_of_a_conv_output_other_ops_read_is_no_residual_add(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])], inits)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     data = [{"x": rng.normal(size=(1, 3, 6, 6)).astype(np.float32)} for _ in range(2)]
-    result = qdq.quantize_onnx(model, data, tmp_path / "q.onnx", target="tensorrt", progress=False)
+    result = qdq.quantize_onnx(model, data, tmp_path / "q.onnx", target="tensorrt", progress=False, method="max")
     report = check_tensorrt(result.path)
     assert report.ok, str(report)
     assert report.int8_ops == 2

@@ -59,7 +59,7 @@ def test_a_recurrent_readers_index_outputs_and_a_comparison_survive_the_float16_
     files = {}
     for kind in ("float32", "float16"):
         result = qdq.quantize_onnx(_reader(), data, tmp_path / f"{kind}.onnx", target="tensorrt",
-                                   target_options={"float": kind}, progress=False)  # fmt: skip
+                                   target_options={"float": kind}, progress=False, method="max")  # fmt: skip
         report = check_tensorrt(result.path)
         assert report.ok, str(report)
         files[kind] = result.path
