@@ -98,3 +98,27 @@ def test_both_doors_quantize_the_same_reads_with_the_same_steps(tmp_path, name, 
         assert (source, zero) == (other_source, other_zero), read
         # max calibration on the same data: ranges equal up to float32 summation order (ORT vs PyTorch kernels)
         np.testing.assert_allclose(step, other_step, rtol=2e-6, err_msg=str(read))
+
+
+def test_both_doors_choose_the_same_method_by_default(tmp_path):
+    """The default calibration (auto) of a torchvision ResNet-18 through both doors: the same held-out batches, the
+    same candidates with the same output fidelity (up to float32 kernels and the roundings they flip: 0.5 dB) and the same method chosen. Its
+    inputs have rare large values that a linear first layer carries, so one candidate leads clearly."""
+    model = _folded("resnet18")
+    data = []
+    for i in range(8):
+        x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(i))
+        x[:, :, i % 4, (3 * i) % 32] = 40.0  # a bright spot in every image
+        data.append(x)
+    float_path = tmp_path / "float.onnx"
+    torch.onnx.export(model, (data[0][:1],), str(float_path), dynamo=False, opset_version=17, input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+    onnx_door = qdq.quantize_onnx(float_path, [{"x": d.numpy()} for d in data], tmp_path / "onnx_door.onnx",
+                                  target="onnxruntime", bias_correction=False, progress=False)  # fmt: skip
+    quantized = qdq.quantize_model(copy.deepcopy(model), qdq.QuantConfig(target="onnxruntime"))
+    torch_door = qdq.workflow.select_amax(quantized, data, progress=False)
+    assert onnx_door.auto is not None and onnx_door.auto.held_out and torch_door.held_out
+    assert onnx_door.auto.batches == torch_door.batches == 2
+    assert onnx_door.auto.chosen == torch_door.chosen and onnx_door.method == f"auto: {torch_door.chosen}"
+    for label, score in torch_door.scores.items():
+        assert abs(onnx_door.auto.scores[label] - score) < 0.5, (label, onnx_door.auto.table(), torch_door.table())
