@@ -505,3 +505,24 @@ def test_a_tensorrt_11_file_with_an_int8_concatenation_runs_on_onnx_runtime(tmp_
     assert any(n.op_type == "Concat" for n in onnx.load(str(result.path)).graph.node)
     out = run(result.path, data[0])[0]
     assert steps_apart(run(float_path, data[0])[0], out.astype(np.float32)) <= 12
+
+
+def test_the_default_is_auto_every_candidate_scored_and_bias_correction_kept_only_where_it_scores(tmp_path):
+    """No method given: auto. Every registered method computed from statistics is scored on the held-out batches
+    (one in four), the report shows the table; bias correction is scored as one more row for the chosen method and
+    applied only when that row wins; with bias_correction=False it is neither scored nor applied."""
+    torch.manual_seed(0)
+    float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
+    data = batches((2, 3, 16, 16), count=8)
+    result = qdq.quantize_onnx(float_path, data, tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    auto = result.auto
+    assert auto is not None and auto.held_out and auto.batches == 2 and result.batches == 8
+    assert result.method == f"auto: {auto.chosen}"
+    corrected = f"{auto.chosen} + bias correction"
+    assert set(auto.scores) == {*(m.label(o) for m, o in qdq.workflow.auto_calibration.candidates()), corrected}
+    assert auto.bias_correction == (auto.scores[corrected] >= auto.scores[auto.chosen] + 0.1)
+    assert bool([s for s in result.bias_shifts if s.applied]) == auto.bias_correction
+    assert auto.summary() in result.report() and "| chosen |" in result.report()
+    plain = qdq.quantize_onnx(float_path, data, tmp_path / "plain.onnx", target="onnxruntime", bias_correction=False,
+                              progress=False)  # fmt: skip
+    assert plain.auto.bias_correction is None and not plain.bias_shifts and plain.auto.chosen == auto.chosen

@@ -5,13 +5,15 @@ the result are that module's) on an ONNX graph. :func:`qdq.onnx_in.calibrate.col
 (their statistics apart, their feeds and the float outputs kept); here each candidate's ranges are written as Q/DQ
 nodes into a copy of the prepared graph (the target's rewrite is not needed to compare ranges), which runs on ONNX
 Runtime with its graph optimizations off (each Q and DQ computed as written: what the int8 kernels compute, on any
-CPU) over the held-out batches; the chosen method's ranges then come from every batch's statistics.
+CPU) over the held-out batches; the chosen method's ranges then come from every batch's statistics. Bias correction
+(on by default in :func:`qdq.quantize_onnx`) is kept only where the chosen method scores higher with it.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,9 +21,18 @@ import onnx
 
 from qdq.graphs.onnx_session import ort_session, session_options
 from qdq.graphs.view import GraphView
+from qdq.onnx_in.bias_correction import correct_biases
 from qdq.onnx_in.calibrate import Statistics
 from qdq.onnx_in.materialize import quantizer_names, write_qdq
-from qdq.workflow.auto_calibration import AutoResult, FidelityMeter, candidates, choose, destructive
+from qdq.workflow.auto_calibration import (
+    BIAS_CORRECTION,
+    TIE_DB,
+    AutoResult,
+    FidelityMeter,
+    candidates,
+    choose,
+    destructive,
+)
 from qdq.workflow.progress import Progress, counter
 
 __all__ = ["select"]
@@ -33,6 +44,7 @@ def select(
     statistics: Statistics,
     weights: Mapping[int, np.ndarray],
     *,
+    bias_batches: Sequence[Mapping[str, np.ndarray]] = (),
     threads: int | None = None,
     progress: Progress = True,
 ) -> tuple[dict[int, np.ndarray], AutoResult]:
@@ -43,6 +55,10 @@ def select(
         statistics: from :func:`qdq.onnx_in.calibrate.collect` with ``held_out``; its held-out statistics are merged
             into the others here.
         weights: the weight ranges the file will have (by quantizer ``id``).
+        bias_batches: calibration batches (not held out) for bias correction: when given, the chosen method is
+            scored once more with its biases corrected on them (:mod:`qdq.onnx_in.bias_correction`), and
+            ``result.bias_correction`` says whether that scores at least :data:`TIE_DB` higher (a correction
+            measured on a few batches can add more error than it removes).
     """
     started = time.perf_counter()
     names = quantizer_names(view)
@@ -60,10 +76,19 @@ def select(
     bar.close()
     chosen = choose(scores, clipping)
     method, options = next((m, o) for m, o in grid if m.label(o) == chosen)
+    corrected = None
+    if bias_batches:
+        ranges = {**statistics.ranges(method.name, **options), **weights}
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        correct_biases(copy, view, ranges, list(bias_batches), threads=threads, progress=False)
+        label = f"{chosen} + {BIAS_CORRECTION}"
+        scores[label] = _score(copy, view, ranges, statistics.scored, threads)
+        corrected = _finite(scores[label]) >= _finite(scores[chosen]) + TIE_DB
     held_out = bool(statistics.held_out)
     statistics.merge_held_out()
     result = AutoResult(chosen, scores, clipping, len(statistics.scored), held_out,
-                        {"scoring": time.perf_counter() - started})  # fmt: skip
+                        {"scoring": time.perf_counter() - started}, corrected)  # fmt: skip
     return statistics.ranges(method.name, **options), result
 
 
@@ -80,3 +105,7 @@ def _score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndar
         outputs: list[Any] = session.run(None, {name: array for name, array in feed.items() if name in inputs})
         meter.add(reference, outputs)
     return meter.score()
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf

@@ -180,7 +180,8 @@ def quantize_onnx(
             them quantized stay float): what :func:`qdq.tune` switches.
         bias_correction: shift the bias of each quantized Conv, Gemm and linear MatMul by the mean error its
             input and weight quantization add on the first calibration batches (:mod:`qdq.onnx_in.bias_correction`;
-            one more pass of the float model over up to 8 batches, no more than ``num_batches``). ``False`` keeps
+            one more pass of the float model over up to 8 batches, no more than ``num_batches``); with
+            ``method="auto"`` only where the held-out batches score higher with it (``result.auto``). ``False`` keeps
             the file's biases.
         bias_shifts: the shifts of an earlier call with the same ranges (``result.bias_shifts``, with
             ``value_ranges``): applied again to the layers still quantized, without measuring.
@@ -216,7 +217,10 @@ def quantize_onnx(
                              threads=threads, progress=progress,
                              held_out=held_out if calibration_method.model_level else None)  # fmt: skip
         if calibration_method.model_level:
-            ranges, auto = auto_ranges.select(proto, view, statistics, weights, threads=threads, progress=progress)
+            fit = [b for i, b in enumerate(kept[:_BIAS_BATCHES]) if not held_out(i, 0)] if bias_correction else []
+            ranges, auto = auto_ranges.select(proto, view, statistics, weights, bias_batches=fit, threads=threads,
+                                              progress=progress)  # fmt: skip
+            bias_correction = bias_correction and bool(auto.bias_correction)
         else:
             ranges = statistics.ranges(method, **method_options)
         batches = statistics.batches

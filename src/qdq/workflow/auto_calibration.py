@@ -55,6 +55,7 @@ from qdq.workflow.progress import Progress, progress_bar
 
 __all__ = [
     "AUTO",
+    "BIAS_CORRECTION",
     "DESTRUCTIVE_MARGIN_DB",
     "HOLDOUT_EVERY",
     "MAX_HOLDOUT",
@@ -81,6 +82,8 @@ TIE_DB = 0.1
 #: a candidate whose ranges clip destructively is kept only when it scores this much (dB) above the best one that
 #: does not (and the clipping warning then names its quantizers)
 DESTRUCTIVE_MARGIN_DB = 3.0
+#: how a candidate scored with its biases corrected is labelled: ``"<method> + bias correction"``
+BIAS_CORRECTION = "bias correction"
 #: a feature reproduced better than this (dB) counts as this: an exact output does not outweigh the others
 _CEILING_DB = 60.0
 
@@ -173,6 +176,8 @@ class AutoResult:
         held_out: whether those batches were held out from setting the ranges (False with fewer than
             :data:`HOLDOUT_EVERY` calibration batches: scored on calibration batches).
         seconds: wall time of the statistics pass (``"statistics"``) and of the scoring (``"scoring"``).
+        bias_correction: whether bias correction is kept (the ONNX front end scores the chosen method with it too,
+            under the label ``"<method> + bias correction"``); None where it was not scored.
     """
 
     chosen: str
@@ -181,18 +186,21 @@ class AutoResult:
     batches: int = 0
     held_out: bool = True
     seconds: dict[str, float] = field(default_factory=dict)
+    bias_correction: bool | None = None
 
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
         where = "held-out calibration batches" if self.held_out else "calibration batches (too few to hold one out)"
         ranked = sorted(self.scores, key=lambda label: -_finite(self.scores[label]))
         others = ", ".join(f"{label} {self.scores[label]:.1f} dB" for label in ranked if label != self.chosen)
-        return (f"auto: {self.chosen} ({self.scores[self.chosen]:.1f} dB output fidelity on {self.batches} "
+        corrected = {True: ", with bias correction", False: ", without bias correction", None: ""}[self.bias_correction]
+        return (f"auto: {self.chosen}{corrected} ({self.scores[self.chosen]:.1f} dB output fidelity on {self.batches} "
                 f"{where}; {others})")  # fmt: skip
 
     def table(self) -> str:
         """Markdown table: each candidate's fidelity, whether it clips destructively, and which was chosen."""
-        rows = [[label, f"{score:.2f}", _clips(self.clipping.get(label, [])), "chosen" if label == self.chosen else ""]
+        kept = f"{self.chosen} + {BIAS_CORRECTION}" if self.bias_correction else self.chosen
+        rows = [[label, f"{score:.2f}", _clips(self.clipping.get(label, [])), "chosen" if label == kept else ""]
                 for label, score in self.scores.items()]  # fmt: skip
         legend = ("output fidelity: per output feature, 10 log10(variance of the float output / mean squared "
                   "error), averaged; higher is closer to the float model. destructive: quantizers whose range clips "
