@@ -102,8 +102,8 @@ def test_both_doors_quantize_the_same_reads_with_the_same_steps(tmp_path, name, 
 
 def test_both_doors_choose_the_same_method_by_default(tmp_path):
     """The default calibration (auto) of a torchvision ResNet-18 through both doors: the same held-out batches, the
-    same candidates with the same output fidelity (up to float32 kernels and the roundings they flip: 0.5 dB) and the same method chosen. Its
-    inputs have rare large values that a linear first layer carries, so one candidate leads clearly."""
+    same candidates with the same output fidelity (up to float32 kernels and the roundings they flip: 0.5 dB) and
+    the same method chosen. Its inputs have rare large values that a linear first layer carries."""
     model = _folded("resnet18")
     data = []
     for i in range(8):

@@ -13,11 +13,11 @@ from qdq.utils.batches import (
     ModelInputs,
     call_model,
     flatten_outputs,
-    leading_samples,
     model_inputs,
     onnx_input_names,
     output_names,
     sample_count,
+    sample_slice,
     split_labels,
 )
 
@@ -168,12 +168,14 @@ def test_sample_count_is_dimension_zero_of_the_first_tensor():
     assert sample_count(torch.tensor(2.0)) is None and sample_count("text") is None and sample_count([]) is None
 
 
-def test_leading_samples_cuts_every_per_sample_tensor_alike():
+def test_sample_slice_cuts_every_per_sample_tensor_alike():
     Pair = namedtuple("Pair", "x y")
     x, y, shared = torch.arange(12.0).reshape(6, 2), torch.arange(6), torch.ones(1, 2)
-    cut = leading_samples(((x, shared), {"y": y, "n": 3}), 2)
+    cut = sample_slice(((x, shared), {"y": y, "n": 3}), 0, 2)
     assert torch.equal(cut[0][0], x[:2]) and cut[0][1] is shared  # dimension 0 of another size: as it is
     assert torch.equal(cut[1]["y"], y[:2]) and cut[1]["n"] == 3
-    named = leading_samples(Pair(x, y), 4)
+    named = sample_slice(Pair(x, y), 0, 4)
     assert isinstance(named, Pair) and named.x.shape == (4, 2) and named.y.shape == (4,)
-    assert leading_samples(x, 6) is x and leading_samples("text", 1) == "text"
+    tail = sample_slice(Pair(x, y), 4, 6)
+    assert torch.equal(tail.x, x[4:]) and torch.equal(tail.y, y[4:])
+    assert sample_slice(x, 0, 6) is x and sample_slice("text", 0, 1) == "text"

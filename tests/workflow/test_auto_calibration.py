@@ -13,6 +13,7 @@ from torch import nn
 import qdq
 from detector_sample import tail_signal_data
 from qdq.errors import QdqCalibrationWarning
+from qdq.quantizer import disabled_quantizers
 from qdq.workflow.auto_calibration import (
     DESTRUCTIVE_MARGIN_DB,
     HOLDOUT_EVERY,
@@ -25,6 +26,7 @@ from qdq.workflow.auto_calibration import (
     select_amax,
 )
 from qdq.workflow.calibration import calibrate, named_quantizers
+from qdq.workflow.collection import collect_split
 from qdq.workflow.post_training import ptq
 
 
@@ -85,13 +87,17 @@ def test_choose_takes_the_best_the_earliest_of_ties_and_a_destructive_range_only
     assert choose({"max": math.nan, "mse": 3.0}, {}) == "mse"
 
 
-def test_one_batch_in_four_is_held_out_up_to_the_maximum():
+def test_the_last_quarter_of_each_batch_or_one_batch_in_four_is_held_out_up_to_the_maximum():
+    assert [held_out(i, 0, 8) for i in range(4)] == [2, 2, 2, 2]  # splittable: the last quarter of each
+    assert [held_out(i, 0, 3) for i in range(8)] == [0, 0, 0, 3, 0, 0, 0, 3]  # too small to split: whole batches
+    assert [held_out(i, 0) for i in range(4)] == [0, 0, 0, 1]  # samples unknown: whole batches
     taken, picked = 0, []
-    for index in range(4 * MAX_HOLDOUT + 8):
+    for index in range(HOLDOUT_EVERY * MAX_HOLDOUT + 8):
         if held_out(index, taken):
             picked.append(index)
             taken += 1
     assert picked == [HOLDOUT_EVERY * k + HOLDOUT_EVERY - 1 for k in range(MAX_HOLDOUT)]
+    assert held_out(0, MAX_HOLDOUT, 100) == 0
 
 
 def test_the_candidates_are_every_registered_method_computed_from_statistics():
@@ -134,7 +140,7 @@ def test_outliers_that_carry_the_output_keep_a_range_that_holds_them():
     assert result.chosen in ("max", "mse"), result.table()
     assert result.clipping["percentile 99.99"] and result.clipping["entropy"]
     assert result.scores[result.chosen] > result.scores["percentile 99.99"] + 6
-    assert result.held_out and result.batches == 2
+    assert result.held_out and result.batches == 8  # the last 16 of each batch of 64
     assert float(model.fc._input_quantizer.amax) >= 0.9 * 60.0
     assert model.fc._input_quantizer.amax_method == f"auto: {result.chosen}"
 
@@ -183,14 +189,31 @@ def test_a_tail_entropy_clips_is_flagged_destructive_and_not_chosen():
 
 
 def test_the_report_lists_every_candidate_and_says_when_nothing_was_held_out():
+    batches = [b[:3] for b in _outlier_batches(2, 60.0, count=2)]  # two batches of three samples: nothing to spare
     model = qdq.quantize_model(_Probe(256))
-    result = select_amax(model, _outlier_batches(2, 60.0, count=2), progress=False)
+    result = select_amax(model, batches, progress=False)
     assert not result.held_out and result.batches == 2
     assert "too few to hold one out" in result.summary()
     table = result.table()
     for method, options in candidates():
         assert method.label(options) in table
     assert table.count("| chosen |") == 1
+
+
+def test_held_out_samples_are_collected_apart_and_kept_with_their_float_outputs():
+    """collect_split: the last quarter of each batch goes to the second calibrators (a value of 50 there is not in
+    the kept statistics), with the float model's output on exactly those samples."""
+    batches = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    batches[0][7, 0] = 50.0  # in a held-out sample (the last two of each batch)
+    model = qdq.quantize_model(_Probe(16))
+    held = collect_split(model, batches, held_out, calibrator="max", progress=False)
+    quantizer = model.fc._input_quantizer
+    assert float(quantizer._calibrator.compute_amax()) == max(float(b[:6].abs().max()) for b in batches) < 50
+    assert float(held.calibrators["fc._input_quantizer"].compute_amax()) == 50.0
+    assert [tuple(b.shape) for b, _ in held.batches] == [(2, 16)] * 4 and not held.first
+    with torch.no_grad(), disabled_quantizers(model):
+        for (batch, output), full in zip(held.batches, batches):
+            assert torch.equal(batch, full[6:]) and torch.allclose(output, model(batch))
 
 
 def test_auto_reads_a_one_shot_iterator_once():

@@ -12,7 +12,7 @@ around a MaxPool) collects all of them. Weights are ranged from the weights them
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from qdq.onnx_in.subgraphs import expose
 from qdq.onnx_in.view import keep_unreached_float, weight_axis
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["Statistics", "collect", "ort_session", "weight_ranges"]
+__all__ = ["Statistics", "collect", "kept_parts", "ort_session", "weight_ranges"]
 
 #: with ``held_out``, :func:`collect` keeps at most this many of the first batches when none is held out
 MAX_KEPT = 8
@@ -82,14 +82,15 @@ def collect(
     num_batches: int | None = None,
     threads: int | None = None,
     progress: Progress = True,
-    held_out: Callable[[int, int], bool] | None = None,
+    held_out: HeldOutRule | None = None,
 ) -> Statistics:
     """Run the float ``model`` over ``data`` (dicts of graph input name -> array) and collect every activation
     quantizer's statistics with ``calibrator`` (``"max"`` or ``"histogram"``). A quantizer the data never reached
     (inside an ``If`` branch no batch took) goes from ``view``, the ops reading through it left float.
 
-    ``held_out(index, held so far)`` picks batches whose statistics are kept apart and whose feeds and float
-    outputs are kept (:class:`Statistics`; ``method="auto"`` scores its candidates on them).
+    ``held_out(index, batches held out so far, samples)`` says how many of a batch's last samples (along dimension 0,
+    when it is dynamic in every input; else the whole batch) have their statistics kept apart and their feeds and
+    float outputs kept (:class:`Statistics`; ``method="auto"`` scores its candidates on them).
 
     Raises:
         QdqConfigError: no data, a batch that is not a dict of the graph's inputs.
@@ -102,6 +103,7 @@ def collect(
     probe = probe_model(model, tensors)
     inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     graph_outputs = [o.name for o in model.graph.output]
+    batched = _batched_inputs(model, inputs)
     kept: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
     first: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
     with tempfile.TemporaryDirectory(prefix="qdq-calibrate-") as folder:
@@ -111,18 +113,20 @@ def collect(
         seen, reached = 0, set()
         for batch in _batches(data, num_batches):
             feed = _feed(batch, inputs, seen)
-            keep = held_out is not None and (held_out(seen, len(kept)) or (not kept and len(first) < MAX_KEPT))
-            fetched = list(dict.fromkeys([*tensors, *graph_outputs])) if keep else tensors
-            outputs = dict(zip(fetched, session.run(fetched, feed)))
-            aside = held_out is not None and held_out(seen, len(kept))
-            if keep:
-                (kept if aside else first).append((feed, [outputs[name] for name in graph_outputs]))
-            into = apart if aside else calibrators
-            for key, names in reading.items():
-                for name in (n for n in names if outputs[n].size):  # empty: an If branch this batch did not take
-                    into[key].collect(torch.from_numpy(np.ascontiguousarray(outputs[name], np.float32)))
-                    reached.add(key)
-            del outputs
+            aside = held_out(seen, len(kept), _samples(feed, batched)) if held_out is not None else 0
+            for part, into in zip(_split(feed, aside), (calibrators, apart)):
+                if part is None:
+                    continue
+                keep = into is apart or (held_out is not None and not kept and len(first) < MAX_KEPT)
+                fetched = list(dict.fromkeys([*tensors, *graph_outputs])) if keep else tensors
+                outputs = dict(zip(fetched, session.run(fetched, part)))
+                if keep:
+                    (kept if into is apart else first).append((part, [outputs[name] for name in graph_outputs]))
+                for key, names in reading.items():
+                    for name in (n for n in names if outputs[n].size):  # empty: an If branch this batch did not take
+                        into[key].collect(torch.from_numpy(np.ascontiguousarray(outputs[name], np.float32)))
+                        reached.add(key)
+                del outputs
             seen += 1
             bar.update()
         bar.close()
@@ -187,6 +191,45 @@ def probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
             helper.make_tensor_value_info(name, elem, None) if elem in _FLOAT_TYPES else onnx.ValueInfoProto(name=name)
         )  # no type known: ONNX Runtime infers it
     return probe
+
+
+Feed = dict[str, np.ndarray]
+HeldOutRule = Callable[[int, int, int | None], int]
+"""``held_out(batch index, batches held out so far, samples or None) -> samples held out`` (the last ones)."""
+
+
+def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOutRule) -> list[Feed]:
+    """The first ``batches`` as :func:`collect` reads them with ``held_out``, without their held-out samples."""
+    inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    batched, parts = _batched_inputs(model, inputs), []
+    for index, batch in enumerate(batches):
+        feed = _feed(batch, inputs, index)
+        part, _ = _split(feed, held_out(index, 0, _samples(feed, batched)))
+        parts += [part] if part is not None else []
+    return parts
+
+
+def _batched_inputs(model: onnx.ModelProto, inputs: list[str]) -> bool:
+    """Whether dimension 0 of every data input is dynamic (a batch axis a feed can be split along)."""
+    shapes = {i.name: i.type.tensor_type.shape for i in model.graph.input if i.name in inputs}
+    return bool(shapes) and all(len(shape.dim) > 0 and not shape.dim[0].dim_value for shape in shapes.values())
+
+
+def _samples(feed: Mapping[str, np.ndarray], batched: bool) -> int | None:
+    """The samples of ``feed`` along its batch axis (dimension 0 of every input, of one size), or None."""
+    sizes = {array.shape[0] if array.ndim else None for array in feed.values()}
+    return sizes.pop() if batched and len(sizes) == 1 and None not in sizes else None
+
+
+def _split(feed: Feed, aside: int) -> tuple[Feed | None, Feed | None]:
+    """``feed`` as (the samples kept, the last ``aside`` held out); None for an empty part."""
+    size = _samples(feed, True)
+    if not aside:
+        return feed, None
+    if size is None or aside >= size:
+        return None, feed
+    return ({name: array[: size - aside] for name, array in feed.items()},
+            {name: array[size - aside:] for name, array in feed.items()})  # fmt: skip
 
 
 def _batches(data: Iterable[Any], limit: int | None) -> Iterable[Any]:

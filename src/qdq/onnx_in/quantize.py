@@ -39,7 +39,7 @@ from qdq.graphs import ops as vocab
 from qdq.markdown import markdown_table
 from qdq.onnx_in import auto as auto_ranges
 from qdq.onnx_in.bias_correction import BiasShift, correct_biases
-from qdq.onnx_in.calibrate import Statistics, collect, weight_ranges
+from qdq.onnx_in.calibrate import Statistics, collect, kept_parts, weight_ranges
 from qdq.onnx_in.materialize import quantizer_names
 from qdq.onnx_in.prepared import PreparedModel
 from qdq.quantizer import STEP_TYPES
@@ -217,7 +217,7 @@ def quantize_onnx(
                              threads=threads, progress=progress,
                              held_out=held_out if calibration_method.model_level else None)  # fmt: skip
         if calibration_method.model_level:
-            fit = [b for i, b in enumerate(kept[:_BIAS_BATCHES]) if not held_out(i, 0)] if bias_correction else []
+            fit = kept_parts(proto, kept[:_BIAS_BATCHES], held_out) if bias_correction else []
             ranges, auto = auto_ranges.select(proto, view, statistics, weights, bias_batches=fit, threads=threads,
                                               progress=progress)  # fmt: skip
             bias_correction = bias_correction and bool(auto.bias_correction)

@@ -44,11 +44,11 @@ __all__ = [
     "call_model",
     "flatten_outputs",
     "indexed_names",
-    "leading_samples",
     "model_inputs",
     "onnx_input_names",
     "output_names",
     "sample_count",
+    "sample_slice",
     "split_labels",
 ]
 
@@ -268,30 +268,30 @@ def onnx_input_names(inputs: ModelInputs) -> list[str]:
 
 def sample_count(batch: Any) -> int | None:
     """Samples in ``batch``: dimension 0 of its first tensor of at least one dimension (depth first through
-    tuples, lists and mappings), or None without one (a batch :func:`leading_samples` cannot cut)."""
+    tuples, lists and mappings), or None without one (a batch :func:`sample_slice` cannot cut)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, tuple | list) else ()
     return next((n for n in map(sample_count, values) if n is not None), None)
 
 
-def leading_samples(batch: Any, count: int) -> Any:
-    """The first ``count`` samples of ``batch``: every tensor whose dimension 0 has :func:`sample_count`'s size
-    cut to its first ``count`` rows, through tuples, lists and mappings (a mapping comes back a ``dict``);
-    everything else (other tensors, scalars, strings) as it is. Dimension 0 is taken as the samples' axis, as
-    everywhere in the batch convention (a sequence-first tensor would be cut in time)."""
+def sample_slice(batch: Any, start: int, stop: int) -> Any:
+    """Samples ``start`` to ``stop`` (a Python slice) of ``batch``: every tensor whose dimension 0 has
+    :func:`sample_count`'s size cut to those rows, through tuples, lists and mappings (a mapping comes back a
+    ``dict``); everything else (other tensors, scalars, strings) as it is. Dimension 0 is taken as the samples' axis,
+    as everywhere in the batch convention (a sequence-first tensor would be cut in time)."""
     size = sample_count(batch)
-    if size is None or count >= size:
+    if size is None or (start <= 0 and stop >= size):
         return batch
-    return _cut(batch, size, count)
+    return _cut(batch, size, slice(start, stop))
 
 
-def _cut(value: Any, size: int, count: int) -> Any:
+def _cut(value: Any, size: int, rows: slice) -> Any:
     if isinstance(value, torch.Tensor):
-        return value[:count] if value.dim() and value.shape[0] == size else value
+        return value[rows] if value.dim() and value.shape[0] == size else value
     if isinstance(value, Mapping):
-        return {key: _cut(v, size, count) for key, v in value.items()}
+        return {key: _cut(v, size, rows) for key, v in value.items()}
     if isinstance(value, tuple | list):
-        parts = [_cut(v, size, count) for v in value]
+        parts = [_cut(v, size, rows) for v in value]
         return type(value)(*parts) if hasattr(value, "_fields") else type(value)(parts)  # a namedtuple: by field
     return value

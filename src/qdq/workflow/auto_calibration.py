@@ -6,8 +6,10 @@ wastes the grid of a recognizer whose activations have a long sparse tail; perce
 encoder; entropy destroys a sparse tail where the signal lives. The choice is made by measuring, without labels:
 
 1. **Statistics**, one pass: the float model runs over the calibration batches and every activation quantizer
-   collects its statistics (histograms). One batch in :data:`HOLDOUT_EVERY` (at most :data:`MAX_HOLDOUT` of them)
-   is **held out**: its statistics are kept apart and the float model's outputs on it are recorded.
+   collects its statistics (histograms). Samples are **held out** (:func:`held_out`): the last quarter of every
+   batch the front end can split (dimension 0 of its inputs is their samples' axis), one whole batch in
+   :data:`HOLDOUT_EVERY` of those it cannot, from at most :data:`MAX_HOLDOUT` batches: their statistics are kept
+   apart and the float model's outputs on them are recorded.
 2. **Candidates**: every registered calibration method computed from statistics
    (:data:`qdq.calib.CALIBRATION_METHODS`: max, entropy, mse, percentile, and those registered with
    :func:`qdq.calib.register_method`), with its default options, sets every activation range from the statistics
@@ -22,14 +24,16 @@ encoder; entropy destroys a sparse tail where the signal lives. The choice is ma
    names its quantizers (outliers that a saturating layer discards anyway carry energy, not signal).
 5. The chosen method's ranges are then computed from the statistics of **every** batch, held-out ones included.
 
-With fewer than :data:`HOLDOUT_EVERY` batches none can be held out: the candidates are scored on the first
-calibration batches themselves (:attr:`AutoResult.held_out` is False and the report says so).
+When nothing can be held out (fewer than :data:`HOLDOUT_EVERY` batches, none of which can be split), the candidates
+are scored on the first calibration batches themselves (:attr:`AutoResult.held_out` is False and the report says
+so).
 
 Both front ends run it with the same candidates, fidelity and choice: :func:`select_amax` for PyTorch models
 (``qdq.calibrate(model, data)``), :func:`qdq.onnx_in.auto.select` for ONNX files (``qdq.quantize_onnx``).
 
-Cost: one statistics pass over the calibration data (what any histogram method costs), plus, on the held-out
-batches (a quarter of them at most, :data:`MAX_HOLDOUT` batches at most), one quantized run per candidate.
+Cost: one statistics pass over the calibration data (what any histogram method costs), each candidate's ranges from
+the statistics, and on the held-out samples (a quarter at most, from :data:`MAX_HOLDOUT` batches at most) one
+quantized run per candidate.
 """
 
 from __future__ import annotations
@@ -88,9 +92,16 @@ BIAS_CORRECTION = "bias correction"
 _CEILING_DB = 60.0
 
 
-def held_out(index: int, taken: int) -> bool:
-    """Whether calibration batch ``index`` (0-based) is held out, ``taken`` batches having been held out before it."""
-    return index % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 and taken < MAX_HOLDOUT
+def held_out(index: int, taken: int, samples: int | None = None) -> int:
+    """How many of the last samples of calibration batch ``index`` (0-based) are held out, ``taken`` batches having
+    given some before it. A batch of ``samples`` >= :data:`HOLDOUT_EVERY` samples (its front end can split it: None
+    when it cannot) gives its last quarter; a batch that cannot be split is held out whole, one in
+    :data:`HOLDOUT_EVERY` (``samples`` or 1 returned). At most :data:`MAX_HOLDOUT` batches give held-out samples."""
+    if taken >= MAX_HOLDOUT:
+        return 0
+    if samples is not None and samples >= HOLDOUT_EVERY:
+        return samples // HOLDOUT_EVERY
+    return (samples or 1) if index % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else 0
 
 
 def candidates() -> list[tuple[CalibrationMethod, dict[str, Any]]]:

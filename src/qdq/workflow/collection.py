@@ -30,7 +30,7 @@ from qdq.calib.registry import make_calibrator
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.nn.base import calibration_finished, calibration_started
 from qdq.quantizer import TensorQuantizer
-from qdq.utils.batches import call_model
+from qdq.utils.batches import call_model, sample_count, sample_slice
 from qdq.workflow.distributed import rank, unwrap, world_size
 from qdq.workflow.progress import Progress, progress_bar
 
@@ -45,6 +45,7 @@ __all__ = [
     "default_forward",
     "local_batches",
     "named_quantizers",
+    "split_batch",
 ]
 
 _log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class HeldOut:
         model: the model given (a DistributedDataParallel wrapper stays one).
         calibrators: activation quantizer name -> the statistics of the held-out batches (the quantizer's own
             calibrator has the other batches').
-        batches: the held-out batches, each with the float model's output on it.
+        batches: the held-out samples, batch by batch, each with the float model's output on them.
         first: when no batch was held out, the first batches with their float outputs (as many as ``MAX_KEPT``).
     """
 
@@ -237,7 +238,7 @@ MAX_KEPT = 8
 def collect_split(
     model: nn.Module,
     data: Iterable[Any],
-    held_out: Callable[[int, int], bool],
+    held_out: Callable[[int, int, int | None], int],
     *,
     num_batches: int | None = None,
     calibrator: str | None = None,
@@ -245,7 +246,8 @@ def collect_split(
     progress: Progress = True,
     **calibrator_options: Any,
 ) -> HeldOut:
-    """:func:`collect_stats`, with the batches ``held_out(index, held so far)`` picks collected apart: their
+    """:func:`collect_stats`, with the samples ``held_out(index, batches held out so far, samples)`` picks (the last
+    ones of the batch: dimension 0 of its tensors, :func:`qdq.utils.batches.sample_slice`) collected apart: their
     statistics go to a second calibrator per quantizer and the float model's outputs on them are kept."""
     return _collect(model, data, held_out, num_batches, calibrator, forward_fn, progress, calibrator_options)
 
@@ -253,7 +255,7 @@ def collect_split(
 def _collect(
     model: nn.Module,
     data: Iterable[Any],
-    held_out: Callable[[int, int], bool] | None,
+    held_out: Callable[[int, int, int | None], int] | None,
     num_batches: int | None,
     calibrator: str | None,
     forward_fn: ForwardFn | None,
@@ -277,18 +279,31 @@ def _collect(
         for index, batch in enumerate(progress_bar(batches, progress, "calibrating", total=total)):
             if held_out is None:
                 forward(wrapper, batch)
-            elif held_out(index, len(result.batches)):
-                with _collecting_into(quantizers, result.calibrators):
-                    result.batches.append((batch, forward(wrapper, batch)))
-            else:
-                output = forward(wrapper, batch)
+                continue
+            fit, held = split_batch(batch, held_out(index, len(result.batches), sample_count(batch)))
+            if fit is not None:
+                output = forward(wrapper, fit)
                 if len(result.first) < MAX_KEPT:
-                    result.first.append((batch, output))
+                    result.first.append((fit, output))
+            if held is not None:
+                with _collecting_into(quantizers, result.calibrators):
+                    result.batches.append((held, forward(wrapper, held)))
     if result.batches:
         result.first = []
     for message in calibration_finished(model):  # e.g. the target's shape conditions on attention, now known
         warnings.warn(message, stacklevel=3)
     return result
+
+
+def split_batch(batch: Any, aside: int) -> tuple[Any | None, Any | None]:
+    """``batch`` as (the samples kept, the last ``aside`` held out); None for an empty part. A batch whose samples
+    cannot be counted (:func:`qdq.utils.batches.sample_count`) is held out whole when ``aside`` > 0."""
+    size = sample_count(batch)
+    if not aside:
+        return batch, None
+    if size is None or aside >= size:
+        return None, batch
+    return sample_slice(batch, 0, size - aside), sample_slice(batch, size - aside, size)
 
 
 @contextlib.contextmanager
