@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.graphs.onnx import GraphIndex, remove_nodes, sort_nodes, tidy
+from qdq.graphs.onnx import GraphIndex, remove_nodes, sort_nodes, tidy, unique_value_names
 
 
 def graph() -> onnx.ModelProto:
@@ -97,3 +97,52 @@ def test_sort_nodes_moves_a_node_only_behind_what_it_reads():
     assert [n.name for n in model.graph.node] == ["transpose", "relu", "add", "const", "mul"]
     sort_nodes(model)  # already an order: unchanged
     assert [n.name for n in model.graph.node] == ["transpose", "relu", "add", "const", "mul"]
+
+
+def maps(index: GraphIndex) -> tuple[dict[str, str], dict[str, list[str]], set[str]]:
+    producer = {name: node.name for name, node in index.producer.items()}
+    readers = {name: sorted(n.name for n in nodes) for name, nodes in index.consumers.items() if nodes}
+    return producer, readers, set(index.constants)
+
+
+def test_edits_leave_the_maps_a_fresh_index_builds_and_the_nodes_in_place():
+    model = graph()
+    index = GraphIndex(model)
+    relu, mul = index.producer["r"], index.producer["y"]
+    index.set_input(mul, 1, index.add_const("two", np.array([2.0], np.float32)))  # Mul reads a new constant
+    index.set_output(relu, 0, "r2")
+    index.set_input(index.producer["a"], 0, "r2")
+    index.set_input(index.producer["a"], 1, None)  # Add now reads one input
+    index.set_input(index.producer["a"], 1, "r2")  # appended
+    index.remove([index.producer["c"]])  # the Constant nobody reads any more
+    assert maps(index) == maps(GraphIndex(model))
+    assert mul is model.graph.node[-1] and relu is model.graph.node[1]  # the objects held stay the graph's nodes
+    assert "c" not in index.constants and "c" not in index.producer
+
+
+def test_unique_value_names_renames_what_branches_define_again_on_onnx_ir():
+    """Both branches define ``c``, as the main graph does: each branch's ``c`` is renamed, with its reads and its
+    value_info; the main graph's ``c`` and the branch's read of the main graph's weight stay; the round trip leaves the
+    value_info and the metadata as they were."""
+    then = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["c"]), helper.make_node("Neg", ["c"], ["t"])],
+                             "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["c"])], "else", [],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])  # fmt: skip
+    then.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [2]))
+    nodes = [helper.make_node("Relu", ["x"], ["c"], name="relu"),
+             helper.make_node("If", ["flag"], ["y"], name="if", then_branch=then, else_branch=other)]  # fmt: skip
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+              helper.make_tensor_value_info("flag", TensorProto.BOOL, [])]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(
+        np.ones(2, np.float32), "w")], value_info=[helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])]))
+    helper.set_model_props(model, {"b": "2", "a": "1"})
+    assert unique_value_names(model) == 2
+    branches = {a.name: a.g for a in model.graph.node[1].attribute}
+    assert [list(n.output) for n in branches["then_branch"].node] == [["c__2"], ["t"]]  # else_branch comes first
+    assert list(branches["then_branch"].node[1].input) == ["c__2"] and list(branches["then_branch"].node[0].input) == [
+        "x", "w"]  # fmt: skip
+    assert [v.name for v in branches["then_branch"].value_info] == ["c__2"]
+    assert [o.name for o in branches["else_branch"].output] == ["c__1"]
+    assert list(model.graph.node[0].output) == ["c"] and [v.name for v in model.graph.value_info] == ["c"]
+    assert [p.key for p in model.metadata_props] == ["b", "a"] and [t.name for t in model.graph.initializer] == ["w"]

@@ -4,11 +4,11 @@
 graph's constants, inputs and outputs; its edits (remove nodes, rewire readers, insert a node, add a
 constant) keep the maps current. Every pass over an ONNX graph in qdq uses it: the onnxruntime rewrite,
 the calibration cache, the exporter's clean-ups and the runtime fusion report. :func:`remove_nodes` is the one
-node removal.
+node removal. :func:`on_ir` runs onnx_ir passes and onnxscript rules on a model (one round trip).
 
 The Q/DQ nodes qdq exported, tagged with their quantizers, are read back by :mod:`qdq.graphs.onnx_tags`.
 
-Imports neither torch nor (at import time) onnx.
+Imports neither torch nor (at import time) onnx or onnx_ir.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from qdq.atomic import write_bytes_atomic
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 __all__ = [
     "GraphIndex",
@@ -33,14 +34,17 @@ __all__ = [
     "consumers",
     "initializer_map",
     "name_nodes",
+    "on_ir",
     "remove_nodes",
     "rename_io",
     "rewrite_branches",
     "set_axis",
     "set_metadata",
     "sort_nodes",
+    "subgraphs",
     "tidy",
     "unique_value_names",
+    "unique_value_names_ir",
 ]
 
 
@@ -57,35 +61,39 @@ def consumers(model: onnx.ModelProto) -> dict[str, list[Any]]:
     """Tensor name -> nodes that read it (a control-flow node reads what its subgraphs read from outside them)."""
     table: dict[str, list[Any]] = defaultdict(list)
     for node in model.graph.node:
-        inputs = [name for name in node.input if name]
-        for name in inputs + sorted(set(_reads(node)) - set(inputs)):
+        for name in _read_list(node):
             table[name].append(node)
     return table
 
 
+def _read_list(node: Any) -> list[str]:
+    """The names ``node`` reads as the consumer map lists them: its inputs, then what its subgraphs read."""
+    inputs = [name for name in node.input if name]
+    return inputs + sorted(set(_reads(node)) - set(inputs))
+
+
 def remove_nodes(model: onnx.ModelProto, nodes: Iterable[Any]) -> None:
-    """Remove ``nodes`` (identified by object) from the model's top-level graph, keeping the others' order."""
+    """Remove ``nodes`` (identified by object) from the model's top-level graph, keeping the others' order and the
+    objects that stand for them (deleted in place: a rebuilt list would copy every node kept)."""
     doomed = {id(n) for n in nodes}
-    if not doomed:
-        return
-    kept = [n for n in model.graph.node if id(n) not in doomed]
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
+    graph_nodes = model.graph.node
+    for position in reversed([i for i, node in enumerate(graph_nodes) if id(node) in doomed] if doomed else []):
+        del graph_nodes[position]
 
 
 def _reads(node: Any) -> list[str]:
     """Every tensor name ``node`` reads: its inputs and, for control flow, what its subgraphs read."""
-    names = [name for name in node.input if name]
-    for attr in node.attribute:
-        for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            for inner in graph.node:
-                names += _reads(inner)
-    return names
+    return [n for n in node.input if n] + [n for g in subgraphs(node) for inner in g.node for n in _reads(inner)]
+
+
+def subgraphs(node: Any) -> list[Any]:
+    """The graphs of ``node``'s attributes (an ``If``'s branches, a ``Loop``'s body)."""
+    return [g for attr in node.attribute for g in ([attr.g] if attr.HasField("g") else attr.graphs)]
 
 
 def sort_nodes(model: onnx.ModelProto) -> None:
     """Order the top-level graph's nodes topologically (as ONNX requires), keeping the present order wherever it
-    already is one: a node moves only behind the producers it reads."""
+    already is one: a node moves only behind the producers it reads. In place: the node objects stay the graph's."""
     nodes = list(model.graph.node)
     at = {out: i for i, node in enumerate(nodes) for out in node.output if out}
     order: list[int] = []
@@ -105,8 +113,8 @@ def sort_nodes(model: onnx.ModelProto) -> None:
             order.append(i)
             stack.pop()
     if order != list(range(len(nodes))):
-        del model.graph.node[:]
-        model.graph.node.extend(nodes[i] for i in order)
+        rank = {id(nodes[i]): k for k, i in enumerate(order)}
+        model.graph.node.sort(key=lambda node: rank[id(node)])
 
 
 class GraphIndex:
@@ -119,13 +127,15 @@ class GraphIndex:
         constants: tensor name -> ``TensorProto`` of initializers and ``Constant`` node outputs.
         inputs, outputs: names of the graph's inputs and outputs.
 
-    The maps are rebuilt by :meth:`refresh` (the editing methods call it where they change the structure;
-    :meth:`rewire` and :meth:`add_const` keep them current themselves).
+    The editing methods keep the maps current, each at the cost of what it changes: :meth:`remove`,
+    :meth:`insert`, :meth:`rewire`, :meth:`set_input`, :meth:`add_const`. A node's inputs edited in place
+    (``node.input[i] = name``) are not seen until :meth:`refresh`, which rebuilds every map from the graph.
     """
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
         self._counter = 0
+        self._order: tuple[list[int], list[Any]] = ([], [])  # the node list's ids and nodes, for :meth:`insert`
         self.refresh()
 
     @property
@@ -139,7 +149,10 @@ class GraphIndex:
     def refresh(self) -> None:
         """Rebuild every map from the graph."""
         self.constants = initializer_map(self.model)
-        self.consumers = consumers(self.model)
+        self.consumers: dict[str, list[Any]] = defaultdict(list)
+        for node in self.graph.node:
+            for name in _read_list(node):
+                self.consumers[name].append(node)
         self.producer = {out: node for node in self.graph.node for out in node.output if out}
         self.inputs = {v.name for v in self.graph.input}
         self.outputs = {v.name for v in self.graph.output}
@@ -227,15 +240,68 @@ class GraphIndex:
                         inner.input[i] = new
             self.consumers.setdefault(new, []).append(node)
 
+    def set_input(self, node: Any, index: int, name: str | None) -> None:
+        """Make input ``index`` of ``node`` read ``name`` (``index`` one past the last input: appended; None: that
+        input and those after it dropped)."""
+        self._forget_reads(node)
+        if name is None:
+            del node.input[index:]
+        elif index == len(node.input):
+            node.input.append(name)
+        else:
+            node.input[index] = name
+        for read in _read_list(node):
+            self.consumers.setdefault(read, []).append(node)
+
+    def set_output(self, node: Any, index: int, name: str) -> None:
+        """Make ``node`` write ``name`` as its output ``index``."""
+        old = node.output[index]
+        if self.producer.get(old) is node:
+            del self.producer[old]
+        node.output[index] = name
+        self.producer[name] = node
+
     def remove(self, nodes: Iterable[Any]) -> None:
-        """Remove ``nodes`` from the graph and rebuild the maps."""
-        remove_nodes(self.model, nodes)
-        self.refresh()
+        """Remove ``nodes`` from the graph and from the maps (what they write, what they read)."""
+        doomed = list({id(n): n for n in nodes}.values())
+        remove_nodes(self.model, doomed)
+        for node in doomed:
+            self._forget_reads(node)
+            for out in node.output:
+                if self.producer.get(out) is node:
+                    del self.producer[out]
+                if node.op_type == "Constant":
+                    self.constants.pop(out, None)
 
     def insert(self, anchor: Any, node: Any, *, after: bool = False) -> None:
-        """Insert ``node`` right before (or after) ``anchor`` in the node list (call :meth:`refresh` after)."""
-        index = next(i for i, n in enumerate(self.graph.node) if n is anchor)
-        self.graph.node.insert(index + int(after), node)
+        """Insert ``node`` right before (or after) ``anchor`` in the node list."""
+        index = self._position(anchor) + int(after)
+        self.graph.node.insert(index, node)
+        node = self.graph.node[index]  # the graph holds a copy of the node given
+        self._order[1].insert(index, node)
+        self._order[0].insert(index, id(node))
+        self.producer.update((out, node) for out in node.output if out)
+        for read in _read_list(node):
+            self.consumers.setdefault(read, []).append(node)
+
+    def _position(self, node: Any) -> int:
+        """Where ``node`` is in the node list: a scan in C of the nodes' ids, kept across inserts (read again when
+        the list changed otherwise)."""
+        nodes = self.graph.node
+        index = self._order[0].index(id(node)) if id(node) in self._order[0] else -1
+        if not 0 <= index < len(nodes) or nodes[index] is not node:
+            held = list(nodes)  # held: the objects, and so their ids, stay
+            self._order = ([id(n) for n in held], held)
+            index = self._order[0].index(id(node))
+        return index
+
+    def _forget_reads(self, node: Any) -> None:
+        for read in set(_read_list(node)):
+            kept = [reader for reader in self.consumers.get(read, []) if reader is not node]
+            if kept:
+                self.consumers[read] = kept
+            else:
+                self.consumers.pop(read, None)
 
 
 def attribute(node: Any, name: str, default: Any = None) -> Any:
@@ -261,7 +327,8 @@ def set_axis(node: Any, axis: int | None) -> None:
 
 def tidy(model: onnx.ModelProto) -> None:
     """Exact clean-ups: ``Identity`` of an initializer is bypassed; unused Constants and initializers go. What the
-    subgraphs of control flow read from the main graph counts as used, and is renamed with it."""
+    subgraphs of control flow read from the main graph counts as used, and is renamed with it. (On protobuf: see
+    ARCHITECTURE.md, ONNX graphs.)"""
     constants = {t.name for t in model.graph.initializer}
     outputs = {v.name for v in model.graph.output}
     rename = {
@@ -280,85 +347,73 @@ def tidy(model: onnx.ModelProto) -> None:
     model.graph.initializer.extend(initializers)
 
 
+def on_ir(model: onnx.ModelProto, *edits: Callable[[ir.Model], Any]) -> list[Any]:
+    """Run ``edits`` (functions of an ``onnx_ir.Model``: its passes, a rule set's ``apply_to_model``) on ``model`` in
+    place, in one round trip through onnx_ir; what each returned. What a round trip alone changes is undone (a
+    ``value_info`` entry per initializer, the metadata's order)."""
+    import onnx_ir
+
+    ir_model = onnx_ir.serde.deserialize_model(model)  # its tensors shared, not copied
+    results = [edit(ir_model) for edit in edits]
+    proto = onnx_ir.serde.serialize_model(ir_model)
+    declared = {value.name for graph in _graphs(model.graph) for value in graph.value_info}
+    constants = {tensor.name for graph in _graphs(proto.graph) for tensor in graph.initializer}
+    for graph in _graphs(proto.graph):
+        kept = [value for value in graph.value_info if value.name in declared or value.name not in constants]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(model.metadata_props)
+    model.CopyFrom(proto)
+    return results
+
+
 def all_nodes_of(node: Any) -> list[Any]:
     """``node`` and every node of its subgraphs (an ``If``'s branches, a ``Loop``'s body)."""
-    found = [node]
-    for attr in node.attribute:
-        for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            found += all_nodes(inner)
-    return found
+    return [node, *(n for inner in subgraphs(node) for n in all_nodes(inner))]
 
 
 def all_nodes(graph: Any) -> list[Any]:
     """Every node of ``graph`` (an ``onnx.GraphProto``) and of the subgraphs of its control flow, outer first."""
-    found = list(graph.node)
-    for node in graph.node:
-        for attr in node.attribute:
-            for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                found += all_nodes(inner)
-    return found
+    return [*graph.node, *(n for node in graph.node for inner in subgraphs(node) for n in all_nodes(inner))]
 
 
 def unique_value_names(model: onnx.ModelProto) -> int:
     """Make every tensor name the model defines defined once: a name a subgraph (an ``If`` branch, a ``Loop`` body)
     defines (its inputs, initializers, node outputs) that an enclosing or earlier graph defines too is renamed
-    ``<name>__<n>`` in that subgraph, reads of nested subgraphs included. ONNX allows sibling branches to reuse a
-    name; qdq reads every graph of a model as one (the ONNX front end's view, calibration's outputs, constants moved
-    to the main graph). Returns how many names changed."""
-    graph = model.graph
-    every = {name for g in _graphs(graph) for name in _defined(g)} | {n for node in all_nodes(graph) for n in
-                                                                      node.input}  # fmt: skip
-    defined = set(_defined(graph))
-    return _unique_below(graph, defined, every)
+    ``<name>__<n>`` in that subgraph, reads of nested subgraphs included (an onnx_ir value renamed). ONNX allows
+    sibling branches to reuse a name; qdq reads every graph of a model as one (the ONNX front end's view,
+    calibration's outputs, constants moved to the main graph). Returns how many names changed."""
+    return int(on_ir(model, unique_value_names_ir)[0])
 
 
-def _graphs(graph: Any) -> list[Any]:
-    found = [graph]
-    for node in graph.node:
-        for attr in node.attribute:
-            for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                found += _graphs(inner)
-    return found
+def unique_value_names_ir(model: ir.Model) -> int:
+    """:func:`unique_value_names` on an ``onnx_ir.Model``."""
+    import onnx_ir
 
-
-def _defined(graph: Any) -> list[str]:
-    """The names ``graph`` itself defines: its inputs, initializers and node outputs."""
-    names = [v.name for v in graph.input] + [t.name for t in graph.initializer]
-    return names + [out for node in graph.node for out in node.output if out]
-
-
-def _unique_below(graph: Any, defined: set[str], every: set[str]) -> int:
-    changed = 0
-    for node in graph.node:
-        for attr in node.attribute:
-            for inner in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                rename: dict[str, str] = {}
-                for name in _defined(inner):
-                    if name in defined:
-                        number = 1
-                        while f"{name}__{number}" in every:
-                            number += 1
-                        rename[name] = f"{name}__{number}"
-                        every.add(rename[name])
-                _rename_in(inner, rename)
-                defined.update(_defined(inner))
-                changed += len(rename) + _unique_below(inner, defined, every)
+    nodes = list(onnx_ir.traversal.RecursiveGraphIterator(model.graph))
+    every: set[str | None] = {v.name for node in nodes for v in (*node.inputs, *node.outputs) if v is not None}
+    every |= {v.name for graph in model.graphs() for v in _defined(graph)}
+    defined, changed = {v.name for v in _defined(model.graph)}, 0
+    for graph in model.graph.subgraphs():  # outer first, each before the graphs inside it
+        for value in (v for v in _defined(graph) if v.name in defined):
+            number = 1
+            while f"{value.name}__{number}" in every:
+                number += 1
+            value.name = f"{value.name}__{number}"
+            every.add(value.name)
+            changed += 1
+        defined.update(v.name for v in _defined(graph))
     return changed
 
 
-def _rename_in(graph: Any, rename: dict[str, str]) -> None:
-    """Rename tensors in ``graph`` (definitions, reads, outputs, value_info) and in the reads of its subgraphs."""
-    if not rename:
-        return
-    for value in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
-        value.name = rename.get(value.name, value.name)
-    for node in graph.node:
-        node.output[:] = [rename.get(name, name) for name in node.output]
-    for node in all_nodes(graph):
-        node.input[:] = [rename.get(name, name) for name in node.input]
-    for inner in _graphs(graph)[1:]:
-        for value in inner.output:
-            value.name = rename.get(value.name, value.name)
+def _defined(graph: ir.Graph) -> list[ir.Value]:
+    """The values ``graph`` itself defines: its inputs, initializers and node outputs."""
+    return [*graph.inputs, *graph.initializers.values(), *(v for node in graph for v in node.outputs if v.name)]
+
+
+def _graphs(graph: Any) -> list[Any]:
+    return [graph, *(g for node in graph.node for inner in subgraphs(node) for g in _graphs(inner))]
 
 
 def rewrite_branches(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], object]) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import GraphIndex, all_nodes
+from qdq.graphs.onnx import GraphIndex, all_nodes, subgraphs
 from qdq.runtime._text import markdown_table
 from qdq.runtime.coverage import Coverage, FloatLayer
 from qdq.runtime_registry import ORT_RUNTIME
@@ -214,12 +214,8 @@ def _graphs(model: onnx.ModelProto) -> list[onnx.ModelProto]:
     own, read apart: what a subgraph reads from outside it is an input there."""
     import onnx
 
-    found = [model]
-    for node in all_nodes(model.graph):
-        for attr in node.attribute:
-            for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                found.append(onnx.ModelProto(ir_version=model.ir_version, graph=graph))
-    return found
+    inner = [graph for node in all_nodes(model.graph) for graph in subgraphs(node)]
+    return [model, *(onnx.ModelProto(ir_version=model.ir_version, graph=graph) for graph in inner)]
 
 
 def _key(node: onnx.NodeProto) -> str:

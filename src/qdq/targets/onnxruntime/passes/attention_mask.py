@@ -20,7 +20,7 @@ def masks_to_adds(g: GraphIndex) -> int:
     """Rewrite each ``Where`` of a ``-inf`` constant and scores read only by a ``Softmax`` (module doc)."""
     from onnx import helper
 
-    count = 0
+    done = []
     for where in list(g.graph.node):
         if where.op_type != "Where" or not g.only_readers(where.output[0], ("Softmax",)):
             continue
@@ -36,10 +36,9 @@ def masks_to_adds(g: GraphIndex) -> int:
         add = helper.make_node("Add", [scores, bias], [where.output[0]], name=where.name + "/mask_Add")
         g.insert(where, mask)
         g.insert(where, add)
-        g.graph.node.remove(where)
-        count += 1
-    g.refresh()
-    return count
+        done.append(where)
+    g.remove(done)
+    return len(done)
 
 
 def _is_minus_inf(g: GraphIndex, name: str) -> bool:

@@ -50,16 +50,12 @@ def _fold_bn(g: GraphIndex, conv: Any, bn: Any, dq: Any, wq: np.ndarray) -> bool
     if bias is None:
         return False
     new_bias = (bias.astype(np.float64) * k + shift).astype(np.float32)
-    dq.input[0] = g.add_const(dq.input[0] + "_bnfold", new_wq)
-    dq.input[1] = g.add_const(dq.input[1] + "_bnfold", new_scale)
-    dq.input[2] = g.add_const(dq.input[2] + "_bnfold", np.zeros(channels, zp.dtype))
+    g.set_input(dq, 0, g.add_const(dq.input[0] + "_bnfold", new_wq))
+    g.set_input(dq, 1, g.add_const(dq.input[1] + "_bnfold", new_scale))
+    g.set_input(dq, 2, g.add_const(dq.input[2] + "_bnfold", np.zeros(channels, zp.dtype)))
     set_axis(dq, 0)
-    bias_name = g.add_const(conv.name + "_bias_bnfold", new_bias)
-    if len(conv.input) > 2:
-        conv.input[2] = bias_name
-    else:
-        conv.input.append(bias_name)
-    conv.output[0] = bn.output[0]
+    g.set_input(conv, 2, g.add_const(conv.name + "_bias_bnfold", new_bias))  # appended to a conv without bias
+    g.set_output(conv, 0, bn.output[0])
     return True
 
 

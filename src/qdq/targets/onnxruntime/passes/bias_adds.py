@@ -41,11 +41,8 @@ def fold_bias_adds(g: GraphIndex) -> int:
             continue
         total = per_channel.astype(np.float32) + (0 if bias is None else bias.astype(np.float32))
         name = g.add_const(conv.name + "_bias_folded", total.astype(np.float32))
-        if len(conv.input) > 2:
-            conv.input[2] = name
-        else:
-            conv.input.append(name)
-        conv.output[0] = add.output[0]
+        g.set_input(conv, 2, name)  # appended to a conv without bias
+        g.set_output(conv, 0, add.output[0])
         done.append(add)
     g.remove(done)
     return len(done)

@@ -65,12 +65,11 @@ def bias_after_float_convs(g: GraphIndex, float_convs: list[Any]) -> int:
         rank = weight[1].ndim
         shaped = g.add_const(conv.input[2] + "_broadcast", bias.reshape([1, -1] + [1] * (rank - 2)))
         out = conv.output[0]
-        conv.output[0] = g.unique(out + "_without_bias")
-        del conv.input[2]
+        g.set_output(conv, 0, g.unique(out + "_without_bias"))
+        g.set_input(conv, 2, None)
         add = helper.make_node("Add", [conv.output[0], shaped], [out], name=(conv.name or "conv") + "/bias_Add")
         g.insert(conv, add, after=True)
         count += 1
-    g.refresh()
     return count
 
 
@@ -103,9 +102,8 @@ def quantize_biases(g: GraphIndex, float_convs: list[Any], widened: dict[str, fl
         z_name = g.add_const(node.input[2] + "_zero", np.zeros(bias.shape, np.int32))
         out = g.unique(node.input[2] + "_dequantized")
         g.insert(node, _make_dq(q_name, s_name, z_name, out, node.name + "/bias_DequantizeLinear"))
-        node.input[2] = out
+        g.set_input(node, 2, out)
         count += 1
-    g.refresh()
     return count
 
 
@@ -128,8 +126,8 @@ def _fit_weight_steps(g: GraphIndex, node: Any, bias: np.ndarray) -> float:
     wider = np.maximum(step, needed).astype(np.float32)
     axis = attribute(dq, "axis", 1)
     values = codes.astype(np.float32) * (step.reshape(_channel_shape(codes.ndim, axis, step)))
-    dq.input[0] = g.add_const(dq.input[0] + "_widened", quantize_weight(values, wider, np.dtype(np.int8), axis))
-    dq.input[1] = g.add_const(dq.input[1] + "_widened", wider)
+    g.set_input(dq, 0, g.add_const(dq.input[0] + "_widened", quantize_weight(values, wider, np.dtype(np.int8), axis)))
+    g.set_input(dq, 1, g.add_const(dq.input[1] + "_widened", wider))
     return float(np.max(wider / np.where(step > 0, step, wider)))
 
 

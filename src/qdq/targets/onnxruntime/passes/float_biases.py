@@ -58,8 +58,7 @@ def biases_to_float_adds(g: GraphIndex) -> int:
         g.rewire(tensor, biased)
         name = (gemm.name or "gemm") + "/bias_Add"
         adds.append(helper.make_node("Add", [tensor, gemm.input[2]], [biased], name=name))
-        del gemm.input[2]
-    for add in adds:  # inserted last: inserting nodes can leave earlier node references stale
+        g.set_input(gemm, 2, None)
+    for add in adds:
         g.insert(g.producer[add.input[0]], add, after=True)
-    g.refresh()
     return len(adds)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdq.graphs.onnx import GraphIndex, attribute, set_axis
+from qdq.graphs.onnx_types import default_opset
 from qdq.targets.onnxruntime.passes._graph import ranks
 
 if TYPE_CHECKING:
@@ -101,17 +102,13 @@ def _leading_shape_source(g: GraphIndex, tensor: str) -> str | None:
     return None if moves_data and len(g.consumers.get(q.input[0], [])) == 1 else q.input[0]
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
 def matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
     """``MatMul(x, W) [+ bias]`` by a dequantized constant weight becomes a ``Gemm`` (see the module doc)."""
     from onnx import helper
 
     matmuls = [n for n in g.graph.node if n.op_type == "MatMul"]
     known = _inferred_ranks(model) if matmuls else {}
-    reshape_ok = _opset(model) >= _SHAPE_SLICE_OPSET
+    reshape_ok = default_opset(model) >= _SHAPE_SLICE_OPSET
     done, converted = [], 0
     for matmul in matmuls:
         rank = known.get(matmul.input[0])
@@ -123,7 +120,7 @@ def matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
         if stored_transposed:
             done.append(g.producer[matmul.input[1]])  # the Transpose: Gemm's transB reads W [N, K] as it is
         else:
-            dq.input[0] = g.add_const(dq.input[0] + "_transposed", np.ascontiguousarray(w.T))
+            g.set_input(dq, 0, g.add_const(dq.input[0] + "_transposed", np.ascontiguousarray(w.T)))
             if scale.ndim == 1:
                 set_axis(dq, 0)
         rows, columns = (w.shape[1], w.shape[0]) if stored_transposed else w.shape

@@ -34,8 +34,6 @@ def keep_layernorms_apart(g: GraphIndex) -> int:
     for norm in [n for n in g.graph.node if _residual_norm(g, n)]:
         _reshape_around(g, norm)
         count += 1
-    if count:
-        g.refresh()
     return count
 
 
@@ -67,4 +65,5 @@ def _reshape_around(g: GraphIndex, norm: Any) -> None:
     g.insert(norm, helper.make_node("Shape", [total], [shape], name=stem + "/Shape"))
     g.insert(norm, helper.make_node("Reshape", [total, flat_shape], [flat], name=stem + "/Reshape_rows"))
     g.insert(norm, helper.make_node("Reshape", [normed, shape], [out], name=stem + "/Reshape_back"), after=True)
-    norm.input[0], norm.output[0] = flat, normed
+    g.set_input(norm, 0, flat)
+    g.set_output(norm, 0, normed)

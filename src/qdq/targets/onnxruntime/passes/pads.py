@@ -33,8 +33,8 @@ def pads_on_int8(g: GraphIndex) -> int:
             continue
         dq, q = found
         if len(pad.input) > 2 and pad.input[2]:
-            pad.input[2] = value
-        pad.input[0] = dq.input[0]
+            g.set_input(pad, 2, value)
+        g.set_input(pad, 0, dq.input[0])
         g.rewire(q.output[0], pad.output[0])
         moved.append((pad, dq, q))
     pads = {id(pad) for pad, _, _ in moved}

@@ -39,10 +39,9 @@ def global_pools(g: GraphIndex) -> int:
         if not _is_spatial_mean(g, node, known):
             continue
         node.op_type = "GlobalAveragePool"
-        del node.input[1:]
+        g.set_input(node, 1, None)
         del node.attribute[:]
         count += 1
-    g.refresh()
     return count
 
 
@@ -56,7 +55,6 @@ def flatten_pools(g: GraphIndex) -> int:
             continue
         node.op_type = "Reshape"
         del node.attribute[:]
-        node.input.append(g.add_const(node.name or "flatten", np.array([0, -1], np.int64)))
+        g.set_input(node, len(node.input), g.add_const(node.name or "flatten", np.array([0, -1], np.int64)))
         count += 1
-    g.refresh()
     return count

@@ -67,8 +67,8 @@ def fold_scaled_inputs(g: GraphIndex) -> int:
         if found is None or scaled is None:
             continue
         x, c = found
-        q.input[1] = g.add_const(q.input[1] + "_input_scaled", scaled)  # the step's shape
-        q.input[0] = x
+        g.set_input(q, 1, g.add_const(q.input[1] + "_input_scaled", scaled))  # the step's shape
+        g.set_input(q, 0, x)
         set_metadata(q, INPUT_SCALE_KEY, repr(c))
         doomed.append(mul)
     g.remove(doomed)

@@ -33,12 +33,11 @@ def shapes_of_int8(g: GraphIndex) -> int:
     for node in g.graph.node:
         twin = _int8_twin(g, node.input[0]) if node.op_type == "Shape" else None
         if twin is not None:
-            node.input[0] = twin
+            g.set_input(node, 0, twin)
             moved.append(node)
     if not moved:
         return 0
     sort_nodes(g.model)  # a Shape that read the float tensor may come before the tensor's QuantizeLinear
-    g.refresh()
     idle = [n for n in g.graph.node if n.op_type == "DequantizeLinear" and not g.consumers.get(n.output[0])
             and n.output[0] not in g.outputs]  # fmt: skip
     g.remove(idle)

@@ -22,7 +22,6 @@ def activations_to_uint8(g: GraphIndex) -> int:
             continue
         name = g.add_const((q.input[2] or "zero_point") + "_u8", np.full(zp.shape, 128, np.uint8))
         for node in (q, *dqs):
-            node.input[2] = name
+            g.set_input(node, 2, name)
         count += 1
-    g.refresh()
     return count

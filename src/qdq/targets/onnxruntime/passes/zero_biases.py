@@ -24,8 +24,6 @@ def drop_zero_biases(g: GraphIndex) -> int:
             continue
         bias = g.const_input(gemm, 2)
         if bias is not None and not np.any(bias):
-            del gemm.input[2]
+            g.set_input(gemm, 2, None)
             count += 1
-    if count:
-        g.refresh()
     return count

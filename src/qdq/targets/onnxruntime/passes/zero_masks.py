@@ -65,9 +65,9 @@ def _fold_mask(g: GraphIndex, conv: Any, mul: Any, activation: Any | None) -> li
     bias = g.const_input(conv, 2)
     if keep is None or (len(conv.input) > 2 and conv.input[2] and bias is None):
         return []
-    dq.input[0] = g.add_const(dq.input[0] + "_masked", _masked(weight, keep))
+    g.set_input(dq, 0, g.add_const(dq.input[0] + "_masked", _masked(weight, keep)))
     if bias is not None:
-        conv.input[2] = g.add_const(conv.input[2] + "_masked", np.where(keep, bias, 0).astype(bias.dtype))
+        g.set_input(conv, 2, g.add_const(conv.input[2] + "_masked", np.where(keep, bias, 0).astype(bias.dtype)))
     if activation is not None and not keep.any():
         g.rewire(mul.output[0], conv.output[0])
         return [mul, activation]
