@@ -31,7 +31,6 @@ __all__ = [
     "all_nodes",
     "atomic_save",
     "attribute",
-    "consumers",
     "initializer_map",
     "name_nodes",
     "on_ir",
@@ -54,15 +53,6 @@ def initializer_map(model: onnx.ModelProto) -> dict[str, Any]:
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             table[node.output[0]] = node.attribute[0].t
-    return table
-
-
-def consumers(model: onnx.ModelProto) -> dict[str, list[Any]]:
-    """Tensor name -> nodes that read it (a control-flow node reads what its subgraphs read from outside them)."""
-    table: dict[str, list[Any]] = defaultdict(list)
-    for node in model.graph.node:
-        for name in _read_list(node):
-            table[name].append(node)
     return table
 
 

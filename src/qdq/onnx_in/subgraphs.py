@@ -7,8 +7,9 @@ The front end takes every ``If`` branch, nested ones included, as part of the on
 * a branch is addressed by its :data:`Path` from the main graph (the ``If`` node's position, the attribute name,
   and so on down): :func:`if_branches`, :func:`graph_at`; a node inside a branch is an op of the view whose ``ref``
   is a :class:`Nested` (the branch's path and the node's position there);
-* preparing (:func:`hoist_constants`) moves the branches' weights (their ``Constant`` nodes and initializers) to the
-  main graph's initializers, which every graph of the model can read: a weight is an initializer wherever its op is;
+* preparing (:func:`qdq.onnx_in.load.prepare`) moves the branches' weights (their ``Constant`` nodes and
+  initializers) to the main graph's initializers, which every graph of the model can read: a weight is an
+  initializer wherever its op is;
 * calibration (:func:`expose`): ONNX Runtime returns only the main graph's outputs, so each tensor a branch
   computes is returned by its branch, by the ``If`` (the other branch returns an empty tensor in its place), and
   so on up to the main graph, under its own name. A branch the calibration data takes is calibrated on the values
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["Nested", "Path", "expose", "graph_at", "hoist_constants", "if_branches"]
+__all__ = ["Nested", "Path", "expose", "graph_at", "if_branches"]
 
 #: where a branch is: ``((position of the If node, "then_branch" | "else_branch"), ...)`` from the main graph down
 Path = tuple[tuple[int, str], ...]
@@ -63,30 +64,6 @@ def graph_at(model: onnx.ModelProto, path: Path) -> onnx.GraphProto:
     for position, name in path:
         graph = next(a.g for a in graph.node[position].attribute if a.name == name)
     return graph
-
-
-def hoist_constants(model: onnx.ModelProto) -> int:
-    """Move the ``Constant`` tensors and initializers of every ``If`` branch to the main graph's initializers
-    (names are unique in the model: :func:`qdq.graphs.onnx.unique_value_names`); returns how many moved."""
-    moved = 0
-    for _, branch in reversed(if_branches(model.graph)):  # inner branches first: an outer edit copies them
-        for node in [n for n in branch.node if _constant_tensor(n) is not None]:
-            tensor = TensorProto()
-            tensor.CopyFrom(_constant_tensor(node))
-            tensor.name = node.output[0]
-            model.graph.initializer.append(tensor)
-            branch.node.remove(node)
-            moved += 1
-        model.graph.initializer.extend(branch.initializer)
-        moved += len(branch.initializer)
-        del branch.initializer[:]
-    return moved
-
-
-def _constant_tensor(node: Any) -> Any:
-    """The tensor a ``Constant`` node holds (its ``value``), or None."""
-    value = next((a for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
-    return value.t if value is not None and value.type == value.TENSOR and len(node.output) == 1 else None
 
 
 def expose(model: onnx.ModelProto, names: list[str]) -> list[str]:
