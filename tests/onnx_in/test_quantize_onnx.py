@@ -283,15 +283,14 @@ def test_models_over_two_gigabytes_go_through_external_data(tmp_path, monkeypatc
     """The 2 GB limit, lowered for a small model: calibration runs from a file with external data, and the result
     is written as a model file and its data file."""
     from qdq.graphs import onnx as graph
-    from qdq.graphs import onnx_session
+    from qdq.graphs import onnx_types
 
     torch.manual_seed(0)
     float_path = export(ConvNet(), torch.randn(1, 3, 16, 16), tmp_path / "net.onnx")
     external = tmp_path / "external.onnx"
     onnx.save(onnx.load(str(float_path)), str(external), save_as_external_data=True, location="external.data",
               size_threshold=0)  # fmt: skip
-    monkeypatch.setattr(onnx_session, "PROTOBUF_LIMIT", 1024)
-    monkeypatch.setattr(graph, "EXTERNAL_DATA_BYTES", 1024)
+    monkeypatch.setattr(onnx_types, "PROTOBUF_LIMIT", 1024)
     monkeypatch.setattr(graph, "EXTERNAL_TENSOR_BYTES", 0)  # every tensor to the data file, scales included
     result = qdq.quantize_onnx(external, batches((2, 3, 16, 16)), tmp_path / "int8.onnx", target="tensorrt",
                                progress=False, method="max")  # fmt: skip

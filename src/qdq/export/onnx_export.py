@@ -38,6 +38,7 @@ from qdq.export import _ops
 from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.graphs import onnx as graph
 from qdq.graphs import onnx_tags as tags
+from qdq.graphs import onnx_types
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import Target, export_target, placed_options
 from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
@@ -207,7 +208,7 @@ def finish_onnx(
     graph.name_nodes(proto)  # ONNX Runtime refuses two nodes of one name (an unnamed source's bias DQs)
     _set_metadata(proto, target.name)
     _warn_opset(proto, opset)
-    large = proto.ByteSize() >= graph.EXTERNAL_DATA_BYTES
+    large = proto.ByteSize() >= onnx_types.PROTOBUF_LIMIT
     if not large:
         _check(proto)
     graph.atomic_save(proto, Path(path))

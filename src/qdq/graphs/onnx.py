@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdq.atomic import write_bytes_atomic
+from qdq.graphs import onnx_types
 
 if TYPE_CHECKING:
     import onnx
@@ -479,18 +480,16 @@ def set_metadata(proto: Any, key: str, value: str) -> None:
     prop.key, prop.value = key, value
 
 
-#: serialized size from which a model is written with its tensors in an external-data file (protobuf's limit is
-#: 2 GiB for one message)
-EXTERNAL_DATA_BYTES = 2**31 - 2**26
-#: tensors of at least this many bytes go to the external-data file of such a model (smaller ones stay inline)
+#: tensors of at least this many bytes go to the external-data file of a model over
+#: :data:`~qdq.graphs.onnx_types.PROTOBUF_LIMIT` (smaller ones stay inline)
 EXTERNAL_TENSOR_BYTES = 1024
 
 
 def atomic_save(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` atomically: one self-contained file (a temporary file in the same folder, then
-    ``os.replace``), or, over :data:`EXTERNAL_DATA_BYTES`, the model file with its tensors in ``<name>.data`` beside
-    it (each written to a temporary name first, the data before the model)."""
-    if model.ByteSize() < EXTERNAL_DATA_BYTES:
+    ``os.replace``), or, over :data:`~qdq.graphs.onnx_types.PROTOBUF_LIMIT`, the model file with its tensors in
+    ``<name>.data`` beside it (each written to a temporary name first, the data before the model)."""
+    if model.ByteSize() < onnx_types.PROTOBUF_LIMIT:
         write_bytes_atomic(path, model.SerializeToString())
         return
     import os

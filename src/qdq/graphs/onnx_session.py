@@ -12,17 +12,21 @@ int8 exactly, the float part in float16 storage with float32 arithmetic, as Tens
 the level asked.
 
 ``session_options`` builds the options every caller uses (threads, sequential execution, the optimization level by
-name). ``onnxruntime`` is imported when a session or options are built.
+name). :func:`probe_model` is the one probe of intermediate tensors. ``onnxruntime`` is imported when a session or
+options are built.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdq.errors import QdqConfigError, did_you_mean
-from qdq.graphs.onnx_types import LOW_PRECISION, type_name
+from qdq.graphs import onnx_types
+from qdq.graphs.onnx import initializer_map
+from qdq.graphs.onnx_types import FLOAT_TYPES, LOW_PRECISION, type_name
 
 if TYPE_CHECKING:
     import onnx
@@ -30,10 +34,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPTIMIZATION_LEVELS",
-    "PROTOBUF_LIMIT",
     "UNOPTIMIZED_NOTE",
     "low_precision_qdq",
     "ort_session",
+    "outputs_of",
+    "probe_model",
     "session_options",
 ]
 
@@ -46,8 +51,6 @@ OPTIMIZATION_LEVELS = {
 }
 """``optimization_level`` names and the ``GraphOptimizationLevel`` each selects ("layout": ORT >= 1.22)."""
 
-#: serialized size from which a model is handed to ONNX Runtime as a file with external data (protobuf's limit)
-PROTOBUF_LIMIT = 2**31 - 2**20
 #: what a report says of a low-precision Q/DQ file run by a session of this factory (``{type}``: its float type)
 UNOPTIMIZED_NOTE = "run on ONNX Runtime without graph optimizations: {type} as TensorRT computes it"
 _PROVIDERS = ["CPUExecutionProvider"]
@@ -96,10 +99,7 @@ def low_precision_qdq(model: onnx.ModelProto) -> str | None:
     scale of the type, or a DQ ``output_dtype`` of it); None for a float32 Q/DQ graph or a graph without Q/DQ."""
     from onnx import helper
 
-    types = {t.name: t.data_type for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            types[node.output[0]] = node.attribute[0].t.data_type
+    types = {name: tensor.data_type for name, tensor in initializer_map(model).items()}
     for node in model.graph.node:
         if node.op_type not in _QDQ or node.domain not in ("", "ai.onnx"):
             continue
@@ -141,12 +141,38 @@ def ort_session(
     if isinstance(model, str | Path | bytes):
         return ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=options,
                                     providers=_PROVIDERS, **extra)  # fmt: skip
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if model.ByteSize() < onnx_types.PROTOBUF_LIMIT:
         return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=_PROVIDERS, **extra)
     with tempfile.TemporaryDirectory(prefix="qdq-session-") as temporary:
         path = Path(folder or temporary) / "model.onnx"
         _save_external(model, path)
         return ort.InferenceSession(str(path), sess_options=options, providers=_PROVIDERS, **extra)
+
+
+def probe_model(model: onnx.ModelProto, values: Iterable[str], expose: Callable[..., Iterable[str]] | None = None
+                ) -> onnx.ModelProto:  # fmt: skip
+    """A copy of ``model`` also returning ``values`` (tensors it computes or reads), run once per batch through
+    :func:`ort_session`; an output typed as declared when a float type, else left to ONNX Runtime. ``expose`` first
+    returns some through the graph itself (``onnx_in.subgraphs.expose``: those of ``If`` branches) and names them."""
+    import onnx
+    from onnx import helper
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    values = list(dict.fromkeys(values))
+    present = {o.name for o in probe.graph.output} | set(expose(probe, values) if expose is not None else ())
+    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.value_info, *model.graph.input,
+                                                               *model.graph.output]}  # fmt: skip
+    probe.graph.output.extend(
+        helper.make_tensor_value_info(name, types[name], None) if types.get(name) in FLOAT_TYPES
+        else onnx.ValueInfoProto(name=name) for name in values if name not in present
+    )  # fmt: skip
+    return probe
+
+
+def outputs_of(session: onnxruntime.InferenceSession, feed: Mapping[str, Any]) -> dict[str, Any]:
+    """Every output of ``session`` (a probe's: the model's outputs and the values it returns) on ``feed``, by name."""
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, dict(feed)), strict=True))
 
 
 def _save_external(model: onnx.ModelProto, path: Path) -> None:

@@ -11,6 +11,7 @@ export (:mod:`qdq.targets.tensorrt.float_types`) need the same facts:
   of the model's opset; the other inputs (``Resize``'s ``scales``, shapes, indices) keep their own types;
 * the names of the float types (:func:`parse_float_type`: ``"fp16"`` -> ``"float16"``...) and their numpy
   types (:func:`numpy_float_type`).
+The one float-type set (:data:`FLOAT_TYPES`) and protobuf size limit (:data:`PROTOBUF_LIMIT`) are here.
 
 Imports onnx when a function is called, not at import time.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FLOAT_TYPES",
     "LOW_PRECISION",
+    "PROTOBUF_LIMIT",
     "FloatSlots",
     "TensorTypes",
     "default_opset",
@@ -44,6 +46,9 @@ __all__ = [
 _FLOAT, _FLOAT16, _DOUBLE, _BFLOAT16 = 1, 10, 11, 16
 #: Element types that hold floating-point values computed by a network (FP8 types are quantized types).
 FLOAT_TYPES = frozenset({_FLOAT, _FLOAT16, _DOUBLE, _BFLOAT16})
+#: Serialized size from which a model goes to a file with its tensors in an external-data file, written so or handed
+#: so to ONNX Runtime (protobuf's limit is 2 GiB for one message; read at call time, so a test can lower it).
+PROTOBUF_LIMIT = 2**31 - 2**26
 #: The low-precision float types a TensorRT 11 graph computes in, by the names qdq's options use.
 LOW_PRECISION = {"float16": _FLOAT16, "bfloat16": _BFLOAT16}
 _ALIASES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16", "fp16": "float16",

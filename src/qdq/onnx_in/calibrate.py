@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
 from qdq.calib import make_calibrator
 from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.graphs.onnx_session import ort_session as session_of
+from qdq.graphs.onnx_session import probe_model as graph_probe
 from qdq.graphs.view import GraphView, Quantizer
 from qdq.onnx_in.subgraphs import expose
 from qdq.onnx_in.view import keep_unreached_float, weight_axis
@@ -35,8 +36,6 @@ __all__ = ["Statistics", "collect", "kept_parts", "ort_session", "weight_ranges"
 
 #: with ``held_out``, :func:`collect` keeps at most this many of the first batches when none is held out
 MAX_KEPT = 8
-_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
-
 
 @dataclass
 class Statistics:
@@ -176,21 +175,9 @@ def ort_session(model: onnx.ModelProto, folder: Path, threads: int | None = None
 
 
 def probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
-    """A copy of ``model`` that also returns every tensor in ``tensors``."""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    nested = set(expose(probe, tensors))  # tensors computed inside If branches: returned through each If
-    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.value_info, *model.graph.input,
-                                                               *model.graph.output]}  # fmt: skip
-    present = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name in present or name in nested:
-            continue
-        elem = types.get(name)
-        probe.graph.output.append(
-            helper.make_tensor_value_info(name, elem, None) if elem in _FLOAT_TYPES else onnx.ValueInfoProto(name=name)
-        )  # no type known: ONNX Runtime infers it
-    return probe
+    """A copy of ``model`` that also returns every tensor in ``tensors`` (the one probe,
+    :func:`qdq.graphs.onnx_session.probe_model`; those computed inside ``If`` branches returned through each ``If``)."""
+    return graph_probe(model, tensors, expose)
 
 
 Feed = dict[str, np.ndarray]

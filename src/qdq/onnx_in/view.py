@@ -25,13 +25,13 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
+from qdq.graphs.onnx_types import FLOAT_TYPES
 from qdq.graphs.view import GraphView, Op, Quantizer
 from qdq.onnx_in.subgraphs import Nested, Path, if_branches
 
 __all__ = ["KeepFloat", "build_view", "keep_unreached_float", "keep_user_float", "select_weighted", "weight_axis"]
 
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-_REAL = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16})
 _POOLS = ("AveragePool", "GlobalAveragePool")
 
 
@@ -80,7 +80,7 @@ def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
     types = {v.name: v.type.tensor_type.elem_type for g in graphs for v in [*g.input, *g.value_info, *g.output]}
     types.update({t.name: t.data_type for t in graph.initializer})
     for name, elem in types.items():  # integer and boolean tensors (shapes, indices) are never quantized
-        view.value(name, constant=name in constants, real=elem in _REAL or elem == TensorProto.UNDEFINED)
+        view.value(name, constant=name in constants, real=elem in FLOAT_TYPES or elem == TensorProto.UNDEFINED)
     _add_graph(view, graph, (), scalars)
     return view
 

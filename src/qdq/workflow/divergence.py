@@ -182,23 +182,17 @@ def _torch_references(model: nn.Module, x: np.ndarray) -> _References:
 def _graph_references(proto: onnx.ModelProto, batch: Any, threads: int | None) -> tuple[Any, _References, str]:
     """The feed, and each activation DequantizeLinear's output (by node name, float64) and step, from the Q/DQ
     graph computed in float (ONNX Runtime, every graph optimization off)."""
-    from qdq.runtime.ort import inference_session, session_options
+    from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model, session_options
 
     constants = {t.name: t for t in proto.graph.initializer}
     dequantized = [n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in constants]
     if any(not n.name for n in dequantized):
         raise QdqConfigError("locate_divergence needs every DequantizeLinear of the file named (qdq's files are).")
-    probe = onnx.ModelProto()
-    probe.CopyFrom(proto)
-    known = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=n.output[0]) for n in dequantized if n.output[0] not in known)
-    with tempfile.TemporaryDirectory(prefix="qdq-locate-") as tmp:
-        path = Path(tmp) / "probe.onnx"
-        onnx.save(probe, str(path))
-        session = inference_session(path, session_options(threads=threads, optimization_level="disable"))
-        names = [i.name for i in session.get_inputs()]
-        feed = batch if isinstance(batch, dict) else {names[0]: np.asarray(batch)}
-        values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+    probe = probe_model(proto, [n.output[0] for n in dequantized])
+    session = ort_session(probe, session_options(threads=threads, optimization_level="disable"))
+    names = [i.name for i in session.get_inputs()]
+    feed = batch if isinstance(batch, dict) else {names[0]: np.asarray(batch)}
+    values = outputs_of(session, feed)
     references = {
         n.name.removesuffix("/DequantizeLinear"): (
             values[n.output[0]].astype(np.float64),

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from qdq.graphs.onnx import GraphIndex
-from qdq.graphs.onnx_session import ort_session
+from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.markdown import markdown_table
 from qdq.targets.tensorrt.float_ranges import Batch, feeds
@@ -71,30 +71,20 @@ class GraphComparison:
 
 def _session(model: Any) -> tuple[Any, dict[str, tuple[str, str, str]]]:
     """An ORT session of ``model`` exposing every Q output; quantizer -> (Q input, Q scale, Q output) names."""
-    import onnx
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    index = GraphIndex(probe)
+    index = GraphIndex(model)
     exposed: dict[str, tuple[str, str, str]] = {}
-    existing = {o.name for o in probe.graph.output}
-    for node in probe.graph.node:
+    for node in model.graph.node:
         names = quantizer_names(node) if node.op_type == "QuantizeLinear" else []
-        if not names or node.input[0] in index.constants:
-            continue
-        exposed.setdefault(names[0], (node.input[0], node.input[1], node.output[0]))
-        for tensor in (node.input[0], node.output[0]):
-            if tensor not in existing and tensor not in index.constants:
-                probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
-                existing.add(tensor)
+        if names and node.input[0] not in index.constants:
+            exposed.setdefault(names[0], (node.input[0], node.input[1], node.output[0]))
+    tensors = [t for x, _, q in exposed.values() for t in (x, q) if t not in index.constants]
     # ORT 1.32's NCHWc layout pass crashes the process on some FP16 graphs (a torchvision ViT): leave it out; the
     # factory runs a float16 Q/DQ graph without optimizations at all, as TensorRT computes it
-    return ort_session(probe, disabled_optimizers=("NchwcTransformer",)), exposed
+    return ort_session(probe_model(model, tensors), disabled_optimizers=("NchwcTransformer",)), exposed
 
 
 def _run(session: Any, batch: Batch) -> dict[str, np.ndarray]:
-    outputs = session.run(None, feeds([i.name for i in session.get_inputs()], batch))
-    return dict(zip([o.name for o in session.get_outputs()], outputs))
+    return outputs_of(session, feeds([i.name for i in session.get_inputs()], batch))
 
 
 def _oracle(x: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ import numpy as np
 
 from qdq.errors import QdqConfigError
 from qdq.graphs.onnx import GraphIndex
-from qdq.graphs.onnx_session import ort_session, session_options
+from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model, session_options
 from qdq.graphs.onnx_types import FLOAT_TYPES, TensorTypes, float_slots, type_name
 
 __all__ = ["Batch", "TensorRange", "feeds", "keep_fp32_reasons", "measure_ranges"]
@@ -90,24 +90,15 @@ def measure_ranges(model: Any, batches: Iterable[Batch]) -> dict[str, TensorRang
     Every float32 tensor a node produces (and every float input) becomes an output of a copy of the graph,
     run on the CPU with graph optimizations off so that each tensor is computed as written.
     """
-    import onnx
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    types = TensorTypes.of(probe)
-    outputs = {o.name for o in probe.graph.output}
-    for node in probe.graph.node:
-        for name in node.output:
-            if name and name not in outputs and types.get(name) == _FLOAT32 and node.op_type != "Constant":
-                probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-                outputs.add(name)
-    session = ort_session(probe, session_options(optimization_level="disable"))
-    names = [o.name for o in session.get_outputs()]
+    types = TensorTypes.of(model)
+    tensors = [name for node in model.graph.node if node.op_type != "Constant" for name in node.output
+               if name and types.get(name) == _FLOAT32]  # fmt: skip
+    session = ort_session(probe_model(model, tensors), session_options(optimization_level="disable"))
     ranges: dict[str, TensorRange] = {}
     seen = 0
     for batch in batches:
         feed = feeds([i.name for i in session.get_inputs()], batch)
-        for name, values in [*feed.items(), *zip(names, session.run(names, feed))]:
+        for name, values in [*feed.items(), *outputs_of(session, feed).items()]:
             if np.issubdtype(np.asarray(values).dtype, np.floating):
                 ranges.setdefault(name, TensorRange()).update(np.asarray(values))
         seen += 1
