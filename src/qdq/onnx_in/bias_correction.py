@@ -48,15 +48,15 @@ import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
+from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model
 from qdq.graphs.view import GraphView, Op
-from qdq.onnx_in.calibrate import ort_session, probe_model
 from qdq.onnx_in.view import weight_axis
 from qdq.tensor_quant import fake_tensor_quant
 from qdq.workflow.progress import Progress, counter
 
 __all__ = ["CONSTANT_SPREAD", "SIGNIFICANCE", "BiasShift", "correct_biases", "measured"]
 
-_CONV_FUNCTIONS = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}  # by the weight's rank
+_CONV_RANKS = (3, 4, 5)  # of the weight: 1-D, 2-D and 3-D convolutions
 #: standard errors of the mean a channel's shift must reach to be applied
 SIGNIFICANCE = 3.0
 #: a channel whose output spread is at most this fraction of its layer's largest is a constant (dead) channel
@@ -132,7 +132,7 @@ class _Layer:
     input_amax: torch.Tensor
     unsigned: bool
     shape: _Shape
-    apply: Callable[[torch.Tensor], torch.Tensor]  # the float layer without bias, as [C_out, positions]
+    apply: Callable[[np.ndarray], torch.Tensor]  # the float layer without bias, as [C_out, positions]
     sums: torch.Tensor | None = None
     sums_q: torch.Tensor | None = None
     count: int = 0
@@ -150,7 +150,7 @@ class _Layer:
         moments = torch.stack([errors.sum(0), (errors**2).sum(0)])
         if self.sums is None or self.sums_q is None or self.moments is None:
             self.sums, self.sums_q, self.moments = sums.sum(0), sums_q.sum(0), moments
-            self.spread = self.apply(x).double().std(1, unbiased=False)
+            self.spread = self.apply(x.numpy()).double().std(1, unbiased=False)
         else:
             self.sums += sums.sum(0)
             self.sums_q += sums_q.sum(0)
@@ -208,7 +208,7 @@ def correct_biases(
     """
     inits = {t.name: t for t in model.graph.initializer}
     uses = Counter(name for node in model.graph.node for name in node.input)
-    layers = [layer for op in view.ops if (layer := _layer(model, view, ranges, op, inits)) is not None
+    layers = [layer for op in view.ops if (layer := _layer(model, view, ranges, op, inits, threads)) is not None
               and uses[layer.bias] == 1]  # fmt: skip
     if known is not None:
         by_op = {shift.op: shift for shift in known}
@@ -219,9 +219,9 @@ def correct_biases(
     wanted = sorted({layer.input for layer in layers})
     bar = counter(progress, "bias correction", len(batches))
     with tempfile.TemporaryDirectory(prefix="qdq-bias-") as folder, torch.no_grad():
-        session = ort_session(probe_model(model, wanted), Path(folder), threads)
+        session = ort_session(probe_model(model, wanted), threads=threads, folder=Path(folder))
         for batch in batches:
-            outputs = dict(zip(wanted, session.run(wanted, {name: np.asarray(batch[name]) for name in inputs})))
+            outputs = outputs_of(session, {name: np.asarray(batch[name]) for name in inputs})
             for layer in layers:
                 layer.observe(torch.from_numpy(np.asarray(outputs[layer.input], np.float32)))
             bar.update()
@@ -238,7 +238,7 @@ def _subtract(shift: BiasShift, tensor: onnx.TensorProto) -> BiasShift:
 
 
 def _layer(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray], op: Op,
-           inits: Mapping[str, onnx.TensorProto]) -> _Layer | None:  # fmt: skip
+           inits: Mapping[str, onnx.TensorProto], threads: int | None) -> _Layer | None:  # fmt: skip
     """The layer to correct at ``op``, or None (not a quantized layer with its own bias)."""
     if op.type not in ("Conv", "Gemm", "MatMul") or not isinstance(op.ref, int) or len(op.inputs) < 2:
         return None
@@ -246,7 +246,8 @@ def _layer(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndar
     if activation is None or weight is None or not weight.per_channel or op.inputs[1].name not in inits:
         return None
     w = torch.from_numpy(numpy_helper.to_array(inits[op.inputs[1].name]).astype(np.float32))
-    found = _bias_and_shape(view, op, model.graph.node[op.ref], tuple(w.shape), inits)
+    node = model.graph.node[op.ref]
+    found = _bias_and_shape(view, op, node, tuple(w.shape), inits)
     if found is None or found[0] not in inits:
         return None
     bias, shape, transposed = found
@@ -259,7 +260,8 @@ def _layer(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndar
     return _Layer(op=op, input=op.inputs[0].name, bias=bias, weight=layer_weight,
                   weight_q=w_q.reshape(layer_weight.shape),
                   input_amax=torch.from_numpy(np.asarray(ranges[id(activation)], np.float32)).reshape(()),
-                  unsigned=activation.unsigned, shape=shape, apply=_float_layer(shape, w))  # fmt: skip
+                  unsigned=activation.unsigned, shape=shape,
+                  apply=_float_layer(model, node, inits[op.inputs[1].name], threads))  # fmt: skip
 
 
 def _bias_and_shape(view: GraphView, op: Op, node: onnx.NodeProto, weight: tuple[int, ...],
@@ -290,7 +292,7 @@ def _bias_and_shape(view: GraphView, op: Op, node: onnx.NodeProto, weight: tuple
 
 
 def _conv_shape(attrs: Mapping[str, Any], weight: tuple[int, ...]) -> _Shape | None:
-    if len(weight) not in _CONV_FUNCTIONS:
+    if len(weight) not in _CONV_RANKS:
         return None
     spatial = len(weight) - 2
     pads = list(attrs.get("pads", [0] * 2 * spatial))
@@ -300,10 +302,20 @@ def _conv_shape(attrs: Mapping[str, Any], weight: tuple[int, ...]) -> _Shape | N
                   kernel=weight[2:], groups=int(attrs.get("group", 1)))  # fmt: skip
 
 
-def _float_layer(shape: _Shape, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The float layer without its bias, ``x -> [C_out, positions]``; ``weight`` as the layer reads it."""
-    if not shape.kernel:
-        return lambda x: (x.reshape(-1, x.shape[-1]) @ weight.T).T
-    conv = _CONV_FUNCTIONS[weight.ndim]
-    return lambda x: conv(F.pad(x, list(shape.padding)), weight, None, shape.strides, 0, shape.dilations,
-                          shape.groups).transpose(0, 1).reshape(weight.shape[0], -1)  # fmt: skip
+def _float_layer(model: onnx.ModelProto, node: onnx.NodeProto, weight: onnx.TensorProto,
+                 threads: int | None) -> Callable[[np.ndarray], torch.Tensor]:  # fmt: skip
+    """The float layer without its bias, ``x -> [C_out, positions]``: ``node`` with its input and weight, run alone
+    on ONNX Runtime (a one-node model; on the first batch)."""
+
+    def run(x: np.ndarray) -> torch.Tensor:
+        single = onnx.NodeProto()
+        single.CopyFrom(node)
+        del single.input[2:]
+        source = helper.make_tensor_value_info(node.input[0], weight.data_type, None)
+        graph = helper.make_graph([single], "layer", [source], [onnx.ValueInfoProto(name=node.output[0])], [weight])
+        session = ort_session(helper.make_model(graph, opset_imports=model.opset_import), threads=threads)
+        feed = {node.input[0]: x.astype(helper.tensor_dtype_to_np_dtype(weight.data_type))}
+        channels = np.moveaxis(outputs_of(session, feed)[node.output[0]], 1 if node.op_type == "Conv" else -1, 0)
+        return torch.from_numpy(np.ascontiguousarray(channels.reshape(channels.shape[0], -1)))
+
+    return run
