@@ -30,7 +30,8 @@ batches = [data[i : i + 32] for i in range(0, 128, 32)]
 
 # For TensorRT: the toolkit's cases place Q/DQ as TensorRT fuses them (the original model is left untouched).
 qmodel = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])
-qk.calibrate(qmodel, batches, method="entropy")  # max / entropy / mse / percentile
+qk.calibrate(qmodel, batches)  # method="auto": the method whose outputs stay closest to float
+print(qk.auto_result(qmodel).summary())  # what it chose, and every candidate's score
 print("TensorRT file:", qk.export_onnx(qmodel, batches[0], "keras_trt.onnx", target="tensorrt"))  # BN folded, opset 13
 
 # For ONNX Runtime's int8 CPU kernels: quantize for that target; the model remembers it and exports for it.

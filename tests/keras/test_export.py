@@ -133,6 +133,14 @@ def test_calibrate_rejects_bad_input(cnn):
         qk.calibrate(qmodel, [])
     with pytest.raises(qdq.QdqConfigError, match="no quantized inputs"):
         qk.calibrate(residual_cnn(), x)
+    from qdq.calib import CalibrationMethod, register_method, unregister_method
+
+    register_method(CalibrationMethod("torch_pass", "histogram", select=lambda model, data, **_: None))
+    try:  # a model-level method other than auto runs on a PyTorch model: refused before any work
+        with pytest.raises(qdq.QdqConfigError, match="'torch_pass' is not available for Keras models"):
+            qk.calibrate(qmodel, x, method="torch_pass")
+    finally:
+        unregister_method("torch_pass")
 
 
 def test_a_model_with_unfused_ops_still_matches(tmp_path):
@@ -150,7 +158,7 @@ def test_a_model_with_unfused_ops_still_matches(tmp_path):
     qmodel = qk.quantize_model(model, quantization_spec=spec)
     histogram = qk.calibrate(qmodel, x, method="percentile")  # both inputs: the histogram of the output
     assert histogram["quant_cat/input_0"] == histogram["quant_cat/input_1"] == histogram["quant_maxpool/input_0"]
-    ranges = qk.calibrate(qmodel, x)
+    ranges = qk.calibrate(qmodel, x, method="max")
     assert ranges["quant_cat/input_0"] == ranges["quant_cat/input_1"] == ranges["quant_maxpool/input_0"]
     path = qk.export_onnx(qmodel, None, tmp_path / "cat.onnx")  # checked against TensorRT's rules (tests/conftest.py)
     result = qdq.verify(qmodel, path, [x])

@@ -12,6 +12,7 @@ import qdq.keras as qk
 from qdq.calib import HistogramCalibrator
 from qdq.errors import QdqConfigError
 from qdq.keras.quantizer import fake_quant
+from qdq.workflow.auto_calibration import candidates
 from qdq.workflow.post_training import DEFAULT_PERCENTILES, PTQResult
 
 
@@ -93,8 +94,22 @@ def test_ptq_tries_every_method_from_one_pass_and_keeps_the_best(cnn):
     assert accuracy(qmodel, x, y) == result.best.score  # the best ranges are the ones left loaded
     stats = qk.collect_stats(qmodel, [x[:32], x[32:]], "histogram")
     assert stats.ranges(result.best.method, **result.best.options) == result.best.amax
-    with pytest.raises(QdqConfigError, match="'auto' is not available for Keras"):  # PyTorch only, said first
-        qk.ptq(qmodel, [x[:32]], evaluate, ("max", "auto"))
+    with pytest.raises(QdqConfigError, match="'auto' chooses among the methods by running"):
+        stats.ranges("auto")
+
+
+def test_ptq_takes_auto_and_records_its_choice_when_it_is_the_best(cnn):
+    model, x, _ = cnn
+    qmodel = qk.quantize_model(model)
+    batches = [x[:32], x[32:]]
+    result = qk.ptq(qmodel, batches, lambda m: 1.0 if qk.auto_result(m) is not None else 0.0, ("max", "auto"))
+    assert [r.label for r in result.results] == ["max", "auto"] and result.best.label == "auto"
+    chosen = qk.auto_result(qmodel).chosen  # recorded again after the best ranges were set back
+    assert set(result.best.quantizer_methods.values()) == {f"auto: {chosen}"}
+    method, options = next((m, o) for m, o in candidates() if m.label(o) == chosen)
+    assert qk.collect_stats(qmodel, batches).ranges(method.name, **options) == result.best.amax  # every sample's
+    qk.ptq(qmodel, batches, lambda m: 0.0 if qk.auto_result(m) is not None else 1.0, ("auto", "max"))
+    assert qk.auto_result(qmodel) is None  # max kept: auto's choice is not the model's ranges
 
 
 def test_ptq_ranges_are_those_of_qdq_calib_on_the_same_values(cnn):

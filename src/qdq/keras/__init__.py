@@ -3,7 +3,8 @@ PyTorch path.
 
     import qdq.keras as qk
     qmodel = qk.quantize_model(model, custom_qdq_cases=[qk.ResNetV1QDQCase()])  # model is left untouched
-    qk.calibrate(qmodel, calibration_batches, method="entropy")              # static activation ranges
+    qk.calibrate(qmodel, calibration_batches)                                # static ranges, method="auto"
+    print(qk.auto_result(qmodel).table())                                    # what auto chose, and why
     qmodel.compile(...); qmodel.fit(...)                                     # QAT (optional)
     qk.export_onnx(qmodel, x[:1], "model.onnx", target="tensorrt")          # the PyTorch path's arguments
     qdq.verify(qmodel, "model.onnx", batches)                                # the engine vs Keras
@@ -26,6 +27,7 @@ _LAZY = {
     "QuantizationSpec": "qdq.keras.spec",
     "LayerConfig": "qdq.keras.spec",
     "calibrate": "qdq.keras.calibration",
+    "auto_result": "qdq.keras.calibration",
     "collect_stats": "qdq.keras.calibration",
     "CalibrationStats": "qdq.keras.calibration",
     "set_ranges": "qdq.keras.calibration",

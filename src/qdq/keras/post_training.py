@@ -7,11 +7,15 @@ ranges as ``{"<wrapper>/input_<i>": amax}``), so reports and summaries read both
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from qdq.calib.methods import CALIBRATION_METHODS
-from qdq.keras.calibration import collect_stats, forget_traced_functions, set_ranges, statistics_method
+from qdq.errors import QdqCalibrationWarning
+from qdq.keras.calibration import collect_stats, forget_traced_functions, keras_method, record_auto, set_ranges
+from qdq.workflow.auto_calibration import AutoResult
+from qdq.workflow.collection import check_reiterable
 from qdq.workflow.post_training import DEFAULT_PERCENTILES, MethodResult, PTQResult, method_grid, ptq_statistics
 
 __all__ = ["bypassed", "ptq"]
@@ -49,24 +53,47 @@ def ptq(
 
     ``methods`` are registered methods computed from statistics (default: :data:`qdq.calib.CALIBRATION_METHODS`,
     read when called); one histogram pass serves those that read histograms, a method that reads other statistics
-    gets a pass for them. A model-level method (``auto``) is refused before any work.
+    gets a pass for them. ``"auto"`` (:mod:`qdq.keras.auto`: the method whose outputs stay closest to the float
+    model's on held-out calibration batches) runs its own pass, so ``calib_data`` must then be re-iterable (a
+    list, an array, a ``tf.data.Dataset``); its row's ``quantizer_methods`` read ``"auto: <method>"``. Another
+    model-level method is refused before any work.
 
     Returns:
-        A :class:`~qdq.workflow.post_training.PTQResult`; the model is left with the best method's ranges.
+        A :class:`~qdq.workflow.post_training.PTQResult`; the model is left with the best method's ranges (when
+        that is ``"auto"``, :func:`qdq.keras.auto_result` says what it chose, and a
+        :class:`~qdq.errors.QdqCalibrationWarning` names the ranges it chose that clip destructively).
 
     Raises:
-        QdqConfigError: an unknown method (listing every registered one), or a model-level method.
+        QdqConfigError: an unknown method (listing every registered one), another model-level method, or
+            ``"auto"`` with other methods on a one-shot iterator.
     """
-    grid = [(statistics_method(name), options) for name, options in method_grid(methods, percentiles)]
+    from qdq.keras.auto import run
+
+    grid = [(keras_method(name), options) for name, options in method_grid(methods, percentiles)]
+    kinds = list(dict.fromkeys(ptq_statistics(method) for method, _ in grid if not method.model_level))
+    if any(method.model_level for method, _ in grid) and kinds:
+        check_reiterable(calib_data, "auto")
     with bypassed(model):
         float_score = float(eval_fn(model))
-    passes = {kind: collect_stats(model, calib_data, kind, num_batches=num_batches)
-              for kind in dict.fromkeys(ptq_statistics(method) for method, _ in grid)}  # fmt: skip
+    passes = {kind: collect_stats(model, calib_data, kind, num_batches=num_batches) for kind in kinds}
     results: list[MethodResult[float]] = []
+    autos: dict[int, tuple[AutoResult, str | None]] = {}  # result index -> auto's result and its clipping warning
     for method, options in grid:
+        if method.model_level:
+            ranges, auto, text = run(model, calib_data, num_batches=num_batches)
+            autos[len(results)] = (auto, text)
+            used: dict[str, str | None] = dict.fromkeys(ranges, f"auto: {auto.chosen}")
+            results.append(MethodResult(method.name, options, float(eval_fn(model)), ranges, quantizer_methods=used))
+            continue
         stats = passes[ptq_statistics(method)]
         ranges = stats.load(method.name, **options)
         results.append(MethodResult(method.name, options, float(eval_fn(model)), ranges))
-    best = max(results, key=lambda r: r.score)  # first of equals: the grid's order breaks ties
+    best_at = max(range(len(results)), key=lambda i: results[i].score)  # first of equals: the grid's order
+    best = results[best_at]
     set_ranges(model, best.amax)
+    if best_at in autos:
+        auto, text = autos[best_at]
+        record_auto(model, auto)
+        if text is not None:
+            warnings.warn(text, QdqCalibrationWarning, stacklevel=2)
     return PTQResult(float_score, results, best)

@@ -28,8 +28,9 @@ When nothing can be held out (fewer than :data:`HOLDOUT_EVERY` batches, none of 
 are scored on the first calibration batches themselves (:attr:`AutoResult.held_out` is False and the report says
 so).
 
-Both front ends run it with the same candidates, fidelity and choice: :func:`select_amax` for PyTorch models
-(``qdq.calibrate(model, data)``), :func:`qdq.onnx_in.auto.select` for ONNX files (``qdq.quantize_onnx``).
+Every front end runs it with the same candidates, fidelity and choice: :func:`select_amax` for PyTorch models
+(``qdq.calibrate(model, data)``), :func:`qdq.onnx_in.auto.select` for ONNX files (``qdq.quantize_onnx``),
+:func:`qdq.keras.auto.select` for Keras models (``qdq.keras.calibrate(model, data)``).
 
 Cost: one statistics pass over the calibration data (what any histogram method costs), each candidate's ranges from
 the statistics, and on the held-out samples (a quarter at most, from :data:`MAX_HOLDOUT` batches at most) one

@@ -178,8 +178,9 @@ class CalibrationReport:
         if count > max_lines:
             lines.append(f"  ... and {count - max_lines} more; qdq.calibration_report(model) lists every quantizer.")
         lines.append(
-            'Calibrate them with method="auto" (per quantizer, the candidate range with the smallest error at the '
-            'layer\'s output), "mse" or "percentile"; or compare methods on your own metric with qdq.ptq.'
+            'method="auto" (the default) keeps such a range only when the model\'s outputs on held-out calibration '
+            "samples stay clearly closer to float with it than with any range that does not clip this much; compare "
+            "methods on your own metric with qdq.ptq."
         )
         return "\n".join(lines)
 

@@ -1,0 +1,124 @@
+"""``method="auto"`` for Keras models: the calibration method chosen for the whole model by the fidelity of its
+outputs, the default of :func:`qdq.keras.calibrate`.
+
+The PyTorch front end's ``auto`` (:mod:`qdq.workflow.auto_calibration`: the held-out rule, the candidates, the
+fidelity, the choice and the result are that module's) on the Keras front end's own statistics:
+
+1. one pass of :func:`qdq.keras.collect_stats` with histograms holds samples out by the shared rule
+   (:func:`~qdq.workflow.auto_calibration.held_out`: the last quarter of each batch, along dimension 0 of its
+   inputs, of 8 batches at most; a batch that cannot be split, one whole batch in four): their statistics apart,
+   the float model's outputs on them kept (when nothing can be held out, the first batches are scored instead, and
+   the result says so);
+2. each candidate's ranges (every registered method computed from statistics, its default options) come from the
+   other samples' statistics and are set on the model (:func:`qdq.keras.set_ranges`);
+3. the quantized model runs on the held-out samples (``predict_on_batch``: traced once, the ranges are variables)
+   and its outputs are compared with the float ones (:class:`~qdq.workflow.auto_calibration.FidelityMeter`; the
+   channels of a channels-last output are its features, as a channel of ``[N, C, H, W]`` is in the PyTorch door);
+4. :func:`~qdq.workflow.auto_calibration.choose` picks, with the diagnostics' verdict on each candidate's ranges
+   (:func:`~qdq.workflow.auto_calibration.destructive`, on the Keras calibrators);
+5. the chosen method's ranges are set from every sample's statistics, the result is recorded on the model
+   (:func:`qdq.keras.auto_result`), and a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose
+   chosen range the diagnostics call destructive (never chosen silently).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from qdq.errors import QdqCalibrationWarning
+from qdq.keras.calibration import CalibrationStats, collect_stats, record_auto, set_ranges
+from qdq.workflow.auto_calibration import AutoResult, FidelityMeter, candidates, choose, destructive, held_out
+from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
+
+__all__ = ["clipping_warning", "run", "select"]
+
+
+def select(
+    model: Any,
+    data: Iterable[Any],
+    *,
+    num_batches: int | None = None,
+    num_bins: int | None = None,
+    warn: bool = True,
+) -> tuple[dict[str, float], AutoResult]:
+    """``auto`` on a quantized Keras model: set the chosen method's ranges; return them and what every candidate
+    scored (see the module docstring). ``data`` is read once.
+
+    Args:
+        model: from :func:`qdq.keras.quantize_model`; its wrappers are marked calibrated.
+        data: calibration batches, as :func:`qdq.keras.calibrate` takes them.
+        num_batches: use at most this many batches.
+        num_bins: histogram bins (default: :data:`qdq.calib.histogram.DEFAULT_NUM_BINS`).
+        warn: warn (:class:`~qdq.errors.QdqCalibrationWarning`) when the chosen ranges clip destructively.
+
+    Returns:
+        ``({"<wrapper>/input_<i>": amax}, AutoResult)``; the result is also :func:`qdq.keras.auto_result(model)
+        <qdq.keras.auto_result>`.
+    """
+    ranges, result, text = run(model, data, num_batches=num_batches, num_bins=num_bins)
+    if warn and text is not None:
+        warnings.warn(text, QdqCalibrationWarning, stacklevel=3)
+    return ranges, result
+
+
+def run(
+    model: Any, data: Iterable[Any], *, num_batches: int | None = None, num_bins: int | None = None
+) -> tuple[dict[str, float], AutoResult, str | None]:
+    """:func:`select` without the warning: the ranges set, the result, and the clipping warning's text (None when
+    the chosen ranges clip nothing destructively)."""
+    started = time.perf_counter()
+    stats = collect_stats(model, data, "histogram", num_batches=num_batches, num_bins=num_bins, held_out=held_out)
+    statistics = time.perf_counter()
+    named = stats.histograms()  # "<wrapper>/input_<i>" -> the calibrator of the batches not held out
+    scores: dict[str, float] = {}
+    clipping: dict[str, list[str]] = {}
+    grid = candidates()
+    for method, options in grid:
+        label = method.label(options)
+        ranges = set_ranges(model, stats.ranges(method.name, **options))
+        clipping[label] = destructive(named, ranges, label)
+        scores[label] = _score(model, stats.scored)
+    chosen = choose(scores, clipping)
+    method, options = next((m, o) for m, o in grid if m.label(o) == chosen)
+    was_held_out = bool(stats.held_out)
+    stats.merge_held_out()
+    ranges = set_ranges(model, stats.ranges(method.name, **options))
+    result = AutoResult(chosen, scores, clipping, len(stats.scored), was_held_out,
+                        {"statistics": statistics - started, "scoring": time.perf_counter() - statistics})  # fmt: skip
+    record_auto(model, result)
+    return ranges, result, clipping_warning(stats, ranges, f"auto: {chosen}")
+
+
+def clipping_warning(stats: CalibrationStats, ranges: Mapping[str, float], label: str) -> str | None:
+    """The clipping warning (:meth:`qdq.workflow.diagnostics.CalibrationReport.warning_text`) for ``ranges``
+    against ``stats``, each quantizer's method named ``label``; None when no range clips destructively."""
+    rows = [diagnose_statistics(name, calibrator, ranges[name], label) for name, calibrator in
+            stats.histograms().items() if name in ranges]  # fmt: skip
+    text = CalibrationReport([row for row in rows if row is not None]).warning_text()
+    return None if text is None else text.replace("qdq.calibration_report(model) lists every quantizer",
+                                                  "qdq.keras.auto_result(model).clipping lists them")  # fmt: skip
+
+
+def _score(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]]) -> float:
+    """The output fidelity of ``model`` (quantizing) on the ``scored`` (inputs, float outputs) pairs."""
+    from qdq.keras._backend import keras
+
+    meter = FidelityMeter()
+    for inputs, reference in scored:
+        outputs = [np.asarray(value) for value in keras().tree.flatten(model.predict_on_batch(inputs))]
+        meter.add(_features_first(reference), _features_first(outputs))
+    return meter.score()
+
+
+def _features_first(outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Channels-last outputs of rank 3 or more with their channels on axis 1, where the meter reads features."""
+    from qdq.keras._backend import keras
+
+    if keras().config.image_data_format() != "channels_last":
+        return list(outputs)
+    return [np.moveaxis(value, -1, 1) if value.ndim >= 3 else value for value in outputs]
