@@ -202,6 +202,13 @@ def _bench_title(args: argparse.Namespace, runtime: str, with_baseline: bool) ->
 
 # --- qdq quantize / demo / verify ------------------------------------------------------------------------
 
+_TARGET_HELP = (
+    "placement target: onnxruntime (default: its int8 kernels run on any CPU, with the runtime qdq "
+    "installs; the Python API defaults to tensorrt, the seed toolkit's target) or tensorrt"
+)
+"""``--target`` of ``qdq quantize`` and ``qdq tune``: the default is :data:`qdq.targets.registry.CPU_DEFAULT_TARGET`
+(resolved in the handlers: building the parser imports no target)."""
+
 _QUANTIZE_FLAGS = {  # flag -> PipelineConfig key; absent flags keep the config file's (or default) value
     "model": "model", "weights": "weights", "random_init": "random_init", "data": "data", "calib": "calib",
     "calib_batches": "calib_batches", "qat_epochs": "qat_epochs", "train_lr": "train_lr", "target": "target",
@@ -247,7 +254,7 @@ def add_quantize_parser(subparsers: Any) -> None:
     p.add_argument("--image-size", type=_positive_int, help="input height/width (default: the data's)")
     p.add_argument("--qat-epochs", type=_non_negative_int, help="QAT epochs after PTQ (default 0)")
     p.add_argument("--train-lr", type=float, help="LR the float model was trained with; QAT starts at 1%% of it")
-    p.add_argument("--target", help="onnxruntime (default) or tensorrt")
+    p.add_argument("--target", help=_TARGET_HELP)
     p.add_argument("--runtime", action="append", help="runtime for the INT8 engine (repeatable)")
     p.add_argument("--float", help="float part of a tensorrt model.onnx: fp32 (default), fp16 or bf16 (TensorRT 11)")
     p.add_argument("--weight-bits", type=_positive_int, help="weight bits, 2-8 (default 8; 4 for W4A8 and W4A4)")
@@ -318,6 +325,7 @@ def run_quantize_onnx(args: argparse.Namespace) -> int:
     """``qdq quantize --model x.onnx --data ...``: one calibration method (``--calib``, default auto), one file."""
     from qdq.onnx_in.data import calibration_batches
     from qdq.onnx_in.quantize import quantize_onnx
+    from qdq.targets.registry import CPU_DEFAULT_TARGET
 
     floats = lambda text: [float(v) for v in text.split(",")] if text else None  # noqa: E731
     if not args.data:
@@ -328,9 +336,10 @@ def run_quantize_onnx(args: argparse.Namespace) -> int:
     path = out if out.suffix == ".onnx" else out / "model.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
     options = {"float": args.float} if args.float else {}
-    result = quantize_onnx(args.model, batches, path, target=args.target or "onnxruntime", method=args.calib or "auto",
-                           num_batches=args.calib_batches, keep_float=args.keep_float or (), target_options=options,
-                           threads=args.threads, bias_correction=args.bias_correction)  # fmt: skip
+    result = quantize_onnx(args.model, batches, path, target=args.target or CPU_DEFAULT_TARGET,
+                           method=args.calib or "auto", num_batches=args.calib_batches,
+                           keep_float=args.keep_float or (), target_options=options, threads=args.threads,
+                           bias_correction=args.bias_correction)  # fmt: skip
     print(result.report())
     print(f"wrote {result.path}")
     return 0
@@ -521,7 +530,7 @@ def add_tune_parser(subparsers: Any) -> None:
     p.add_argument("--class-axis", type=int, default=1, help="--min-agreement: the arg-max axis (default 1)")
     p.add_argument("--calib", default="percentile", help="calibration method (default percentile)")
     p.add_argument("--max-steps", type=_positive_int, default=12, help="most units left float (default 12)")
-    p.add_argument("--target", default="onnxruntime", help="placement target: onnxruntime (default) or tensorrt")
+    p.add_argument("--target", help=_TARGET_HELP)
     p.add_argument("--runtime", help="where configurations are scored and timed (default: the target's native "
                    "runtime: onnxruntime, or tensorrt for --target tensorrt; openvino runs both)")  # fmt: skip
     p.add_argument("--float", help="float part of a tensorrt file: fp32 (default), fp16 or bf16 (TensorRT 11)")
@@ -536,6 +545,7 @@ def run_tune(args: argparse.Namespace) -> int:
     """Handler of ``qdq tune``."""
     from qdq.atomic import write_text_atomic
     from qdq.onnx_in.data import calibration_batches
+    from qdq.targets.registry import CPU_DEFAULT_TARGET
     from qdq.tuning import Budget, tune
     from qdq.utils.user_code import load_function
 
@@ -550,8 +560,9 @@ def run_tune(args: argparse.Namespace) -> int:
         budget = Budget.agreement(args.min_agreement, class_axis=args.class_axis)
     calibration = calibration_batches(args.data, args.model, batch_size=args.batch_size)
     evaluation = calibration_batches(args.eval_data, args.model, batch_size=args.batch_size)
-    result = tune(args.model, calibration, evaluation, args.out, budget=budget, target=args.target,
-                  runtime=args.runtime, method=args.calib, max_steps=args.max_steps, threads=args.threads,
+    result = tune(args.model, calibration, evaluation, args.out, budget=budget,
+                  target=args.target or CPU_DEFAULT_TARGET, runtime=args.runtime, method=args.calib,
+                  max_steps=args.max_steps, threads=args.threads,
                   target_options={"float": args.float} if args.float else None)  # fmt: skip
     report = result.report()
     print(report)

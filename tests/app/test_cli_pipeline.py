@@ -105,6 +105,30 @@ def test_cli_flags_override_config_file(tmp_path):
     assert (cfg.calib, cfg.qat_epochs, cfg.runtimes) == ("mse", 1, ["openvino"])
 
 
+def test_the_default_target_of_each_door(capsys):
+    """The command line and tune default to onnxruntime (their files run and are timed on this machine's CPU), the
+    rest of the Python API to tensorrt (the seed toolkit's target); the CLI's help says both."""
+    import inspect
+
+    from qdq.cli import build_parser
+    from qdq.onnx_in.quantize import quantize_onnx
+    from qdq.placement import apply_placement
+    from qdq.targets.choice import export_target
+    from qdq.targets.registry import CPU_DEFAULT_TARGET, DEFAULT_TARGET
+    from qdq.tuning import tune
+
+    assert (CPU_DEFAULT_TARGET, DEFAULT_TARGET) == ("onnxruntime", "tensorrt")
+    assert PipelineConfig().target == CPU_DEFAULT_TARGET
+    assert build_parser().parse_args(["quantize"]).target is None  # resolved to CPU_DEFAULT_TARGET by the handler
+    assert inspect.signature(tune).parameters["target"].default == CPU_DEFAULT_TARGET
+    for api in (apply_placement, quantize_onnx):
+        assert inspect.signature(api).parameters["target"].default == DEFAULT_TARGET
+    assert export_target(torch.nn.Linear(2, 2), None).name == DEFAULT_TARGET
+    for command in ("quantize", "tune"):
+        code, stdout, _ = _run([command, "--help"], capsys)
+        assert code == 0 and "onnxruntime (default" in stdout and "defaults to tensorrt" in " ".join(stdout.split())
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -29,6 +29,7 @@ from qdq.calib.methods import METHOD_NAMES
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
 from qdq.runtime_registry import runtime_entry
 from qdq.targets import get_target, target_names
+from qdq.targets.registry import CPU_DEFAULT_TARGET
 from qdq.workflow import distributed as dist
 from qdq.workflow.fine_tuning import QAT_OPTIMIZERS
 from qdq.workflow.progress import Progress, counter
@@ -71,7 +72,8 @@ class PipelineConfig:
             batches (None: the whole training set); ``qat_min_drop``: QAT runs only when the best PTQ score is
             more than this many points below FP32 (0: whenever ``qat_epochs`` > 0); ``train_optimizer``: the
             optimizer the float model was trained with (``sgd`` or ``adamw``), which QAT fine-tunes with.
-        target: ``onnxruntime`` (int8 kernels on ORT's CPU) or ``tensorrt`` (TensorRT's explicit placement).
+        target: ``onnxruntime`` (int8 kernels on ORT's CPU; the default, the command line's) or ``tensorrt``
+            (TensorRT's explicit placement).
         float: the type the float part of a ``tensorrt`` model.onnx computes in: ``float32`` (default),
             ``float16``/``fp16`` or ``bfloat16``/``bf16`` (TensorRT 11 builds FP16 only where the ONNX says so).
             The model is quantized with it (``QuantConfig(target_options={"float": ...})``: low-precision
@@ -99,7 +101,7 @@ class PipelineConfig:
     qat_min_drop: float = 0.0
     train_lr: float = 0.1
     train_optimizer: str = "sgd"
-    target: str = "onnxruntime"
+    target: str = CPU_DEFAULT_TARGET
     float: str = "float32"
     runtimes: list[str] = field(default_factory=lambda: ["onnxruntime"])
     weight_bits: int = 8

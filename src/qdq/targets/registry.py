@@ -22,6 +22,7 @@ from qdq.targets.rules import PLACEMENT_RULES, PlacementRule
 from qdq.targets.target import Target
 
 __all__ = [
+    "CPU_DEFAULT_TARGET",
     "DEFAULT_TARGET",
     "TARGET_REGISTRY",
     "add_placement_rule",
@@ -39,8 +40,12 @@ T = TypeVar("T")
 
 #: name -> Target.
 TARGET_REGISTRY: Registry[str, Target] = Registry("target")
-#: The target of ``apply_placement`` and of ``export_onnx`` for a model never placed.
+#: The Python API's default target (``apply_placement``, ``quantize_onnx``, ``export_onnx`` of a model never
+#: placed): TensorRT, the seed toolkit's, so a ported pytorch-quantization script exports the graph it exported.
 DEFAULT_TARGET = "tensorrt"
+#: The default target of the ``qdq`` command and of ``tune``, which calibrate, run and time on this machine:
+#: ONNX Runtime's, whose int8 kernels run on any CPU with the runtime qdq installs (TensorRT needs an NVIDIA GPU).
+CPU_DEFAULT_TARGET = "onnxruntime"
 
 
 def register_target(target: Target, *, override: bool = False) -> Target:

@@ -14,6 +14,7 @@ from torch import nn
 from qdq.atomic import atomic_open
 from qdq.errors import QdqConfigError
 from qdq.targets import Target, resolve_target
+from qdq.targets.registry import CPU_DEFAULT_TARGET
 from qdq.tuning.budget import Budget
 from qdq.tuning.engine import Engine, runtime_for
 from qdq.tuning.evaluation import Evaluator
@@ -33,7 +34,7 @@ def tune(
     path: str | Path,
     *,
     budget: Budget,
-    target: str | Target = "onnxruntime",
+    target: str | Target = CPU_DEFAULT_TARGET,
     runtime: str | None = None,
     runtime_options: Mapping[str, Any] | None = None,
     method: str = "percentile",
@@ -64,9 +65,10 @@ def tune(
             labels, are passed to the budget's metric only).
         path: where the chosen file goes.
         budget: what must hold (:class:`~qdq.tuning.budget.Budget`).
-        target: the placement target (``"onnxruntime"``, ``"tensorrt"`` or one you registered); its placement gives
-            the units of choice. For ``"tensorrt"``, ``target_options={"float": "float16"}`` (a quantize option)
-            makes every unit left float run in FP16, as TensorRT 11 builds it.
+        target: the placement target (``"onnxruntime"``, the default as on the command line since every file is
+            timed on this machine; ``"tensorrt"`` or one you registered); its placement gives the units of choice.
+            For ``"tensorrt"``, ``target_options={"float": "float16"}`` (a quantize option) makes every unit left
+            float run in FP16, as TensorRT 11 builds it.
         runtime: where every configuration is scored and timed: a registered runtime the target supports
             (:attr:`qdq.targets.Target.runtimes`, not one that refuses its files); default: the target's first
             native runtime (``"onnxruntime"`` for ``"onnxruntime"``, ``"tensorrt"`` for ``"tensorrt"``). The FP32
