@@ -72,7 +72,8 @@ def round_to_grid(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int) -> 
     (zero comes out as +0, as from QuantizeLinear). The Triton kernels round the same way. On the CPU
     it also avoids ``round_``, whose kernel opens a parallel region from a few thousand elements, which
     can stall for a scheduler tick on a busy 2-core machine. (``addcdiv`` would fold the division and
-    the addition into one pass, but its CPU kernel does not vectorise a broadcast scalar step: 7x slower.)
+    the addition into one pass, but its CPU kernel does not vectorise a broadcast scalar step: several times
+    slower, benchmarks/RESULTS.md, code_figures.)
     """
     return torch.div(x.float(), step.float()).clamp_(qmin, qmax).add_(_ROUNDER).sub_(_ROUNDER)
 
@@ -90,8 +91,8 @@ def _quantize_grad_aten(grad: torch.Tensor, x: torch.Tensor, amax: torch.Tensor,
     # Compared in amax's precision, as the forward clamps: a 0-d float32 amax beside bfloat16/float16 data
     # would otherwise be rounded to the data's type first (type promotion) and move the edge of the range.
     x = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    # In-place comparisons on a float copy write 1.0 / 0.0 and vectorise on CPU (about 3x faster than a
-    # bool mask and torch.where); the product zeroes the gradient outside the range.
+    # In-place comparisons on a float copy write 1.0 / 0.0 and vectorise on CPU (faster than a bool mask and
+    # torch.where: benchmarks/RESULTS.md, code_figures); the product zeroes the gradient outside the range.
     inside = x.clone().ge_(0.0).mul_(x.clone().le_(amax)) if unsigned else x.abs().le_(amax)
     return inside.mul_(grad) if inside.dtype == grad.dtype else inside.to(grad.dtype).mul_(grad)
 
@@ -228,7 +229,7 @@ def quantize_ste(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequ
 
     Traced by ``torch.compile``, it is the custom operator (one node, no graph break). In eager mode it
     calls the same kernels through a plain ``autograd.Function``, or directly when no gradient is needed:
-    the custom-op dispatch costs about 70 us of host time per call with autograd (measured on the CPU),
+    the custom-op dispatch costs host time per call with autograd (benchmarks/RESULTS.md, code_figures),
     which on a GPU is time the host is not queuing kernels.
     """
     if torch.compiler.is_compiling():

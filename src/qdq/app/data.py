@@ -58,7 +58,8 @@ __all__ = [
 #: Digits normalisation: ``(x - 0.5) / 0.5`` maps the pixel range [0, 1] onto [-1, 1], symmetric around 0.
 #: The dataset's own statistics (mean 0.305, std 0.376 over all 1797 8×8 images) would give [-0.81, 1.85]:
 #: a symmetric INT8 input quantizer would waste most negative codes, and histogram calibrators (entropy)
-#: set amax near the background value 0.81 and clip every stroke (measured: top-1 98.9 % → 72.7 %).
+#: set amax near the background value 0.81 and clip every stroke (the accuracy lost: benchmarks/RESULTS.md,
+#: code_figures).
 DIGITS_MEAN = 0.5
 DIGITS_STD = 0.5
 #: The torchvision ImageNet normalisation (RGB, pixels in [0, 1]).

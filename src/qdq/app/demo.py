@@ -74,8 +74,8 @@ class DemoSettings:
     ``bench_batch`` is the batch size of the table's speed-ups (the reports also time batch 1). QAT runs
     ``qat_epochs`` of ``qat_batches`` batches where the best PTQ lost more than ``qat_min_drop`` points.
     ``threads`` is the runtimes' thread count; PyTorch computes on ``torch_threads`` (1: on a shared 2-core
-    machine two OpenMP threads wait for each other at every small op whenever another process holds a core,
-    measured 12x slower than one thread under a load average of 9).
+    machine two OpenMP threads wait for each other at every small op whenever another process holds a core;
+    benchmarks/RESULTS.md, code_figures).
     """
 
     train_epochs: int = 4

@@ -123,8 +123,8 @@ def digits_vit(num_classes: int = 10) -> DigitsViT:
 
 def digits_bert(num_classes: int = 10) -> DigitsBert:
     """:class:`DigitsBert` with the default size (width 64, 4 layers, 4 heads, intermediate 128), no dropout: at
-    this size the model underfits the 4,000 training digits, and hidden dropout 0.1 slowed its training (89.4 %
-    against 92.7 % test top-1 after 11 of 30 epochs; benchmarks/RESULTS.md, transformers_digits)."""
+    this size the model underfits the 4,000 training digits, and hidden dropout 0.1 slowed its training
+    (benchmarks/RESULTS.md, code_figures)."""
     return DigitsBert(num_classes)
 
 

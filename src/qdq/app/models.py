@@ -119,8 +119,7 @@ def digits_resnet(num_classes: int = 10) -> DigitsResNet:
 
     For a 28×28 input: stem conv stride 2 → 32 ch @14²; BasicBlocks 32 @14², 64 @7², 128 @4² (the last two
     with stride 2 and a 1×1 conv shortcut); global average pool; Linear 128 → ``num_classes``. Sized so that
-    int8 kernels pay on a 2-core CPU (about 2x FP32 on ONNX Runtime at batch 8, benchmarks/RESULTS.md)
-    while training it takes seconds per epoch.
+    int8 kernels pay on a 2-core CPU (benchmarks/RESULTS.md, demo) while training it takes seconds per epoch.
     """
     return DigitsResNet(num_classes)
 
@@ -224,9 +223,8 @@ def digits_mobilenet(num_classes: int = 10, se: bool = False, act: str = "relu6"
     For a 28×28 input: stem conv stride 2 → 32 ch @14²; inverted residual blocks 32 @14² (no expansion),
     64 @7² ×2, 128 @4² ×2 (expansion 4, depthwise 3×3, ReLU6, residual add in the second block of each
     pair); 1×1 head conv 512 ch; global average pool; Linear. Sized so that int8 kernels pay on a 2-core CPU:
-    at half these widths (85 k parameters, 2.3 M multiply-adds) ONNX Runtime's int8 convolutions were 1.19x
-    faster than its float ones but the NHWC Transposes and the unfused QLinearAdds took it back (1.04x the FP32
-    latency at batch 8, per-node profile; benchmarks/RESULTS.md, "demo"); at these widths 1.8x.
+    at half these widths the NHWC Transposes and the unfused QLinearAdds took back what ONNX Runtime's int8
+    convolutions gained (benchmarks/RESULTS.md, demo: "Why the MobileNet was widened").
     ``se=True, act="silu"`` gives the EfficientNet-style variant (squeeze-excitation, SiLU).
     """
     return DigitsMobileNet(num_classes, se=se, act=act)

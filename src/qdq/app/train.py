@@ -9,9 +9,7 @@ Recipe (:func:`train_classifier`): SGD with Nesterov momentum 0.9 (or AdamW, ``o
 decay on conv/linear weights only (not on biases or BatchNorm parameters), a linear warm-up over the first
 ``warmup_fraction`` of the steps, then cosine annealing per step from ``lr`` down to ``lr * final_lr_fraction``;
 cross-entropy loss. SGD is the default because the seed's QAT recipe (SGD at 1 % of the training learning
-rate) assumes it. Digits CNNs, seeds 0-2, test top-1 (ResNet / MobileNet): SGD ``lr=0.1`` batch 64, 3 epochs
-97.3-98.7 / 96.2-97.8 %; 6 epochs at batch 32: 98.4-98.7 / 98.4-99.1 %; AdamW ``lr=5e-3`` batch 64, 6 epochs:
-98.4-99.6 / 98.0-99.6 %.
+rate) assumes it. What the recipes give on the digits CNNs: benchmarks/RESULTS.md, code_figures.
 """
 
 from __future__ import annotations

@@ -138,8 +138,8 @@ def _histogram_bincount(
     x: torch.Tensor, scale: torch.Tensor, num_bins: int, *, unsigned: bool, skip_zeros: bool
 ) -> torch.Tensor:
     """Per-tensor histogram on the CPU: the bin index ``floor(fl32(m * scale))`` as int32 (truncation), then
-    ``torch.bincount`` (measured on a 2-core AVX2 VM: about 3 ns per value against 9 for ``histc``, 11 for
-    ``scatter_add_``). Indices are clamped to ``[0, num_bins - 1]`` (only NaN/Inf, reported later, fall
+    ``torch.bincount`` (faster on the CPU than ``histc`` and ``scatter_add_``: benchmarks/RESULTS.md,
+    code_figures). Indices are clamped to ``[0, num_bins - 1]`` (only NaN/Inf, reported later, fall
     outside); excluded zeros (``skip_zeros``) go to an extra bin that is dropped. ``torch.bincount`` reads
     the largest index on the host to size its output: free on the CPU, which is why accelerators use histc."""
     counts = torch.zeros(num_bins + 1, dtype=torch.int64)
@@ -169,7 +169,8 @@ def _histogram_histc(
 
     Zeros are moved to -1 (out of range) and counted by a sum instead: histc adds each element to its bin
     with a shared-memory atomic, and the zeros of a post-ReLU tensor (half of it) all hit bin 0, which
-    serialises the warps (an H200 spent 82 % of a histogram calibration pass in histc before this).
+    serialises the warps (most of a GPU's histogram calibration pass went to histc before this:
+    benchmarks/RESULTS.md, gpu_qat).
     """
     counts = torch.zeros(num_bins, dtype=torch.int64, device=x.device)
     flat = x.reshape(-1)

@@ -16,8 +16,8 @@ __all__ = ["DEFAULT_NUM_BINS", "DEFAULT_PERCENTILE", "DEFAULT_START_BIN", "DEFAU
 
 _MAX_BINS = 1 << 24  # bin indices stay exact in float32 arithmetic
 #: Default bins per channel. The data max lies in the upper half of the power-of-two range, so 2048 to
-#: 4096 bins cover ``[0, max]``: at least the seed's 2048 (whose bins end at the max). With 2048 bins,
-#: mse amax came out up to 0.6 % off the best, 0.14 % with 4096; compute_amax stays in milliseconds.
+#: 4096 bins cover ``[0, max]``: at least the seed's 2048 (whose bins end at the max). 4096 bins put mse's
+#: amax closer to the best than 2048 (benchmarks/RESULTS.md, code_figures); compute_amax stays in milliseconds.
 DEFAULT_NUM_BINS = 4096
 #: Default options of :meth:`HistogramCalibrator.compute_amax` (and of the registered methods that use them,
 #: :mod:`qdq.calib.methods`): the percentile, and the first candidate bin and the step of entropy and mse.

@@ -5,17 +5,16 @@ Each inference is timed on its own by the runtime's clock (:meth:`Runtime.time_m
 the result keeps min, median, p90 and mean in milliseconds. Min is the least disturbed by other processes, median
 the typical case.
 
-Absolute times (:func:`benchmark_model`): one session alive at a time. ONNX Runtime's intra-op worker
-threads spin for a while after each run, so an idle session burns the cores the running one needs; on
-the 2-core machine of the project's probe (notes/probe.md §4) alternating single inferences of two live
-sessions doubled 2-thread batch-1 medians.
+Absolute times (:func:`benchmark_model`): one session alive at a time. ONNX Runtime's intra-op worker threads
+spin for a while after each run, so an idle session burns the cores the running one needs (alternating two live
+sessions slows both: benchmarks/RESULTS.md, code_figures).
 
-Speed-ups (:func:`compare_models`): on a shared machine the load changes from second to second, so two
-models timed one after the other can differ by 40 % for no reason of their own. ``compare_models`` keeps
-every model loaded and times them in rounds, each model a block of runs per round (a few untimed runs
-first, so that the other session's spinning threads have gone back to sleep), the order reversed every
-other round. Each round gives one ratio per model against the baseline, from the two blocks' medians
-measured seconds apart; the speed-up is the median of these ratios and its spread their interquartile
+Speed-ups (:func:`compare_models`): on a shared machine the load changes from second to second, so two models
+timed one after the other can differ widely for no reason of their own (benchmarks/RESULTS.md, code_figures).
+``compare_models`` keeps every model loaded and times them in rounds, each model a block of runs per round (a
+few untimed runs first, so that the other session's spinning threads have gone back to sleep), the order
+reversed every other round. Each round gives one ratio per model against the baseline, from the two blocks'
+medians measured seconds apart; the speed-up is the median of these ratios and its spread their interquartile
 range (:class:`SpeedUp`).
 """
 

@@ -1,14 +1,14 @@
 """Running int8 weights exactly on CPUs whose int8 dot products saturate (x86 without VNNI, :mod:`qdq.cpu`).
 
-There, ONNX Runtime's U8S8 kernels and OpenVINO's int8 convolutions add pairs of ``u8 * s8`` products in
-int16 with saturation, and a weight of more than 64 levels can make them silently compute something else
-(seen on an AVX2 EPYC: ORT 35 output steps off on a small CNN, OpenVINO 15 % of the output range off).
-Before a backend compiles a model on such a CPU, :func:`saturation_safe_model` re-encodes those weights
-as uint8 with zero point 128 (the :class:`~qdq.targets.WeightEncoding` of a target made for the runtime: the
-``"onnxruntime"`` target's, whose export writes the same encoding when asked): the same dequantized values.
-ONNX Runtime runs them in its U8U8 kernels (int8 still, exact, somewhat slower); OpenVINO has no
-u8-weight int8 kernel and runs those layers in float (exact, without the int8 speed-up). Weights of at
-most 64 levels (``weight_bits <= 7``) stay int8 and run in the fast kernels, exactly, on both.
+There, ONNX Runtime's U8S8 kernels and OpenVINO's int8 convolutions add pairs of ``u8 * s8`` products in int16
+with saturation, and a weight of more than 64 levels can make them silently compute something else (seen on an
+AVX2 EPYC, far off on both runtimes: benchmarks/RESULTS.md, code_figures). Before a backend compiles a model
+on such a CPU, :func:`saturation_safe_model` re-encodes those weights as uint8 with zero point 128 (the
+:class:`~qdq.targets.WeightEncoding` of a target made for the runtime: the ``"onnxruntime"`` target's, whose
+export writes the same encoding when asked): the same dequantized values. ONNX Runtime runs them in its U8U8
+kernels (int8 still, exact, somewhat slower); OpenVINO has no u8-weight int8 kernel and runs those layers in
+float (exact, without the int8 speed-up). Weights of at most 64 levels (``weight_bits <= 7``) stay int8 and
+run in the fast kernels, exactly, on both.
 
 The export decides the encoding once and records it in the file (``qdq.weights``); a file that records
 ``"uint8"`` is loaded as it is. A file that records ``"int8"``, or says nothing (one qdq did not write), is

@@ -90,9 +90,9 @@ def locate_divergence(
     arrays named after the graph inputs or an array for a one-input file.
 
     The scan stops at the first quantizer whose codes differ on more than ``tolerance`` (a fraction) of its
-    elements: an int8 kernel that rounds its bias or requantizes in fixed point moves a few codes by one step
-    (ONNX Runtime: up to 2 % of a quantizer's codes, measured), a departure moves many more (OpenVINO's fused
-    residual Add: 22 %). Each cut graph is compiled separately, so this costs one engine build per quantizer.
+    elements: an int8 kernel that rounds its bias or requantizes in fixed point moves a few codes by one step, a
+    departure moves many more (OpenVINO's fused residual Add; both measured: benchmarks/RESULTS.md, code_figures).
+    Each cut graph is compiled separately, so this costs one engine build per quantizer.
     """
     proto = onnx.load(str(onnx_path))
     if model is None:

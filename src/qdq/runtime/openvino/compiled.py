@@ -13,10 +13,10 @@ timed:
 
 A model with dynamic input dimensions (qdq exports a symbolic batch) is compiled again for each input shape it
 is run with (static shapes; the last :data:`STATIC_SHAPES_KEPT` kept), not run through OpenVINO's dynamic-shape
-path. Measured on OpenVINO 2026.4: a quantized ViT's class-token concat (a Conv's output Q/DQ, Reshape, Transpose,
+path. Seen on OpenVINO 2026.4: a quantized ViT's class-token concat (a Conv's output Q/DQ, Reshape, Transpose,
 then Concat with a token expanded to the dynamic batch) comes out with the Transpose lost on the dynamic path
-(the digit ViT: 42 % top-1 agreement with ONNX Runtime), exact once the batch is static. ``batch=N`` fixes the
-batch once instead (what benchmarks use: one compilation).
+(most of the digit ViT's classes changed: benchmarks/RESULTS.md, code_figures), exact once the batch is static.
+``batch=N`` fixes the batch once instead (what benchmarks use: one compilation).
 
 ``openvino`` is imported only when a model is compiled.
 """

@@ -44,9 +44,9 @@ __all__ = ["OPTIMIZATION_LEVELS", "OrtRuntime", "fusion_report", "inference_sess
 
 #: optimizer passes left out for a float16 file: ORT 1.32 segfaults in NchwcTransformer on a float16 ViT, its
 #: QDQ fusions build kernels that reject float16 scales (a QLinearConcat over a YOLOv8 head: an invalid graph), and
-#: WeightBiasQuantization rewrites a float16 Conv bias as int32 on a float16 scale product, which moved a digits
-#: ResNet's second conv output by 6 % of its range (output SQNR against FP32 17 dB instead of 39); so a float16 file
-#: (made for TensorRT 11) runs its Q/DQ nodes and biases as written
+#: WeightBiasQuantization rewrites a float16 Conv bias as int32 on a float16 scale product, which moves the conv's
+#: output far off (benchmarks/RESULTS.md, code_figures); so a float16 file (made for TensorRT 11) runs its Q/DQ
+#: nodes and biases as written
 _FLOAT16_DISABLED = ("NchwcTransformer", "QDQSelectorActionTransformer", "WeightBiasQuantization")
 
 

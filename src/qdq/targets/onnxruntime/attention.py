@@ -9,11 +9,11 @@ takes it). This target multiplies the query by the scale before its quantizer in
 for a power-of-two scale (head sizes 4, 16, 64, 256) the same numbers, and the rewrite folds that ``Mul``
 into the query's QuantizeLinear (:mod:`qdq.targets.onnxruntime.passes.scaled_inputs`), so no op is left.
 
-``QGemm`` adds an int32 bias by writing it over its whole output before accumulating: for the key, query and
-value projections (int8 outputs, so the bias cannot move to a float ``Add``) that pass costs about 40 % of the
-GEMM (``K = 384``, ``N = 384``, 1,576 rows, measured alone). The key's bias changes no softmax and the value's
-can join the output Linear's bias (``fold_biases``, :mod:`qdq.placement.attention_biases`): two of the three
-projections run without one (the rewrite drops a bias of zeros, :mod:`qdq.targets.onnxruntime.passes.zero_biases`).
+``QGemm`` adds an int32 bias by writing it over its whole output before accumulating: for the key, query and value
+projections (int8 outputs, so the bias cannot move to a float ``Add``) that pass costs a large share of the GEMM
+(benchmarks/RESULTS.md, code_figures). The key's bias changes no softmax and the value's can join the output
+Linear's bias (``fold_biases``, :mod:`qdq.placement.attention_biases`): two of the three projections run without one
+(the rewrite drops a bias of zeros, :mod:`qdq.targets.onnxruntime.passes.zero_biases`).
 """
 
 from __future__ import annotations

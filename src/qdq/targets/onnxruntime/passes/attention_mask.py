@@ -1,10 +1,10 @@
 """Attention masks: ``Where(keep, scores, -inf)`` before a Softmax becomes ``scores + Where(keep, 0, -inf)``.
 
-A boolean attention mask is ``[batch, 1, seq, seq]`` (or smaller) while the scores are ``[batch, heads, seq,
-seq]``: ONNX Runtime's ``Where`` broadcasts three inputs elementwise with a generic kernel (about four times the
-time of a ``Mul`` over the scores, measured on BERT), where the rewrite runs ``Where`` on the mask's size and a
-vectorized broadcasting ``Add`` on the scores. Exact for finite scores: ``x + 0 == x`` and ``x + (-inf) == -inf``.
-Either argument order of ``Where`` (``masked_fill`` exports ``Where(mask, -inf, scores)``) is handled.
+A boolean attention mask is ``[batch, 1, seq, seq]`` (or smaller) while the scores are ``[batch, heads, seq, seq]``:
+ONNX Runtime's ``Where`` broadcasts three inputs elementwise with a generic kernel (several times the time of a
+``Mul`` over the scores: benchmarks/RESULTS.md, code_figures), where the rewrite runs ``Where`` on the mask's size
+and a vectorized broadcasting ``Add`` on the scores. Exact for finite scores: ``x + 0 == x`` and ``x + (-inf) ==
+-inf``. Either argument order of ``Where`` (``masked_fill`` exports ``Where(mask, -inf, scores)``) is handled.
 """
 
 from __future__ import annotations

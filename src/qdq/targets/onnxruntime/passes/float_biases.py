@@ -3,16 +3,14 @@ first MLP Linear), or only a residual ``Add`` that a ``LayerNormalization`` read
 MLP Linears), keeps its bias as a float ``Add`` after it instead of an int32 bias inside ``QGemm``.
 
 ``QGemm`` adds an int32 bias by first writing it into every row of its ``[M, N]`` int32 output and then accumulating
-the product onto it: a full extra pass over the output, which costs a third more than the product itself for ``K =
-384``, ``N = 1536`` (ViT-S's ``fc1``, measured in ORT's profile). Before a residual add the float ``Add`` is cheaper
-than the int32 pass (ViT-S b8: 0.975x the latency, interleaved; on BERT-6L, whose residual adds :mod:`.layernorms`
-keeps apart from their LayerNorm, the two forms measure the same, 0.996x). Before a ``Gelu`` the ``Add`` goes on the
-Gemm's 2-D output, before the Reshape back to ``[..., N]``: ORT would fuse ``Add -> Gelu`` into ``BiasGelu``, whose
-kernel takes twice ``Gelu``'s time in ORT 1.32 (0.99 against 0.53 ms on ViT-S's fc1 output, 2 threads); apart, the
-Add and the Gelu take 0.97x (BERT b1), 0.98x (b8) and 0.97x (ViT-S b8) of the model's latency (interleaved pairs). A
-2-D Gemm read by the Gelu directly (no Reshape between) keeps the fused form. The bias is the exact float bias
-PyTorch adds (no rounding to ``s_x * s_w``). Where a quantizer follows the Gemm (its output is int8), the bias has
-to be inside the int8 kernel and this pass does not apply.
+the product onto it: a full extra pass over the output, costly at transformer sizes. Before a residual add the float
+``Add`` is no slower than that pass (faster on ViT-S; the same on BERT, whose residual adds :mod:`.layernorms` keeps
+apart from their LayerNorm). Before a ``Gelu`` the ``Add`` goes on the Gemm's 2-D output, before the Reshape back to
+``[..., N]``: ORT would fuse ``Add -> Gelu`` into ``BiasGelu``, whose CPU kernel is slower than the ``Add`` and the
+``Gelu`` apart. A 2-D Gemm read by the Gelu directly (no Reshape between) keeps the fused form. The figures:
+benchmarks/RESULTS.md, code_figures. The bias is the exact float bias PyTorch adds (no rounding to ``s_x * s_w``).
+Where a quantizer follows the Gemm (its output is int8), the bias has to be inside the int8 kernel and this pass
+does not apply.
 
 Runs after :mod:`.gemm` (whose ``Gemm`` may be followed by a ``Reshape`` back to ``[..., N]``) and before
 :mod:`.biases`, while the bias is still a float constant.

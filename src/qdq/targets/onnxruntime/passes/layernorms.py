@@ -3,13 +3,12 @@
 
 ONNX Runtime fuses ``Add -> LayerNormalization`` (and ``Add(bias) -> Add -> LayerNormalization``) into its
 ``SkipLayerNormalization`` contrib op when the add's two inputs have matching 3-D shapes and the sum has no other
-reader. Its CPU kernel (ORT 1.32) is a scalar loop per row: 1.6 ms on BERT-base's ``[8, 128, 768]``, where the
-float ``Add`` and the vectorized ``LayerNormalization`` kernel take about 0.2 ms each. With this pass the int8
-BERT-6L (seq 128, 2 threads) runs in 0.80x the time at batch 8, and the float model would gain the same time per
-LayerNorm (1.06x; interleaved, benchmarks/RESULTS.md, transformers_int8). The fusion only matches an ``Add``
-feeding the LayerNorm directly, so a ``Reshape`` between them keeps them apart whatever shape information ORT has;
-Reshape is a view in ORT (no copy). Normalizing a ``[B * S, H]`` view over its last axis is the same arithmetic as
-over ``[B, S, H]``: the result is bit-identical.
+reader. Its CPU kernel is a scalar loop per row, several times the time of the float ``Add`` and the vectorized
+``LayerNormalization`` kernel together, so keeping them apart makes int8 (and float) BERTs faster
+(benchmarks/RESULTS.md, transformers_int8 and code_figures). The fusion only matches an ``Add`` feeding the
+LayerNorm directly, so a ``Reshape`` between them keeps them apart whatever shape information ORT has; Reshape is a
+view in ORT (no copy). Normalizing a ``[B * S, H]`` view over its last axis is the same arithmetic as over ``[B, S,
+H]``: the result is bit-identical.
 
 Applies to a LayerNorm over the last axis (``axis=-1``, one output) of an ``Add`` it is the only reader of (the
 form ORT fuses: post-LN BERT's residual adds, a pre-LN model's final norm). Runs after :mod:`.float_biases`, which

@@ -1,10 +1,10 @@
 """Biases of zeros dropped: a ``Gemm`` whose bias is a constant of zeros loses it (the same product).
 
 ``QGemm`` adds an int32 bias by writing it over its whole output before accumulating the product onto it, a pass
-that costs about 40 % of the GEMM at transformer sizes (K = 384, N = 384), even when every entry is 0. Zero
-biases come from :mod:`qdq.placement.attention_biases` (the key and value projections, folded) and from models
-trained with them frozen at 0. Runs after :mod:`.packed_projections` (whose per-part Gemms take their slice of
-the packed bias) and before :mod:`.float_biases` and :mod:`.biases`, while biases are float constants.
+that costs a large share of the GEMM at transformer sizes (benchmarks/RESULTS.md, code_figures), even when every
+entry is 0. Zero biases come from :mod:`qdq.placement.attention_biases` (the key and value projections, folded) and
+from models trained with them frozen at 0. Runs after :mod:`.packed_projections` (whose per-part Gemms take their
+slice of the packed bias) and before :mod:`.float_biases` and :mod:`.biases`, while biases are float constants.
 """
 
 from __future__ import annotations
