@@ -13,7 +13,8 @@ from torch import nn
 
 import qdq
 from qdq.cli import main as qdq_command
-from qdq.runtime import benchmark_model, fusion_report, results_table
+from qdq.runtime import benchmark_model, results_table
+from qdq.runtime.ort import fusion_report
 from qdq.workflow.verification import locate_divergence
 
 torch.manual_seed(0)

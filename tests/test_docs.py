@@ -33,7 +33,11 @@ def reference():
         del sys.modules[spec.name]
 
 
-@pytest.mark.parametrize("package", ["qdq", "qdq.keras", "qdq.export", "qdq.runtime", "qdq.workflow"])
+@pytest.mark.parametrize(
+    "package",
+    ["qdq", "qdq.keras", "qdq.export", "qdq.runtime", "qdq.runtime.ort", "qdq.runtime.openvino", "qdq.runtime.tensorrt",
+     "qdq.workflow"],
+)
 def test_the_reference_lists_every_public_name(reference, package):
     assert package in reference.PACKAGES
     entries = reference.entries(package)

@@ -84,3 +84,31 @@ def test_qdq_distributed_error_lives_in_errors():
     assert qdq.QdqDistributedError is QdqDistributedError and issubclass(QdqDistributedError, QdqError)
     assert QdqDistributedError.__module__ == "qdq.errors"
     assert "QdqDistributedError" not in distributed.__all__
+
+
+def test_each_package_exports_what_a_user_imports():
+    """The top of each package holds the user's names; the rest lives one level down, still importable there, and a
+    name that used to be exported here says where it went."""
+    import qdq.runtime
+    import qdq.targets
+
+    seed = {"QuantDescriptor", "TensorQuantizer", "tensor_quant", "nn", "quant_modules", "calib", "utils", "optim"}
+    entry_points = {"quantize_model", "QuantConfig", "calibrate", "export_onnx", "quantize_onnx", "verify", "tune",
+                    "ptq", "qat"}  # fmt: skip
+    assert seed | entry_points | {"QdqError", "errors"} <= set(qdq.__all__)
+    assert len(qdq.__all__) <= 40 and len(qdq.runtime.__all__) <= 25 and len(qdq.targets.__all__) <= 16
+    from qdq.placement import apply_placement
+    from qdq.runtime.ort import OrtRuntime, fusion_report
+    from qdq.targets.marks import placed_target
+    from qdq.tensor_quant import fake_tensor_quant
+
+    moved = [(qdq, "qdq.placement", apply_placement), (qdq, "qdq.tensor_quant", fake_tensor_quant),
+             (qdq.runtime, "qdq.runtime.ort", OrtRuntime), (qdq.runtime, "qdq.runtime.ort", fusion_report),
+             (qdq.targets, "qdq.targets.marks", placed_target)]  # fmt: skip
+    for package, home, value in moved:
+        name = value.__name__
+        assert name not in package.__all__ and name not in dir(package)
+        assert getattr(importlib.import_module(home), name) is value
+        with pytest.raises(AttributeError, match=rf"moved to {home}: from {home} import {name}$"):
+            getattr(package, name)
+    assert qdq.placement is importlib.import_module("qdq.placement")  # every submodule is still an attribute

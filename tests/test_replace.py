@@ -118,7 +118,7 @@ def test_user_registered_module():
         quantize_model(model)
         assert isinstance(model[0], QuantScale)
         x = torch.randn(3, 4)
-        expected = qdq.fake_tensor_quant(x, x.abs().max()) * qdq.fake_tensor_quant(
+        expected = qdq.tensor_quant.fake_tensor_quant(x, x.abs().max()) * qdq.tensor_quant.fake_tensor_quant(
             model[0].weight, model[0].weight.abs().max()
         )
         assert torch.equal(model(x), expected)

@@ -25,16 +25,9 @@ from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
 from qdq.export import export_onnx, qdq_sites
 from qdq.placement import apply_placement, register_placement_rule, unregister_placement_rule
 from qdq.quantizer import TensorQuantizer
-from qdq.targets import (
-    ONNXRUNTIME_FUSION,
-    Target,
-    get_target,
-    placed_target,
-    register_target,
-    superseded_by,
-    target_names,
-    unregister_target,
-)
+from qdq.targets import Target, get_target, register_target, target_names, unregister_target
+from qdq.targets.marks import placed_target, superseded_by
+from qdq.targets.onnxruntime import ONNXRUNTIME_FUSION
 
 X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(11))
 ORT_RULES = ("float_recurrent", "residual_add", "conv_output", "silu_gate", "sigmoid_output", "mul_inputs",

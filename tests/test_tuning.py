@@ -17,7 +17,8 @@ import qdq
 import qdq.tuning.evaluation
 import qdq.tuning.timing
 from onnx_models import export
-from qdq.runtime import Backend, OrtRuntime, register_runtime, unregister_runtime
+from qdq.runtime import Backend, register_runtime, unregister_runtime
+from qdq.runtime.ort import OrtRuntime
 from qdq.targets import TENSORRT, RuntimeSupport
 from qdq.tuning import Budget
 from qdq.workflow.verification import sqnr_db

@@ -27,6 +27,12 @@ PACKAGES = {
     "qdq.export": "ONNX export of quantized models, TensorRT calibration caches and the TensorRT 11 tools "
     "(rule check, FP16/BF16 conversion).",
     "qdq.runtime": "Run and time ONNX models on ONNX Runtime, OpenVINO and TensorRT behind one interface.",
+    "qdq.runtime.ort": "The ONNX Runtime backend: CPU sessions and the fusion report (which weighted ops run in "
+    "int8 kernels, which stay float and why).",
+    "qdq.runtime.openvino": "The OpenVINO backend: compiled models per input shape and the runtime precision of "
+    "each layer.",
+    "qdq.runtime.tensorrt": "The TensorRT backend: strongly typed engines checked with TensorRT's rules first, and "
+    "TensorRT <= 10 calibration caches.",
     "qdq.keras": "The Keras 3 front end (the `tf` extra): NVIDIA's TF2 toolkit's API, calibrated and exported "
     "like the PyTorch path.",
 }
@@ -84,8 +90,9 @@ def _top_level_names(module: str) -> set[str]:
 
 
 def _defined_as(package: str, name: str, module: str) -> str | None:
-    """The name under which ``module`` defines ``package.name`` (differs for an alias such as
-    ``qdq.tensor_quant_fn``); None when it has no static definition (a module ``__getattr__``)."""
+    """The name under which ``module`` defines ``package.name`` (differs for an alias: a public name bound to an
+    object its module defines under another name); None when it has no static definition (a module
+    ``__getattr__``)."""
     if name in _top_level_names(module):
         return name
     value = getattr(importlib.import_module(package), name)

@@ -8,9 +8,15 @@ Entry points:
     quantize_onnx(model.onnx, batches, out.onnx)     an FP32 ONNX file quantized for a target
     tune(model.onnx, batches, eval_batches, out.onnx, budget=Budget.agreement(99))
                                                      the fastest measured configuration meeting a budget
+    calibrate, ptq, qat, verify, export_onnx         calibration, post-training and quantization-aware training,
+                                                     an engine checked against its model, Q/DQ export
     QuantDescriptor, TensorQuantizer                 how one tensor is quantized / the module that does it
-    tensor_quant, fake_tensor_quant                  the numerics (module ``qdq.tensor_quant``)
-    nn (as quant_nn), quant_modules, calib           the seed toolkit's module paths
+    tensor_quant, nn (as quant_nn), quant_modules,   the seed toolkit's module paths (``tensor_quant.tensor_quant``,
+    calib, utils, optim                              ``tensor_quant.fake_tensor_quant``: the numerics)
+
+The rest lives one level down, in the module that owns it: ``qdq.placement.apply_placement``,
+``qdq.replace.register_quant_module``, ``qdq.tensor_quant.quant_step``, ...; reading one of the names that used
+to be exported here says where it went.
 """
 
 from __future__ import annotations
@@ -21,20 +27,13 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "QuantDescriptor": "qdq.descriptor",
-    "ScaledQuantDescriptor": "qdq.descriptor",
     "TensorQuantizer": "qdq.quantizer",
     "QuantConfig": "qdq.quantize",
     "quantize_model": "qdq.quantize",
-    "register_quant_module": "qdq.replace",
-    "unregister_quant_module": "qdq.replace",
-    "fake_tensor_quant": "qdq.tensor_quant",
-    "tensor_quant_fn": "qdq.tensor_quant",
-    "quant_step": "qdq.tensor_quant",
     "export_onnx": "qdq.export.onnx_export",
     "quantize_onnx": "qdq.onnx_in.quantize",
     "tune": "qdq.tuning",
     "Budget": "qdq.tuning",
-    "apply_placement": "qdq.placement",
     "calibrate": "qdq.workflow.calibration",
     "collect_stats": "qdq.workflow.calibration",
     "load_amax": "qdq.workflow.calibration",
@@ -54,14 +53,22 @@ _LAZY = {
     "QdqBackendUnavailable": "qdq.errors",
     "QdqDistributedError": "qdq.errors",
 }
-_RENAMED = {"compute_amax": "load_amax (it loads ranges into a model; a calibrator's compute_amax() returns one)"}
-_SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "descriptor", "quantizer", "replace", "runtime",
-               "export", "placement", "workflow", "app", "utils", "optim", "errors", "registry", "targets", "graphs",
-               "quantize", "onnx_in", "tuning"}  # fmt: skip
+_RENAMED = {"compute_amax": "load_amax (it loads ranges into a model; a calibrator's compute_amax() returns one)",
+            "tensor_quant_fn": "tensor_quant.tensor_quant (the function, at the seed toolkit's path)"}
+#: names that were exported here and live one level down: reading ``qdq.<name>`` says where
+_MOVED = {
+    **dict.fromkeys(("ScaledQuantDescriptor", "fake_tensor_quant", "quant_step"), "qdq.tensor_quant"),
+    **dict.fromkeys(("register_quant_module", "unregister_quant_module"), "qdq.replace"),
+    "apply_placement": "qdq.placement",
+}
+#: the submodules listed as public names: the seed toolkit's module paths and the packages a user reaches into
+_PUBLIC_SUBMODULES = {"nn", "calib", "quant_modules", "tensor_quant", "utils", "optim", "errors", "workflow", "export",
+                      "runtime", "targets"}  # fmt: skip
+#: every submodule readable as an attribute of ``qdq`` without importing it first
+_SUBMODULES = _PUBLIC_SUBMODULES | {"descriptor", "quantizer", "replace", "placement", "app", "registry", "graphs",
+                                    "quantize", "onnx_in", "tuning"}  # fmt: skip
 
-__all__ = sorted([*_LAZY, *_SUBMODULES, "__version__"])
+__all__ = sorted([*_LAZY, *_PUBLIC_SUBMODULES, "__version__"])
 
 
-__getattr__, __dir__ = lazy_names(
-    __name__, _LAZY, submodules=_SUBMODULES, aliases={"tensor_quant_fn": "tensor_quant"}, renamed=_RENAMED
-)
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, submodules=_SUBMODULES, renamed=_RENAMED, moved=_MOVED)

@@ -32,6 +32,7 @@ def lazy_names(
     submodules: Iterable[str] = (),
     aliases: Mapping[str, str] | None = None,
     renamed: Mapping[str, str] | None = None,
+    moved: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``, resolving its public names lazily.
 
@@ -41,10 +42,13 @@ def lazy_names(
         submodules: submodules also reachable as attributes (``qdq.workflow.calibration``).
         aliases: public name -> the attribute of its module it stands for, when they differ.
         renamed: old name -> what it was renamed to; reading it raises ``AttributeError`` saying so.
+        moved: a name that left the package -> the module it lives in now; reading it raises ``AttributeError``
+            saying where to import it from.
     """
     subs = frozenset(submodules)
     alias = dict(aliases or {})
-    moved = dict(renamed or {})
+    renames = dict(renamed or {})
+    homes = dict(moved or {})
 
     def __getattr__(name: str) -> Any:
         module = names.get(name)
@@ -52,8 +56,10 @@ def lazy_names(
             return getattr(importlib.import_module(module), alias.get(name, name))
         if name in subs:
             return importlib.import_module(f"{package}.{name}")
-        if name in moved:
-            raise AttributeError(f"{package}.{name} was renamed {package}.{moved[name]}.")
+        if name in renames:
+            raise AttributeError(f"{package}.{name} was renamed {package}.{renames[name]}.")
+        if name in homes:
+            raise AttributeError(f"{package}.{name} moved to {homes[name]}: from {homes[name]} import {name}")
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:

@@ -32,7 +32,8 @@ from qdq.nn.base import QuantModule
 from qdq.placement import apply_placement
 from qdq.quantizer import TensorQuantizer
 from qdq.replace import ModuleFilter, Pattern, replace_modules
-from qdq.targets import Target, check_not_superseded, placed_target, resolve_target
+from qdq.targets import Target, resolve_target
+from qdq.targets.marks import check_not_superseded, placed_target
 
 __all__ = ["QuantConfig", "quantize_model"]
 

@@ -229,7 +229,7 @@ def _left_float_message(left_float: _LeftFloat) -> str:
     return (
         f"quantize_model left {len(left_float)} module(s) float, of subclasses of quantizable classes: "
         f"{'; '.join(parts)}. A subclass qdq cannot quantize is quantized once a quantized class is registered for "
-        "it (qdq.register_quant_module(MyConv, QuantMyConv))."
+        "it (qdq.replace.register_quant_module(MyConv, QuantMyConv))."
     )
 
 

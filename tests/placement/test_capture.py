@@ -19,7 +19,8 @@ from torch import nn
 import qdq
 from qdq.nn.attention import ATTENTION_QUANTIZERS, QuantScaledDotProductAttention
 from qdq.placement.capture import CAPTURE_STEPS, CaptureStep, settle_attention
-from qdq.targets import ATTENTION_QUANTIZER_NAMES, AttentionFacts, get_target
+from qdq.targets import AttentionFacts, get_target
+from qdq.targets.target import ATTENTION_QUANTIZER_NAMES
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
 from export_helpers import float_segment_errors, teacher_forced_mismatches

@@ -11,7 +11,6 @@ from backends import requires_openvino
 from qdq.errors import QdqConfigError
 from qdq.runtime import (
     Comparison,
-    OrtRuntime,
     SpeedUp,
     benchmark,
     benchmark_model,
@@ -19,6 +18,7 @@ from qdq.runtime import (
     load_runtime,
     results_table,
 )
+from qdq.runtime.ort import OrtRuntime
 
 
 def test_benchmark_statistics_are_ordered(fp32_onnx: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from backends import requires_openvino
 
 from qdq.cli import main
-from qdq.runtime import supported_precisions
+from qdq.runtime.openvino import supported_precisions
 
 FAST = ["--threads", "1", "--iters", "3", "--warmup", "1"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import rt_models
 
-from qdq.runtime import fusion_report
+from qdq.runtime.ort import fusion_report
 
 NO_Q = "float Conv: no QuantizeLinear on its output"
 

@@ -14,7 +14,8 @@ from onnx import numpy_helper
 pytest.importorskip("openvino", reason="the OpenVINO tests need openvino (pip install openvino)")
 
 from qdq.errors import QdqConfigError
-from qdq.runtime import load_runtime, precision_report, supported_precisions
+from qdq.runtime import load_runtime
+from qdq.runtime.openvino import precision_report, supported_precisions
 
 
 def test_fp32_matches_torch_and_onnxruntime(

@@ -11,8 +11,9 @@ import torch
 from onnx import TensorProto, helper
 
 from qdq.errors import QdqConfigError
-from qdq.runtime import OrtRuntime, load_runtime
+from qdq.runtime import load_runtime
 from qdq.runtime.model_info import read_model_info
+from qdq.runtime.ort import OrtRuntime
 
 
 def test_session_settings(fp32_onnx: Path) -> None:

@@ -12,16 +12,16 @@ import pytest
 from qdq.errors import QdqBackendUnavailable, QdqConfigError, QdqTypeError
 from qdq.runtime import (
     BenchmarkResult,
-    OpenVinoRuntime,
-    OrtRuntime,
     Runtime,
-    get_runtime_class,
     load_runtime,
     read_model_info,
     register_runtime,
     runtime_names,
     unregister_runtime,
 )
+from qdq.runtime.backend import get_runtime_class
+from qdq.runtime.openvino import OpenVinoRuntime
+from qdq.runtime.ort import OrtRuntime
 
 
 def test_registered_runtimes() -> None:

@@ -45,7 +45,7 @@ def test_onnxruntime_default_follows_the_cpu(u8_onnx: Path, monkeypatch):
 @pytest.mark.parametrize("model", ["u8_onnx", "trt_onnx"])
 def test_openvino_with_uint8_weights_runs_them_in_float_exactly(model, request, batch_input: torch.Tensor):
     pytest.importorskip("openvino", reason="needs openvino")
-    from qdq.runtime import precision_report
+    from qdq.runtime.openvino import precision_report
 
     path, x = request.getfixturevalue(model), batch_input.numpy()
     with load_runtime(path, "openvino", threads=1, uint8_weights=True) as runtime:

@@ -75,7 +75,7 @@ def test_files_without_a_known_target_load_as_they_are(exported, fp32_onnx, tmp_
 @requires_openvino
 @pytest.mark.parametrize("target", ["tensorrt", "onnxruntime"])
 def test_openvino_runs_both_targets_graphs_with_int8_convolutions(exported, target):
-    from qdq.runtime import precision_report
+    from qdq.runtime.openvino import precision_report
 
     with load_runtime(exported[target], "openvino", threads=1, uint8_weights=False) as runtime:
         assert runtime.advice is None

@@ -14,7 +14,8 @@ trt = pytest.importorskip("tensorrt")
 if not torch.cuda.is_available():
     pytest.skip("TensorRT tests need a CUDA GPU", allow_module_level=True)
 
-from qdq.runtime import TensorRtRuntime, benchmark, load_runtime  # noqa: E402
+from qdq.runtime import benchmark, load_runtime  # noqa: E402
+from qdq.runtime.tensorrt import TensorRtRuntime  # noqa: E402
 
 
 def test_fp32_engine_matches_torch(fp32_onnx: Path, torch_model: torch.nn.Module, batch_input: torch.Tensor) -> None:

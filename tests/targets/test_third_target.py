@@ -23,10 +23,10 @@ from qdq.targets import (
     RuntimeSupport,
     Target,
     get_target,
-    placed_target,
     register_target,
     unregister_target,
 )
+from qdq.targets.marks import placed_target
 
 X = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
 

@@ -40,7 +40,8 @@ from qdq.graphs import onnx as graph
 from qdq.graphs import onnx_tags as tags
 from qdq.graphs import onnx_types
 from qdq.quantizer import TensorQuantizer
-from qdq.targets import Target, export_target, placed_options
+from qdq.targets import Target, export_target
+from qdq.targets.marks import placed_options
 from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
 
 if TYPE_CHECKING:

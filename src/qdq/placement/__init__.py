@@ -14,7 +14,7 @@ it, makes their decisions in the graph (:mod:`qdq.graphs.fx_edit`) and returns t
 The rules belong to their targets: what each decides, and why, is documented in the target packages
 (:mod:`qdq.targets.tensorrt`, :mod:`qdq.targets.onnxruntime`, and the shared :mod:`qdq.targets.common`).
 
-The placed model remembers its target (:func:`qdq.targets.placed_target`; ``export_onnx`` defaults to it).
+The placed model remembers its target (:func:`qdq.targets.marks.placed_target`; ``export_onnx`` defaults to it).
 When placement builds a new model, the one passed in is marked stale: running or exporting it raises, so the
 returned model is the one to use.
 
@@ -46,7 +46,7 @@ from qdq.placement.extend import (
     register_placement_rule,
     unregister_placement_rule,
 )
-from qdq.targets import PLACEMENT_RULES
+from qdq.targets.rules import PLACEMENT_RULES
 
 __all__ = [
     "CAPTURE_STEPS",

@@ -18,17 +18,9 @@ from qdq.nn.base import QuantInputMixin
 from qdq.placement.attention_biases import fold_attention_biases
 from qdq.placement.capture import capture_graph, capture_model
 from qdq.quantizer import TensorQuantizer
-from qdq.targets import (
-    DEFAULT_TARGET,
-    PLACEMENT_RULES,
-    PlacementRule,
-    Target,
-    check_not_superseded,
-    mark_placed,
-    mark_superseded,
-    placed_target,
-    resolve_target,
-)
+from qdq.targets import DEFAULT_TARGET, PlacementRule, Target, resolve_target
+from qdq.targets.marks import check_not_superseded, mark_placed, mark_superseded, placed_target
+from qdq.targets.rules import PLACEMENT_RULES
 
 __all__ = ["apply_placement"]
 
@@ -185,7 +177,7 @@ def apply_placement(
         A ``torch.fx.GraphModule`` computing the placed model (same parameters, same ``state_dict`` keys
         plus the added quantizers), or ``model`` itself when no rule changed anything. When the model
         cannot be traced, ``model`` with its traceable children replaced. Either way it remembers
-        the target's name (:func:`qdq.targets.placed_target`).
+        the target's name (:func:`qdq.targets.marks.placed_target`).
 
     Raises:
         QdqConfigError: an unknown target or rule, a model already

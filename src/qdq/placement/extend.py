@@ -8,15 +8,9 @@ from typing import Any
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.graphs import fx_ops
 from qdq.graphs.view import GraphView
-from qdq.targets import (
-    PLACEMENT_RULES,
-    PlacementRule,
-    add_placement_rule,
-    get_target,
-    register_rule,
-    remove_placement_rule,
-    target_names,
-)
+from qdq.targets import PlacementRule, get_target, target_names
+from qdq.targets.registry import add_placement_rule, remove_placement_rule
+from qdq.targets.rules import PLACEMENT_RULES, register_rule
 
 __all__ = [
     "function_inputs_rule",

@@ -14,10 +14,11 @@ Each runtime is one :class:`Backend` (:mod:`qdq.runtime.backend`), registered by
 (:meth:`Backend.open`, :func:`load_runtime`), reports its int8 coverage (:meth:`Backend.int8_coverage`: a
 :class:`Coverage`) and says whether it is installed (:meth:`Backend.available`). :func:`register_runtime` adds one.
 
-The names below were importable from here before the backends got their packages and still are, from their new
-homes (``qdq.runtime.ort.session``, ``qdq.runtime.ort.fusion``, ``qdq.runtime.openvino.compiled``,
-``qdq.runtime.openvino.precision``, ``qdq.runtime.tensorrt.engine``); the TensorRT calibration cache functions
-(from ``qdq.runtime.tensorrt.calib_cache``, formerly ``qdq.export.calib_cache``) resolve on first access.
+What a user calls is here; what belongs to one runtime lives in its package, one level down:
+``qdq.runtime.ort`` (``OrtRuntime``, ``fusion_report``, ``FusionReport``...), ``qdq.runtime.openvino``
+(``OpenVinoRuntime``, ``precision_report``, ``supported_precisions``...), ``qdq.runtime.tensorrt``
+(``TensorRtRuntime``, ``build_engine``, the calibration cache functions); reading one of those names here says
+where it went.
 
 Importing this package imports none of the runtimes' packages: ``onnxruntime``, ``openvino`` and ``tensorrt``
 are imported when a model is first loaded on them.
@@ -28,29 +29,15 @@ from qdq.runtime.backend import (
     Backend,
     backends,
     get_backend,
-    get_runtime_class,
     load_runtime,
     register_runtime,
     runtime_names,
     unregister_runtime,
 )
-from qdq.runtime.base import BenchmarkResult, Inputs, Runtime, import_backend
+from qdq.runtime.base import BenchmarkResult, Runtime
 from qdq.runtime.benchmark import Comparison, SpeedUp, benchmark, benchmark_model, compare_models, results_table
 from qdq.runtime.coverage import Coverage, FloatLayer
 from qdq.runtime.model_info import ModelInfo, TensorSpec, random_inputs, read_model_info
-from qdq.runtime.openvino import (
-    LayerPrecision,
-    OpenVinoRuntime,
-    PrecisionReport,
-    precision_report,
-    supported_precisions,
-)
-from qdq.runtime.ort import FusionReport, OrtRuntime, UnfusedQdq, analyse_fusion, fusion_report
-from qdq.runtime.tensorrt import TensorRtRuntime, build_engine
-
-#: the TensorRT calibration cache functions (they import torch): resolved on first access
-_CALIB_CACHE = ("calibration_scales", "read_calibration_cache", "strip_qdq", "write_calibration_cache")
-_LAZY = dict.fromkeys(_CALIB_CACHE, "qdq.runtime.tensorrt.calib_cache")
 
 __all__ = [
     "Backend",
@@ -58,44 +45,38 @@ __all__ = [
     "Comparison",
     "Coverage",
     "FloatLayer",
-    "FusionReport",
-    "Inputs",
-    "LayerPrecision",
     "ModelInfo",
-    "OpenVinoRuntime",
-    "OrtRuntime",
-    "PrecisionReport",
     "Runtime",
     "SpeedUp",
-    "TensorRtRuntime",
     "TensorSpec",
-    "UnfusedQdq",
-    "analyse_fusion",
     "backends",
     "benchmark",
     "benchmark_model",
-    "build_engine",
-    "calibration_scales",
     "compare_models",
-    "fusion_report",
     "get_backend",
-    "get_runtime_class",
-    "import_backend",
     "load_runtime",
-    "precision_report",
     "random_inputs",
-    "read_calibration_cache",
     "read_model_info",
     "register_runtime",
     "results_table",
     "runtime_names",
-    "strip_qdq",
-    "supported_precisions",
     "unregister_runtime",
-    "write_calibration_cache",
 ]
 
-__getattr__, _lazy_dir = lazy_names(__name__, _LAZY)
+#: names that were exported here and live one level down: reading ``qdq.runtime.<name>`` says where
+_ORT = ("OrtRuntime", "FusionReport", "UnfusedQdq", "analyse_fusion", "fusion_report")
+_OPENVINO = ("OpenVinoRuntime", "LayerPrecision", "PrecisionReport", "precision_report", "supported_precisions")
+_TENSORRT = ("TensorRtRuntime", "build_engine", "calibration_scales", "read_calibration_cache", "strip_qdq",
+             "write_calibration_cache")  # fmt: skip
+_MOVED = {
+    **dict.fromkeys(_ORT, "qdq.runtime.ort"),
+    **dict.fromkeys(_OPENVINO, "qdq.runtime.openvino"),
+    **dict.fromkeys(_TENSORRT, "qdq.runtime.tensorrt"),
+    **dict.fromkeys(("Inputs", "import_backend"), "qdq.runtime.base"),
+    "get_runtime_class": "qdq.runtime.backend",
+}
+
+__getattr__, _lazy_dir = lazy_names(__name__, {}, moved=_MOVED)
 
 
 def __dir__() -> list[str]:

@@ -37,7 +37,8 @@ from qdq.runtime_registry import (
     runtime_entry,
     unregister_runtime_entry,
 )
-from qdq.targets import Target, native_fact
+from qdq.targets import Target
+from qdq.targets.registry import native_fact
 from qdq.targets.target import BlockWeights
 
 __all__ = [

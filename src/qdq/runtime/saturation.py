@@ -25,7 +25,8 @@ from qdq import cpu
 from qdq.errors import QdqRuntimeWarning
 from qdq.runtime.model_info import load_onnx
 from qdq.runtime_registry import RuntimeEntry
-from qdq.targets import WeightEncoding, native_fact
+from qdq.targets import WeightEncoding
+from qdq.targets.registry import native_fact
 
 if TYPE_CHECKING:
     import onnx

@@ -13,7 +13,7 @@ from __future__ import annotations
 from qdq.errors import QdqConfigError
 from qdq.runtime.model_info import ModelInfo
 from qdq.runtime_registry import RuntimeEntry, runtime_entry
-from qdq.targets import TARGET_REGISTRY, native_targets
+from qdq.targets.registry import TARGET_REGISTRY, native_targets
 
 __all__ = ["target_advice"]
 

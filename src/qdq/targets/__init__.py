@@ -18,38 +18,27 @@ file; a runtime
 (:mod:`qdq.runtime`) reads that entry back and asks the target whether it runs the graph (:meth:`Target.support`).
 
 Adding a target is one call from anywhere, ``register_target(Target(...))``: nothing in qdq needs editing.
+Here: what defines, registers and resolves a target; one level down, what placement and the runtimes read:
+:mod:`qdq.targets.marks` (the placed / stale marks on models), :mod:`qdq.targets.registry` (the registry itself,
+``native_fact``, placement rules added to registered targets), :mod:`qdq.targets.rules` (``PLACEMENT_RULES``).
 Importing this package imports neither torch nor onnx: a rule or a pass imports them when it runs.
 """
 
 from __future__ import annotations
 
+from qdq.lazy import lazy_names
 from qdq.targets.choice import export_target
-from qdq.targets.marks import (
-    check_not_superseded,
-    mark_placed,
-    mark_superseded,
-    placed_options,
-    placed_target,
-    superseded_by,
-)
-from qdq.targets.onnxruntime import ONNXRUNTIME, ONNXRUNTIME_FUSION
+from qdq.targets.onnxruntime import ONNXRUNTIME
 from qdq.targets.registry import (
     DEFAULT_TARGET,
-    TARGET_REGISTRY,
-    add_placement_rule,
     get_target,
-    native_fact,
-    native_targets,
     register_target,
-    remove_placement_rule,
     resolve_target,
     target_names,
     unregister_target,
 )
-from qdq.targets.rules import PLACEMENT_RULES, PlacementRule, register_rule
+from qdq.targets.rules import PlacementRule, register_rule
 from qdq.targets.target import (
-    ATTENTION_QUANTIZER_NAMES,
-    VERDICTS,
     AttentionFacts,
     ExportDefaults,
     FusionFacts,
@@ -61,12 +50,7 @@ from qdq.targets.tensorrt import TENSORRT
 from qdq.targets.tensorrt.cases import MAXPOOL_INPUTS, NORM_INPUTS, PRODUCT_INPUTS
 
 __all__ = [
-    "ATTENTION_QUANTIZER_NAMES",
     "DEFAULT_TARGET",
-    "ONNXRUNTIME_FUSION",
-    "PLACEMENT_RULES",
-    "TARGET_REGISTRY",
-    "VERDICTS",
     "AttentionFacts",
     "ExportDefaults",
     "FusionFacts",
@@ -74,23 +58,31 @@ __all__ = [
     "RuntimeSupport",
     "Target",
     "WeightEncoding",
-    "add_placement_rule",
-    "check_not_superseded",
     "export_target",
     "get_target",
-    "mark_placed",
-    "mark_superseded",
-    "native_fact",
-    "native_targets",
-    "placed_options",
-    "placed_target",
     "register_target",
-    "remove_placement_rule",
     "resolve_target",
-    "superseded_by",
     "target_names",
     "unregister_target",
 ]
+
+#: names that were exported here and live one level down: reading ``qdq.targets.<name>`` says where
+_MOVED = {
+    **dict.fromkeys(("check_not_superseded", "mark_placed", "mark_superseded", "placed_options", "placed_target",
+                     "superseded_by"), "qdq.targets.marks"),
+    **dict.fromkeys(("TARGET_REGISTRY", "add_placement_rule", "remove_placement_rule", "native_fact",
+                     "native_targets"), "qdq.targets.registry"),
+    **dict.fromkeys(("ATTENTION_QUANTIZER_NAMES", "VERDICTS"), "qdq.targets.target"),
+    "PLACEMENT_RULES": "qdq.targets.rules",
+    "ONNXRUNTIME_FUSION": "qdq.targets.onnxruntime",
+}  # fmt: skip
+
+__getattr__, _lazy_dir = lazy_names(__name__, {}, moved=_MOVED)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_lazy_dir()})
+
 
 for _rule in (NORM_INPUTS, MAXPOOL_INPUTS, PRODUCT_INPUTS):
     register_rule(_rule)

@@ -15,7 +15,8 @@ from qdq.errors import QdqConfigError, QdqExportError
 from qdq.export import export_onnx
 from qdq.placement import apply_placement
 from qdq.quantizer import TensorQuantizer
-from qdq.targets import get_target, placed_options
+from qdq.targets import get_target
+from qdq.targets.marks import placed_options
 from qdq.targets.tensorrt.check import check_tensorrt
 from qdq.targets.tensorrt.float_types import read_float_record
 

@@ -29,7 +29,8 @@ from qdq.graphs.onnx import GraphIndex, all_nodes, subgraphs
 from qdq.runtime._text import markdown_table
 from qdq.runtime.coverage import Coverage, FloatLayer
 from qdq.runtime_registry import ORT_RUNTIME
-from qdq.targets import FusionFacts, native_fact
+from qdq.targets import FusionFacts
+from qdq.targets.registry import native_fact
 
 if TYPE_CHECKING:
     import onnx

@@ -31,7 +31,7 @@ from qdq.runtime.base import Inputs, Runtime, check_common_options, import_backe
 from qdq.runtime.model_info import ModelInfo, read_model_info
 from qdq.runtime.target_check import target_advice
 from qdq.runtime_registry import TENSORRT_RUNTIME
-from qdq.targets import native_fact
+from qdq.targets.registry import native_fact
 
 if TYPE_CHECKING:
     import tensorrt
