@@ -7,8 +7,8 @@ each activation quantizer, with ``m = |x|`` (``x`` for an unsigned quantizer) ov
 * **energy above amax**: their share of the energy ``sum(m**2)``. A range that cuts off a sparse tail can clip
   1 % of the values and most of the energy, which is where the signal of a post-ReLU activation often is (the
   text of a detector's score map, the strokes of a digit). But values *just* above amax carry their energy
-  too while losing little to clipping, so this share alone flags harmless ranges (percentile 99 on the digits
-  CNNs puts up to 37 % of the energy above amax at no cost in accuracy);
+  too while losing little to clipping, so this share alone flags harmless ranges (a percentile 99 range can put
+  a large share of the energy above amax at no cost in accuracy: benchmarks/RESULTS.md, calibration_quality);
 * **clipping error**: ``sum((m - amax)**2)`` over the clipped values, relative to ``sum(m**2)``: the share of
   the activation's energy that clipping removes (the clipping half of what the mse method weighs against
   rounding). A quantizer is flagged when it reaches :data:`CLIPPED_ENERGY_LIMIT`;
@@ -55,14 +55,13 @@ __all__ = [
     "warn_clipping",
 ]
 
-#: A quantizer whose clipping removes at least this share of its activation's energy is flagged. Measured
-#: (benchmarks/calibration_quality.py, RESULTS.md) on the digits CNNs on MNIST, one quantizer at a time with
-#: every other range at max: each range that cost 5 points of accuracy or more on its own had a clipping error of
-#: 0.32 to 0.67 (entropy on the input and the first blocks, 9 to 88 points; 0.48-0.69 on the shipped detector
-#: activation), while max, mse and percentiles down to 99 stayed at or below 0.047 at no cost (percentile 99.9:
-#: 0.043 on the detector activation). 0.1 sits between the two populations with a margin of 2x to 3x. It cannot
-#: see how sensitive a layer is: one squeeze-excitation gate lost 5 points at 0.016, and entropy ranges up to
-#: 0.8 cost nothing on insensitive layers; ``method="auto"`` measures each layer's output instead.
+#: A quantizer whose clipping removes at least this share of its activation's energy is flagged. On the digits
+#: CNNs, one quantizer at a time with every other range at max, the ranges that cost 5 points of accuracy or more
+#: on their own and those that cost nothing (max, mse, percentiles) form two populations of clipping error with
+#: this limit between them, with a margin either side (benchmarks/RESULTS.md, calibration_quality: the
+#: per-quantizer sweep). It cannot see how sensitive a layer is (a squeeze-excitation gate lost 5 points far below
+#: it; entropy ranges far above it cost nothing on insensitive layers); ``method="auto"`` measures each layer's
+#: output instead.
 CLIPPED_ENERGY_LIMIT = 0.1
 #: At most this many quantizers are named in the warning; the others are counted.
 WARNING_LINES = 5
