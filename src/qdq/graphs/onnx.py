@@ -485,6 +485,26 @@ def set_metadata(proto: Any, key: str, value: str) -> None:
 EXTERNAL_TENSOR_BYTES = 1024
 
 
+#: the inputs of these ops that shape inference reads (sizes, scales, axes, pads): ONNX Runtime cannot read them
+#: from an external-data file when it loads a model, so they stay inline whatever their size
+_SHAPE_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "Reshape": (1,), "Expand": (1,), "Tile": (1,),
+                 "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "ConstantOfShape": (0,), "Squeeze": (1,),
+                 "Unsqueeze": (1,), "Split": (1,), "TopK": (1,), "Range": (0, 1, 2), "OneHot": (1,),
+                 "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,)}  # fmt: skip
+
+
+def _keep_shape_tensors_inline(model: onnx.ModelProto) -> None:
+    """Undo the external-data mark of the initializers read where shape inference needs their values."""
+    from onnx import TensorProto
+
+    read = {node.input[i] for node in model.graph.node for i in _SHAPE_INPUTS.get(node.op_type, ())
+            if i < len(node.input) and node.input[i]}  # fmt: skip
+    for tensor in model.graph.initializer:
+        if tensor.name in read and tensor.data_location == TensorProto.EXTERNAL:
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+
+
 def atomic_save(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` atomically: one self-contained file (a temporary file in the same folder, then
     ``os.replace``), or, over :data:`~qdq.graphs.onnx_types.PROTOBUF_LIMIT`, the model file with its tensors in
@@ -500,8 +520,10 @@ def atomic_save(model: onnx.ModelProto, path: Path) -> None:
     path = Path(path)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as folder:
         staged = Path(folder) / path.name
-        onnx.save(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=f"{path.name}.data", size_threshold=EXTERNAL_TENSOR_BYTES)  # fmt: skip
+        onnx.external_data_helper.convert_model_to_external_data(
+            model, all_tensors_to_one_file=True, location=f"{path.name}.data", size_threshold=EXTERNAL_TENSOR_BYTES)
+        _keep_shape_tensors_inline(model)
+        onnx.save(model, str(staged))
         data = Path(folder) / f"{path.name}.data"
         if data.exists():  # no tensor over the threshold: the model file alone
             os.replace(data, path.parent / f"{path.name}.data")
