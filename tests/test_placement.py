@@ -193,12 +193,13 @@ class CatNet(nn.Module):
         self.a = qnn.QuantConv2d(3, 4, 1)
         self.b = qnn.QuantConv2d(3, 4, 1)
         self.head = qnn.QuantConv2d(8, 2, 1)
+        self.after = qnn.QuantConv2d(7, 7, 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.cat([self.a(x), self.b(x)], dim=1)  # read by a quantized conv only: left alone
-        z = torch.cat([self.a(x), x], 1)  # read by a float op: one shared quantizer
+        z = torch.cat([self.a(x), x], 1)  # read by a float op (then a conv): one shared quantizer
         w = torch.cat([self.b(x), x], 1)  # a model output: left float (nothing after it runs in int8)
-        return self.head(y), torch.tanh(z), w
+        return self.head(y), self.after(torch.tanh(z)), w
 
 
 def test_concat_rule():
@@ -265,12 +266,23 @@ def test_custom_rule_from_registry():
     assert "test_se_mul" not in PLACEMENT_RULES
 
 
+class HeadedBlock(nn.Module):
+    """A ResNet basic block read by a conv (its residual add is then not the model's output tail)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = torchvision.models.resnet.BasicBlock(3, 3), nn.Conv2d(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
 class Untraceable(nn.Module):
     """Data-dependent control flow at the top: torch.fx cannot trace it, its block can."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.block = torchvision.models.resnet.BasicBlock(3, 3)
+        self.block = HeadedBlock()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.sum() > 0:

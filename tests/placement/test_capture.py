@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import qdq
+from qdq.graphs.ops import ATTENTION_SITES
 from qdq.nn.attention import ATTENTION_QUANTIZERS, QuantScaledDotProductAttention
 from qdq.placement.capture import CAPTURE_STEPS, CaptureStep, settle_attention
 from qdq.targets import AttentionFacts, get_target
-from qdq.targets.target import ATTENTION_QUANTIZER_NAMES
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
 from export_helpers import float_segment_errors, teacher_forced_mismatches
@@ -97,15 +97,16 @@ def test_attention_is_quantized_for_the_target_and_agrees_with_onnx_runtime(fami
     wanted = get_target(target).attention.quantized
     for module in attention.values():
         assert module.target_facts is get_target(target).attention
-        assert [q.is_enabled for q in module.quantizers().values()] == [n in wanted for n in ATTENTION_QUANTIZERS]
+        assert [q.is_enabled for q in module.quantizers().values()] == [n in wanted for n in ATTENTION_SITES]
     qdq.calibrate(model, [inputs], progress=False, method="max")
     enabled = {name: [q.is_enabled for q in m.quantizers().values()] for name, m in attention.items()}
-    assert all(flags == [n in wanted for n in ATTENTION_QUANTIZERS] for flags in enabled.values())  # head size 16
+    assert all(flags == [n in wanted for n in ATTENTION_SITES] for flags in enabled.values())  # head size 16
     path = qdq.export_onnx(model, inputs, tmp_path / f"{family}.onnx")
     assert teacher_forced_mismatches(model, path, inputs) == {}
     errors = float_segment_errors(model, path, inputs)
     name = next(iter(attention))
-    assert {f"{name}.{q}" for q in wanted} <= set(errors)  # the attention quantizers are Q/DQ pairs of the file
+    quantizers = {f"{name}.{q}" for site, q in zip(ATTENTION_SITES, ATTENTION_QUANTIZERS) if site in wanted}
+    assert quantizers <= set(errors)  # the attention quantizers are Q/DQ pairs of the file
     # float rounding only; the onnxruntime file also adds Linear biases as int32 at s_x * s_w (QGemm's form): a
     # shift of at most s_x * s_w / 2, ~1e-5 of a projection's range
     assert max(errors.values()) < (1e-5 if target == "tensorrt" else 1e-4)
@@ -164,15 +165,16 @@ def test_attention_facts_without_shape_limits_keep_attention_at_any_shape():
 
 
 def test_attention_facts_say_why_a_shape_is_outside():
-    assert ATTENTION_QUANTIZER_NAMES == ATTENTION_QUANTIZERS  # targets name the module's quantizers without torch
+    # targets name the tensors, neutrally, in the order of the module's quantizers
+    assert [f"{name}_quantizer" for name in ATTENTION_SITES] == list(ATTENTION_QUANTIZERS)
     facts = AttentionFacts(head_sizes=(16, 32, 64), max_length=512, reason="r")
     assert facts.outside(64, 512) is None
     assert facts.outside(48, 10) == "head size 48 (not one of [16, 32, 64])"
     assert facts.outside(16, 513) == "sequence length 513 (> 512)"
     with pytest.raises(qdq.errors.QdqConfigError, match="reason"):
         AttentionFacts(max_length=4)
-    with pytest.raises(qdq.errors.QdqConfigError, match="quantizers are"):
-        AttentionFacts(quantized=("query",))
+    with pytest.raises(qdq.errors.QdqConfigError, match="quantized tensors are"):
+        AttentionFacts(quantized=("query_quantizer",))  # the module's attribute, not the tensor's neutral name
 
 
 @pytest.mark.parametrize(

@@ -41,15 +41,16 @@ def test_the_deepest_weighted_input_is_fused(follows, depths, fused):
 
 
 class Projection(nn.Module):
-    """A residual block with a projection shortcut, written shortcut-first (as Keras writes it)."""
+    """A residual block with a projection shortcut, written shortcut-first (as Keras writes it), and a head conv
+    (an add the model returns is its output tail: float)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
-        self.shortcut = nn.Conv2d(3, 4, 1)
+        self.shortcut, self.head = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.shortcut(x) + self.b(torch.relu(self.a(x)))
+        return self.head(self.shortcut(x) + self.b(torch.relu(self.a(x))))
 
 
 @pytest.mark.parametrize("target", ["tensorrt", "onnxruntime"])
@@ -72,14 +73,14 @@ def test_torchvision_resnet50_quantizes_the_shortcut_of_every_block():
 
 
 class PostNorm(nn.Module):
-    """BERT's sublayer output: LayerNorm(dense(h) + x)."""
+    """BERT's sublayer output, LayerNorm(dense(h) + x), and the next layer's dense."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.dense, self.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+        self.dense, self.norm, self.next = nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.dense(x) + x)
+        return self.next(self.norm(self.dense(x) + x))
 
 
 class PreNorm(nn.Module):

@@ -29,6 +29,7 @@ from torch import fx, nn
 
 from qdq.descriptor import QuantDescriptor
 from qdq.graphs.fx_ops import fetch_attr, meta_outside
+from qdq.graphs.ops import ATTENTION_SITES
 from qdq.graphs.view import GraphView, Op, Quantizer, Site, Value
 from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import QuantInputMixin, QuantModule
@@ -56,11 +57,12 @@ def apply_notes(view: GraphView, module_of: Any = None) -> None:
 
 
 def apply_attention_facts(module: QuantScaledDotProductAttention, facts: Any) -> None:
-    """Give a quantized attention module its target's facts: the quantizers they do not list are disabled, the
-    softmax scale goes where they say, calibration checks the shapes against them."""
+    """Give a quantized attention module its target's facts: the quantizers of the tensors they do not list
+    (:data:`~qdq.graphs.ops.ATTENTION_SITES`: the module's four quantizers, in that order) are disabled, the softmax
+    scale goes where they say, calibration checks the shapes against them."""
     module.target_facts = facts
     module.scale_query = facts.scale_query
-    for name, quantizer in module.quantizers().items():
+    for name, quantizer in zip(ATTENTION_SITES, module.quantizers().values(), strict=True):
         if name not in facts.quantized:
             quantizer.disable()
 

@@ -100,6 +100,8 @@ def _arguments(node: fx.Node, op_type: str) -> list[Any]:
 def _add_node(view: GraphView, gm: fx.GraphModule, node: fx.Node, module: nn.Module | None, values: dict,
               through: dict) -> None:  # fmt: skip
     op_type, attrs = fx_ops.op_type(node, module)
+    if op_type.startswith("torch:") and module is not None and next(module.parameters(), None) is not None:
+        attrs = {**attrs, "holds_weights": True}  # a call placement cannot see into: it may hold a Linear
     if op_type in ("Add", "Mul") and (node.kwargs.get("alpha", 1) != 1 or (op_type == "Mul" and node.kwargs)):
         op_type = f"torch:{node.target}"
     arguments = _arguments(node, op_type)

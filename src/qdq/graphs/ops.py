@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION",
+    "ATTENTION_SITES",
     "FEATURE_NORMS",
     "IDENTITIES",
     "KEEP_SIGN",
@@ -41,6 +42,11 @@ FEATURE_NORMS = frozenset({"LayerNormalization", "GroupNormalization", "RMSNorma
 IDENTITIES = frozenset({"Identity", "Dropout"})
 SILU = "Silu"
 ATTENTION = "Attention"
+#: What a target may quantize in an ``Attention`` op, in the order the data meets them: the two inputs of ``Q·Kᵀ``,
+#: the softmax output (the probabilities) and ``V``, the other input of ``probs·V``. A target's attention facts name
+#: them (:class:`qdq.targets.AttentionFacts`); each front end knows where they are in its model (the PyTorch
+#: module's four quantizers, in this order; the ONNX op's inputs 0, 1, 2 and its inner value ``"probs"``).
+ATTENTION_SITES = ("query", "key", "probs", "value")
 #: Elementwise activations (what a runtime may fuse after a weighted op).
 ACTIVATIONS = frozenset({"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Gelu", "HardSwish",
                          "HardSigmoid", "Mish", "Softplus", "PRelu", SILU})  # fmt: skip

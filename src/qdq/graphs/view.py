@@ -61,6 +61,12 @@ class Value:
         return f"Value({self.name!r})"
 
 
+def _may_weigh(op: Op) -> bool:
+    """Does ``op`` run an int8 kernel of its own or may it hide one: a weighted op, attention, or a call the front end
+    cannot see into that holds parameters (attrs ``holds_weights``: a PyTorch module torch.fx keeps as a call)?"""
+    return op.type in vocab.WEIGHTED or op.type == vocab.ATTENTION or bool(op.attrs.get("holds_weights"))
+
+
 @dataclass(eq=False)
 class Op:
     """One operation, in the ONNX op vocabulary.
@@ -161,6 +167,8 @@ class GraphView:
         self._existing: dict[Site, Any] = {}  # site -> the front end's quantizer object there
         self._memo: dict[str, dict[Any, Any]] = {}
         self.non_negative_data: set[str] = set()  # graph inputs the calibration data shows are >= 0
+        #: the graph's outputs are the model's (False: a submodule traced alone, read by code the view cannot see)
+        self.whole_model = True
 
     # --- building (front ends) ---------------------------------------------------------------------------------
     def value(self, name: str, *, constant: bool = False, boundary: bool = True, real: bool = True) -> Value:
@@ -285,6 +293,32 @@ class GraphView:
             before = max((depth[v.name] for _, v in op.data_inputs), default=0) if op is not None else 0
             depth[top.name] = before + int(op is not None and op.type in vocab.WEIGHTED)
         return depth[value.name]
+
+    def feeds_weighted(self, value: Value) -> bool:
+        """Does some path from ``value`` reach a weighted op (Conv, Gemm, MatMul: :data:`qdq.graphs.ops.WEIGHTED`)?"""
+        memo = self._memo.setdefault("feeds", {})
+        stack, entered = [value], set()
+        while stack:  # iterative, post-order: a deep network would overflow Python's recursion
+            top = stack[-1]
+            readers = [op for op, _ in top.readers]
+            pending = [v for op in readers if not _may_weigh(op) for v in op.outputs if v.name not in memo]
+            if pending and top.name not in entered:
+                entered.add(top.name)
+                stack += pending
+                continue
+            stack.pop()
+            memo[top.name] = any(_may_weigh(op) or any(memo.get(v.name, False) for v in op.outputs)
+                                 for op in readers)  # fmt: skip
+        return bool(memo[value.name])
+
+    def in_output_tail(self, op: Op) -> bool:
+        """Is ``op`` part of the model's output tail: not a weighted op, and what it computes reaches the model's
+        outputs without passing through another weighted op (box decoding, score sigmoids, the concatenation of
+        coordinates with scores, a state output)? Never in the graph of a submodule traced alone
+        (:attr:`whole_model` False): what reads its outputs is not in the view."""
+        if not self.whole_model or _may_weigh(op) or not op.outputs:
+            return False
+        return not any(self.feeds_weighted(v) for v in op.outputs)
 
     def non_negative(self, value: Value) -> bool:
         """Is ``value`` >= 0 by construction (ReLU, Sigmoid, Softmax..., possibly pooled, moved, added)?"""

@@ -53,7 +53,8 @@ __all__ = [
     "use_fused_attention",
 ]
 
-#: The quantizer attributes of :class:`QuantScaledDotProductAttention`, in the order the data meets them.
+#: The quantizer attributes of :class:`QuantScaledDotProductAttention`, in the order the data meets them: the order
+#: of :data:`qdq.graphs.ops.ATTENTION_SITES`, the neutral names a target's attention facts use.
 ATTENTION_QUANTIZERS = ("query_quantizer", "key_quantizer", "probs_quantizer", "value_quantizer")
 
 

@@ -9,6 +9,11 @@ PyTorch path's arithmetic) and one zero point (0, int8 or uint8), shared by all 
   that quantize the same value on the same grid: the same step and zero point);
 * a weight: its integers stored as an int8 initializer, per channel, read through a ``DequantizeLinear``.
 
+Where an ``Attention`` op's facts put the softmax scale on the query (``scale_query``: ONNX Runtime), the graph's
+``Div`` or ``Mul`` of the scores becomes a ``Mul`` of the query before its quantizer, ``Mul -> Q -> DQ -> MatMul``,
+as qdq's attention module exports it: the query's range, measured on the query, is multiplied by the factor (what
+max calibration measures on the scaled query, to float rounding).
+
 Each Q and DQ node carries its quantizer's name (node metadata ``qdq.quantizer``, :mod:`qdq.graphs.onnx_tags`), as
 the PyTorch export writes them, so the targets' rewrites and :func:`~qdq.graphs.onnx_tags.qdq_sites` read both
 alike. New nodes keep the graph's topological order. A site inside an ``If`` branch is written there, with its
@@ -28,7 +33,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdq.graphs.onnx import all_nodes, unique_value_names
 from qdq.graphs.onnx_tags import QUANTIZER_KEY
+from qdq.graphs.ops import ATTENTION
 from qdq.graphs.view import GraphView, Op, Quantizer, Site
+from qdq.onnx_in.attention import AttentionNodes
 from qdq.onnx_in.subgraphs import Nested, Path, graph_at, if_branches
 from qdq.onnx_in.view import weight_axis
 from qdq.tensor_quant import quant_step
@@ -64,6 +71,7 @@ def write_qdq(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.n
     (float32 amax: 0-d for an activation, ``[C]`` for a weight); returns how many Q/DQ pairs were written."""
     writers = _Writers(model)
     names = quantizer_names(view)
+    ranges = writers.scale_queries(view, ranges)
     for quantizer in view.quantizers():
         writers.write(quantizer, names[id(quantizer)], np.asarray(ranges[id(quantizer)], np.float32))
     writers.finish()
@@ -98,6 +106,20 @@ class _Writers:
             else:
                 writer = self.at(site.reader if site.reader is not None else site.value.producer)
                 writer.activation(site, node_name, name, *writer.grid(name, amax, quantizer.unsigned))
+
+    def scale_queries(self, view: GraphView, ranges: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """The softmax scale of each ``Attention`` op whose facts say ``scale_query`` moved onto its query, where the
+        query has a quantizer of its own; ``ranges`` with those queries' ranges multiplied by the factor."""
+        scaled = dict(ranges)
+        for op in view.ops_of(ATTENTION):
+            facts = view.notes.get(op.name, {}).get("attention")
+            quantizer, nodes = view.quantizer_at(op, 0), _split(op.ref)[1]
+            if (facts is None or not facts.scale_query or quantizer is None or nodes.scale is None
+                    or quantizer.sites != [Site(op.inputs[0], op, 0)]):  # fmt: skip
+                continue
+            factor = self.at(op).scale_query(nodes, nodes.scale, op.name)
+            scaled[id(quantizer)] = (np.asarray(ranges[id(quantizer)], np.float32) * factor).astype(np.float32)
+        return scaled
 
     def constant(self, name: str, writer: _Writer) -> TensorProto:
         """The constant ``name`` as ``writer``'s graph reads it (its own, else the main graph's)."""
@@ -140,6 +162,7 @@ class _Writer:
         self.before: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put before it
         self.after: dict[int, list[Any]] = {}  # node position -> Q/DQ nodes to put after it (-1: the graph's start)
         self.inits = {t.name: t for t in graph.initializer}
+        self.removed: set[int] = set()  # positions of nodes left out (a softmax scale moved onto the query)
         self.shared: dict[tuple[str, bytes, int], tuple[str, tuple[Any, Any], int]] = {}  # grid -> its pair
         self.pairs = 0
 
@@ -180,9 +203,9 @@ class _Writer:
     def _value_level(self, site: Site, node_name: str, tag: str, scale: str, zero: str) -> None:
         """``Q -> DQ`` after the value's producer, read by every reader (a graph output keeps its name)."""
         name, output = site.value.name, site.value.graph_output
+        producer = self._producer_node(site.value)
         source = self._rename_output(name) if output else name
         q, dq = _pair(source, name if output else f"{node_name}.dq", node_name, tag, scale, zero)
-        producer = self._producer_node(site.value)
         self.after.setdefault(self.position[id(producer)] if producer is not None else -1, []).extend([q, dq])
         if not output:
             self.owner.rewire(name, dq.output[0], q, self.graph)
@@ -206,19 +229,39 @@ class _Writer:
         self.before.setdefault(ref, []).append(dq)
         self.nodes[ref].input[site.index] = f"{name}.dq"
 
+    def scale_query(self, nodes: AttentionNodes, position: int, name: str) -> np.float32:
+        """``query * factor -> Q·Kᵀ`` instead of ``Q·Kᵀ`` divided or multiplied by the scale (its node, at
+        ``position``, left out: its reader reads ``Q·Kᵀ``); returns the factor (float32)."""
+        scores, scale = self.nodes[nodes.scores], self.nodes[position]
+        data = list(scale.input).index(scores.output[0])
+        constant = float(numpy_helper.to_array(self.owner.constant(scale.input[1 - data], self)).reshape(-1)[0])
+        factor = np.float32(1.0 / constant if scale.op_type == "Div" else constant)
+        self._add_init(numpy_helper.from_array(np.array(factor, np.float32), f"{name}.query_scale"))
+        mul = helper.make_node("Mul", [scores.input[0], f"{name}.query_scale"], [f"{name}.query_scaled"],
+                               name=f"{name}/query_scale")  # fmt: skip
+        self.before.setdefault(nodes.scores, []).append(mul)
+        scores.input[0] = mul.output[0]
+        reader = next(self.nodes[p] for p in nodes.nodes if scale.output[0] in self.nodes[p].input)
+        reader.input[list(reader.input).index(scale.output[0])] = scores.output[0]
+        self.removed.add(position)
+        return factor
+
     def _producer_node(self, value: Any) -> Any:
+        """The node writing ``value`` (in an op of several nodes, the one among them that writes it)."""
         op = value.producer
         if op is None:
             return None
         ref = _split(op.ref)[1]
-        if isinstance(ref, tuple):  # a SiLU: its sigmoid (the inner value) or its product
-            return self.nodes[ref[0] if value is op.inner.get("sigmoid") else ref[1]]
-        return self.nodes[ref]
+        positions = ref.nodes if isinstance(ref, AttentionNodes) else ref if isinstance(ref, tuple) else (ref,)
+        return next(self.nodes[p] for p in positions if value.name in self.nodes[p].output)
 
     def _reader_slots(self, site: Site) -> list[tuple[Any, int]]:
         """``(node, input position)`` where the site's reader reads its value (a SiLU: in its sigmoid and its
-        product); positions count the node's empty optional inputs, which the view leaves out."""
+        product; an attention: where :meth:`AttentionNodes.reads` says); positions count the node's empty optional
+        inputs, which the view leaves out."""
         ref = _split(site.input_reader.ref)[1]
+        if isinstance(ref, AttentionNodes):
+            return [(self.nodes[position], slot) for position, slot in ref.reads(site.index)]
         if isinstance(ref, tuple):
             nodes = [self.nodes[i] for i in ref]
             return [(node, list(node.input).index(site.value.name)) for node in nodes if site.value.name in node.input]
@@ -243,7 +286,7 @@ class _Writer:
         ordered = list(self.after.get(-1, []))
         for index, node in enumerate(self.nodes):
             ordered += self.before.get(index, [])
-            ordered.append(node)
+            ordered += [] if index in self.removed else [node]
             ordered += self.after.get(index, [])
         copies = []
         for node in ordered:  # copied out before the repeated field is cleared (it owns the node messages)

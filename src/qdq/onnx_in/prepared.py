@@ -30,10 +30,11 @@ from qdq.errors import QdqConfigError
 from qdq.export.onnx_export import finish_onnx
 from qdq.graphs.onnx_session import ort_session
 from qdq.graphs.view import GraphView, Quantizer
+from qdq.onnx_in.attention import attention_shapes
 from qdq.onnx_in.calibrate import probe_model
 from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.materialize import write_qdq
-from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_weighted
+from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_attention, select_weighted
 from qdq.targets import Target
 
 __all__ = ["Placement", "PreparedModel", "activation_groups", "activation_values"]
@@ -73,19 +74,22 @@ class PreparedModel:
         return [i.name for i in self.model.graph.input if i.name not in constants]
 
     def place(self, target: Target, keep_float: Sequence[str] = (), float_values: Sequence[str] = (),
-              non_negative_inputs: Sequence[str] = (), *, copy: bool = True) -> Placement:  # fmt: skip
+              non_negative_inputs: Sequence[str] = (), *, copy: bool = True,
+              batches: Sequence[Any] = ()) -> Placement:  # fmt: skip
         """``target``'s decisions on the prepared graph, then the user's: ``keep_float`` ops (names, ``"op:Type"``,
         patterns) and ``float_values`` tensors left float. ``non_negative_inputs``: graph inputs the data shows are
         >= 0 (images in [0, 1]); a target with unsigned activations gives them the uint8 grid ``[0, amax]``.
         ``copy=False``: the placement writes the prepared graph itself (one placement of a large model, no copy
-        in memory); the model cannot be placed again after that.
+        in memory); the model cannot be placed again after that. ``batches``: calibration batches, whose input
+        shapes give each attention's head size and sequence length where the target's facts limit them (none: the
+        shapes the graph declares).
 
         Raises:
             QdqConfigError: ``float_values`` names a tensor the graph does not have; a model placed without a copy.
         """
         if self._taken:
             raise QdqConfigError("this prepared model was placed with copy=False and written: load it again.")
-        view = self._view(target, keep_float, non_negative_inputs)
+        view = self._view(target, keep_float, non_negative_inputs, batches)
         unknown = [name for name in float_values if name not in view.values]
         if unknown:
             raise QdqConfigError(f"float_values names tensors the graph does not have: {unknown[:5]}")
@@ -112,13 +116,15 @@ class PreparedModel:
             session = ort_session(probe_model(self.model, listed), threads=threads, folder=Path(folder))
             return dict(zip(listed, session.run(listed, dict(feed))))
 
-    def _view(self, target: Target, keep_float: Sequence[str], non_negative_inputs: Sequence[str]) -> GraphView:
+    def _view(self, target: Target, keep_float: Sequence[str], non_negative_inputs: Sequence[str],
+              batches: Sequence[Any] = ()) -> GraphView:  # fmt: skip
         keep = KeepFloat.of(keep_float)
         view = build_view(self.model, target)
         view.non_negative_data.update(non_negative_inputs)
         select_weighted(view, keep)
         for rule in target.placement_rules:
             rule.decide(view)
+        select_attention(view, keep, attention_shapes(self.model, view, batches))
         keep_user_float(view, keep)
         return view
 

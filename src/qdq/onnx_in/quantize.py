@@ -204,7 +204,7 @@ def quantize_onnx(
     data, kept = _keep_first(calibration_data, max(_TRT_FLOAT_BATCHES, _BIAS_BATCHES))
     minima = _minima(kept, [i.name for i in source.model.graph.input])
     placement = source.place(chosen, keep_float, float_values, [name for name, low in minima.items() if low >= 0],
-                             copy=source is model)  # a model loaded here is written itself, not a copy of it
+                             copy=source is model, batches=kept)  # a model loaded here is written itself
     proto, view = placement.model, placement.view
     calibrating = time.perf_counter()
     ranges = _reused(view, value_ranges)

@@ -3,8 +3,12 @@
 Each node is an op as it is (ONNX's vocabulary is the view's; an operator of a custom domain is named
 ``"<domain>:<op>"``, which no rule knows); initializers are constants; a ``Mul`` of a tensor
 and its own ``Sigmoid`` (how exporters write SiLU) is one ``Silu`` op whose sigmoid is an inner value, as on the
-PyTorch path. An op's ``ref`` is its node's position in ``graph.node`` (a ``Silu``: the sigmoid's and the product's),
-so that the decisions can be written into any copy of the model. The branches of every ``If`` are part of the view
+PyTorch path; attention written out op by op (``MatMul(Q, Kᵀ)``, a constant scale, a mask ``Add``, ``Softmax``,
+``MatMul(·, V)``: :mod:`qdq.onnx_in.attention`) is one ``Attention`` op, its inputs the query, the key (as ``Q·Kᵀ``
+reads it), ``V`` and the mask, the probabilities an inner value, as qdq's attention module is on the PyTorch path.
+An op's ``ref`` is its node's position in ``graph.node`` (a ``Silu``: the sigmoid's and the product's; an
+``Attention``: its nodes', :class:`~qdq.onnx_in.attention.AttentionNodes`), so that the decisions can be written
+into any copy of the model. The branches of every ``If`` are part of the view
 (:mod:`qdq.onnx_in.subgraphs`): their ops come before the ``If``, each with a ``Nested`` ref; what a branch
 returns is an output of its graph, and an input of the ``If`` after its condition (an ``If`` is >= 0 where its
 branches' outputs are); ``Loop`` and ``Scan`` bodies are not (their ops stay float).
@@ -12,26 +16,34 @@ branches' outputs are); ``Loop`` and ``Scan`` bodies are not (their ops stay flo
 :func:`select_weighted` makes the decisions module replacement makes on the PyTorch path: the data inputs of every
 ``Conv``, ``ConvTranspose``, ``Gemm`` and ``MatMul`` (both inputs of a product of two activations) and of the
 average pools, and their constant weights per channel, except where the user keeps an op float (by node name,
-op type, or a pattern of node names).
+op type, or a pattern of node names). :func:`select_attention`, after the target's rules, quantizes what each
+``Attention`` op's facts list (:class:`~qdq.targets.AttentionFacts`: all four tensors where no rule gave it facts),
+as the PyTorch front end enables its attention module's quantizers, or keeps it float where the calibration shapes
+fall outside them.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
 from qdq.graphs.onnx_types import FLOAT_TYPES
+from qdq.graphs.ops import ATTENTION, ATTENTION_SITES
 from qdq.graphs.view import GraphView, Op, Quantizer
+from qdq.onnx_in.attention import AttentionNodes, find_attention
 from qdq.onnx_in.subgraphs import Nested, Path, if_branches
 
-__all__ = ["KeepFloat", "build_view", "keep_unreached_float", "keep_user_float", "select_weighted", "weight_axis"]
+__all__ = ["KeepFloat", "build_view", "keep_unreached_float", "keep_user_float", "select_attention", "select_weighted",
+           "weight_axis"]  # fmt: skip
 
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_ATTENTION_INPUTS = {"query": 0, "key": 1, "value": 2}  # the Attention op's inputs (the probabilities are inner)
 _POOLS = ("AveragePool", "GlobalAveragePool")
 
 
@@ -73,7 +85,7 @@ def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
     ops before its ``If``; :mod:`qdq.onnx_in.subgraphs`)."""
     view = GraphView("onnx", target)
     graph = model.graph
-    constants = {t.name for t in graph.initializer}
+    constants = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     scalars = {t.name: float(onnx.numpy_helper.to_array(t)) for t in graph.initializer
                if not t.dims and t.data_type != TensorProto.STRING}  # fmt: skip
     graphs = [graph, *(branch for _, branch in if_branches(graph))]
@@ -81,26 +93,30 @@ def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
     types.update({t.name: t.data_type for t in graph.initializer})
     for name, elem in types.items():  # integer and boolean tensors (shapes, indices) are never quantized
         view.value(name, constant=name in constants, real=elem in FLOAT_TYPES or elem == TensorProto.UNDEFINED)
-    _add_graph(view, graph, (), scalars)
+    _add_graph(view, graph, (), scalars, constants)
     return view
 
 
-def _add_graph(view: GraphView, graph: onnx.GraphProto, path: Path, scalars: dict[str, float]) -> None:
+def _add_graph(view: GraphView, graph: onnx.GraphProto, path: Path, scalars: dict[str, float],
+               constants: dict[str, int]) -> None:  # fmt: skip
     """The ops of ``graph`` (at ``path``), each ``If``'s branches before it; the values ``graph`` returns are its
     outputs (the model's, or an ``If`` branch's)."""
     nodes = list(graph.node)
     sigmoid_of = _silu_pairs(graph)
-    gates = set(sigmoid_of.values())
+    attention = find_attention(graph, constants)  # a branch's initializers live in the main graph once prepared
+    inside = set(sigmoid_of.values()) | {n for found in attention.values() for n in found.nodes[:-1]}
     for number, node in enumerate(nodes):
-        if number in gates:
-            continue  # the sigmoid of a SiLU: added with its product, as the Silu op's inner value
+        if number in inside:
+            continue  # a SiLU's sigmoid, an attention's nodes: added with the node that ends them, as one op
         for attribute in node.attribute if node.op_type == "If" else ():
-            _add_graph(view, attribute.g, (*path, (number, attribute.name)), scalars)
+            _add_graph(view, attribute.g, (*path, (number, attribute.name)), scalars, constants)
         name = node.name or f"{node.op_type}_{number}"
         inputs = [view.value(i) for i in [*node.input, *_returned(node)] if i]
         produced = [view.value(o) for o in node.output if o]
         gate = sigmoid_of.get(number)
-        if gate is not None:
+        if number in attention:
+            _add_attention(view, nodes, attention[number], path)
+        elif gate is not None:
             sigmoid = nodes[gate]
             view.add_op(name, "Silu", [view.value(sigmoid.input[0])], produced,
                         inner={"sigmoid": view.value(sigmoid.output[0])}, ref=_ref(path, (gate, number)))  # fmt: skip
@@ -111,6 +127,17 @@ def _add_graph(view: GraphView, graph: onnx.GraphProto, path: Path, scalars: dic
                         ref=_ref(path, number))  # fmt: skip
     for value in graph.output:
         view.value(value.name).graph_output = True
+
+
+def _add_attention(view: GraphView, nodes: list[Any], found: AttentionNodes, path: Path) -> None:
+    """The ``Attention`` op of ``found``'s nodes, named after its ``Q·Kᵀ`` node: reads the query, the key, ``V`` and
+    the mask (:meth:`AttentionNodes.reads`), writes the last MatMul's output, the probabilities inside."""
+    reads = [found.reads(index)[0] for index in range(4 if found.mask is not None else 3)]
+    inputs = [view.value(nodes[position].input[slot]) for position, slot in reads]
+    probs = view.value(nodes[found.output].input[0])
+    scores = nodes[found.scores]
+    view.add_op(scores.name or f"MatMul_{found.scores}", ATTENTION, inputs, [view.value(nodes[found.output].output[0])],
+                inner={"probs": probs}, ref=_ref(path, found))  # fmt: skip
 
 
 def _returned(node: Any) -> list[str]:
@@ -137,6 +164,24 @@ def select_weighted(view: GraphView, keep: KeepFloat) -> None:
                 view.quantize_input(op, index, "its weight, per channel", like=quantizer)
             elif not value.constant and index < 2 and (index == 0 or op.type == "MatMul"):
                 view.quantize_input(op, index, f"the input of a {op.type}")
+
+
+def select_attention(view: GraphView, keep: KeepFloat, shapes: Mapping[str, tuple[int, int]]) -> None:
+    """Quantize what each ``Attention`` op's facts list (module doc), unless the user keeps it float; it stays float
+    where its ``shapes`` (op name -> head size and longest sequence: :func:`~qdq.onnx_in.attention.attention_shapes`)
+    fall outside them."""
+    for op in view.ops_of(ATTENTION):
+        if keep.match(op) is not None:
+            continue
+        facts, shape = view.notes.get(op.name, {}).get("attention"), shapes.get(op.name)
+        if facts is not None and shape is not None and (why := facts.outside(*shape)) is not None:
+            view.keep_float(op, f"{why}: {facts.reason}")
+            continue
+        for site in ATTENTION_SITES if facts is None else [s for s in ATTENTION_SITES if s in facts.quantized]:
+            if site == "probs":
+                view.quantize_output(op.inner["probs"], "the attention's probabilities")
+            else:
+                view.quantize_input(op, _ATTENTION_INPUTS[site], f"the attention's {site}")
 
 
 def keep_user_float(view: GraphView, keep: KeepFloat) -> None:

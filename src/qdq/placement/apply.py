@@ -86,6 +86,7 @@ class _Placement:
             return self.place_children(module, path, err)
         changes = [f"{name}: quantized attention" for name in capture_graph(gm, self.desc, self.capture)]
         view = build_view(gm, self.target)
+        view.whole_model = not path  # a child traced alone: its outputs feed its parent's untraced code
         for rule in self.rules:
             rule.decide(view)
         changes += materialize(view, gm, self.desc)

@@ -44,6 +44,7 @@ from torch import fx, nn
 
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqTypeError
+from qdq.graphs.fx_edit import apply_attention_facts as apply_module_facts
 from qdq.nn.attention import (
     QuantScaledDotProductAttention,
     forget_attention_shapes,
@@ -131,11 +132,7 @@ def apply_attention_facts(model: nn.Module, facts: AttentionFacts) -> int:
     them (:func:`settle_attention`). Returns the number of attention modules."""
     modules = [m for m in model.modules() if isinstance(m, QuantScaledDotProductAttention)]
     for module in modules:
-        module.target_facts = facts
-        module.scale_query = facts.scale_query
-        for name, quantizer in module.quantizers().items():
-            if name not in facts.quantized:
-                quantizer.disable()
+        apply_module_facts(module, facts)
     return len(modules)
 
 

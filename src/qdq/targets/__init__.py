@@ -72,7 +72,7 @@ _MOVED = {
                      "superseded_by"), "qdq.targets.marks"),
     **dict.fromkeys(("TARGET_REGISTRY", "add_placement_rule", "remove_placement_rule", "native_fact",
                      "native_targets"), "qdq.targets.registry"),
-    **dict.fromkeys(("ATTENTION_QUANTIZER_NAMES", "VERDICTS"), "qdq.targets.target"),
+    "VERDICTS": "qdq.targets.target",
     "PLACEMENT_RULES": "qdq.targets.rules",
     "ONNXRUNTIME_FUSION": "qdq.targets.onnxruntime",
 }  # fmt: skip

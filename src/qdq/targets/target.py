@@ -18,11 +18,12 @@ from types import MappingProxyType
 from typing import Any
 
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.graphs.ops import ATTENTION_SITES
 from qdq.runtime_registry import RUNTIME_REGISTRY, RuntimeEntry, find_runtime_entry
 from qdq.targets.rules import PLACEMENT_RULES, PlacementRule
 
-__all__ = ["ATTENTION_QUANTIZER_NAMES", "VERDICTS", "AttentionFacts", "BlockWeights", "ExportDefaults", "FusionFacts",
-           "RuntimeSupport", "Target", "WeightEncoding"]  # fmt: skip
+__all__ = ["VERDICTS", "AttentionFacts", "BlockWeights", "ExportDefaults", "FusionFacts", "RuntimeSupport", "Target",
+           "WeightEncoding"]  # fmt: skip
 
 _RESIDUAL_MODES = ("skip", "both")
 #: How a runtime runs a target's graphs (:class:`RuntimeSupport`): what the target is made for, runs it with a
@@ -66,24 +67,20 @@ class FusionFacts:
         return tuple(range(n_inputs)) if indices is None else tuple(i for i in indices if i < n_inputs)
 
 
-#: The quantizers of :class:`qdq.nn.attention.QuantScaledDotProductAttention`, in the order the data meets them.
-ATTENTION_QUANTIZER_NAMES = ("query_quantizer", "key_quantizer", "probs_quantizer", "value_quantizer")
-
-
 @dataclass(frozen=True)
 class AttentionFacts:
     """Which inputs of the two attention matmuls (``Q·Kᵀ`` and ``softmax·V``) a runtime runs in int8, and at which
     shapes.
 
-    Placement gives every :class:`~qdq.nn.attention.QuantScaledDotProductAttention` of a model placed for the
-    target these facts: the quantizers in :attr:`quantized` stay enabled, the others are disabled. With
-    :attr:`head_sizes` or :attr:`max_length`, the shapes decide too: calibration records the shapes each
-    attention sees, and where the head size or the sequence length falls outside, all four quantizers are
-    disabled (the matmuls stay float) and calibration says so in one warning.
+    Placement gives every attention of a model placed for the target these facts (every ``Attention`` op of its
+    view: a :class:`~qdq.nn.attention.QuantScaledDotProductAttention` module, attention an ONNX file writes out op by
+    op): the tensors in :attr:`quantized` are quantized, the others stay float. With :attr:`head_sizes` or
+    :attr:`max_length`, the shapes decide too: where the head size or the sequence length of the calibration data
+    falls outside, none of the four is quantized (the matmuls stay float), and the front end says so.
 
     Attributes:
-        quantized: names of the quantizers to keep (:data:`ATTENTION_QUANTIZER_NAMES`); empty: attention
-            stays float.
+        quantized: the tensors to quantize, by their neutral names (:data:`~qdq.graphs.ops.ATTENTION_SITES`:
+            ``"query"``, ``"key"``, ``"probs"``, ``"value"``); empty: attention stays float.
         head_sizes: the head sizes (last dimension of Q) the int8 kernel takes; None: any.
         max_length: the longest query or key sequence the int8 kernel takes; None: any.
         reason: one sentence: why the shapes matter (said when they leave attention float).
@@ -97,7 +94,7 @@ class AttentionFacts:
             a bias; the key and value projections then have none.
     """
 
-    quantized: tuple[str, ...] = ATTENTION_QUANTIZER_NAMES
+    quantized: tuple[str, ...] = ATTENTION_SITES
     head_sizes: tuple[int, ...] | None = None
     max_length: int | None = None
     reason: str = ""
@@ -105,10 +102,9 @@ class AttentionFacts:
     fold_biases: bool = False
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.quantized) - set(ATTENTION_QUANTIZER_NAMES))
+        unknown = sorted(set(self.quantized) - set(ATTENTION_SITES))
         if unknown:
-            names = list(ATTENTION_QUANTIZER_NAMES)
-            raise QdqConfigError(f"attention facts name {unknown}; the quantizers are {names}.")
+            raise QdqConfigError(f"attention facts name {unknown}; the quantized tensors are {list(ATTENTION_SITES)}.")
         if (self.head_sizes is not None or self.max_length is not None) and not self.reason:
             raise QdqConfigError("attention facts with shape limits need the reason (said to the user).")
 

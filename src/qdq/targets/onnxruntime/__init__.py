@@ -40,6 +40,7 @@ from __future__ import annotations
 from qdq.runtime_registry import OPENVINO_RUNTIME, ORT_RUNTIME, TENSORRT_RUNTIME
 from qdq.targets.common.attention import ATTENTION
 from qdq.targets.common.residual import RESIDUAL_ADD
+from qdq.targets.common.tail import OUTPUT_TAIL
 from qdq.targets.onnxruntime.attention import ONNXRUNTIME_ATTENTION
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
 from qdq.targets.onnxruntime.passes.matmul_nbits import float_weight_matmuls, matmul_nbits
@@ -71,6 +72,7 @@ RULES = (
     ONE_RANGE_PER_TENSOR,
     UNSIGNED_ACTIVATIONS,
     ATTENTION,
+    OUTPUT_TAIL,
 )
 
 RUNTIMES = (

@@ -18,8 +18,9 @@ Linear's bias (``fold_biases``, :mod:`qdq.placement.attention_biases`): two of t
 
 from __future__ import annotations
 
-from qdq.targets.target import ATTENTION_QUANTIZER_NAMES, AttentionFacts
+from qdq.graphs.ops import ATTENTION_SITES
+from qdq.targets.target import AttentionFacts
 
 __all__ = ["ONNXRUNTIME_ATTENTION"]
 
-ONNXRUNTIME_ATTENTION = AttentionFacts(quantized=ATTENTION_QUANTIZER_NAMES, scale_query=True, fold_biases=True)
+ONNXRUNTIME_ATTENTION = AttentionFacts(quantized=ATTENTION_SITES, scale_query=True, fold_biases=True)

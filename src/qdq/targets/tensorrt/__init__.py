@@ -47,6 +47,7 @@ from qdq.runtime_registry import OPENVINO_RUNTIME, ORT_RUNTIME, TENSORRT_RUNTIME
 from qdq.targets.common.attention import ATTENTION
 from qdq.targets.common.concat import CONCAT
 from qdq.targets.common.residual import RESIDUAL_ADD
+from qdq.targets.common.tail import OUTPUT_TAIL
 from qdq.targets.target import ExportDefaults, RuntimeSupport, Target
 from qdq.targets.tensorrt.attention import TENSORRT_ATTENTION
 from qdq.targets.tensorrt.check import check_tensorrt
@@ -54,7 +55,7 @@ from qdq.targets.tensorrt.rewrite import DEFAULT_FLOAT, rewrite_for_tensorrt, st
 
 __all__ = ["RULES", "RUNTIMES", "TENSORRT"]
 
-RULES = (RESIDUAL_ADD, CONCAT, ATTENTION)
+RULES = (RESIDUAL_ADD, CONCAT, ATTENTION, OUTPUT_TAIL)
 
 RUNTIMES = (
     RuntimeSupport(TENSORRT_RUNTIME, "native"),

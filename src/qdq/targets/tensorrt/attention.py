@@ -14,7 +14,8 @@ float (TensorRT fuses them in higher precision): no rule adds a quantizer there.
 
 from __future__ import annotations
 
-from qdq.targets.target import ATTENTION_QUANTIZER_NAMES, AttentionFacts
+from qdq.graphs.ops import ATTENTION_SITES
+from qdq.targets.target import AttentionFacts
 
 __all__ = ["FUSED_HEAD_SIZES", "MAX_FUSED_LENGTH", "TENSORRT_ATTENTION"]
 
@@ -22,7 +23,7 @@ FUSED_HEAD_SIZES = (16, 32, 64)
 MAX_FUSED_LENGTH = 512
 
 TENSORRT_ATTENTION = AttentionFacts(
-    quantized=ATTENTION_QUANTIZER_NAMES,
+    quantized=ATTENTION_SITES,
     head_sizes=FUSED_HEAD_SIZES,
     max_length=MAX_FUSED_LENGTH,
     reason="TensorRT's fused int8 attention takes head sizes 16/32/64 and sequences up to 512; elsewhere Q/DQ "
