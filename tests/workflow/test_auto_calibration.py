@@ -105,6 +105,20 @@ def test_the_candidates_are_every_registered_method_computed_from_statistics():
     assert all(not method.model_level for method, _ in candidates())
 
 
+@pytest.mark.parametrize("name", ["mse", "entropy"])
+def test_a_searching_method_is_scored_on_every_fourth_bin_within_those_bins_of_its_exact_range(name):
+    from qdq.calib import HistogramCalibrator
+    from qdq.workflow.auto_calibration import SCORING_STRIDE
+
+    options = dict(candidates())[qdq.calib.get_method(name)]
+    assert options == {"stride": SCORING_STRIDE}
+    calibrator = HistogramCalibrator(num_bits=8, axis=None, unsigned=False)
+    calibrator.collect(torch.from_numpy(np.random.default_rng(0).standard_t(3, size=200_000).astype(np.float32)))
+    exact, scored = calibrator.compute_amax(name), calibrator.compute_amax(name, stride=SCORING_STRIDE)
+    width = float(calibrator.compute_amax("max")) / 4096  # the histogram's bin width (4096 bins up to the max)
+    assert abs(float(scored) - float(exact)) <= SCORING_STRIDE * width * 1.01
+
+
 class _Probe(nn.Module):
     """A linear layer reading ``features`` values, then an optional saturation."""
 

@@ -84,10 +84,10 @@ def run(
         clipping[label] = destructive(named, ranges, label)
         scores[label] = _score(model, stats.scored)
     chosen = choose(scores, clipping)
-    method, options = next((m, o) for m, o in grid if m.label(o) == chosen)
+    method = next(m for m, o in grid if m.label(o) == chosen)
     was_held_out = bool(stats.held_out)
     stats.merge_held_out()
-    ranges = set_ranges(model, stats.ranges(method.name, **options))
+    ranges = set_ranges(model, stats.ranges(method.name))  # the method's defaults (candidates: scoring options)
     result = AutoResult(chosen, scores, clipping, len(stats.scored), was_held_out,
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics})  # fmt: skip
     record_auto(model, result)

@@ -67,18 +67,19 @@ def select(
     scores: dict[str, float] = {}
     clipping: dict[str, list[str]] = {}
     bar = counter(progress, f"auto: scoring {len(grid)} methods", len(grid))
+    kept: dict[str, dict[int, np.ndarray]] = {}
     for method, options in grid:
         label = method.label(options)
-        ranges = statistics.ranges(method.name, **options)
+        ranges = kept[label] = statistics.ranges(method.name, **options)
         clipping[label] = destructive(named, {names[key]: amax for key, amax in ranges.items()}, label)
         scores[label] = _score(model, view, {**ranges, **weights}, statistics.scored, threads)
         bar.update()
     bar.close()
     chosen = choose(scores, clipping)
-    method, options = next((m, o) for m, o in grid if m.label(o) == chosen)
+    method = next(m for m, o in grid if m.label(o) == chosen)
     corrected = None
     if bias_batches:
-        ranges = {**statistics.ranges(method.name, **options), **weights}
+        ranges = {**kept[chosen], **weights}
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         correct_biases(copy, view, ranges, list(bias_batches), threads=threads, progress=False)
@@ -89,7 +90,7 @@ def select(
     statistics.merge_held_out()
     result = AutoResult(chosen, scores, clipping, len(statistics.scored), held_out,
                         {"scoring": time.perf_counter() - started}, corrected)  # fmt: skip
-    return statistics.ranges(method.name, **options), result
+    return statistics.ranges(method.name), result
 
 
 def _score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],
