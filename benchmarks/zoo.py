@@ -70,6 +70,7 @@ def all_variants() -> list[Variant]:
         Variant("fp32", ""),
         Variant("ort-u8s8", "ort", {"activations": "u8s8", "calibrator": "minmax"}),
         Variant("ort-s8s8", "ort", {"activations": "s8s8", "calibrator": "minmax"}),
+        Variant("ort-u8s8-entropy", "ort", {"activations": "u8s8", "calibrator": "entropy"}),  # the cost bound's peer
         Variant("modelopt-int8", "modelopt", {"high_precision_dtype": "fp16"}),
         Variant("modelopt-int8-fp32", "modelopt", {"high_precision_dtype": "fp32"}),
         Variant("qdq-ort-default", "qdq", {"target": "onnxruntime"}),
