@@ -243,3 +243,49 @@ def test_unknown_float_type_is_refused(resnet_files, tmp_path):
         qdq.QuantConfig(target="tensorrt", target_options={"float": "fp8"})
     with pytest.raises(QdqConfigError, match="float16"):
         convert_float_precision(resnet_files[1], "fp8")
+
+
+def _branch_reading_outer_scope() -> onnx.ModelProto:
+    """x -> Q/DQ -> MatMul -> Sigmoid -> s; If(sum(x) > 0): then s * 2, else s - 1 (both read ``s`` from the main
+    graph, their outputs declared float32), as silero-vad's decoder reads its state inside an If."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "step"),
+             numpy_helper.from_array(np.array(0, np.int8), "zero"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero_f")]  # fmt: skip
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    then = helper.make_graph([helper.make_node("Mul", ["s", "two"], ["y_then"])], "then", [],
+                             [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, [1, 4])])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Sub", ["s", "one"], ["y_else"])], "else", [],
+                              [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, [1, 4])])  # fmt: skip
+    nodes = [helper.make_node("QuantizeLinear", ["x", "step", "zero"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "step", "zero"], ["xd"], name="dq"),
+             helper.make_node("MatMul", ["xd", "w"], ["m"], name="matmul"),
+             helper.make_node("Sigmoid", ["m"], ["s"], name="sigmoid"),
+             helper.make_node("ReduceSum", ["x"], ["total"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["total", "zero_f"], ["cond"], name="greater"),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then, else_branch=other)]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], [out],
+                              inits)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_tensor_read_inside_an_if_branch_stays_float32_with_the_if(tmp_path):
+    import onnxruntime as ort
+
+    model = _branch_reading_outer_scope()
+    conversion = convert_float_precision(model, "fp16")
+    onnx.checker.check_model(conversion.model, full_check=True)  # the branches' declared types hold
+    reasons = conversion.fp32_nodes
+    assert "subgraphs" in reasons["if"] and "inside a subgraph" in reasons["sigmoid"]
+    assert TensorTypes.of(conversion.model).get("s") == onnx.TensorProto.FLOAT
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for x in (np.full((1, 4), 0.5, np.float32), np.full((1, 4), -0.5, np.float32)):  # both branches
+        ref, = ort.InferenceSession(model.SerializeToString(), options).run(None, {"x": x})
+        got, = ort.InferenceSession(conversion.model.SerializeToString(), options).run(None, {"x": x})
+        np.testing.assert_allclose(got, ref, atol=2e-3)  # float16 MatMul, float32 after it

@@ -10,7 +10,10 @@
 * a DequantizeLinear outputs the type its readers compute in (its scale has that type), and is duplicated
   when its readers compute in two types: no Cast ever stands between a DQ and its reader;
 * a Cast to float32 in the graph becomes a Cast to the low type when all its readers compute in it;
-* the graph's float outputs get a Cast back to float32 when the edges keep their types.
+* the graph's float outputs get a Cast back to float32 when the edges keep their types;
+* control flow (``If``, ``Loop``, ``Scan``) stays float32, branches and bodies as written (the rewrite does not
+  enter subgraphs), and so does every main-graph tensor a subgraph reads from the enclosing scope (a branch's
+  declared types would contradict a float16 tensor).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute, tidy
+from qdq.graphs.onnx import GraphIndex, all_nodes, attribute, subgraphs, tidy
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import (
     LOW_PRECISION,
@@ -59,6 +62,12 @@ class TypeRewrite:
         self.nodes: list[Any] = []
         self.converted = self.casts = 0
         self._precisions: dict[int, int | None] = {}
+        self.outer_reads = _outer_reads(model.graph)
+        for node in model.graph.node:
+            if subgraphs(node):
+                self.reasons.setdefault(node.name, f"{node.op_type}: its subgraphs compute in float32 as written")
+            elif any(name in self.outer_reads for name in node.output):
+                self.reasons.setdefault(node.name, "its output is read inside a subgraph, which stays float32")
 
     # --- precision of each node
     def precision(self, node: Any) -> int | None:
@@ -154,7 +163,9 @@ class TypeRewrite:
         kinds = {_FLOAT32} if owner in self.fp32_sites else ({w for w in wanted if w is not None} or {self.low})
         if node.output[0] in self.index.outputs:
             kinds.add(self.low if owner not in self.fp32_sites else _FLOAT32)
-        first = self.low if self.low in kinds else _FLOAT32
+        if node.output[0] in self.outer_reads:  # the tensor's own name stays float32 for the subgraph
+            kinds.add(_FLOAT32)
+        first = _FLOAT32 if node.output[0] in self.outer_reads else self.low if self.low in kinds else _FLOAT32
         scale = node.input[1]
         for kind in sorted(kinds, key=lambda k: k != first):
             copy = onnx.NodeProto()
@@ -234,6 +245,21 @@ class TypeRewrite:
                 node.input[:] = [inner if i == value.name else i for i in node.input]
             self.nodes.append(helper.make_node("Cast", [inner], [value.name], to=_FLOAT32, name=f"{value.name}/Cast"))
             self.casts += 1
+
+
+def _outer_reads(graph: Any) -> set[str]:
+    """The names the subgraphs of ``graph``'s nodes read from an enclosing scope (not defined inside them)."""
+    found: set[str] = set()
+    for node in graph.node:
+        for inner in subgraphs(node):
+            nodes = all_nodes(inner)
+            defined = {o for n in nodes for o in n.output} | {v.name for v in inner.input}
+            defined |= {t.name for t in inner.initializer}
+            for n in nodes:
+                for sub in subgraphs(n):
+                    defined |= {v.name for v in sub.input} | {t.name for t in sub.initializer}
+            found |= {name for n in nodes for name in n.input if name and name not in defined}
+    return found
 
 
 def _retype_fill(node: Any, elem_type: int) -> None:
