@@ -18,6 +18,7 @@ left float. Both go through this object:
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,7 +149,32 @@ class Placement:
         for an activation, per channel for a weight) and finish the file for the target at ``path``."""
         write_qdq(self.model, self.view, ranges)
         inputs, outputs = [i.name for i in self.model.graph.input], [o.name for o in self.model.graph.output]
-        return finish_onnx(self.model, path, self.target, target_options=target_options, io_names=(inputs, outputs))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            written = finish_onnx(self.model, path, self.target, target_options=target_options,
+                                  io_names=(inputs, outputs))  # fmt: skip
+        said = set()
+        for warning in caught:
+            text = str(warning.message)
+            if _FLOAT_CONVS in text:  # the rewrite's advice is for a model quantized without its target
+                text = self._float_convs() or text.split(" Quantize the model")[0] + (
+                    " The tensors this placement leaves float (float_values, keep_float) are read or written there.")
+            if text not in said:
+                said.add(text)
+                warnings.warn_explicit(text, warning.category, warning.filename, warning.lineno)
+        return written
+
+    def _float_convs(self) -> str:
+        """One sentence: the Convs this placement left float, and why (empty when it left none)."""
+        convs = {op.name: why for op in self.view.ops_of("Conv") if (why := self.view.float_ops.get(op.name))}
+        if not convs:
+            return ""
+        first, why = next(iter(convs.items()))
+        return (f"{len(convs)} Conv(s) stay float on {self.target.name} (e.g. {first}: {why}); the result's "
+                "float_ops says why for each.")
+
+
+_FLOAT_CONVS = "Conv(s) will run in float on ONNX Runtime"
 
 
 def activation_groups(view: GraphView) -> list[tuple[str, ...]]:
