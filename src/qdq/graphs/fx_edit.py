@@ -126,11 +126,14 @@ class _Editor:
         return found
 
     def _quantizer(self, site: Site) -> Quantizer | None:
-        return self.view._sites.get(site)
+        return self.view.site_quantizer(site)
 
     def _stem(self, site: Site) -> str:
         """The name stem of the quantizer at ``site`` (one of :meth:`_new_sites`: it has one)."""
-        return self.view._sites[site].stem
+        quantizer = self.view.site_quantizer(site)
+        if quantizer is None:
+            raise KeyError(site)
+        return quantizer.stem
 
     def _replace_adds_and_concats(self) -> None:
         for op in self.view.ops_of("Add", "Concat"):

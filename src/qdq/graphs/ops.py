@@ -20,6 +20,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION",
     "ATTENTION_SITES",
+    "AVERAGE_POOLS",
     "FEATURE_NORMS",
     "IDENTITIES",
     "KEEP_SIGN",
@@ -34,6 +35,8 @@ __all__ = [
 
 #: Ops that multiply their input by a weight: TensorRT and ONNX Runtime run them in int8.
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+#: The average pools: their inputs are quantized as the weighted ops' are (the seed's QuantAvgPool modules).
+AVERAGE_POOLS = frozenset({"AveragePool", "GlobalAveragePool"})
 #: The normalization a runtime folds into the weighted op before it.
 NORMS = frozenset({"BatchNormalization"})
 #: Normalizations over features (a transformer's): they read and write float.

@@ -228,6 +228,11 @@ class GraphView:
             return None
         return value.readers[0][0]
 
+    def site_quantizer(self, site: Site) -> Quantizer | None:
+        """The quantizer placed at exactly ``site`` (None: none there; an op's read may still go through its value's
+        quantizer: :meth:`quantizer_at`)."""
+        return self._sites.get(site)
+
     def quantizer_at(self, op: Op, index: int) -> Quantizer | None:
         """The quantizer ``op`` reads input ``index`` through (its own site's, else the value's)."""
         value = op.inputs[index]

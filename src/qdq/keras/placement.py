@@ -104,9 +104,14 @@ def _plans(view: GraphView, positions: dict[str, dict[int, tuple[bool, str | Non
     return plans
 
 
-def split_activations(model: Any, folded: frozenset[str] = frozenset({"Relu", "Clip"})) -> Any:
-    """``model`` with each conv's own activation an int8 conv cannot fold (one whose ONNX op is not in ``folded``:
-    swish, sigmoid, ...) moved to an ``Activation`` layer right after it (:func:`split_layers`)."""
+def split_activations(model: Any, folded: frozenset[str] | None = None) -> Any:
+    """``model`` with each conv's own activation an int8 conv cannot fold (one whose ONNX op is not in ``folded``,
+    default ONNX Runtime's :attr:`~qdq.targets.FusionFacts.folded_activations`: swish, sigmoid, ...) moved to an
+    ``Activation`` layer right after it (:func:`split_layers`)."""
+    if folded is None:
+        from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
+
+        folded = ONNXRUNTIME_FUSION.folded_activations
     convs = ("Conv2D", "DepthwiseConv2D")
     names = {
         layer.name

@@ -34,7 +34,7 @@ import onnx
 from onnx import TensorProto
 
 from qdq.graphs.onnx_types import FLOAT_TYPES
-from qdq.graphs.ops import ATTENTION, ATTENTION_SITES
+from qdq.graphs.ops import ATTENTION, ATTENTION_SITES, AVERAGE_POOLS, WEIGHTED
 from qdq.graphs.view import GraphView, Op, Quantizer
 from qdq.onnx_in.attention import AttentionNodes, find_attention
 from qdq.onnx_in.subgraphs import Nested, Path, if_branches
@@ -42,9 +42,7 @@ from qdq.onnx_in.subgraphs import Nested, Path, if_branches
 __all__ = ["KeepFloat", "build_view", "keep_unreached_float", "keep_user_float", "select_attention", "select_weighted",
            "weight_axis"]  # fmt: skip
 
-_WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _ATTENTION_INPUTS = {"query": 0, "key": 1, "value": 2}  # the Attention op's inputs (the probabilities are inner)
-_POOLS = ("AveragePool", "GlobalAveragePool")
 
 
 @dataclass(frozen=True)
@@ -156,7 +154,7 @@ def _ref(path: Path, ref: Any) -> Any:
 def select_weighted(view: GraphView, keep: KeepFloat) -> None:
     """Quantize the data inputs and weights of the weighted ops and average pools (module doc)."""
     for op in view.ops:
-        if op.type not in _WEIGHTED + _POOLS or keep.match(op) is not None:
+        if op.type not in WEIGHTED | AVERAGE_POOLS or keep.match(op) is not None:
             continue
         for index, value in enumerate(op.inputs):
             if index in op.weights:
