@@ -87,6 +87,7 @@ def test_attention_written_out_is_one_op_with_its_four_tensors_quantized(tmp_pat
     assert all(producers[name].op_type == "DequantizeLinear" for name in [*context.input, scores.input[0]])
     assert producers[scores.input[1]].op_type == "DequantizeLinear"  # the key as Q·Kᵀ reads it
     assert len(qdq_sites(written)) == 4
+    assert result.int8_ops.get("Attention") == 1  # the mask, added in float, does not make it a float op
     div = [n for n in written.graph.node if n.op_type == "Div"]
     assert len(div) == (1 if form == "div" and target == "tensorrt" else 0)  # ONNX Runtime: the scale is on Q
     reference, got = _run(model, feeds[0]), _run(str(result.path), feeds[0])

@@ -316,7 +316,7 @@ def _keep_first(data: Iterable[Any], count: int) -> tuple[Iterable[Any], list[An
 def _int8_ops(view: Any) -> dict[str, int]:
     found: Counter[str] = Counter()
     for op in view.ops:
-        inputs = [i for i, _ in op.data_inputs]
+        inputs = [i for i, _ in op.data_inputs if op.type != vocab.ATTENTION or i < 3]  # its mask is added in float
         if inputs and op.name not in view.float_ops and all(view.reads_quantized(op, i) for i in inputs):
             found[op.type] += 1
     return dict(found)
