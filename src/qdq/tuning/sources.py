@@ -5,23 +5,18 @@ tuning and held-out splits, and what computes each tensor of the file (:func:`ma
 from __future__ import annotations
 
 import ast
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-import torch
 from torch import nn
 
 from qdq.errors import QdqConfigError
-from qdq.export.onnx_export import export_float_onnx
+from qdq.frontends import front_end_of
 from qdq.onnx_in.data import graph_inputs
 from qdq.targets import Target
 from qdq.tuning.budget import Batch
-from qdq.utils.batches import split_labels
-from qdq.workflow.verification import onnx_feed
 
 __all__ = ["Source", "made_by", "onnx_source", "splits"]
 
@@ -35,38 +30,23 @@ _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 def onnx_source(model: str | Path | nn.Module, calibration: Iterable[Any], evaluation: Sequence[Any],
                 holdout: Sequence[Any] | None, folder: Path, target: Target) -> Source:  # fmt: skip
     """The FP32 ONNX file the search runs on, and the batches as its feeds: ``model`` as it is when it is a path;
-    a PyTorch or Keras model exported for ``target`` (into ``folder``) with its batches converted.
+    a model of a registered front end (:mod:`qdq.frontends`: PyTorch, Keras) exported for ``target`` (into
+    ``folder``) by it, with its batches converted by it.
 
     Raises:
-        QdqConfigError: a model of another kind; no calibration batch.
+        QdqConfigError: a model no front end takes; no calibration batch.
     """
     if isinstance(model, str | Path):
         return Path(model), calibration, list(evaluation), None if holdout is None else list(holdout)
     batches = list(calibration)
-    if _is_keras(model):
-        from qdq.keras.export import export_float_onnx as keras_export
-
-        def export(out: Path) -> Path:
-            return keras_export(model, out, target)
-
-        convert: Callable[[Any, list[str]], Batch] = _keras_feed
-    elif isinstance(model, nn.Module):
-
-        def export(out: Path) -> Path:
-            return export_float_onnx(model, batches[0], out, target)
-
-        def convert(batch: Any, names: list[str]) -> Batch:
-            return _torch_feed(batch, model, names)
-    else:
-        raise QdqConfigError(f"tune takes an FP32 ONNX file, a float torch.nn.Module or a float Keras model, not "
-                             f"{type(model).__name__}.")  # fmt: skip
+    front_end = front_end_of(model)
     if not batches:
         raise QdqConfigError("tune needs calibration data: pass at least one batch.")
-    source = export(folder / "fp32.onnx")
+    source = front_end.export_float_onnx(model, batches[0], folder / "fp32.onnx", target)
     names = [value.name for value in graph_inputs(source)]
 
     def feeds(data: Iterable[Any]) -> list[Batch]:
-        return [convert(batch, names) for batch in data]
+        return [front_end.feed(batch, model, names) for batch in data]
 
     return source, feeds(batches), feeds(evaluation), None if holdout is None else feeds(holdout)
 
@@ -106,39 +86,3 @@ def made_by(path: Path) -> dict[str, str]:
         for output in node.output:
             found[output] = f"{node.op_type} in {module}" if module else node.op_type
     return found
-
-
-def _is_keras(model: Any) -> bool:
-    """Whether ``model`` is a Keras model (keras is imported already where a user holds one)."""
-    model_class = getattr(sys.modules.get("keras"), "Model", None)
-    return isinstance(model_class, type) and isinstance(model, model_class)
-
-
-def _keras_feed(batch: Any, names: list[str]) -> dict[str, Any]:
-    """A Keras batch as the graph's feed: inputs (an array, or a list of arrays in the model's input order) or an
-    ``(inputs, labels)`` pair, its labels under ``"labels"``."""
-    labels = None
-    pair = isinstance(batch, tuple | list) and len(batch) == 2
-    if pair and (len(names) == 1 or isinstance(batch[0], tuple | list | dict)):
-        batch, labels = batch
-    if isinstance(batch, dict):
-        arrays = [batch[name] for name in names if name in batch]
-    else:
-        arrays = list(batch) if isinstance(batch, tuple | list) else [batch]
-    if len(arrays) != len(names):
-        raise QdqConfigError(f"a batch gives {len(arrays)} input(s) but the Keras model's export has {names}: pass "
-                             "an array, a list of arrays in the model's input order, or (inputs, labels).")  # fmt: skip
-    feed: dict[str, Any] = {name: np.asarray(array, np.float32) for name, array in zip(names, arrays)}
-    if labels is not None:
-        feed["labels"] = np.asarray(labels)
-    return feed
-
-
-def _torch_feed(batch: Any, model: nn.Module, names: list[str]) -> dict[str, Any]:
-    """``batch`` (qdq's batch convention) as the graph's feed (``names``: its inputs), its labels (if any) under
-    ``"labels"``."""
-    inputs, labels = split_labels(batch, model)
-    feed: dict[str, Any] = onnx_feed(inputs, names)
-    if labels is not None:
-        feed["labels"] = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels
-    return feed
