@@ -158,9 +158,6 @@ def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") 
         weight = numpy_helper.to_array(inits[site.value.name]).astype(np.float32)
         axis = weight_axis(site.input_reader, site.index) % weight.ndim
         channels = np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)
-        if method == "max":
-            found[id(quantizer)] = np.abs(channels).max(axis=1).astype(np.float32)
-            continue
         calibrator = make_calibrator(chosen.calibrator, axis=0)
         calibrator.collect(torch.from_numpy(np.ascontiguousarray(channels)))
         amax = chosen.compute_amax(calibrator, **chosen.resolve_options({}))
