@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,12 +288,22 @@ def _render(rng: random.Random, text: str, font_path: Path) -> np.ndarray:
 
 def text_lines(split: str, count: int, exclude: frozenset[str] = frozenset()) -> list[tuple[np.ndarray, str]]:
     """``count`` rendered lines (RGB uint8 image, text) of ``split``; texts in ``exclude`` are skipped."""
-    rng = random.Random(1 if split == "calibration" else 2)
-    fonts_, lines = fonts(), []
+    return render_lines(random.Random(1 if split == "calibration" else 2), count, exclude)
+
+
+def render_lines(rng: random.Random, count: int, exclude: Container[str],
+                 taken: set[str] | None = None) -> list[tuple[np.ndarray, str]]:  # fmt: skip
+    """``count`` lines rendered with ``rng`` that fit the recognizer's aspect ratio, none of whose texts is in
+    ``exclude``; ``taken``, when given, receives each text and a text is used once."""
+    faces, lines = fonts(), []
     while len(lines) < count:
         text = _line_text(rng)
-        image = _render(rng, text, rng.choice(fonts_))
+        image = _render(rng, text, rng.choice(faces))
         if text not in exclude and image.shape[1] / image.shape[0] <= OCR_WIDTH / OCR_HEIGHT:
+            if taken is not None:
+                if text in taken:
+                    continue
+                taken.add(text)
             lines.append((image, text))
     return lines
 

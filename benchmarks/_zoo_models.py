@@ -90,7 +90,6 @@ from _onnx_in_models import (
     _as_rgb8,
     _face_mosaic,
     _line_text,
-    _render,
     ctc_decode,
     fonts,
     nudenet_metrics,
@@ -434,17 +433,9 @@ def nudenet_model(calibration: int, evaluation: int) -> ZooModel:
 def text_lines(split: str, count: int, exclude: set[str]) -> list[tuple[np.ndarray, str]]:
     """``count`` rendered lines (RGB uint8, text) of ``split``, none of whose texts is in ``exclude`` (which
     receives this set's texts)."""
-    from _onnx_in_models import OCR_HEIGHT, OCR_WIDTH
+    from _onnx_in_models import render_lines
 
-    rng = random.Random(_seed(split, 2))
-    faces, lines = fonts(), []
-    while len(lines) < count:
-        text = _line_text(rng)
-        image = _render(rng, text, rng.choice(faces))
-        if text not in exclude and image.shape[1] / image.shape[0] <= OCR_WIDTH / OCR_HEIGHT:
-            lines.append((image, text))
-            exclude.add(text)
-    return lines
+    return render_lines(random.Random(_seed(split, 2)), count, exclude, taken=exclude)
 
 
 @_register("ppocr-rec")

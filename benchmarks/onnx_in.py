@@ -201,12 +201,20 @@ def prepare_for_ort(fp32: Path, notes: list[str]) -> Path:
 
 def run_worker(variant: Variant, source: Path, calibration: Path, folder: Path, args: argparse.Namespace) -> Row:
     """Quantize ``source`` as ``variant`` says in a fresh process (``_onnx_in_quant.py``)."""
-    folder.mkdir(exist_ok=True)
+    return Row(variant, *run_job(variant, source, calibration, folder, args))
+
+
+def run_job(variant: Variant, source: Path, calibration: Path, folder: Path,
+            args: argparse.Namespace) -> tuple[Path | None, dict[str, Any]]:  # fmt: skip
+    """The worker's run of ``variant`` on ``source`` (``args``: ``modelopt_python``, ``worker_timeout``): its file
+    (None when it failed) and its result record. ``benchmarks/zoo.py`` runs its variants through it too."""
+    folder.mkdir(parents=True, exist_ok=True)
     model = folder / source.name
     model.unlink(missing_ok=True)
     os.link(source, model)  # ModelOpt writes intermediate files beside its input
-    job = {"variant": variant.name, "model": str(model), "calibration": str(calibration),
-           "output": str(folder / "int8.onnx"), "result": str(folder / "result.json")}  # fmt: skip
+    job = {"variant": variant.name, "quantizer": variant.quantizer, "options": dict(variant.options),
+           "model": str(model), "calibration": str(calibration), "output": str(folder / "int8.onnx"),
+           "result": str(folder / "result.json")}  # fmt: skip
     (folder / "job.json").write_text(json.dumps(job))
     for stale in ("result.json", "int8.onnx"):
         (folder / stale).unlink(missing_ok=True)
@@ -216,12 +224,12 @@ def run_worker(variant: Variant, source: Path, calibration: Path, folder: Path, 
         done = subprocess.run([python, str(WORKER), str(folder / "job.json")], capture_output=True, text=True,
                               timeout=args.worker_timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
-        return Row(variant, None, {"error": f"no result in {args.worker_timeout} s"})
+        return None, {"error": f"no result in {args.worker_timeout} s"}
     result_file = folder / "result.json"
     if result_file.exists():
         result = json.loads(result_file.read_text())
-        return Row(variant, Path(job["output"]) if result["ok"] else None, result)
-    return Row(variant, None, _death(done, children_peak))
+        return (Path(job["output"]) if result["ok"] else None), result
+    return None, _death(done, children_peak)
 
 
 def _death(done: subprocess.CompletedProcess, children_peak: int) -> dict[str, Any]:

@@ -41,7 +41,6 @@ import fnmatch
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -55,10 +54,9 @@ from typing import Any
 import _zoo_models as zoo
 from _onnx_in_quant import Variant, save_batches
 
-from onnx_in import _cpu_name, _death, prepare_for_ort
+from onnx_in import _cpu_name, prepare_for_ort, run_job
 from qdq.markdown import markdown_table
 
-WORKER = Path(__file__).with_name("_onnx_in_quant.py")
 DEFAULT_MODELOPT = Path("/tmp/venv-modelopt/bin/python")
 
 
@@ -138,29 +136,8 @@ def modelopt_state(python: str) -> str | None:
 
 
 def run_worker(variant: Variant, source: Path, calibration: Path, folder: Path, args: argparse.Namespace) -> Row:
-    """Quantize ``source`` as ``variant`` says in a fresh process."""
-    folder.mkdir(parents=True, exist_ok=True)
-    model = folder / source.name
-    model.unlink(missing_ok=True)
-    os.link(source, model)  # ModelOpt writes intermediate files beside its input
-    job = {"variant": variant.name, "quantizer": variant.quantizer, "options": dict(variant.options),
-           "model": str(model), "calibration": str(calibration), "output": str(folder / "int8.onnx"),
-           "result": str(folder / "result.json")}  # fmt: skip
-    (folder / "job.json").write_text(json.dumps(job))
-    for stale in ("result.json", "int8.onnx"):
-        (folder / stale).unlink(missing_ok=True)
-    python = args.modelopt_python if variant.quantizer == "modelopt" else sys.executable
-    children_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    try:
-        done = subprocess.run([python, str(WORKER), str(folder / "job.json")], capture_output=True, text=True,
-                              timeout=args.worker_timeout)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return Row(variant, None, {"error": f"no result in {args.worker_timeout} s"})
-    result_file = folder / "result.json"
-    if result_file.exists():
-        result = json.loads(result_file.read_text())
-        return Row(variant, Path(job["output"]) if result["ok"] else None, result)
-    return Row(variant, None, _death(done, children_peak))
+    """Quantize ``source`` as ``variant`` says in a fresh process (``onnx_in.run_job``)."""
+    return Row(variant, *run_job(variant, source, calibration, folder, args))
 
 
 def make_rows(model: zoo.ZooModel, variants: list[Variant], folder: Path, args: argparse.Namespace,
