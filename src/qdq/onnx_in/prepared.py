@@ -37,6 +37,7 @@ from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.materialize import write_qdq
 from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_attention, select_weighted
 from qdq.targets import Target
+from qdq.targets.onnxruntime.passes.float_convs import UnquantizedConvWarning
 
 __all__ = ["Placement", "PreparedModel", "activation_groups", "activation_values"]
 
@@ -153,28 +154,23 @@ class Placement:
             warnings.simplefilter("always")
             written = finish_onnx(self.model, path, self.target, target_options=target_options,
                                   io_names=(inputs, outputs))  # fmt: skip
-        said = set()
-        for warning in caught:
-            text = str(warning.message)
-            if _FLOAT_CONVS in text:  # the rewrite's advice is for a model quantized without its target
-                text = self._float_convs() or text.split(" Quantize the model")[0] + (
-                    " The tensors this placement leaves float (float_values, keep_float) are read or written there.")
-            if text not in said:
-                said.add(text)
-                warnings.warn_explicit(text, warning.category, warning.filename, warning.lineno)
+        unquantized = [w.message for w in caught if isinstance(w.message, UnquantizedConvWarning)]
+        for warning in caught:  # the others as they were
+            if not isinstance(warning.message, UnquantizedConvWarning):
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        if unquantized:  # the rewrite's advice is for a model quantized without its target: say why instead, once
+            warnings.warn(self._float_convs([c for w in unquantized for c in w.convs]), UserWarning, stacklevel=3)
         return written
 
-    def _float_convs(self) -> str:
-        """One sentence: the Convs this placement left float, and why (empty when it left none)."""
-        convs = {op.name: why for op in self.view.ops_of("Conv") if (why := self.view.float_ops.get(op.name))}
-        if not convs:
-            return ""
-        first, why = next(iter(convs.items()))
+    def _float_convs(self, convs: list[str]) -> str:
+        """One sentence: how many Convs stay float on the target and why (the placement's reason, where it has
+        one)."""
+        reasons = {op.name: why for op in self.view.ops_of("Conv") if (why := self.view.float_ops.get(op.name))}
+        first = next(iter(reasons), convs[0])
+        why = reasons.get(first, "a tensor this placement leaves float (float_values, keep_float) is read or written "
+                                 "there")  # fmt: skip
         return (f"{len(convs)} Conv(s) stay float on {self.target.name} (e.g. {first}: {why}); the result's "
                 "float_ops says why for each.")
-
-
-_FLOAT_CONVS = "Conv(s) will run in float on ONNX Runtime"
 
 
 def activation_groups(view: GraphView) -> list[tuple[str, ...]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, all_nodes, attribute, subgraphs, tidy
+from qdq.graphs.onnx import GraphIndex, attribute, subgraphs, tidy
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import (
     LOW_PRECISION,
@@ -62,7 +62,9 @@ class TypeRewrite:
         self.nodes: list[Any] = []
         self.converted = self.casts = 0
         self._precisions: dict[int, int | None] = {}
-        self.outer_reads = _outer_reads(model.graph)
+        # main-graph tensors a subgraph reads from the enclosing scope (the index lists them as its node's reads)
+        self.outer_reads = {name for name, readers in self.index.consumers.items()
+                            if any(subgraphs(r) and name not in r.input for r in readers)}  # fmt: skip
         for node in model.graph.node:
             if subgraphs(node):
                 self.reasons.setdefault(node.name, f"{node.op_type}: its subgraphs compute in float32 as written")
@@ -245,21 +247,6 @@ class TypeRewrite:
                 node.input[:] = [inner if i == value.name else i for i in node.input]
             self.nodes.append(helper.make_node("Cast", [inner], [value.name], to=_FLOAT32, name=f"{value.name}/Cast"))
             self.casts += 1
-
-
-def _outer_reads(graph: Any) -> set[str]:
-    """The names the subgraphs of ``graph``'s nodes read from an enclosing scope (not defined inside them)."""
-    found: set[str] = set()
-    for node in graph.node:
-        for inner in subgraphs(node):
-            nodes = all_nodes(inner)
-            defined = {o for n in nodes for o in n.output} | {v.name for v in inner.input}
-            defined |= {t.name for t in inner.initializer}
-            for n in nodes:
-                for sub in subgraphs(n):
-                    defined |= {v.name for v in sub.input} | {t.name for t in sub.initializer}
-            found |= {name for n in nodes for name in n.input if name and name not in defined}
-    return found
 
 
 def _retype_fill(node: Any, elem_type: int) -> None:

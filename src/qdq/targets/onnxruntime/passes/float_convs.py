@@ -16,7 +16,17 @@ from qdq.targets.onnxruntime.passes._graph import dq_params
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["unfusable_conv_nodes", "unfusable_convs", "warn_float_convs"]
+__all__ = ["UnquantizedConvWarning", "unfusable_conv_nodes", "unfusable_convs", "warn_float_convs"]
+
+
+class UnquantizedConvWarning(UserWarning):
+    """Convs that will run in float on ONNX Runtime because a quantizer is missing around them; its advice is for a
+    model quantized without this target. ``convs``: their names. A front end that placed the file for the target
+    (the ONNX door) says why instead."""
+
+    def __init__(self, message: str, convs: list[str]) -> None:
+        super().__init__(message)
+        self.convs = convs
 
 
 def unfusable_convs(model: onnx.ModelProto) -> list[str]:
@@ -79,11 +89,11 @@ def warn_float_convs(g: GraphIndex, convs: list[Any]) -> None:
             stacklevel=4,
         )
     if unquantized:
-        warnings.warn(
+        message = (
             f"{len(unquantized)} Conv(s) will run in float on ONNX Runtime (e.g. {unquantized[0]}): their "
             "output has no quantizer (or their input/weight none). Quantize the model for this target before "
             "calibrating to run every Conv in int8: model = qdq.quantize_model(model, "
             "qdq.QuantConfig(target='onnxruntime')), or for Keras qdq.keras.quantize_model(model, "
-            "target='onnxruntime').",
-            stacklevel=4,
+            "target='onnxruntime')."
         )
+        warnings.warn(UnquantizedConvWarning(message, unquantized), stacklevel=4)
