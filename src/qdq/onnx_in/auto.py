@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from qdq.graphs.onnx_session import ort_session, session_options
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.bias_correction import correct_biases
 from qdq.onnx_in.calibrate import Statistics
-from qdq.onnx_in.materialize import quantizer_names, write_qdq
+from qdq.onnx_in.materialize import activation_step, quantizer_names, write_qdq
 from qdq.workflow.auto_calibration import (
     BIAS_CORRECTION,
     TIE_DB,
@@ -34,6 +35,7 @@ from qdq.workflow.auto_calibration import (
     destructive,
 )
 from qdq.workflow.progress import Progress, counter
+from qdq.workflow.refinement import Refinement, refine
 
 __all__ = ["select"]
 
@@ -76,10 +78,11 @@ def select(
         bar.update()
     bar.close()
     chosen = choose(scores, clipping)
-    method = next(m for m, o in grid if m.label(o) == chosen)
+    selection, refinement = _refine(model, view, kept, chosen, weights, scores[chosen], clipping, statistics.scored,
+                                    threads)  # fmt: skip
     corrected = None
     if bias_batches:
-        ranges = {**kept[chosen], **weights}
+        ranges = {**_selected(kept, selection, chosen), **weights}
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         correct_biases(copy, view, ranges, list(bias_batches), threads=threads, progress=False)
@@ -89,8 +92,73 @@ def select(
     held_out = bool(statistics.held_out)
     statistics.merge_held_out()
     result = AutoResult(chosen, scores, clipping, len(statistics.scored), held_out,
-                        {"scoring": time.perf_counter() - started}, corrected)  # fmt: skip
-    return statistics.ranges(method.name), result
+                        {"scoring": time.perf_counter() - started}, corrected, refinement)  # fmt: skip
+    final = statistics.ranges(_method(grid, chosen).name)
+    for key, label in selection.items():
+        if label != chosen:
+            final.update(statistics.ranges(_method(grid, label).name, keys={key}))
+    return final, result
+
+
+def _method(grid: Sequence[tuple[Any, dict[str, Any]]], label: str) -> Any:
+    return next(method for method, options in grid if method.label(options) == label)
+
+
+def _selected(ranges: Mapping[str, Mapping[int, np.ndarray]], selection: Mapping[int, str],
+              chosen: str) -> dict[int, np.ndarray]:  # fmt: skip
+    """Each quantizer's range from its method in ``selection`` (``chosen`` where it has none)."""
+    return {key: ranges[selection.get(key, chosen)][key] for key in ranges[chosen]}
+
+
+def _refine(model: onnx.ModelProto, view: GraphView, kept: Mapping[str, Mapping[int, np.ndarray]], chosen: str,
+            weights: Mapping[int, np.ndarray], start: float, clipping: Mapping[str, list[str]],
+            scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]],
+            threads: int | None) -> tuple[dict[int, str], Refinement]:  # fmt: skip
+    """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps :class:`_StepFed` can feed."""
+    fed = _StepFed(model, view, kept[chosen], weights, threads)
+
+    def score(selection: Mapping[int, str]) -> float:
+        return fed.score(_selected(kept, selection, chosen), scored)
+
+    return refine(kept, chosen, score, quantizer_names(view), clipping, start_score=start, keys=list(fed.steps))
+
+
+class _StepFed:
+    """The model with Q/DQ written at ``base`` ranges, each activation step of the main graph a graph input: one
+    session scores any ranges of those quantizers (a step inside an ``If`` branch, or one a pair shares with another
+    quantizer, stays as written)."""
+
+    def __init__(self, model: onnx.ModelProto, view: GraphView, base: Mapping[int, np.ndarray],
+                 weights: Mapping[int, np.ndarray], threads: int | None) -> None:  # fmt: skip
+        quantized = onnx.ModelProto()
+        quantized.CopyFrom(model)
+        write_qdq(quantized, view, {**base, **weights})
+        names, graph = quantizer_names(view), quantized.graph
+        initializers = {tensor.name: tensor for tensor in graph.initializer}
+        read = {name for node in graph.node for name in node.input}
+        self.steps: dict[int, tuple[str, float, bool]] = {}  # key -> (input, written step / computed step, unsigned)
+        for quantizer in view.quantizers():
+            key, step = id(quantizer), f"{names[id(quantizer)]}.step"
+            if key not in base or step not in initializers or step not in read:
+                continue
+            written = float(numpy_helper.to_array(initializers[step]))
+            computed = float(activation_step(np.asarray(base[key]), quantizer.unsigned))
+            self.steps[key] = (step, written / computed, quantizer.unsigned)
+            graph.initializer.remove(initializers[step])
+            graph.input.append(helper.make_tensor_value_info(step, TensorProto.FLOAT, []))
+        self.session = ort_session(quantized, session_options(threads=threads, optimization_level="disable"))
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def score(self, ranges: Mapping[int, np.ndarray], scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]]
+              ) -> float:  # fmt: skip
+        """The output fidelity with the fed steps from ``ranges`` on the ``scored`` (feed, float outputs) pairs."""
+        steps = {name: np.asarray(activation_step(np.asarray(ranges[key]), unsigned) * ratio, np.float32).reshape(())
+                 for key, (name, ratio, unsigned) in self.steps.items()}  # fmt: skip
+        meter = FidelityMeter()
+        for feed, reference in scored:
+            meter.add(reference, self.session.run(None, {**{n: a for n, a in feed.items() if n in self.inputs},
+                                                         **steps}))  # fmt: skip
+        return meter.score()
 
 
 def _score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],

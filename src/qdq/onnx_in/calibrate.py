@@ -12,7 +12,7 @@ around a MaxPool) collects all of them. Weights are ranged from the weights them
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,12 +59,15 @@ class Statistics:
                 self.calibrators[key].merge(calibrator)
         self.held_out = {}
 
-    def ranges(self, method: str, **options: Any) -> dict[int, np.ndarray]:
-        """Every activation quantizer's float32 amax by a registered statistics-level ``method``."""
+    def ranges(self, method: str, keys: Collection[int] | None = None, **options: Any) -> dict[int, np.ndarray]:
+        """Every activation quantizer's (those of ``keys`` only, when given) float32 amax by a registered
+        statistics-level ``method``."""
         chosen = get_method(method)
         resolved = chosen.resolve_options(options)
         found = {}
         for key, calibrator in self.calibrators.items():
+            if keys is not None and key not in keys:
+                continue
             amax = chosen.compute_amax(calibrator, **resolved)
             if amax is None:
                 raise QdqCalibrationError(f"quantizer {key} saw no data during calibration.")

@@ -40,7 +40,7 @@ from qdq.onnx_in.subgraphs import Nested, Path, graph_at, if_branches
 from qdq.onnx_in.view import weight_axis
 from qdq.tensor_quant import quant_step
 
-__all__ = ["quantizer_names", "write_qdq"]
+__all__ = ["activation_step", "quantizer_names", "write_qdq"]
 
 _TINY = 2.0**-24  # qdq.tensor_quant.AMAX_EPSILON: a range this small quantizes everything to 0 (step 1)
 
@@ -171,7 +171,7 @@ class _Writer:
         sites there)."""
         scale, zero = f"{name}.step", f"{name}.zero_point"
         if scale not in self.inits:
-            step = _step(amax, unsigned)
+            step = activation_step(amax, unsigned)
             self._add_init(numpy_helper.from_array(step.astype(np.float32), scale))
             self._add_init(numpy_helper.from_array(np.zeros((), np.uint8 if unsigned else np.int8), zero))
         return scale, zero
@@ -214,7 +214,7 @@ class _Writer:
     def weight(self, site: Site, name: str, amax: np.ndarray) -> None:
         weight = numpy_helper.to_array(self.owner.constant(site.value.name, self)).astype(np.float32)
         axis = weight_axis(site.input_reader, site.index) % weight.ndim
-        step = _step(amax.reshape(-1), False)
+        step = activation_step(amax.reshape(-1), False)
         shape = [1] * weight.ndim
         shape[axis] = -1
         integers = np.clip(np.rint(weight / step.reshape(shape)), -128, 127).astype(np.int8)
@@ -297,7 +297,7 @@ class _Writer:
         self.graph.node.extend(copies)
 
 
-def _step(amax: np.ndarray, unsigned: bool) -> np.ndarray:
+def activation_step(amax: np.ndarray, unsigned: bool) -> np.ndarray:
     """``amax / max_bound`` in float32 as the PyTorch path computes it (a range <= 2**-24: step 1)."""
     amax = np.asarray(amax, np.float32)
     step = quant_step(torch.from_numpy(np.array(amax)), 8, unsigned).numpy()

@@ -57,6 +57,7 @@ from qdq.workflow.collection import ForwardFn, collect_split, default_forward, n
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
 from qdq.workflow.distributed import all_reduce_sum, unwrap
 from qdq.workflow.progress import Progress, progress_bar
+from qdq.workflow.refinement import Refinement, refine
 
 __all__ = [
     "AUTO",
@@ -198,6 +199,8 @@ class AutoResult:
         seconds: wall time of the statistics pass (``"statistics"``) and of the scoring (``"scoring"``).
         bias_correction: whether bias correction is kept (the ONNX front end scores the chosen method with it too,
             under the label ``"<method> + bias correction"``); None where it was not scored.
+        refinement: the quantizers that took another method's range after the choice
+            (:mod:`qdq.workflow.refinement`); None where the front end does not refine.
     """
 
     chosen: str
@@ -207,6 +210,7 @@ class AutoResult:
     held_out: bool = True
     seconds: dict[str, float] = field(default_factory=dict)
     bias_correction: bool | None = None
+    refinement: Refinement | None = None
 
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
@@ -214,8 +218,9 @@ class AutoResult:
         ranked = sorted(self.scores, key=lambda label: -_finite(self.scores[label]))
         others = ", ".join(f"{label} {self.scores[label]:.1f} dB" for label in ranked if label != self.chosen)
         corrected = {True: ", with bias correction", False: ", without bias correction", None: ""}[self.bias_correction]
+        refined = f"; refined: {self.refinement.summary()}" if self.refinement is not None else ""
         return (f"auto: {self.chosen}{corrected} ({self.scores[self.chosen]:.1f} dB output fidelity on {self.batches} "
-                f"{where}; {others})")  # fmt: skip
+                f"{where}; {others}{refined})")  # fmt: skip
 
     def table(self) -> str:
         """Markdown table: each candidate's fidelity, whether it clips destructively, and which was chosen."""
@@ -226,7 +231,10 @@ class AutoResult:
                   "error), averaged; higher is closer to the float model. destructive: quantizers whose range clips "
                   f">= {CLIPPED_ENERGY_LIMIT:.0%} of their activation's energy (never chosen while another "
                   "candidate is not).")  # fmt: skip
-        return markdown_table(["method", "output fidelity (dB)", "destructive", ""], rows) + "\n\n" + legend
+        table = markdown_table(["method", "output fidelity (dB)", "destructive", ""], rows) + "\n\n" + legend
+        if self.refinement is not None and self.refinement.changes:
+            table += f"\n\nRefined ({self.refinement.summary()}):\n\n{self.refinement.table()}"
+        return table
 
 
 def _finite(value: float) -> float:
@@ -306,23 +314,61 @@ def select_amax(
     scores: dict[str, float] = {}
     clipping: dict[str, list[str]] = {}
     grid = candidates()
+    amaxes: dict[str, dict[str, torch.Tensor]] = {}
     for method, options in progress_bar(grid, progress, f"auto: scoring {len(grid)} methods"):
         label = method.label(options)
         load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False, **options)
-        clipping[label] = destructive(fit, {n: q.amax for n, q in named_quantizers(module, weights=False)}, label)
+        amaxes[label] = {n: q.amax.detach().clone() for n, q in named_quantizers(module, weights=False)
+                         if q.amax is not None}  # fmt: skip
+        clipping[label] = destructive(fit, amaxes[label], label)
         scores[label] = _score(model, scored, forward)
     chosen = choose(scores, clipping)
+    selection, refinement = _refine(model, amaxes, chosen, scores[chosen], clipping, scored, forward)
     for name, calibrator in held.calibrators.items():
         fit[name].merge(calibrator)
-    method = next(m for m, o in grid if m.label(o) == chosen)
-    load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False)
-    for _, quantizer in named_quantizers(module, weights=False):
-        if quantizer.amax_method == chosen:
-            quantizer.amax_method = f"{AUTO}: {chosen}"
+    _load_selection(model, grid, chosen, selection, weight_method, strict)
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
-                        {"statistics": statistics - started, "scoring": time.perf_counter() - statistics})  # fmt: skip
+                        {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
+                        refinement=refinement)  # fmt: skip
     _log.info("%s", result.summary())
     return result
+
+
+def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], chosen: str, start: float,
+            clipping: Mapping[str, list[str]], scored: Sequence[tuple[Any, Any]],
+            forward: ForwardFn) -> tuple[dict[str, str], Refinement]:  # fmt: skip
+    """:func:`qdq.workflow.refinement.refine` of the model's activation quantizers (each trial loads the selected
+    ranges and scores the model on the held-out batches)."""
+    quantizers = dict(named_quantizers(unwrap(model), weights=False))
+
+    def score(selection: Mapping[str, str]) -> float:
+        for name, label in selection.items():
+            quantizers[name].amax = amaxes[label][name]
+        return _score(model, scored, forward)
+
+    found = refine(amaxes, chosen, score, {name: name for name in amaxes[chosen]}, clipping, start_score=start)
+    return found
+
+
+def _load_selection(model: nn.Module, grid: Sequence[tuple[CalibrationMethod, dict[str, Any]]], chosen: str,
+                    selection: Mapping[str, str], weight_method: str | None, strict: bool) -> None:  # fmt: skip
+    """Every quantizer's final range from every batch's statistics by its method in ``selection`` (``chosen``'s
+    defaults elsewhere); each activation quantizer's ``amax_method`` reads ``"auto: <method>"``."""
+    quantizers = dict(named_quantizers(unwrap(model), weights=False))
+    methods = {label: next(m for m, o in grid if m.label(o) == label) for label in {chosen, *selection.values()}}
+    final: dict[str, torch.Tensor] = {}
+    for label in methods.keys() - {chosen}:
+        load_amax(model, methods[label].name, weight_method=weight_method, strict=strict, warn=False)
+        final.update({name: amax.detach().clone() for name, kept in selection.items()
+                      if kept == label and (amax := quantizers[name].amax) is not None})  # fmt: skip
+    load_amax(model, methods[chosen].name, weight_method=weight_method, strict=strict, warn=False)
+    for name, quantizer in quantizers.items():
+        label = selection.get(name, chosen)
+        if name in final:
+            quantizer.amax = final[name]
+            quantizer.amax_method = label
+        if quantizer.amax_method == label:
+            quantizer.amax_method = f"{AUTO}: {label}"
 
 
 def _score(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> float:

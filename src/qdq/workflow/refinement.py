@@ -1,0 +1,184 @@
+"""Per-quantizer refinement of ``auto``'s choice: one quantizer at a time takes another candidate method's range where
+the model's output fidelity on the held-out samples measurably rises.
+
+``auto`` (:mod:`qdq.workflow.auto_calibration`) chooses one method for the whole model. One method is not right for
+every activation of a model: in a sentence encoder, percentile suits every activation but one whose outliers carry
+the signal, where max does better, and the reverse elsewhere. After the model-level choice, :func:`refine` walks the
+activation quantizers whose candidate ranges disagree most (the largest ratio between the chosen method's range and
+another candidate's), at most :data:`REFINE_QUANTIZERS` of them, and for each tries every other candidate's range
+that differs by at least :data:`MIN_DIFFERENCE`: the model is scored on the held-out samples with that one range
+changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB` (the next trials start from
+it). A range the diagnostics call destructive (it clips at least
+:data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy) must gain
+:data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
+
+Cost: one scoring run of the held-out samples per trial, at most ``REFINE_QUANTIZERS x (candidates - 1)`` runs; the
+front end makes a run cheap (the ONNX front end feeds the activation steps to one session as inputs). The final
+ranges of each quantizer come from its method over every batch's statistics, as the model-level choice's do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from qdq.markdown import markdown_table
+
+__all__ = [
+    "DESTRUCTIVE_GAIN_DB",
+    "MIN_DIFFERENCE",
+    "REFINE_GAIN_DB",
+    "REFINE_QUANTIZERS",
+    "Change",
+    "Refinement",
+    "refine",
+]
+
+#: the held-out score gain (dB) a change of one quantizer's range must bring to be kept
+REFINE_GAIN_DB = 0.1
+#: the gain (dB) a range the diagnostics call destructive must bring
+DESTRUCTIVE_GAIN_DB = 1.0
+#: at most this many quantizers are tried, those whose candidate ranges disagree most
+REFINE_QUANTIZERS = 32
+#: a candidate range is tried only where it differs from the current one by at least this fraction
+MIN_DIFFERENCE = 0.01
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One quantizer whose range the refinement took from another method.
+
+    Attributes:
+        quantizer: its name.
+        before: the method it had (a candidate label).
+        after: the method it has now.
+        gain_db: how much the held-out score rose with it (dB).
+        destructive: the new range clips a destructive share of its activation's energy.
+    """
+
+    quantizer: str
+    before: str
+    after: str
+    gain_db: float
+    destructive: bool = False
+
+
+@dataclass
+class Refinement:
+    """What :func:`refine` changed.
+
+    Attributes:
+        start: the held-out score of the model-level choice (dB).
+        score: the held-out score after the changes (dB).
+        changes: the changes kept, in the order they were made.
+        tried: the quantizers tried (those whose candidates disagree most).
+        runs: scoring runs made.
+    """
+
+    start: float
+    score: float
+    changes: list[Change] = field(default_factory=list)
+    tried: int = 0
+    runs: int = 0
+
+    def summary(self) -> str:
+        """One line: how many quantizers changed method and what it gained."""
+        if not self.changes:
+            return f"no quantizer refined ({self.tried} tried, none gained {REFINE_GAIN_DB} dB)"
+        return (f"{len(self.changes)} of {self.tried} quantizers tried take another method's range "
+                f"({self.start:.1f} -> {self.score:.1f} dB)")  # fmt: skip
+
+    def table(self) -> str:
+        """Markdown table of the changes, with a legend."""
+        rows = [[c.quantizer, c.before, c.after, f"+{c.gain_db:.2f}", "yes" if c.destructive else ""]
+                for c in self.changes]  # fmt: skip
+        legend = (f"each change kept because the held-out output fidelity rose by >= {REFINE_GAIN_DB} dB "
+                  f"(>= {DESTRUCTIVE_GAIN_DB} dB for a destructive range: one that clips >= 10% of its activation's "
+                  "energy).")  # fmt: skip
+        return markdown_table(["quantizer", "method before", "method after", "gain (dB)", "destructive"], rows) + (
+            "\n\n" + legend
+        )
+
+
+def refine(
+    candidates: Mapping[str, Mapping[Key, Any]],
+    chosen: str,
+    score: Callable[[Mapping[Key, str]], float],
+    names: Mapping[Key, str],
+    clipping: Mapping[str, Collection[str]],
+    *,
+    start_score: float,
+    keys: Sequence[Key] | None = None,
+    limit: int = REFINE_QUANTIZERS,
+) -> tuple[dict[Key, str], Refinement]:
+    """Each quantizer's method after refining the model-level ``chosen`` one (see the module docstring).
+
+    Args:
+        candidates: candidate label -> {quantizer key -> its range (amax, 0-d)}, in the candidates' order.
+        chosen: the model-level choice (a label of ``candidates``).
+        score: the held-out output fidelity (dB) of the model with each quantizer's range from its method in a
+            selection {key -> label}.
+        names: the quantizers' names (for the result and ``clipping``).
+        clipping: label -> names of the quantizers that label's ranges clip destructively.
+        start_score: ``score`` of ``chosen`` everywhere (measured already).
+        keys: the quantizers that may change (default: every key of ``candidates[chosen]``).
+        limit: at most this many quantizers are tried.
+
+    Returns:
+        ``({key: label}, Refinement)``.
+    """
+    selection = {key: chosen for key in candidates[chosen]}
+    result = Refinement(start_score, start_score)
+    order = [key for key in _by_disagreement(candidates, chosen, keys) if key in selection][:limit]
+    result.tried = len(order)
+    for key in order:
+        for label in candidates:
+            current = _amax(candidates[selection[key]][key])
+            if label == selection[key] or not _differs(_amax(candidates[label].get(key)), current):
+                continue
+            harmful = names[key] in clipping.get(label, ())
+            trial = {**selection, key: label}
+            trial_score = score(trial)
+            result.runs += 1
+            gain = _finite(trial_score) - _finite(result.score)
+            if gain >= (DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB):
+                result.changes.append(Change(names[key], selection[key], label, gain, harmful))
+                selection, result.score = trial, trial_score
+    return selection, result
+
+
+def _by_disagreement(candidates: Mapping[str, Mapping[Key, Any]], chosen: str,
+                     keys: Sequence[Key] | None) -> list[Key]:  # fmt: skip
+    """``keys`` (all of ``chosen``'s) whose candidates differ from ``chosen``'s range, the largest log-ratio first."""
+    spread: dict[Key, float] = {}
+    for key in keys if keys is not None else list(candidates[chosen]):
+        base = _amax(candidates[chosen].get(key))
+        if base is None or base <= 0:
+            continue
+        ratios = [abs(math.log(amax / base)) for label in candidates
+                  if (amax := _amax(candidates[label].get(key))) is not None and amax > 0]  # fmt: skip
+        if ratios and max(ratios) >= math.log1p(MIN_DIFFERENCE):
+            spread[key] = max(ratios)
+    return sorted(spread, key=lambda key: -spread[key])
+
+
+def _amax(value: Any) -> float | None:
+    """A per-tensor range as a float (None: no range, or not one number)."""
+    if value is None:
+        return None
+    array = np.asarray(value.detach().cpu() if hasattr(value, "detach") else value, dtype=np.float64)
+    return float(array) if array.size == 1 and np.isfinite(array).all() else None
+
+
+def _differs(amax: float | None, current: float | None) -> bool:
+    return amax is not None and current is not None and abs(amax - current) >= MIN_DIFFERENCE * max(current, 1e-30)
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf
