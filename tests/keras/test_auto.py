@@ -94,3 +94,24 @@ def test_outliers_that_carry_the_output_keep_a_range_that_holds_them():
     assert "| chosen |" in result.table() and result.summary().startswith(f"auto: {result.chosen} (")
     qk.calibrate(qmodel, _outlier_batches(0, 60.0, (64, 256), count=1), method="max")
     assert qk.auto_result(qmodel) is None
+
+
+def test_each_activation_takes_the_method_it_needs():
+    """Two dense layers on two inputs (as the PyTorch and ONNX doors' test, tests/workflow/test_refinement.py): the
+    first's outliers (60) reach its output, the second's (1000) are saturated away after it (tanh). One method cannot suit
+    both; the refinement gives the other input the other method and scores above every single method."""
+    keras.utils.set_random_seed(0)
+    x, z = keras.Input((256,)), keras.Input((256,))
+    carried = keras.layers.Dense(8, name="carry")(x)
+    saturated = keras.layers.Dense(8, activation="tanh", name="sat")(z)
+    qmodel = qk.quantize_model(keras.Model([x, z], [carried, saturated]))
+    batches = list(zip(_outlier_batches(0, 60.0, (64, 256)), _outlier_batches(1, 1000.0, (64, 256)), strict=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ranges = qk.calibrate(qmodel, [list(pair) for pair in batches])
+    result = qk.auto_result(qmodel)
+    assert result is not None and result.refinement is not None and result.refinement.changes, result.table()
+    assert result.refinement.score > max(result.scores.values()) + 3
+    carry = next(v for k, v in ranges.items() if "carry" in k)
+    sat = next(v for k, v in ranges.items() if "sat" in k)
+    assert carry >= 0.9 * 60 and sat < 10

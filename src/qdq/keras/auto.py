@@ -16,7 +16,9 @@ fidelity, the choice and the result are that module's) on the Keras front end's 
    channels of a channels-last output are its features, as a channel of ``[N, C, H, W]`` is in the PyTorch door);
 4. :func:`~qdq.workflow.auto_calibration.choose` picks, with the diagnostics' verdict on each candidate's ranges
    (:func:`~qdq.workflow.auto_calibration.destructive`, on the Keras calibrators);
-5. the chosen method's ranges are set from every sample's statistics, the result is recorded on the model
+5. the quantizers whose candidates disagree most may each take another candidate's range where the held-out
+   fidelity measurably rises (:mod:`qdq.workflow.refinement`);
+6. each quantizer's method's ranges are set from every sample's statistics, the result is recorded on the model
    (:func:`qdq.keras.auto_result`), and a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose
    chosen range the diagnostics call destructive (never chosen silently).
 """
@@ -34,6 +36,7 @@ from qdq.errors import QdqCalibrationWarning
 from qdq.keras.calibration import CalibrationStats, collect_stats, record_auto, set_ranges
 from qdq.workflow.auto_calibration import AutoResult, FidelityMeter, candidates, choose, destructive, held_out
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
+from qdq.workflow.refinement import refine
 
 __all__ = ["clipping_warning", "run", "select"]
 
@@ -78,18 +81,28 @@ def run(
     scores: dict[str, float] = {}
     clipping: dict[str, list[str]] = {}
     grid = candidates()
+    kept: dict[str, dict[str, float]] = {}
     for method, options in grid:
         label = method.label(options)
-        ranges = set_ranges(model, stats.ranges(method.name, **options))
+        ranges = kept[label] = set_ranges(model, stats.ranges(method.name, **options))
         clipping[label] = destructive(named, ranges, label)
         scores[label] = _score(model, stats.scored)
     chosen = choose(scores, clipping)
-    method = next(m for m, o in grid if m.label(o) == chosen)
+
+    def score(selection: Mapping[str, str]) -> float:
+        set_ranges(model, {name: kept[label][name] for name, label in selection.items()})
+        return _score(model, stats.scored)
+
+    selection, refinement = refine(kept, chosen, score, {name: name for name in kept[chosen]}, clipping,
+                                   start_score=scores[chosen])  # fmt: skip
     was_held_out = bool(stats.held_out)
     stats.merge_held_out()
-    ranges = set_ranges(model, stats.ranges(method.name))  # the method's defaults (candidates: scoring options)
+    final = {label: stats.ranges(next(m for m, o in grid if m.label(o) == label).name)  # the methods' defaults
+             for label in {chosen, *selection.values()}}  # fmt: skip
+    ranges = set_ranges(model, {name: final[selection.get(name, chosen)][name] for name in final[chosen]})
     result = AutoResult(chosen, scores, clipping, len(stats.scored), was_held_out,
-                        {"statistics": statistics - started, "scoring": time.perf_counter() - statistics})  # fmt: skip
+                        {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
+                        refinement=refinement)  # fmt: skip
     record_auto(model, result)
     return ranges, result, clipping_warning(stats, ranges, f"auto: {chosen}")
 
