@@ -98,8 +98,8 @@ def test_outliers_that_carry_the_output_keep_a_range_that_holds_them():
 
 def test_each_activation_takes_the_method_it_needs():
     """Two dense layers on two inputs (as the PyTorch and ONNX doors' test, tests/workflow/test_refinement.py): the
-    first's outliers (60) reach its output, the second's (1000) are saturated away after it (tanh). One method cannot suit
-    both; the refinement gives the other input the other method and scores above every single method."""
+    first's outliers (60) reach its output, the second's (1000) are saturated away after it (tanh). One method cannot
+    suit both; the refinement gives the other input the other method and scores above every single method."""
     keras.utils.set_random_seed(0)
     x, z = keras.Input((256,)), keras.Input((256,))
     carried = keras.layers.Dense(8, name="carry")(x)

@@ -15,28 +15,33 @@ from qdq.workflow.auto_calibration import select_amax
 from qdq.workflow.refinement import DESTRUCTIVE_GAIN_DB, MIN_DIFFERENCE, REFINE_GAIN_DB, refine
 
 
-def _additive_score(gains: dict[str, dict[str, float]]):
-    """A score that is the sum of each quantizer's gain for its method (0 for a method not listed)."""
+def _additive_score(gains: dict[str, dict[str, float]], halves: dict[str, dict[str, float]] | None = None):
+    """A score that is the sum of each quantizer's gain for its method (0 for a method not listed); with ``halves``,
+    the second half of the held-out batches gains that instead (the first half gains ``gains``)."""
     calls = []
+
+    def total(table, selection):
+        return sum(table.get(key, {}).get(label, 0.0) for key, label in selection.items())
 
     def score(selection):
         calls.append(dict(selection))
-        return sum(gains.get(key, {}).get(label, 0.0) for key, label in selection.items())
+        whole = total(gains, selection)
+        return (whole,) if halves is None else (whole, whole, total(halves, selection))
 
     return score, calls
 
 
 def test_a_change_is_kept_only_above_its_gain_and_a_destructive_one_above_the_larger_gain():
     candidates = {"a": {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q4": 1.0}, "b": {"q1": 2.0, "q2": 3.0, "q3": 4.0, "q4": 1.0}}
-    gains = {"q1": {"b": REFINE_GAIN_DB / 2}, "q2": {"b": 0.5}, "q3": {"b": (REFINE_GAIN_DB + DESTRUCTIVE_GAIN_DB) / 2},
-             "q4": {"b": 5.0}}  # q4: b's range equals a's, so it is never tried
+    gains = {"q1": {"b": REFINE_GAIN_DB / 2}, "q2": {"b": REFINE_GAIN_DB}, "q4": {"b": 5.0},
+             "q3": {"b": (REFINE_GAIN_DB + DESTRUCTIVE_GAIN_DB) / 2}}  # q4: b's range equals a's, never tried
     score, calls = _additive_score(gains)
-    selection, result = refine(candidates, "a", score, {k: k for k in candidates["a"]}, {"b": ["q3"]}, start_score=0.0)
+    selection, result = refine(candidates, "a", score, {k: k for k in candidates["a"]}, {"b": ["q3"]})
     assert selection == {"q1": "a", "q2": "b", "q3": "a", "q4": "a"}
     assert [(c.quantizer, c.before, c.after) for c in result.changes] == [("q2", "a", "b")]
-    assert result.score == pytest.approx(0.5) and result.start == 0.0
-    assert result.tried == 3 and result.runs == 3 == len(calls)  # q3, q2, q1: the largest ratio first
-    assert [next(k for k, v in c.items() if v == "b") for c in calls] == ["q3", "q2", "q1"]
+    assert result.score == pytest.approx(REFINE_GAIN_DB) and result.start == 0.0
+    assert result.tried == 3 and result.runs == 4 == len(calls)  # the start, then q3, q2, q1: the largest ratio first
+    assert [next(k for k, v in c.items() if v == "b") for c in calls[1:]] == ["q3", "q2", "q1"]
     assert "1 of 3 quantizers" in result.summary() and "| q2" in result.table()
 
 
@@ -44,16 +49,30 @@ def test_only_the_most_disagreeing_quantizers_are_tried_and_small_differences_ne
     candidates = {"a": {f"q{i}": 1.0 for i in range(6)},
                   "b": {"q0": 1.0 + MIN_DIFFERENCE / 2, "q1": 1.5, "q2": 8.0, "q3": 0.1, "q4": 1.2, "q5": 1.0}}
     score, calls = _additive_score({})
-    _, result = refine(candidates, "a", score, {k: k for k in candidates["a"]}, {}, start_score=0.0, limit=2)
-    assert result.tried == 2 and result.runs == 2 and not result.changes
-    assert [next(k for k, v in c.items() if v == "b") for c in calls] == ["q3", "q2"]  # |log 0.1| > |log 8|
+    _, result = refine(candidates, "a", score, {k: k for k in candidates["a"]}, {}, limit=2)
+    assert result.tried == 2 and result.runs == 3 and not result.changes
+    assert [next(k for k, v in c.items() if v == "b") for c in calls[1:]] == ["q3", "q2"]  # |log 0.1| > |log 8|
 
 
 def test_a_later_candidate_is_compared_with_the_change_kept_before_it():
     candidates = {"a": {"q": 1.0}, "b": {"q": 2.0}, "c": {"q": 4.0}}
-    score, _ = _additive_score({"q": {"b": 1.0, "c": 1.05}})  # c beats a by 1.05 but b by 0.05 only
-    selection, result = refine(candidates, "a", score, {"q": "q"}, {}, start_score=0.0)
-    assert selection == {"q": "b"} and result.runs == 2
+    score, _ = _additive_score({"q": {"b": 1.0, "c": 1.0 + REFINE_GAIN_DB / 2}})  # c beats a, not b by enough
+    selection, result = refine(candidates, "a", score, {"q": "q"}, {})
+    assert selection == {"q": "b"} and result.runs == 3
+
+
+def test_a_gain_one_half_of_the_held_out_batches_pays_for_is_not_kept():
+    candidates = {"a": {"q1": 1.0, "q2": 1.0}, "b": {"q1": 2.0, "q2": 3.0}}
+    gains = {"q1": {"b": 2.0}, "q2": {"b": 2.0}}
+    score, _ = _additive_score(gains, halves={"q1": {"b": 0.1}, "q2": {"b": -0.1}})
+    selection, result = refine(candidates, "a", score, {"q1": "q1", "q2": "q2"}, {})
+    assert selection == {"q1": "b", "q2": "a"} and [c.quantizer for c in result.changes] == ["q1"]
+
+
+def test_nothing_to_try_runs_nothing():
+    score, calls = _additive_score({})
+    selection, result = refine({"a": {"q": 1.0}, "b": {"q": 1.0}}, "a", score, {"q": "q"}, {})
+    assert selection == {"q": "a"} and not calls and result.runs == 0 and "no quantizer refined" in result.summary()
 
 
 class _TwoPaths(nn.Module):

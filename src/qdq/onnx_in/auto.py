@@ -30,6 +30,7 @@ from qdq.workflow.auto_calibration import (
     TIE_DB,
     AutoResult,
     FidelityMeter,
+    SplitFidelity,
     candidates,
     choose,
     destructive,
@@ -38,6 +39,8 @@ from qdq.workflow.progress import Progress, counter
 from qdq.workflow.refinement import Refinement, refine
 
 __all__ = ["select"]
+
+Scored = list[tuple[dict[str, np.ndarray], list[np.ndarray]]]  # (held-out feed, the float model's outputs) pairs
 
 
 def select(
@@ -70,16 +73,20 @@ def select(
     clipping: dict[str, list[str]] = {}
     bar = counter(progress, f"auto: scoring {len(grid)} methods", len(grid))
     kept: dict[str, dict[int, np.ndarray]] = {}
+    fed: _StepFed | None = None
     for method, options in grid:
         label = method.label(options)
         ranges = kept[label] = statistics.ranges(method.name, **options)
         clipping[label] = destructive(named, {names[key]: amax for key, amax in ranges.items()}, label)
-        scores[label] = _score(model, view, {**ranges, **weights}, statistics.scored, threads)
+        fed = fed or _StepFed(model, view, ranges, weights, threads)
+        if fed.steps.keys() >= ranges.keys():  # every step fed: one session scores every candidate
+            scores[label] = fed.score(ranges, statistics.scored)[0]
+        else:
+            scores[label] = _score(model, view, {**ranges, **weights}, statistics.scored, threads)
         bar.update()
     bar.close()
     chosen = choose(scores, clipping)
-    selection, refinement = _refine(model, view, kept, chosen, weights, scores[chosen], clipping, statistics.scored,
-                                    threads)  # fmt: skip
+    selection, refinement = _refine(fed, kept, chosen, names, clipping, statistics.scored)
     corrected = None
     if bias_batches:
         ranges = {**_selected(kept, selection, chosen), **weights}
@@ -88,7 +95,8 @@ def select(
         correct_biases(copy, view, ranges, list(bias_batches), threads=threads, progress=False)
         label = f"{chosen} + {BIAS_CORRECTION}"
         scores[label] = _score(copy, view, ranges, statistics.scored, threads)
-        corrected = _finite(scores[label]) >= _finite(scores[chosen]) + TIE_DB
+        refined = refinement.score if refinement.changes else scores[chosen]
+        corrected = _finite(scores[label]) >= _finite(refined) + TIE_DB
     held_out = bool(statistics.held_out)
     statistics.merge_held_out()
     result = AutoResult(chosen, scores, clipping, len(statistics.scored), held_out,
@@ -110,17 +118,17 @@ def _selected(ranges: Mapping[str, Mapping[int, np.ndarray]], selection: Mapping
     return {key: ranges[selection.get(key, chosen)][key] for key in ranges[chosen]}
 
 
-def _refine(model: onnx.ModelProto, view: GraphView, kept: Mapping[str, Mapping[int, np.ndarray]], chosen: str,
-            weights: Mapping[int, np.ndarray], start: float, clipping: Mapping[str, list[str]],
-            scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]],
-            threads: int | None) -> tuple[dict[int, str], Refinement]:  # fmt: skip
-    """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps :class:`_StepFed` can feed."""
-    fed = _StepFed(model, view, kept[chosen], weights, threads)
+def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], chosen: str,
+            names: Mapping[int, str], clipping: Mapping[str, list[str]],
+            scored: Scored) -> tuple[dict[int, str], Refinement]:  # fmt: skip
+    """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps ``fed`` feeds."""
+    if fed is None:
+        return {}, Refinement(math.nan, math.nan)
 
-    def score(selection: Mapping[int, str]) -> float:
+    def score(selection: Mapping[int, str]) -> tuple[float, ...]:
         return fed.score(_selected(kept, selection, chosen), scored)
 
-    return refine(kept, chosen, score, quantizer_names(view), clipping, start_score=start, keys=list(fed.steps))
+    return refine(kept, chosen, score, names, clipping, keys=list(fed.steps))
 
 
 class _StepFed:
@@ -149,20 +157,21 @@ class _StepFed:
         self.session = ort_session(quantized, session_options(threads=threads, optimization_level="disable"))
         self.inputs = {i.name for i in self.session.get_inputs()}
 
-    def score(self, ranges: Mapping[int, np.ndarray], scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]]
-              ) -> float:  # fmt: skip
-        """The output fidelity with the fed steps from ``ranges`` on the ``scored`` (feed, float outputs) pairs."""
+    def score(self, ranges: Mapping[int, np.ndarray], scored: Scored
+              ) -> tuple[float, ...]:  # fmt: skip
+        """The output fidelity (:meth:`~qdq.workflow.auto_calibration.SplitFidelity.scores`) with the fed steps from
+        ``ranges`` on the ``scored`` (feed, float outputs) pairs."""
         steps = {name: np.asarray(activation_step(np.asarray(ranges[key]), unsigned) * ratio, np.float32).reshape(())
                  for key, (name, ratio, unsigned) in self.steps.items()}  # fmt: skip
-        meter = FidelityMeter()
+        meter = SplitFidelity()
         for feed, reference in scored:
             meter.add(reference, self.session.run(None, {**{n: a for n, a in feed.items() if n in self.inputs},
                                                          **steps}))  # fmt: skip
-        return meter.score()
+        return meter.scores()
 
 
 def _score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],
-           scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]], threads: int | None) -> float:  # fmt: skip
+           scored: Scored, threads: int | None) -> float:  # fmt: skip
     """The output fidelity of ``model`` with Q/DQ at ``ranges`` on the ``scored`` (feed, float outputs) pairs."""
     quantized = onnx.ModelProto()
     quantized.CopyFrom(model)

@@ -22,7 +22,11 @@ encoder; entropy destroys a sparse tail where the signal lives. The choice is ma
    :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy) is kept only when it scores
    :data:`DESTRUCTIVE_MARGIN_DB` above the best candidate that is not, and never silently: the clipping warning
    names its quantizers (outliers that a saturating layer discards anyway carry energy, not signal).
-5. The chosen method's ranges are then computed from the statistics of **every** batch, held-out ones included.
+5. **Refinement** (:mod:`qdq.workflow.refinement`): the quantizers whose candidate ranges disagree most each try
+   the other candidates' ranges on the held-out batches, one at a time; a change is kept where the score measurably
+   rises (``AutoResult.refinement``).
+6. Each quantizer's method's ranges are then computed from the statistics of **every** batch, held-out ones
+   included.
 
 When nothing can be held out (fewer than :data:`HOLDOUT_EVERY` batches, none of which can be split), the candidates
 are scored on the first calibration batches themselves (:attr:`AutoResult.held_out` is False and the report says
@@ -68,6 +72,7 @@ __all__ = [
     "TIE_DB",
     "AutoResult",
     "FidelityMeter",
+    "SplitFidelity",
     "candidates",
     "choose",
     "held_out",
@@ -147,6 +152,26 @@ class FidelityMeter:
     def score(self) -> float:
         """:func:`output_fidelity` of what was added (dB); NaN when nothing comparable was added."""
         return output_fidelity(self._sums)
+
+
+class SplitFidelity:
+    """:class:`FidelityMeter` over every batch added, and over each half of them (alternate batches): what a
+    refinement trial is scored by (:func:`qdq.workflow.refinement.refine`)."""
+
+    def __init__(self) -> None:
+        self.whole = FidelityMeter()
+        self.halves = (FidelityMeter(), FidelityMeter())
+        self.count = 0
+
+    def add(self, reference: Sequence[Any], outputs: Sequence[Any]) -> None:
+        self.whole.add(reference, outputs)
+        self.halves[self.count % 2].add(reference, outputs)
+        self.count += 1
+
+    def scores(self) -> tuple[float, ...]:
+        """The fidelity of every batch, then of each half (none with fewer than two batches), in dB."""
+        halves = tuple(meter.score() for meter in self.halves) if self.count >= 2 else ()
+        return (self.whole.score(), *halves)
 
 
 def output_fidelity(sums: Mapping[tuple[int, int], Any]) -> float:
@@ -229,8 +254,9 @@ class AutoResult:
                 for label, score in self.scores.items()]  # fmt: skip
         legend = ("output fidelity: per output feature, 10 log10(variance of the float output / mean squared "
                   "error), averaged; higher is closer to the float model. destructive: quantizers whose range clips "
-                  f">= {CLIPPED_ENERGY_LIMIT:.0%} of their activation's energy (never chosen while another "
-                  "candidate is not).")  # fmt: skip
+                  f">= {CLIPPED_ENERGY_LIMIT:.0%} of their activation's energy (chosen for the whole model only "
+                  f"{DESTRUCTIVE_MARGIN_DB:g} dB above the best candidate that is not). A bias correction row is "
+                  "scored with the refined ranges.")  # fmt: skip
         table = markdown_table(["method", "output fidelity (dB)", "destructive", ""], rows) + "\n\n" + legend
         if self.refinement is not None and self.refinement.changes:
             table += f"\n\nRefined ({self.refinement.summary()}):\n\n{self.refinement.table()}"
@@ -323,7 +349,7 @@ def select_amax(
         clipping[label] = destructive(fit, amaxes[label], label)
         scores[label] = _score(model, scored, forward)
     chosen = choose(scores, clipping)
-    selection, refinement = _refine(model, amaxes, chosen, scores[chosen], clipping, scored, forward)
+    selection, refinement = _refine(model, amaxes, chosen, clipping, scored, forward)
     for name, calibrator in held.calibrators.items():
         fit[name].merge(calibrator)
     _load_selection(model, grid, chosen, selection, weight_method, strict)
@@ -334,20 +360,19 @@ def select_amax(
     return result
 
 
-def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], chosen: str, start: float,
+def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], chosen: str,
             clipping: Mapping[str, list[str]], scored: Sequence[tuple[Any, Any]],
             forward: ForwardFn) -> tuple[dict[str, str], Refinement]:  # fmt: skip
     """:func:`qdq.workflow.refinement.refine` of the model's activation quantizers (each trial loads the selected
     ranges and scores the model on the held-out batches)."""
     quantizers = dict(named_quantizers(unwrap(model), weights=False))
 
-    def score(selection: Mapping[str, str]) -> float:
+    def score(selection: Mapping[str, str]) -> tuple[float, ...]:
         for name, label in selection.items():
             quantizers[name].amax = amaxes[label][name]
-        return _score(model, scored, forward)
+        return _split_scores(model, scored, forward)
 
-    found = refine(amaxes, chosen, score, {name: name for name in amaxes[chosen]}, clipping, start_score=start)
-    return found
+    return refine(amaxes, chosen, score, {name: name for name in amaxes[chosen]}, clipping)
 
 
 def _load_selection(model: nn.Module, grid: Sequence[tuple[CalibrationMethod, dict[str, Any]]], chosen: str,
@@ -373,7 +398,13 @@ def _load_selection(model: nn.Module, grid: Sequence[tuple[CalibrationMethod, di
 
 def _score(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> float:
     """The fidelity of ``model`` (quantizing) on ``scored`` (batch, float output) pairs; averaged over the ranks."""
-    meter = FidelityMeter()
+    return _split_scores(model, scored, forward)[0]
+
+
+def _split_scores(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> tuple[float, ...]:
+    """:meth:`SplitFidelity.scores` of ``model`` (quantizing) on ``scored`` (batch, float output) pairs; each
+    averaged over the ranks."""
+    meter = SplitFidelity()
     was_training = model.training
     model.eval()
     try:
@@ -382,8 +413,8 @@ def _score(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: Forward
                 meter.add(_outputs(reference), _outputs(forward(model, batch)))
     finally:
         model.train(was_training)
-    total, ranks = all_reduce_sum([_finite_or_zero(meter.score()), 1.0])
-    return total / ranks
+    *totals, ranks = all_reduce_sum([*map(_finite_or_zero, meter.scores()), 1.0])
+    return tuple(total / ranks for total in totals)
 
 
 def _finite_or_zero(value: float) -> float:

@@ -7,9 +7,10 @@ the signal, where max does better, and the reverse elsewhere. After the model-le
 activation quantizers whose candidate ranges disagree most (the largest ratio between the chosen method's range and
 another candidate's), at most :data:`REFINE_QUANTIZERS` of them, and for each tries every other candidate's range
 that differs by at least :data:`MIN_DIFFERENCE`: the model is scored on the held-out samples with that one range
-changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB` (the next trials start from
-it). A range the diagnostics call destructive (it clips at least
-:data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy) must gain
+changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB` and falls on neither half
+of the held-out batches (alternate batches: a gain that one half of the samples carries and the other pays for is
+fitted to those samples, not to the model); the next trials start from it. A range the diagnostics call destructive
+(it clips at least :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy) must gain
 :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
 
 Cost: one scoring run of the held-out samples per trial, at most ``REFINE_QUANTIZERS x (candidates - 1)`` runs; the
@@ -39,11 +40,11 @@ __all__ = [
 ]
 
 #: the held-out score gain (dB) a change of one quantizer's range must bring to be kept
-REFINE_GAIN_DB = 0.1
+REFINE_GAIN_DB = 0.5
 #: the gain (dB) a range the diagnostics call destructive must bring
 DESTRUCTIVE_GAIN_DB = 1.0
 #: at most this many quantizers are tried, those whose candidate ranges disagree most
-REFINE_QUANTIZERS = 32
+REFINE_QUANTIZERS = 16
 #: a candidate range is tried only where it differs from the current one by at least this fraction
 MIN_DIFFERENCE = 0.01
 
@@ -90,7 +91,7 @@ class Refinement:
     def summary(self) -> str:
         """One line: how many quantizers changed method and what it gained."""
         if not self.changes:
-            return f"no quantizer refined ({self.tried} tried, none gained {REFINE_GAIN_DB} dB)"
+            return f"no quantizer refined ({self.tried} tried)"
         return (f"{len(self.changes)} of {self.tried} quantizers tried take another method's range "
                 f"({self.start:.1f} -> {self.score:.1f} dB)")  # fmt: skip
 
@@ -100,7 +101,7 @@ class Refinement:
                 for c in self.changes]  # fmt: skip
         legend = (f"each change kept because the held-out output fidelity rose by >= {REFINE_GAIN_DB} dB "
                   f"(>= {DESTRUCTIVE_GAIN_DB} dB for a destructive range: one that clips >= 10% of its activation's "
-                  "energy).")  # fmt: skip
+                  "energy) and fell on neither half of the held-out batches.")  # fmt: skip
         return markdown_table(["quantizer", "method before", "method after", "gain (dB)", "destructive"], rows) + (
             "\n\n" + legend
         )
@@ -109,13 +110,12 @@ class Refinement:
 def refine(
     candidates: Mapping[str, Mapping[Key, Any]],
     chosen: str,
-    score: Callable[[Mapping[Key, str]], float],
+    score: Callable[[Mapping[Key, str]], Sequence[float]],
     names: Mapping[Key, str],
     clipping: Mapping[str, Collection[str]],
     *,
-    start_score: float,
     keys: Sequence[Key] | None = None,
-    limit: int = REFINE_QUANTIZERS,
+    limit: int | None = None,
 ) -> tuple[dict[Key, str], Refinement]:
     """Each quantizer's method after refining the model-level ``chosen`` one (see the module docstring).
 
@@ -123,33 +123,37 @@ def refine(
         candidates: candidate label -> {quantizer key -> its range (amax, 0-d)}, in the candidates' order.
         chosen: the model-level choice (a label of ``candidates``).
         score: the held-out output fidelity (dB) of the model with each quantizer's range from its method in a
-            selection {key -> label}.
+            selection {key -> label}: on every held-out batch first, then on each half of them (none with a single
+            batch).
         names: the quantizers' names (for the result and ``clipping``).
         clipping: label -> names of the quantizers that label's ranges clip destructively.
-        start_score: ``score`` of ``chosen`` everywhere (measured already).
         keys: the quantizers that may change (default: every key of ``candidates[chosen]``).
-        limit: at most this many quantizers are tried.
+        limit: at most this many quantizers are tried (default :data:`REFINE_QUANTIZERS`).
 
     Returns:
         ``({key: label}, Refinement)``.
     """
     selection = {key: chosen for key in candidates[chosen]}
-    result = Refinement(start_score, start_score)
+    limit = REFINE_QUANTIZERS if limit is None else limit
     order = [key for key in _by_disagreement(candidates, chosen, keys) if key in selection][:limit]
-    result.tried = len(order)
+    if not order:
+        return selection, Refinement(math.nan, math.nan)
+    current = [_finite(value) for value in score(selection)]
+    result = Refinement(current[0], current[0], tried=len(order), runs=1)
     for key in order:
         for label in candidates:
-            current = _amax(candidates[selection[key]][key])
-            if label == selection[key] or not _differs(_amax(candidates[label].get(key)), current):
+            if label == selection[key] or not _differs(_amax(candidates[label].get(key)),
+                                                       _amax(candidates[selection[key]][key])):  # fmt: skip
                 continue
             harmful = names[key] in clipping.get(label, ())
             trial = {**selection, key: label}
-            trial_score = score(trial)
+            measured = [_finite(value) for value in score(trial)]
             result.runs += 1
-            gain = _finite(trial_score) - _finite(result.score)
-            if gain >= (DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB):
+            gain = measured[0] - current[0]
+            halves_hold = all(now >= before for now, before in zip(measured[1:], current[1:], strict=True))
+            if gain >= (DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB) and halves_hold:
                 result.changes.append(Change(names[key], selection[key], label, gain, harmful))
-                selection, result.score = trial, trial_score
+                selection, current, result.score = trial, measured, measured[0]
     return selection, result
 
 

@@ -1,0 +1,53 @@
+"""The ONNX door's auto: one session whose activation steps are inputs scores any ranges exactly as a Q/DQ copy of
+the graph written with those ranges (what the candidates and the refinement's trials are scored by)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qdq.onnx_in.auto import _score, _StepFed
+from qdq.onnx_in.calibrate import collect, weight_ranges
+from qdq.onnx_in.prepared import PreparedModel
+from qdq.targets import resolve_target
+from qdq.workflow.auto_calibration import candidates, held_out
+
+from .test_attention import _attention, _feeds
+
+
+def _conv_model():
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3),
+                              torch.nn.Sigmoid()).eval()  # fmt: skip
+    return net
+
+
+@pytest.mark.parametrize("which", ["attention", "convs"])
+def test_fed_steps_score_as_a_written_copy(tmp_path, which):
+    if which == "attention":
+        model, feeds = _attention("div"), _feeds(_attention("div"), count=8)
+    else:
+        import torch
+
+        path = tmp_path / "convs.onnx"
+        torch.onnx.export(_conv_model(), torch.zeros(2, 3, 8, 8), path, input_names=["x"], opset_version=17,
+                          dynamic_axes={"x": {0: "n"}}, dynamo=False)  # fmt: skip
+        model = str(path)
+        rng = np.random.default_rng(0)
+        feeds = [{"x": rng.normal(size=(4, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+    placement = PreparedModel.load(model).place(resolve_target("onnxruntime"), None, (), [], copy=True)
+    proto, view = placement.model, placement.view
+    statistics = collect(proto, view, feeds, "histogram", held_out=held_out, progress=False)
+    weights = weight_ranges(proto, view)
+    grid = candidates()
+    first = statistics.ranges(grid[0][0].name, **grid[0][1])
+    fed = _StepFed(proto, view, first, weights, None)
+    assert fed.steps.keys() == first.keys()  # every activation step is an input
+    for method, options in grid:
+        ranges = statistics.ranges(method.name, **options)
+        written = _score(proto, view, {**ranges, **weights}, statistics.scored, None)
+        scores = fed.score(ranges, statistics.scored)
+        assert scores[0] == pytest.approx(written, abs=1e-6), method.name
+        assert len(scores) == (3 if len(statistics.scored) >= 2 else 1)
