@@ -13,6 +13,7 @@ from qdq.targets import resolve_target
 from qdq.workflow.auto_calibration import candidates, held_out
 
 from .test_attention import _attention, _feeds
+from .test_families import batches, if_with_weights
 
 
 def _conv_model():
@@ -24,9 +25,15 @@ def _conv_model():
     return net
 
 
-@pytest.mark.parametrize("which", ["attention", "convs"])
+@pytest.mark.parametrize("which", ["attention", "convs", "if"])
 def test_fed_steps_score_as_a_written_copy(tmp_path, which):
-    if which == "attention":
+    """The attention's query step carries the softmax scale moved onto it; the convs inside an If branch read their
+    steps from the outer scope."""
+    if which == "if":
+        if_with_weights(tmp_path / "if.onnx")
+        model = str(tmp_path / "if.onnx")
+        feeds = [{**b, "cond": np.array(True)} for b in batches((4, 3, 8, 8), name="x", count=8)]
+    elif which == "attention":
         model, feeds = _attention("div"), _feeds(_attention("div"), count=8)
     else:
         import torch
@@ -37,7 +44,8 @@ def test_fed_steps_score_as_a_written_copy(tmp_path, which):
         model = str(path)
         rng = np.random.default_rng(0)
         feeds = [{"x": rng.normal(size=(4, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
-    placement = PreparedModel.load(model).place(resolve_target("onnxruntime"), None, (), [], copy=True)
+    placement = PreparedModel.load(model).place(resolve_target("onnxruntime"), None, (), [], copy=True,
+                                                batches=feeds[:4])  # fmt: skip
     proto, view = placement.model, placement.view
     statistics = collect(proto, view, feeds, "histogram", held_out=held_out, progress=False)
     weights = weight_ranges(proto, view)

@@ -21,10 +21,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qdq.graphs.onnx_session import ort_session, session_options
+from qdq.graphs.onnx_tags import quantizer_names as tag_names
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.bias_correction import correct_biases
 from qdq.onnx_in.calibrate import Statistics
 from qdq.onnx_in.materialize import activation_step, quantizer_names, write_qdq
+from qdq.onnx_in.subgraphs import if_branches
 from qdq.workflow.auto_calibration import (
     BIAS_CORRECTION,
     TIE_DB,
@@ -132,28 +134,32 @@ def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], 
 
 
 class _StepFed:
-    """The model with Q/DQ written at ``base`` ranges, each activation step of the main graph a graph input: one
-    session scores any ranges of those quantizers (a step inside an ``If`` branch, or one a pair shares with another
-    quantizer, stays as written)."""
+    """The model with Q/DQ written at ``base`` ranges, each activation quantizer's step a graph input (a step inside
+    an ``If`` branch too: the branch reads it from the outer scope): one session scores any ranges of those
+    quantizers (a quantizer whose pair another quantizer's Q/DQ serves, the same tensor on the same grid, is not
+    fed)."""
 
     def __init__(self, model: onnx.ModelProto, view: GraphView, base: Mapping[int, np.ndarray],
                  weights: Mapping[int, np.ndarray], threads: int | None) -> None:  # fmt: skip
         quantized = onnx.ModelProto()
         quantized.CopyFrom(model)
         write_qdq(quantized, view, {**base, **weights})
-        names, graph = quantizer_names(view), quantized.graph
-        initializers = {tensor.name: tensor for tensor in graph.initializer}
-        read = {name for node in graph.node for name in node.input}
-        self.steps: dict[int, tuple[str, float, bool]] = {}  # key -> (input, written step / computed step, unsigned)
-        for quantizer in view.quantizers():
-            key, step = id(quantizer), f"{names[id(quantizer)]}.step"
-            if key not in base or step not in initializers or step not in read:
-                continue
-            written = float(numpy_helper.to_array(initializers[step]))
-            computed = float(activation_step(np.asarray(base[key]), quantizer.unsigned))
-            self.steps[key] = (step, written / computed, quantizer.unsigned)
-            graph.initializer.remove(initializers[step])
-            graph.input.append(helper.make_tensor_value_info(step, TensorProto.FLOAT, []))
+        names = quantizer_names(view)
+        by_name = {names[id(q)]: q for q in view.quantizers() if id(q) in base}
+        self.steps: dict[int, tuple[list[str], float, bool]] = {}  # key -> (inputs, written / computed, unsigned)
+        for graph in [quantized.graph, *(branch for _, branch in if_branches(quantized.graph))]:
+            initializers = {tensor.name: tensor for tensor in graph.initializer}
+            for node in graph.node:
+                owner = by_name.get(next(iter(tag_names(node)), "")) if node.op_type == "QuantizeLinear" else None
+                if owner is None or node.input[1] not in initializers:
+                    continue  # not a quantizer's own Q (a pair two quantizers share), or its step moved already
+                step = initializers.pop(node.input[1])
+                computed = float(activation_step(np.asarray(base[id(owner)]), owner.unsigned))
+                names_of = self.steps.setdefault(id(owner), ([], float(numpy_helper.to_array(step)) / computed,
+                                                            owner.unsigned))[0]  # fmt: skip
+                names_of.append(step.name)
+                graph.initializer.remove(step)  # a branch reads the main graph's input from its outer scope
+                quantized.graph.input.append(helper.make_tensor_value_info(step.name, TensorProto.FLOAT, []))
         self.session = ort_session(quantized, session_options(threads=threads, optimization_level="disable"))
         self.inputs = {i.name for i in self.session.get_inputs()}
 
@@ -162,7 +168,7 @@ class _StepFed:
         """The output fidelity (:meth:`~qdq.workflow.auto_calibration.SplitFidelity.scores`) with the fed steps from
         ``ranges`` on the ``scored`` (feed, float outputs) pairs."""
         steps = {name: np.asarray(activation_step(np.asarray(ranges[key]), unsigned) * ratio, np.float32).reshape(())
-                 for key, (name, ratio, unsigned) in self.steps.items()}  # fmt: skip
+                 for key, (inputs, ratio, unsigned) in self.steps.items() for name in inputs}  # fmt: skip
         meter = SplitFidelity()
         for feed, reference in scored:
             meter.add(reference, self.session.run(None, {**{n: a for n, a in feed.items() if n in self.inputs},
