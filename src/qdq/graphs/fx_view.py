@@ -110,10 +110,9 @@ def _add_node(view: GraphView, gm: fx.GraphModule, node: fx.Node, module: nn.Mod
               for i, (a, _) in enumerate(resolved)]  # fmt: skip
     weights = _module_weights(view, node, module)
     output = values[node] = view.value(node.name)
-    inner = {"sigmoid": view.value(f"{node.name}:sigmoid", boundary=False)} if op_type == "Silu" else {}
     weight_positions = range(len(inputs), len(inputs) + min(len(weights), 1))  # the weight; a bias is a constant
     op = view.add_op(node.name, op_type, inputs + weights, [output], attrs=attrs, weights=weight_positions,
-                     inner=inner, ref=node)  # fmt: skip
+                     ref=node)  # fmt: skip
     for index, (_, quantizer) in enumerate(resolved):
         if quantizer is not None and quantizer.is_quantizing:
             view.existing(Site(op.inputs[index], op, index), quantizer, unsigned=quantizer.unsigned)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qdq.graphs import ops
-from qdq.graphs.view import GraphView, Op, Site, Value
+from qdq.graphs.view import GraphView, Op, Site
 
 __all__ = ["LayerPlan", "activation_name", "activation_type", "build_view", "consumers", "producers"]
 
@@ -177,18 +177,14 @@ def _add_layer(view: GraphView, layer: Any) -> Op:
     output = view.value(layer.name) if activation == "linear" else view.value(f"{layer.name}:linear", boundary=False)
     weights = [view.value(f"{layer.name}.kernel", constant=True)] if op_type in ops.WEIGHTED else []
     op = view.add_op(layer.name, op_type, inputs + weights, [output], attrs=attrs,
-                     weights=range(len(inputs), len(inputs) + len(weights)), inner=_inner(view, layer.name, op_type),
+                     weights=range(len(inputs), len(inputs) + len(weights)),
                      ref=layer)  # fmt: skip
     if activation != "linear":
         act_type, act_attrs = _activation_op(activation)
         name = f"{layer.name}:activation"
         view.add_op(name, act_type, [output], [view.value(layer.name)], attrs=act_attrs,
-                    inner=_inner(view, name, act_type), ref=(layer, "activation"))  # fmt: skip
+                    ref=(layer, "activation"))  # fmt: skip
     return op
-
-
-def _inner(view: GraphView, name: str, op_type: str) -> dict[str, Value]:
-    return {"sigmoid": view.value(f"{name}:sigmoid", boundary=False)} if op_type == ops.SILU else {}
 
 
 def _existing(view: GraphView, op: Op, plan: LayerPlan, handles: dict[Any, object]) -> None:

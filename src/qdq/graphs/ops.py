@@ -44,6 +44,8 @@ FEATURE_NORMS = frozenset({"LayerNormalization", "GroupNormalization", "RMSNorma
 #: The identity at inference (dropout, stochastic depth).
 IDENTITIES = frozenset({"Identity", "Dropout"})
 SILU = "Silu"
+#: values computed inside one op that a rule may quantize (the front end splits the op then): op type -> names
+INNER_VALUES: dict[str, tuple[str, ...]] = {SILU: ("sigmoid",)}
 ATTENTION = "Attention"
 #: What a target may quantize in an ``Attention`` op, in the order the data meets them: the two inputs of ``Q·Kᵀ``,
 #: the softmax output (the probabilities) and ``V``, the other input of ``probs·V``. A target's attention facts name

@@ -190,9 +190,13 @@ class GraphView:
         inner: Mapping[str, Value] | None = None,
         ref: Any = None,
     ) -> Op:
-        """Append an op (front ends add them in a topological order)."""
-        op = Op(name, op_type, list(inputs), list(outputs), dict(attrs or {}), frozenset(weights), dict(inner or {}),
-                ref)  # fmt: skip
+        """Append an op (front ends add them in a topological order). The inner values its type has
+        (:data:`qdq.graphs.ops.INNER_VALUES`) and ``inner`` does not give are added, inside the op (not a boundary:
+        ``"<name>:<inner>"``)."""
+        inner = dict(inner or {})
+        for key in vocab.INNER_VALUES.get(op_type, ()):
+            inner.setdefault(key, self.value(f"{name}:{key}", boundary=False))
+        op = Op(name, op_type, list(inputs), list(outputs), dict(attrs or {}), frozenset(weights), inner, ref)
         for index, value in enumerate(op.inputs):
             value.readers.append((op, index))
         for value in [*op.outputs, *op.inner.values()]:
