@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import qdq
-from qdq.workflow.auto_calibration import select_amax
+from qdq.workflow.auto_calibration import MIN_SPLIT_SAMPLES, FidelityMeter, SplitFidelity, select_amax
 from qdq.workflow.refinement import DESTRUCTIVE_GAIN_DB, MIN_DIFFERENCE, REFINE_GAIN_DB, refine
 
 
@@ -26,7 +26,7 @@ def _additive_score(gains: dict[str, dict[str, float]], halves: dict[str, dict[s
     def score(selection):
         calls.append(dict(selection))
         whole = total(gains, selection)
-        return (whole,) if halves is None else (whole, whole, total(halves, selection))
+        return (whole, whole, whole if halves is None else total(halves, selection))
 
     return score, calls
 
@@ -72,7 +72,36 @@ def test_a_gain_one_half_of_the_held_out_batches_pays_for_is_not_kept():
 def test_nothing_to_try_runs_nothing():
     score, calls = _additive_score({})
     selection, result = refine({"a": {"q": 1.0}, "b": {"q": 1.0}}, "a", score, {"q": "q"}, {})
-    assert selection == {"q": "a"} and not calls and result.runs == 0 and "no quantizer refined" in result.summary()
+    assert selection == {"q": "a"} and not calls and result.runs == 0 and "not refined" in result.summary()
+
+
+def test_without_halves_too_few_samples_to_trust_a_gain_nothing_changes():
+    calls = []
+
+    def score(selection):
+        calls.append(selection)
+        return (10.0 if selection["q"] == "b" else 0.0,)
+
+    selection, result = refine({"a": {"q": 1.0}, "b": {"q": 2.0}}, "a", score, {"q": "q"}, {})
+    assert selection == {"q": "a"} and len(calls) == 1 and "too few held-out samples" in result.summary()
+
+
+def test_the_halves_are_alternate_samples_of_each_batch_or_alternate_batches():
+    rng = np.random.default_rng(0)
+    batches = [(rng.normal(size=(n, 3, 5)), rng.normal(size=(n, 3, 5))) for n in (3, 2, 1)]
+    meter = SplitFidelity()
+    for reference, output in batches:
+        meter.add([reference], [output])
+    even, odd = FidelityMeter(), FidelityMeter()
+    rows = [(r[i], o[i]) for r, o in batches for i in range(len(r))]  # samples 0-5 in order
+    for i, (r, o) in enumerate(rows):
+        (even if i % 2 == 0 else odd).add([r[None]], [o[None]])
+    whole, first, second = meter.scores()
+    assert meter.samples == 6
+    assert first == pytest.approx(even.score()) and second == pytest.approx(odd.score())
+    few = SplitFidelity()
+    few.add([batches[1][0]], [batches[1][1]])
+    assert len(few.scores()) == 1 and MIN_SPLIT_SAMPLES > 2
 
 
 class _TwoPaths(nn.Module):

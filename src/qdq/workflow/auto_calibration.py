@@ -69,6 +69,7 @@ __all__ = [
     "DESTRUCTIVE_MARGIN_DB",
     "HOLDOUT_EVERY",
     "MAX_HOLDOUT",
+    "MIN_SPLIT_SAMPLES",
     "TIE_DB",
     "AutoResult",
     "FidelityMeter",
@@ -110,6 +111,9 @@ def held_out(index: int, taken: int, samples: int | None = None) -> int:
         return samples // HOLDOUT_EVERY
     return (samples or 1) if index % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else 0
 
+
+#: the fewest held-out samples whose halves a refinement trial is checked on (fewer: no refinement)
+MIN_SPLIT_SAMPLES = 4
 
 #: the candidate bins a searching method tries while it is scored: every 4th (of 4096 bins, 0.1 % of the range
 #: apart). mse's exhaustive search is most of auto's cost; a range 2 bins off scores the same to 0.1 dB
@@ -155,23 +159,38 @@ class FidelityMeter:
 
 
 class SplitFidelity:
-    """:class:`FidelityMeter` over every batch added, and over each half of them (alternate batches): what a
+    """:class:`FidelityMeter` over every sample added, and over each half of them (alternate samples along
+    dimension 0 where every output of a batch has the same number of rows, else alternate batches): what a
     refinement trial is scored by (:func:`qdq.workflow.refinement.refine`)."""
 
     def __init__(self) -> None:
         self.whole = FidelityMeter()
         self.halves = (FidelityMeter(), FidelityMeter())
-        self.count = 0
+        self.samples = 0
 
     def add(self, reference: Sequence[Any], outputs: Sequence[Any]) -> None:
         self.whole.add(reference, outputs)
-        self.halves[self.count % 2].add(reference, outputs)
-        self.count += 1
+        reference = [_numpy(value) for value in reference]
+        outputs = [_numpy(value) for value in outputs]
+        rows = {value.shape[0] if value.ndim else 0 for value in [*reference, *outputs]}
+        if len(rows) == 1 and (count := rows.pop()) >= 2:
+            for half, meter in enumerate(self.halves):
+                start = (half + self.samples) % 2
+                meter.add([value[start::2] for value in reference], [value[start::2] for value in outputs])
+            self.samples += count
+        else:
+            self.halves[self.samples % 2].add(reference, outputs)
+            self.samples += 1
 
     def scores(self) -> tuple[float, ...]:
-        """The fidelity of every batch, then of each half (none with fewer than two batches), in dB."""
-        halves = tuple(meter.score() for meter in self.halves) if self.count >= 2 else ()
-        return (self.whole.score(), *halves)
+        """The fidelity of every sample, then of each half (none below :data:`MIN_SPLIT_SAMPLES` samples), in dB."""
+        if self.samples < MIN_SPLIT_SAMPLES:
+            return (self.whole.score(),)
+        return (self.whole.score(), *(meter.score() for meter in self.halves))
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.detach().cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
 
 
 def output_fidelity(sums: Mapping[tuple[int, int], Any]) -> float:

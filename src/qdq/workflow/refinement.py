@@ -8,10 +8,11 @@ activation quantizers whose candidate ranges disagree most (the largest ratio be
 another candidate's), at most :data:`REFINE_QUANTIZERS` of them, and for each tries every other candidate's range
 that differs by at least :data:`MIN_DIFFERENCE`: the model is scored on the held-out samples with that one range
 changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB` and falls on neither half
-of the held-out batches (alternate batches: a gain that one half of the samples carries and the other pays for is
-fitted to those samples, not to the model); the next trials start from it. A range the diagnostics call destructive
-(it clips at least :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy) must gain
-:data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
+of the held-out samples (alternate samples: a gain that one half of the samples carries and the other pays for is
+fitted to those samples, not to the model); the next trials start from it. With fewer than
+:data:`~qdq.workflow.auto_calibration.MIN_SPLIT_SAMPLES` held-out samples nothing is changed. A range the
+diagnostics call destructive (it clips at least :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its
+activation's energy) must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
 
 Cost: one scoring run of the held-out samples per trial, at most ``REFINE_QUANTIZERS x (candidates - 1)`` runs; the
 front end makes a run cheap (the ONNX front end feeds the activation steps to one session as inputs). The final
@@ -80,6 +81,7 @@ class Refinement:
         changes: the changes kept, in the order they were made.
         tried: the quantizers tried (those whose candidates disagree most).
         runs: scoring runs made.
+        skipped: why nothing was tried ("" when the refinement ran).
     """
 
     start: float
@@ -87,9 +89,12 @@ class Refinement:
     changes: list[Change] = field(default_factory=list)
     tried: int = 0
     runs: int = 0
+    skipped: str = ""
 
     def summary(self) -> str:
         """One line: how many quantizers changed method and what it gained."""
+        if self.skipped:
+            return f"not refined: {self.skipped}"
         if not self.changes:
             return f"no quantizer refined ({self.tried} tried)"
         return (f"{len(self.changes)} of {self.tried} quantizers tried take another method's range "
@@ -123,8 +128,8 @@ def refine(
         candidates: candidate label -> {quantizer key -> its range (amax, 0-d)}, in the candidates' order.
         chosen: the model-level choice (a label of ``candidates``).
         score: the held-out output fidelity (dB) of the model with each quantizer's range from its method in a
-            selection {key -> label}: on every held-out batch first, then on each half of them (none with a single
-            batch).
+            selection {key -> label}: on every held-out sample first, then on each half of them; without the halves
+            (too few samples) nothing is changed.
         names: the quantizers' names (for the result and ``clipping``).
         clipping: label -> names of the quantizers that label's ranges clip destructively.
         keys: the quantizers that may change (default: every key of ``candidates[chosen]``).
@@ -137,9 +142,12 @@ def refine(
     limit = REFINE_QUANTIZERS if limit is None else limit
     order = [key for key in _by_disagreement(candidates, chosen, keys) if key in selection][:limit]
     if not order:
-        return selection, Refinement(math.nan, math.nan)
+        return selection, Refinement(math.nan, math.nan, skipped="no candidate ranges differ")
     current = [_finite(value) for value in score(selection)]
     result = Refinement(current[0], current[0], tried=len(order), runs=1)
+    if len(current) < 3:  # too few held-out samples to check a gain on both halves: no change is trusted
+        result.tried, result.skipped = 0, "too few held-out samples to check a gain on both halves"
+        return selection, result
     for key in order:
         for label in candidates:
             if label == selection[key] or not _differs(_amax(candidates[label].get(key)),
