@@ -62,6 +62,7 @@ class Change:
         after: the method it has now.
         gain_db: how much the held-out score rose with it (dB).
         destructive: the new range clips a destructive share of its activation's energy.
+        half_gains_db: how much the score of each half of the held-out samples rose (dB).
     """
 
     quantizer: str
@@ -69,6 +70,7 @@ class Change:
     after: str
     gain_db: float
     destructive: bool = False
+    half_gains_db: tuple[float, ...] = ()
 
 
 @dataclass
@@ -102,12 +104,13 @@ class Refinement:
 
     def table(self) -> str:
         """Markdown table of the changes, with a legend."""
-        rows = [[c.quantizer, c.before, c.after, f"+{c.gain_db:.2f}", "yes" if c.destructive else ""]
-                for c in self.changes]  # fmt: skip
+        rows = [[c.quantizer, c.before, c.after, f"+{c.gain_db:.2f}", " / ".join(f"{g:+.2f}" for g in c.half_gains_db),
+                 "yes" if c.destructive else ""] for c in self.changes]  # fmt: skip
         legend = (f"each change kept because the held-out output fidelity rose by >= {REFINE_GAIN_DB} dB "
                   f"(>= {DESTRUCTIVE_GAIN_DB} dB for a destructive range: one that clips >= 10% of its activation's "
-                  "energy) and fell on neither half of the held-out batches.")  # fmt: skip
-        return markdown_table(["quantizer", "method before", "method after", "gain (dB)", "destructive"], rows) + (
+                  "energy) and fell on neither half of the held-out samples.")  # fmt: skip
+        header = ["quantizer", "method before", "method after", "gain (dB)", "halves (dB)", "destructive"]
+        return markdown_table(header, rows) + (
             "\n\n" + legend
         )
 
@@ -158,9 +161,9 @@ def refine(
             measured = [_finite(value) for value in score(trial)]
             result.runs += 1
             gain = measured[0] - current[0]
-            halves_hold = all(now >= before for now, before in zip(measured[1:], current[1:], strict=True))
-            if gain >= (DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB) and halves_hold:
-                result.changes.append(Change(names[key], selection[key], label, gain, harmful))
+            halves = tuple(now - before for now, before in zip(measured[1:], current[1:], strict=True))
+            if gain >= (DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB) and min(halves) >= 0:
+                result.changes.append(Change(names[key], selection[key], label, gain, harmful, halves))
                 selection, current, result.score = trial, measured, measured[0]
     return selection, result
 
