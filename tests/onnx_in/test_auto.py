@@ -56,5 +56,4 @@ def test_fed_steps_score_as_a_written_copy(tmp_path, which):
     for method, options in grid:
         ranges = statistics.ranges(method.name, **options)
         written = _score(proto, view, {**ranges, **weights}, statistics.scored, None)
-        scores = fed.score(ranges, statistics.scored)
-        assert scores[0] == pytest.approx(written, abs=1e-6), method.name
+        assert fed.meter(ranges, statistics.scored).score() == pytest.approx(written, abs=1e-6), method.name

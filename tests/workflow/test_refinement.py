@@ -11,37 +11,62 @@ import torch
 from torch import nn
 
 import qdq
-from qdq.workflow.auto_calibration import MIN_SPLIT_SAMPLES, FidelityMeter, SplitFidelity, select_amax
-from qdq.workflow.refinement import DESTRUCTIVE_GAIN_DB, MIN_DIFFERENCE, REFINE_GAIN_DB, refine
+from qdq.workflow.auto_calibration import select_amax
+from qdq.workflow.fidelity import FidelityMeter
+from qdq.workflow.refinement import (
+    DESTRUCTIVE_GAIN_DB,
+    MIN_DIFFERENCE,
+    MIN_SPLIT_SAMPLES,
+    REFINE_GAIN_DB,
+    halves,
+    refine,
+    samples_of,
+)
 
 
-def _additive_score(gains: dict[str, dict[str, float]], halves: dict[str, dict[str, float]] | None = None):
-    """A score that is the sum of each quantizer's gain for its method (0 for a method not listed); with ``halves``,
-    the second half of the held-out batches gains that instead (the first half gains ``gains``)."""
+def _meter(db: float) -> FidelityMeter:
+    """A meter scoring ``db``: one feature of variance 1 whose outputs are off by 10^(-db/20)."""
+    error = 10 ** (-db / 20)
+    meter = FidelityMeter()
+    meter.add([np.array([1.0, -1.0])], [np.array([1.0 + error, -1.0 + error])])
+    return meter
+
+
+def _additive_score(gains: dict[str, dict[str, float]], second: dict[str, dict[str, float]] | None = None):
+    """Each half scores 20 dB plus each quantizer's gain for its method (0 for a method not listed); the second
+    half gains ``second`` where given."""
     calls = []
 
-    def total(table, selection):
-        return sum(table.get(key, {}).get(label, 0.0) for key, label in selection.items())
-
-    def score(selection):
-        calls.append(dict(selection))
-        whole = total(gains, selection)
-        return (whole, whole, whole if halves is None else total(halves, selection))
+    def score(selection, half):
+        calls.append((dict(selection), half))
+        table = second if half == 1 and second is not None else gains
+        return _meter(20 + sum(table.get(key, {}).get(label, 0.0) for key, label in selection.items()))
 
     return score, calls
 
 
+def _tried(calls) -> list[str]:
+    """The quantizer each trial's first run changed (the first two calls score the start)."""
+    return [next(k for k, v in selection.items() if v != "a") for selection, half in calls[2:] if half == 0]
+
+
+def test_a_meter_scores_as_the_oracle():
+    assert _meter(20.0).score() == pytest.approx(20.0) and (_meter(20.0) + _meter(20.0)).score() == pytest.approx(20.0)
+
+
 def test_a_change_is_kept_only_above_its_gain_and_a_destructive_one_above_the_larger_gain():
     candidates = {"a": {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q4": 1.0}, "b": {"q1": 2.0, "q2": 3.0, "q3": 4.0, "q4": 1.0}}
-    gains = {"q1": {"b": REFINE_GAIN_DB / 2}, "q2": {"b": REFINE_GAIN_DB}, "q4": {"b": 5.0},
+    gains = {"q1": {"b": 0.4 * REFINE_GAIN_DB}, "q2": {"b": 1.2 * REFINE_GAIN_DB}, "q4": {"b": 5.0},
              "q3": {"b": (REFINE_GAIN_DB + DESTRUCTIVE_GAIN_DB) / 2}}  # q4: b's range equals a's, never tried
     score, calls = _additive_score(gains)
     selection, result = refine(candidates, "a", score, {k: k for k in candidates["a"]}, {"b": ["q3"]})
     assert selection == {"q1": "a", "q2": "b", "q3": "a", "q4": "a"}
     assert [(c.quantizer, c.before, c.after) for c in result.changes] == [("q2", "a", "b")]
-    assert result.score == pytest.approx(REFINE_GAIN_DB) and result.start == 0.0
-    assert result.tried == 3 and result.runs == 4 == len(calls)  # the start, then q3, q2, q1: the largest ratio first
-    assert [next(k for k, v in c.items() if v == "b") for c in calls[1:]] == ["q3", "q2", "q1"]
+    assert result.changes[0].gain_db == pytest.approx(1.2 * REFINE_GAIN_DB)
+    assert result.score == pytest.approx(20 + 1.2 * REFINE_GAIN_DB) and result.start == pytest.approx(20.0)
+    assert _tried(calls) == ["q3", "q2", "q1"]  # the largest ratio first
+    # the start's two halves; q3 and q2 gain half of what they need on the first half, so the second runs; q1 not
+    assert result.tried == 3 and result.runs == 2 + 2 + 2 + 1 == len(calls)
     assert "1 of 3 quantizers" in result.summary() and "| q2" in result.table()
 
 
@@ -50,58 +75,41 @@ def test_only_the_most_disagreeing_quantizers_are_tried_and_small_differences_ne
                   "b": {"q0": 1.0 + MIN_DIFFERENCE / 2, "q1": 1.5, "q2": 8.0, "q3": 0.1, "q4": 1.2, "q5": 1.0}}
     score, calls = _additive_score({})
     _, result = refine(candidates, "a", score, {k: k for k in candidates["a"]}, {}, limit=2)
-    assert result.tried == 2 and result.runs == 3 and not result.changes
-    assert [next(k for k, v in c.items() if v == "b") for c in calls[1:]] == ["q3", "q2"]  # |log 0.1| > |log 8|
+    assert result.tried == 2 and result.runs == 4 and not result.changes
+    assert _tried(calls) == ["q3", "q2"]  # |log 0.1| > |log 8|
 
 
 def test_a_later_candidate_is_compared_with_the_change_kept_before_it():
     candidates = {"a": {"q": 1.0}, "b": {"q": 2.0}, "c": {"q": 4.0}}
-    score, _ = _additive_score({"q": {"b": 1.0, "c": 1.0 + REFINE_GAIN_DB / 2}})  # c beats a, not b by enough
+    score, _ = _additive_score({"q": {"b": 1.0, "c": 1.0 + 0.3 * REFINE_GAIN_DB}})  # c beats a, not b by enough
     selection, result = refine(candidates, "a", score, {"q": "q"}, {})
-    assert selection == {"q": "b"} and result.runs == 3
+    assert selection == {"q": "b"} and result.runs == 2 + 2 + 1
 
 
-def test_a_gain_one_half_of_the_held_out_batches_pays_for_is_not_kept():
+def test_a_gain_one_half_of_the_held_out_batches_does_not_carry_is_not_kept():
     candidates = {"a": {"q1": 1.0, "q2": 1.0}, "b": {"q1": 2.0, "q2": 3.0}}
     gains = {"q1": {"b": 2.0}, "q2": {"b": 2.0}}
-    score, _ = _additive_score(gains, halves={"q1": {"b": 0.1}, "q2": {"b": -0.1}})
+    score, _ = _additive_score(gains, second={"q1": {"b": 1.0}, "q2": {"b": 0.1}})
     selection, result = refine(candidates, "a", score, {"q1": "q1", "q2": "q2"}, {})
     assert selection == {"q1": "b", "q2": "a"} and [c.quantizer for c in result.changes] == ["q1"]
+    assert result.changes[0].half_gains_db == pytest.approx((2.0, 1.0))
 
 
-def test_nothing_to_try_runs_nothing():
+def test_nothing_to_try_runs_nothing_and_without_halves_nothing_changes():
     score, calls = _additive_score({})
     selection, result = refine({"a": {"q": 1.0}, "b": {"q": 1.0}}, "a", score, {"q": "q"}, {})
     assert selection == {"q": "a"} and not calls and result.runs == 0 and "not refined" in result.summary()
+    selection, result = refine({"a": {"q": 1.0}, "b": {"q": 2.0}}, "a", None, {"q": "q"}, {})
+    assert selection == {"q": "a"} and "fewer than two held-out batches" in result.summary()
 
 
-def test_without_halves_too_few_samples_to_trust_a_gain_nothing_changes():
-    calls = []
-
-    def score(selection):
-        calls.append(selection)
-        return (10.0 if selection["q"] == "b" else 0.0,)
-
-    selection, result = refine({"a": {"q": 1.0}, "b": {"q": 2.0}}, "a", score, {"q": "q"}, {})
-    assert selection == {"q": "a"} and len(calls) == 1 and "too few held-out samples" in result.summary()
-
-
-def test_the_halves_are_alternate_samples_of_each_batch_or_alternate_batches():
-    rng = np.random.default_rng(0)
-    batches = [(rng.normal(size=(n, 3, 5)), rng.normal(size=(n, 3, 5))) for n in (3, 2, 1)]
-    meter = SplitFidelity()
-    for reference, output in batches:
-        meter.add([reference], [output])
-    even, odd = FidelityMeter(), FidelityMeter()
-    rows = [(r[i], o[i]) for r, o in batches for i in range(len(r))]  # samples 0-5 in order
-    for i, (r, o) in enumerate(rows):
-        (even if i % 2 == 0 else odd).add([r[None]], [o[None]])
-    whole, first, second = meter.scores()
-    assert meter.samples == 6
-    assert first == pytest.approx(even.score()) and second == pytest.approx(odd.score())
-    few = SplitFidelity()
-    few.add([batches[1][0]], [batches[1][1]])
-    assert len(few.scores()) == 1 and MIN_SPLIT_SAMPLES > 2
+def test_the_halves_are_alternate_batches_and_need_two_batches_and_enough_samples():
+    pairs = [(i, np.zeros((n, 3))) for i, n in enumerate([1, 2, 1, 3])]
+    first, second = halves(pairs, lambda pair: samples_of([pair[1]]))
+    assert [p[0] for p in first] == [0, 2] and [p[0] for p in second] == [1, 3]
+    assert halves(pairs[:1], lambda pair: 8) is None  # one batch
+    assert halves(pairs[:2], lambda pair: samples_of([pair[1]])) is None  # 3 samples < MIN_SPLIT_SAMPLES
+    assert MIN_SPLIT_SAMPLES == 4 and samples_of([np.float32(1.0)]) == 1 and samples_of([]) == 1
 
 
 class _TwoPaths(nn.Module):

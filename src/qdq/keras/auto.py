@@ -34,9 +34,10 @@ import numpy as np
 
 from qdq.errors import QdqCalibrationWarning
 from qdq.keras.calibration import CalibrationStats, collect_stats, record_auto, set_ranges
-from qdq.workflow.auto_calibration import AutoResult, SplitFidelity, candidates, choose, destructive, held_out
+from qdq.workflow.auto_calibration import AutoResult, candidates, choose, destructive, held_out
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
-from qdq.workflow.refinement import refine
+from qdq.workflow.fidelity import FidelityMeter
+from qdq.workflow.refinement import halves, refine, samples_of
 
 __all__ = ["clipping_warning", "run", "select"]
 
@@ -89,11 +90,14 @@ def run(
         scores[label] = _score(model, stats.scored)
     chosen = choose(scores, clipping)
 
-    def score(selection: Mapping[str, str]) -> tuple[float, ...]:
-        set_ranges(model, {name: kept[label][name] for name, label in selection.items()})
-        return _scores(model, stats.scored)
+    parts = halves(stats.scored, lambda pair: samples_of(pair[1]))
 
-    selection, refinement = refine(kept, chosen, score, {name: name for name in kept[chosen]}, clipping)
+    def score(selection: Mapping[str, str], half: int) -> FidelityMeter:
+        set_ranges(model, {name: kept[label][name] for name, label in selection.items()})
+        return _meter(model, parts[half] if parts else [])
+
+    names = {name: name for name in kept[chosen]}
+    selection, refinement = refine(kept, chosen, score if parts else None, names, clipping)
     was_held_out = bool(stats.held_out)
     stats.merge_held_out()
     final = {label: stats.ranges(next(m for m, o in grid if m.label(o) == label).name)  # the methods' defaults
@@ -118,19 +122,19 @@ def clipping_warning(stats: CalibrationStats, ranges: Mapping[str, float], label
 
 def _score(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]]) -> float:
     """The output fidelity of ``model`` (quantizing) on the ``scored`` (inputs, float outputs) pairs."""
-    return _scores(model, scored)[0]
+    return _meter(model, scored).score()
 
 
-def _scores(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]]) -> tuple[float, ...]:
-    """:meth:`~qdq.workflow.auto_calibration.SplitFidelity.scores` of ``model`` (quantizing) on the ``scored``
-    (inputs, float outputs) pairs."""
+def _meter(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]]) -> FidelityMeter:
+    """A :class:`~qdq.workflow.fidelity.FidelityMeter` of ``model`` (quantizing) on the ``scored`` (inputs, float
+    outputs) pairs."""
     from qdq.keras._backend import keras
 
-    meter = SplitFidelity()
+    meter = FidelityMeter()
     for inputs, reference in scored:
         outputs = [np.asarray(value) for value in keras().tree.flatten(model.predict_on_batch(inputs))]
         meter.add(_features_first(reference), _features_first(outputs))
-    return meter.scores()
+    return meter
 
 
 def _features_first(outputs: Sequence[np.ndarray]) -> list[np.ndarray]:

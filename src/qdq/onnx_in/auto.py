@@ -32,13 +32,12 @@ from qdq.workflow.auto_calibration import (
     TIE_DB,
     AutoResult,
     FidelityMeter,
-    SplitFidelity,
     candidates,
     choose,
     destructive,
 )
 from qdq.workflow.progress import Progress, counter
-from qdq.workflow.refinement import Refinement, refine
+from qdq.workflow.refinement import Refinement, halves, refine, samples_of
 
 __all__ = ["select"]
 
@@ -82,7 +81,7 @@ def select(
         clipping[label] = destructive(named, {names[key]: amax for key, amax in ranges.items()}, label)
         fed = fed or _StepFed(model, view, ranges, weights, threads)
         if fed.steps.keys() >= ranges.keys():  # every step fed: one session scores every candidate
-            scores[label] = fed.score(ranges, statistics.scored)[0]
+            scores[label] = fed.meter(ranges, statistics.scored).score()
         else:
             scores[label] = _score(model, view, {**ranges, **weights}, statistics.scored, threads)
         bar.update()
@@ -124,13 +123,14 @@ def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], 
             names: Mapping[int, str], clipping: Mapping[str, list[str]],
             scored: Scored) -> tuple[dict[int, str], Refinement]:  # fmt: skip
     """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps ``fed`` feeds."""
-    if fed is None:
-        return {}, Refinement(math.nan, math.nan)
+    parts = halves(scored, lambda pair: samples_of(pair[1]))
 
-    def score(selection: Mapping[int, str]) -> tuple[float, ...]:
-        return fed.score(_selected(kept, selection, chosen), scored)
+    def score(selection: Mapping[int, str], half: int) -> FidelityMeter:
+        assert fed is not None and parts is not None
+        return fed.meter(_selected(kept, selection, chosen), parts[half])
 
-    return refine(kept, chosen, score, names, clipping, keys=list(fed.steps))
+    keys = list(fed.steps) if fed is not None else []
+    return refine(kept, chosen, score if fed is not None and parts else None, names, clipping, keys=keys)
 
 
 class _StepFed:
@@ -163,17 +163,16 @@ class _StepFed:
         self.session = ort_session(quantized, session_options(threads=threads, optimization_level="disable"))
         self.inputs = {i.name for i in self.session.get_inputs()}
 
-    def score(self, ranges: Mapping[int, np.ndarray], scored: Scored
-              ) -> tuple[float, ...]:  # fmt: skip
-        """The output fidelity (:meth:`~qdq.workflow.auto_calibration.SplitFidelity.scores`) with the fed steps from
-        ``ranges`` on the ``scored`` (feed, float outputs) pairs."""
+    def meter(self, ranges: Mapping[int, np.ndarray], scored: Scored) -> FidelityMeter:
+        """A :class:`~qdq.workflow.fidelity.FidelityMeter` of the model with the fed steps from ``ranges`` on the
+        ``scored`` (feed, float outputs) pairs."""
         steps = {name: np.asarray(activation_step(np.asarray(ranges[key]), unsigned) * ratio, np.float32).reshape(())
                  for key, (inputs, ratio, unsigned) in self.steps.items() for name in inputs}  # fmt: skip
-        meter = SplitFidelity()
+        meter = FidelityMeter()
         for feed, reference in scored:
             meter.add(reference, self.session.run(None, {**{n: a for n, a in feed.items() if n in self.inputs},
                                                          **steps}))  # fmt: skip
-        return meter.scores()
+        return meter
 
 
 def _score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],

@@ -50,7 +50,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -60,8 +59,9 @@ from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, collect_split, default_forward, named_quantizers
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
 from qdq.workflow.distributed import all_reduce_sum, unwrap
+from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
-from qdq.workflow.refinement import Refinement, refine
+from qdq.workflow.refinement import Refinement, halves, refine, samples_of
 
 __all__ = [
     "AUTO",
@@ -69,11 +69,9 @@ __all__ = [
     "DESTRUCTIVE_MARGIN_DB",
     "HOLDOUT_EVERY",
     "MAX_HOLDOUT",
-    "MIN_SPLIT_SAMPLES",
     "TIE_DB",
     "AutoResult",
     "FidelityMeter",
-    "SplitFidelity",
     "candidates",
     "choose",
     "held_out",
@@ -96,8 +94,6 @@ TIE_DB = 0.1
 DESTRUCTIVE_MARGIN_DB = 3.0
 #: how a candidate scored with its biases corrected is labelled: ``"<method> + bias correction"``
 BIAS_CORRECTION = "bias correction"
-#: a feature reproduced better than this (dB) counts as this: an exact output does not outweigh the others
-_CEILING_DB = 60.0
 
 
 def held_out(index: int, taken: int, samples: int | None = None) -> int:
@@ -112,9 +108,6 @@ def held_out(index: int, taken: int, samples: int | None = None) -> int:
     return (samples or 1) if index % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else 0
 
 
-#: the fewest held-out samples whose halves a refinement trial is checked on (fewer: no refinement)
-MIN_SPLIT_SAMPLES = 4
-
 #: the candidate bins a searching method tries while it is scored: every 4th (of 4096 bins, 0.1 % of the range
 #: apart). mse's exhaustive search is most of auto's cost; a range 2 bins off scores the same to 0.1 dB
 SCORING_STRIDE = 4
@@ -126,105 +119,6 @@ def candidates() -> list[tuple[CalibrationMethod, dict[str, Any]]]:
     :data:`SCORING_STRIDE`-th bin. The chosen method's final ranges use its defaults."""
     return [(method, {"stride": SCORING_STRIDE} if "stride" in method.options else {})
             for method in map(get_method, CALIBRATION_METHODS)]  # fmt: skip
-
-
-class FidelityMeter:
-    """Accumulates, batch by batch, how far outputs are from reference outputs, per output *feature*.
-
-    A feature is one slice along axis 1 of an output of rank 3 or more (a channel of ``[N, C, H, W]``, one row of a
-    detector's ``[N, 4 + classes, anchors]``, one position of ``[N, T, D]``) and the whole tensor otherwise. Integer
-    and boolean outputs are ignored. Sums are float64 over every batch added.
-    """
-
-    def __init__(self) -> None:
-        self._sums: dict[tuple[int, int], np.ndarray] = {}  # (output, feature) -> [n, sum r, sum r^2, sum (q-r)^2]
-
-    def add(self, reference: Sequence[Any], outputs: Sequence[Any]) -> None:
-        """Add one batch: the float model's outputs and the quantized model's, in the same order."""
-        for index, (ref, out) in enumerate(zip(reference, outputs)):
-            ref, out = _array(ref), _array(out)
-            if ref is None or out is None or ref.shape != out.shape or ref.size == 0:
-                continue
-            for feature, (r, q) in enumerate(zip(_features(ref), _features(out))):
-                sums = self._sums.setdefault((index, feature), np.zeros(4))
-                sums += (r.size, r.sum(), np.square(r).sum(), np.square(q - r).sum())
-
-    def sums(self) -> dict[tuple[int, int], np.ndarray]:
-        """``(output index, feature index) -> [count, sum of reference, sum of its squares, sum of squared errors]``."""
-        return {key: value.copy() for key, value in self._sums.items()}
-
-    def score(self) -> float:
-        """:func:`output_fidelity` of what was added (dB); NaN when nothing comparable was added."""
-        return output_fidelity(self._sums)
-
-
-class SplitFidelity:
-    """:class:`FidelityMeter` over every sample added, and over each half of them (alternate samples along
-    dimension 0 where every output of a batch has the same number of rows, else alternate batches): what a
-    refinement trial is scored by (:func:`qdq.workflow.refinement.refine`)."""
-
-    def __init__(self) -> None:
-        self.whole = FidelityMeter()
-        self.halves = (FidelityMeter(), FidelityMeter())
-        self.samples = 0
-
-    def add(self, reference: Sequence[Any], outputs: Sequence[Any]) -> None:
-        self.whole.add(reference, outputs)
-        reference = [_numpy(value) for value in reference]
-        outputs = [_numpy(value) for value in outputs]
-        rows = {value.shape[0] if value.ndim else 0 for value in [*reference, *outputs]}
-        if len(rows) == 1 and (count := rows.pop()) >= 2:
-            for half, meter in enumerate(self.halves):
-                start = (half + self.samples) % 2
-                meter.add([value[start::2] for value in reference], [value[start::2] for value in outputs])
-            self.samples += count
-        else:
-            self.halves[self.samples % 2].add(reference, outputs)
-            self.samples += 1
-
-    def scores(self) -> tuple[float, ...]:
-        """The fidelity of every sample, then of each half (none below :data:`MIN_SPLIT_SAMPLES` samples), in dB."""
-        if self.samples < MIN_SPLIT_SAMPLES:
-            return (self.whole.score(),)
-        return (self.whole.score(), *(meter.score() for meter in self.halves))
-
-
-def _numpy(value: Any) -> np.ndarray:
-    return value.detach().cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
-
-
-def output_fidelity(sums: Mapping[tuple[int, int], Any]) -> float:
-    """How close outputs are to the reference, in dB (higher is closer): per output feature (see
-    :class:`FidelityMeter`), ``10 log10(variance of the reference / mean squared error)``, capped at 60 dB; averaged
-    over each output's features, then over the outputs. A feature that does not vary (a constant channel) is left
-    out; an output none of whose features varies does not count. NaN when no output counts.
-
-    The variance, not the energy, is the yardstick: an error in pixel coordinates (hundreds) and one in 0-1 class
-    scores are each measured against how much that feature moves, so a detector's scores count as much as its boxes.
-    """
-    per_output: dict[int, list[float]] = {}
-    for (output, _), (count, total, squares, error) in sums.items():
-        variance = squares / count - (total / count) ** 2 if count else 0.0
-        if variance <= 1e-12 * max(squares / count, 1e-30) or variance <= 0:
-            continue
-        mse = error / count
-        decibels = _CEILING_DB if mse <= 0 else min(_CEILING_DB, 10 * math.log10(variance / mse))
-        per_output.setdefault(output, []).append(decibels)
-    if not per_output:
-        return math.nan
-    return float(np.mean([np.mean(values) for values in per_output.values()]))
-
-
-def _array(value: Any) -> np.ndarray | None:
-    """``value`` as a float64 array, or None for an integer or boolean tensor."""
-    array = value.detach().cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
-    return array.astype(np.float64) if np.issubdtype(array.dtype, np.floating) else None
-
-
-def _features(array: np.ndarray) -> Iterable[np.ndarray]:
-    if array.ndim < 3:
-        return (array,)
-    return (array[:, i] for i in range(array.shape[1]))
 
 
 @dataclass
@@ -383,15 +277,17 @@ def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], 
             clipping: Mapping[str, list[str]], scored: Sequence[tuple[Any, Any]],
             forward: ForwardFn) -> tuple[dict[str, str], Refinement]:  # fmt: skip
     """:func:`qdq.workflow.refinement.refine` of the model's activation quantizers (each trial loads the selected
-    ranges and scores the model on the held-out batches)."""
+    ranges and runs the model on half of the held-out batches)."""
     quantizers = dict(named_quantizers(unwrap(model), weights=False))
+    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])))
 
-    def score(selection: Mapping[str, str]) -> tuple[float, ...]:
+    def score(selection: Mapping[str, str], half: int) -> FidelityMeter:
         for name, label in selection.items():
             quantizers[name].amax = amaxes[label][name]
-        return _split_scores(model, scored, forward)
+        return _meter(model, parts[half] if parts else [], forward)
 
-    return refine(amaxes, chosen, score, {name: name for name in amaxes[chosen]}, clipping)
+    names = {name: name for name in amaxes[chosen]}
+    return refine(amaxes, chosen, score if parts else None, names, clipping)
 
 
 def _load_selection(model: nn.Module, grid: Sequence[tuple[CalibrationMethod, dict[str, Any]]], chosen: str,
@@ -416,14 +312,14 @@ def _load_selection(model: nn.Module, grid: Sequence[tuple[CalibrationMethod, di
 
 
 def _score(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> float:
-    """The fidelity of ``model`` (quantizing) on ``scored`` (batch, float output) pairs; averaged over the ranks."""
-    return _split_scores(model, scored, forward)[0]
+    """The fidelity of ``model`` (quantizing) on ``scored`` (batch, float output) pairs, over every rank's."""
+    return _meter(model, scored, forward).score()
 
 
-def _split_scores(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> tuple[float, ...]:
-    """:meth:`SplitFidelity.scores` of ``model`` (quantizing) on ``scored`` (batch, float output) pairs; each
-    averaged over the ranks."""
-    meter = SplitFidelity()
+def _meter(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> FidelityMeter:
+    """A :class:`~qdq.workflow.fidelity.FidelityMeter` of ``model`` (quantizing) on ``scored`` (batch, float output)
+    pairs, summed over the ranks."""
+    meter = FidelityMeter()
     was_training = model.training
     model.eval()
     try:
@@ -432,12 +328,7 @@ def _split_scores(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: 
                 meter.add(_outputs(reference), _outputs(forward(model, batch)))
     finally:
         model.train(was_training)
-    *totals, ranks = all_reduce_sum([*map(_finite_or_zero, meter.scores()), 1.0])
-    return tuple(total / ranks for total in totals)
-
-
-def _finite_or_zero(value: float) -> float:
-    return value if math.isfinite(value) else 0.0
+    return meter.reduced(all_reduce_sum)
 
 
 def _outputs(value: Any) -> list[Any]:

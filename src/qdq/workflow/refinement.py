@@ -7,16 +7,17 @@ the signal, where max does better, and the reverse elsewhere. After the model-le
 activation quantizers whose candidate ranges disagree most (the largest ratio between the chosen method's range and
 another candidate's), at most :data:`REFINE_QUANTIZERS` of them, and for each tries every other candidate's range
 that differs by at least :data:`MIN_DIFFERENCE`: the model is scored on the held-out samples with that one range
-changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB` and falls on neither half
-of the held-out samples (alternate samples: a gain that one half of the samples carries and the other pays for is
-fitted to those samples, not to the model); the next trials start from it. With fewer than
-:data:`~qdq.workflow.auto_calibration.MIN_SPLIT_SAMPLES` held-out samples nothing is changed. A range the
-diagnostics call destructive (it clips at least :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its
-activation's energy) must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
+changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB`, and by at least half of
+that on each half of the held-out batches (alternate batches: a gain one half of the samples carries and the other
+does not is fitted to those samples, not to the model); the next trials start from it. With fewer than two held-out
+batches or :data:`MIN_SPLIT_SAMPLES` samples nothing is changed (:func:`halves`). A range the diagnostics call
+destructive (it clips at least :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy)
+must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
 
-Cost: one scoring run of the held-out samples per trial, at most ``REFINE_QUANTIZERS x (candidates - 1)`` runs; the
-front end makes a run cheap (the ONNX front end feeds the activation steps to one session as inputs). The final
-ranges of each quantizer come from its method over every batch's statistics, as the model-level choice's do.
+Cost: each trial runs the model on the first half of the held-out batches, and on the second only when the first
+gained enough; at most ``REFINE_QUANTIZERS x (candidates - 1)`` trials. The front end makes a run cheap (the ONNX
+front end feeds the activation steps to one session as inputs). The final ranges of each quantizer come from its
+method over every batch's statistics, as the model-level choice's do.
 """
 
 from __future__ import annotations
@@ -29,15 +30,19 @@ from typing import Any, TypeVar
 import numpy as np
 
 from qdq.markdown import markdown_table
+from qdq.workflow.fidelity import FidelityMeter
 
 __all__ = [
     "DESTRUCTIVE_GAIN_DB",
     "MIN_DIFFERENCE",
+    "MIN_SPLIT_SAMPLES",
     "REFINE_GAIN_DB",
     "REFINE_QUANTIZERS",
     "Change",
     "Refinement",
+    "halves",
     "refine",
+    "samples_of",
 ]
 
 #: the held-out score gain (dB) a change of one quantizer's range must bring to be kept
@@ -48,8 +53,11 @@ DESTRUCTIVE_GAIN_DB = 1.0
 REFINE_QUANTIZERS = 16
 #: a candidate range is tried only where it differs from the current one by at least this fraction
 MIN_DIFFERENCE = 0.01
+#: the fewest held-out samples the refinement runs on (fewer: nothing changes)
+MIN_SPLIT_SAMPLES = 4
 
 Key = TypeVar("Key", bound=Hashable)
+Pair = TypeVar("Pair")
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class Change:
         after: the method it has now.
         gain_db: how much the held-out score rose with it (dB).
         destructive: the new range clips a destructive share of its activation's energy.
-        half_gains_db: how much the score of each half of the held-out samples rose (dB).
+        half_gains_db: how much the score of each half of the held-out batches rose (dB).
     """
 
     quantizer: str
@@ -82,7 +90,7 @@ class Refinement:
         score: the held-out score after the changes (dB).
         changes: the changes kept, in the order they were made.
         tried: the quantizers tried (those whose candidates disagree most).
-        runs: scoring runs made.
+        runs: scoring runs made (each on one half of the held-out batches).
         skipped: why nothing was tried ("" when the refinement ran).
     """
 
@@ -108,17 +116,33 @@ class Refinement:
                  "yes" if c.destructive else ""] for c in self.changes]  # fmt: skip
         legend = (f"each change kept because the held-out output fidelity rose by >= {REFINE_GAIN_DB} dB "
                   f"(>= {DESTRUCTIVE_GAIN_DB} dB for a destructive range: one that clips >= 10% of its activation's "
-                  "energy) and fell on neither half of the held-out samples.")  # fmt: skip
+                  "energy), and by half of that on each half of the held-out batches.")  # fmt: skip
         header = ["quantizer", "method before", "method after", "gain (dB)", "halves (dB)", "destructive"]
         return markdown_table(header, rows) + (
             "\n\n" + legend
         )
 
 
+def halves(pairs: Sequence[Pair], samples: Callable[[Pair], int]) -> tuple[list[Pair], list[Pair]] | None:
+    """The held-out ``pairs`` (a batch and the float model's outputs on it) as two halves, alternate batches; None
+    with fewer than two batches or :data:`MIN_SPLIT_SAMPLES` samples (``samples(pair)``: how many a pair holds)."""
+    if len(pairs) < 2 or sum(samples(pair) for pair in pairs) < MIN_SPLIT_SAMPLES:
+        return None
+    return list(pairs[0::2]), list(pairs[1::2])
+
+
+def samples_of(outputs: Sequence[Any]) -> int:
+    """The samples of a batch by its first output (dimension 0; 1 for a scalar output or none)."""
+    if not outputs:
+        return 1
+    shape = tuple(getattr(outputs[0], "shape", ()))
+    return int(shape[0]) if shape else 1
+
+
 def refine(
     candidates: Mapping[str, Mapping[Key, Any]],
     chosen: str,
-    score: Callable[[Mapping[Key, str]], Sequence[float]],
+    score: Callable[[Mapping[Key, str], int], FidelityMeter] | None,
     names: Mapping[Key, str],
     clipping: Mapping[str, Collection[str]],
     *,
@@ -130,9 +154,9 @@ def refine(
     Args:
         candidates: candidate label -> {quantizer key -> its range (amax, 0-d)}, in the candidates' order.
         chosen: the model-level choice (a label of ``candidates``).
-        score: the held-out output fidelity (dB) of the model with each quantizer's range from its method in a
-            selection {key -> label}: on every held-out sample first, then on each half of them; without the halves
-            (too few samples) nothing is changed.
+        score: ``score(selection, half)``: the model, each quantizer's range from its method in ``selection`` {key
+            -> label}, run on half ``half`` (0 or 1) of the held-out batches (:func:`halves`); None when they
+            cannot be halved (nothing changes).
         names: the quantizers' names (for the result and ``clipping``).
         clipping: label -> names of the quantizers that label's ranges clip destructively.
         keys: the quantizers that may change (default: every key of ``candidates[chosen]``).
@@ -142,29 +166,34 @@ def refine(
         ``({key: label}, Refinement)``.
     """
     selection = {key: chosen for key in candidates[chosen]}
+    if score is None:
+        return selection, Refinement(math.nan, math.nan, skipped=f"fewer than two held-out batches or "
+                                                                 f"{MIN_SPLIT_SAMPLES} samples")  # fmt: skip
     limit = REFINE_QUANTIZERS if limit is None else limit
     order = [key for key in _by_disagreement(candidates, chosen, keys) if key in selection][:limit]
     if not order:
         return selection, Refinement(math.nan, math.nan, skipped="no candidate ranges differ")
-    current = [_finite(value) for value in score(selection)]
-    result = Refinement(current[0], current[0], tried=len(order), runs=1)
-    if len(current) < 3:  # too few held-out samples to check a gain on both halves: no change is trusted
-        result.tried, result.skipped = 0, "too few held-out samples to check a gain on both halves"
-        return selection, result
+    current = (score(selection, 0), score(selection, 1))
+    result = Refinement(_db(current[0] + current[1]), _db(current[0] + current[1]), tried=len(order), runs=2)
     for key in order:
         for label in candidates:
             if label == selection[key] or not _differs(_amax(candidates[label].get(key)),
                                                        _amax(candidates[selection[key]][key])):  # fmt: skip
                 continue
             harmful = names[key] in clipping.get(label, ())
+            need = DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB
             trial = {**selection, key: label}
-            measured = [_finite(value) for value in score(trial)]
+            first = score(trial, 0)
             result.runs += 1
-            gain = measured[0] - current[0]
-            halves = tuple(now - before for now, before in zip(measured[1:], current[1:], strict=True))
-            if gain >= (DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB) and min(halves) >= 0:
-                result.changes.append(Change(names[key], selection[key], label, gain, harmful, halves))
-                selection, current, result.score = trial, measured, measured[0]
+            if _db(first) - _db(current[0]) < need / 2:
+                continue
+            second = score(trial, 1)
+            result.runs += 1
+            gains = (_db(first) - _db(current[0]), _db(second) - _db(current[1]))
+            whole = _db(first + second)
+            if min(gains) >= need / 2 and whole - result.score >= need:
+                result.changes.append(Change(names[key], selection[key], label, whole - result.score, harmful, gains))
+                selection, current, result.score = trial, (first, second), whole
     return selection, result
 
 
@@ -195,5 +224,7 @@ def _differs(amax: float | None, current: float | None) -> bool:
     return amax is not None and current is not None and abs(amax - current) >= MIN_DIFFERENCE * max(current, 1e-30)
 
 
-def _finite(value: float) -> float:
+def _db(meter: FidelityMeter) -> float:
+    """The meter's score, -inf where nothing comparable was added (NaN)."""
+    value = meter.score()
     return value if math.isfinite(value) else -math.inf
