@@ -50,7 +50,7 @@ REFINE_GAIN_DB = 0.5
 #: the gain (dB) a range the diagnostics call destructive must bring
 DESTRUCTIVE_GAIN_DB = 1.0
 #: at most this many quantizers are tried, those whose candidate ranges disagree most
-REFINE_QUANTIZERS = 16
+REFINE_QUANTIZERS = 8
 #: a candidate range is tried only where it differs from the current one by at least this fraction
 MIN_DIFFERENCE = 0.01
 #: the fewest held-out samples the refinement runs on (fewer: nothing changes)
