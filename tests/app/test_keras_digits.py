@@ -80,7 +80,9 @@ def test_the_job_gives_the_pytorch_jobs_summary(keras_run):
 def test_the_run_is_a_row_of_the_demo_table(keras_run):
     _, summary = keras_run
     table, _ = demo_table([DemoRun(KERAS_MODEL, Scheme(8, 8), summary)], batch=2)
-    # FP32, PTQ (method), QAT, INT8 engine, speed-up (spread)
+    # FP32, PTQ (method), QAT, INT8 engine (FAIL and its footnote where verify's 99.5 % agreement is missed: the one
+    # flipped image of 96 test_the_job_gives_the_pytorch_jobs_summary allows), speed-up (spread)
     ptq, speedup = r"[0-9.]+ \(\w+( [0-9.]+)?\)", r"[0-9.]+x \([0-9.]+-[0-9.]+\)"
-    cells = r" +\| ".join(["[0-9.]+", ptq, "[0-9.]+", "[0-9.]+", speedup])
+    engine = r"[0-9.]+ FAIL \[\d+\]" if summary["engines"]["onnxruntime"]["verdict"] == "FAIL" else "[0-9.]+"
+    cells = r" +\| ".join(["[0-9.]+", ptq, "[0-9.]+", engine, speedup])
     assert re.search(rf"^\| {KERAS_MODEL} +\| W8A8 +\| {cells}", table, flags=re.M), table
