@@ -118,9 +118,7 @@ class Refinement:
                   f"(>= {DESTRUCTIVE_GAIN_DB} dB for a destructive range: one that clips >= 10% of its activation's "
                   "energy), and by half of that on each half of the held-out batches.")  # fmt: skip
         header = ["quantizer", "method before", "method after", "gain (dB)", "halves (dB)", "destructive"]
-        return markdown_table(header, rows) + (
-            "\n\n" + legend
-        )
+        return markdown_table(header, rows) + "\n\n" + legend
 
 
 def halves(pairs: Sequence[Pair], samples: Callable[[Pair], int]) -> tuple[list[Pair], list[Pair]] | None:
@@ -167,8 +165,9 @@ def refine(
     """
     selection = {key: chosen for key in candidates[chosen]}
     if score is None:
-        return selection, Refinement(math.nan, math.nan, skipped=f"fewer than two held-out batches or "
-                                                                 f"{MIN_SPLIT_SAMPLES} samples")  # fmt: skip
+        why = (f"fewer than two held-out batches or {MIN_SPLIT_SAMPLES} samples (calibration data in several "
+               f"batches lets it check a gain on two halves)")  # fmt: skip
+        return selection, Refinement(math.nan, math.nan, skipped=why)
     limit = REFINE_QUANTIZERS if limit is None else limit
     order = [key for key in _by_disagreement(candidates, chosen, keys) if key in selection][:limit]
     if not order:
