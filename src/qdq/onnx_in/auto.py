@@ -32,6 +32,7 @@ from qdq.workflow.auto_calibration import (
     TIE_DB,
     AutoResult,
     FidelityMeter,
+    candidate_method,
     candidates,
     choose,
     destructive,
@@ -102,15 +103,11 @@ def select(
     statistics.merge_held_out()
     result = AutoResult(chosen, scores, clipping, len(statistics.scored), held_out,
                         {"scoring": time.perf_counter() - started}, corrected, refinement)  # fmt: skip
-    final = statistics.ranges(_method(grid, chosen).name)
+    final = statistics.ranges(candidate_method(chosen).name)
     for key, label in selection.items():
         if label != chosen:
-            final.update(statistics.ranges(_method(grid, label).name, keys={key}))
+            final.update(statistics.ranges(candidate_method(label).name, keys={key}))
     return final, result
-
-
-def _method(grid: Sequence[tuple[Any, dict[str, Any]]], label: str) -> Any:
-    return next(method for method, options in grid if method.label(options) == label)
 
 
 def _selected(ranges: Mapping[str, Mapping[int, np.ndarray]], selection: Mapping[int, str],
@@ -124,13 +121,14 @@ def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], 
             scored: Scored) -> tuple[dict[int, str], Refinement]:  # fmt: skip
     """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps ``fed`` feeds."""
     parts = halves(scored, lambda pair: samples_of(pair[1]))
+    if fed is None or parts is None:
+        return refine(kept, chosen, None, names, clipping)
+    steps, split = fed, parts
 
     def score(selection: Mapping[int, str], half: int) -> FidelityMeter:
-        assert fed is not None and parts is not None
-        return fed.meter(_selected(kept, selection, chosen), parts[half])
+        return steps.meter(_selected(kept, selection, chosen), split[half])
 
-    keys = list(fed.steps) if fed is not None else []
-    return refine(kept, chosen, score if fed is not None and parts else None, names, clipping, keys=keys)
+    return refine(kept, chosen, score, names, clipping, keys=list(fed.steps))
 
 
 class _StepFed:

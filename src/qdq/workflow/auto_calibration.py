@@ -72,6 +72,7 @@ __all__ = [
     "TIE_DB",
     "AutoResult",
     "FidelityMeter",
+    "candidate_method",
     "candidates",
     "choose",
     "held_out",
@@ -168,8 +169,9 @@ class AutoResult:
         legend = ("output fidelity: per output feature, 10 log10(variance of the float output / mean squared "
                   "error), averaged; higher is closer to the float model. destructive: quantizers whose range clips "
                   f">= {CLIPPED_ENERGY_LIMIT:.0%} of their activation's energy (chosen for the whole model only "
-                  f"{DESTRUCTIVE_MARGIN_DB:g} dB above the best candidate that is not). A bias correction row is "
-                  "scored with the refined ranges.")  # fmt: skip
+                  f"{DESTRUCTIVE_MARGIN_DB:g} dB above the best candidate that is not).")  # fmt: skip
+        if self.bias_correction is not None:
+            legend += " The bias correction row is scored with the refined ranges."
         table = markdown_table(["method", "output fidelity (dB)", "destructive", ""], rows) + "\n\n" + legend
         if self.refinement is not None and self.refinement.changes:
             table += f"\n\nRefined ({self.refinement.summary()}):\n\n{self.refinement.table()}"
@@ -184,6 +186,12 @@ def _clips(names: list[str]) -> str:
     if not names:
         return ""
     return f"{len(names)}: {', '.join(names[:3])}" + (", ..." if len(names) > 3 else "")
+
+
+def candidate_method(label: str) -> CalibrationMethod:
+    """The registered method of a candidate's label (``"percentile 99.99"`` -> percentile); its final ranges use the
+    method's defaults."""
+    return next(method for method, options in candidates() if method.label(options) == label)
 
 
 def choose(scores: Mapping[str, float], clipping: Mapping[str, Sequence[str]]) -> str:
@@ -265,7 +273,7 @@ def select_amax(
     selection, refinement = _refine(model, amaxes, chosen, clipping, scored, forward)
     for name, calibrator in held.calibrators.items():
         fit[name].merge(calibrator)
-    _load_selection(model, grid, chosen, selection, weight_method, strict)
+    _load_selection(model, chosen, selection, weight_method, strict)
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
                         refinement=refinement)  # fmt: skip
@@ -290,12 +298,12 @@ def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], 
     return refine(amaxes, chosen, score if parts else None, names, clipping)
 
 
-def _load_selection(model: nn.Module, grid: Sequence[tuple[CalibrationMethod, dict[str, Any]]], chosen: str,
-                    selection: Mapping[str, str], weight_method: str | None, strict: bool) -> None:  # fmt: skip
+def _load_selection(model: nn.Module, chosen: str, selection: Mapping[str, str], weight_method: str | None,
+                    strict: bool) -> None:  # fmt: skip
     """Every quantizer's final range from every batch's statistics by its method in ``selection`` (``chosen``'s
     defaults elsewhere); each activation quantizer's ``amax_method`` reads ``"auto: <method>"``."""
     quantizers = dict(named_quantizers(unwrap(model), weights=False))
-    methods = {label: next(m for m, o in grid if m.label(o) == label) for label in {chosen, *selection.values()}}
+    methods = {label: candidate_method(label) for label in {chosen, *selection.values()}}
     final: dict[str, torch.Tensor] = {}
     for label in methods.keys() - {chosen}:
         load_amax(model, methods[label].name, weight_method=weight_method, strict=strict, warn=False)
