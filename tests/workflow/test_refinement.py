@@ -112,6 +112,7 @@ def test_the_halves_are_alternate_batches_and_need_two_batches_and_enough_sample
     assert MIN_SPLIT_SAMPLES == 4 and samples_of([np.float32(1.0)]) == 1 and samples_of([]) == 1
 
 
+
 class _TwoPaths(nn.Module):
     """Two linear layers on two inputs: the first's rare outliers reach its output (a range must hold them), the
     second's far larger outliers are saturated away after it (a range that holds them rounds the rest to zero)."""

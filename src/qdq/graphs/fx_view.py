@@ -22,7 +22,39 @@ from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import QuantModule
 from qdq.quantizer import TensorQuantizer
 
-__all__ = ["build_view", "untraced_view"]
+__all__ = ["build_view", "trace", "trace_view", "untraced_view"]
+
+
+class _Tracer(fx.Tracer):
+    """Keeps torch.nn modules, qdq's quantized modules, the given classes and the given modules as leaves."""
+
+    def __init__(self, leaf_modules: tuple[type, ...] = (), leaf_objects: frozenset[int] = frozenset()) -> None:
+        super().__init__()
+        self._extra_leaves, self._leaf_objects = leaf_modules, leaf_objects
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, fx_ops.QDQ_LEAVES + self._extra_leaves) or type(m).__name__ in fx_ops.LEAF_CLASS_NAMES:
+            return True
+        if id(m) in self._leaf_objects:
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def trace(module: nn.Module, leaf_modules: tuple[type, ...] = (),
+          leaf_objects: frozenset[int] = frozenset()) -> fx.GraphModule:  # fmt: skip
+    """``module`` traced by torch.fx, qdq's modules, ``leaf_modules`` classes and ``leaf_objects`` (by ``id``) kept
+    as calls. Raises what torch.fx raises on a module it cannot trace."""
+    tracer = _Tracer(leaf_modules, leaf_objects)
+    graph = tracer.trace(module)
+    gm = fx.GraphModule(tracer.root, graph, class_name=type(module).__name__)
+    gm.train(module.training)
+    return gm
+
+
+def trace_view(model: nn.Module) -> GraphView:
+    """The view of ``model``'s graph as placement sees it (:func:`trace`), its quantizers as existing sites (each
+    op's ``ref`` its fx node). Raises what torch.fx raises on a model it cannot trace."""
+    return build_view(trace(model), None)
 
 
 def build_view(gm: fx.GraphModule, target: Any) -> GraphView:

@@ -38,8 +38,14 @@ from qdq.workflow.auto_calibration import AutoResult, candidate_method, candidat
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.fidelity import FidelityMeter
 from qdq.workflow.refinement import halves, refine, samples_of
+from qdq.workflow.stem import StemChoice
 
-__all__ = ["clipping_warning", "run", "select"]
+__all__ = ["STEM_REFUSED", "clipping_warning", "run", "select"]
+
+#: why this door does not try the stem float (:mod:`qdq.workflow.stem`)
+STEM_REFUSED = ("the Keras door does not try it: a wrapper's inputs are quantized or not in the function Keras traces "
+                "once, so a trial would retrace the model for each level (a QuantizationSpec of quantize_model keeps "
+                "chosen layers float)")
 
 
 def select(
@@ -104,7 +110,7 @@ def run(
     ranges = set_ranges(model, {name: final[selection.get(name, chosen)][name] for name in final[chosen]})
     result = AutoResult(chosen, scores, clipping, len(stats.scored), was_held_out,
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
-                        refinement=refinement)  # fmt: skip
+                        refinement=refinement, stem=StemChoice(skipped=STEM_REFUSED))  # fmt: skip
     record_auto(model, result)
     return ranges, result, clipping_warning(stats, ranges, f"auto: {chosen}")
 

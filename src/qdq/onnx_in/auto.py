@@ -40,7 +40,7 @@ from qdq.workflow.auto_calibration import (
 from qdq.workflow.progress import Progress, counter
 from qdq.workflow.refinement import Refinement, halves, refine, samples_of
 
-__all__ = ["select"]
+__all__ = ["Quantized", "Scored", "held_out_halves", "select"]
 
 Scored = list[tuple[dict[str, np.ndarray], list[np.ndarray]]]  # (held-out feed, the float model's outputs) pairs
 
@@ -88,7 +88,7 @@ def select(
         bar.update()
     bar.close()
     chosen = choose(scores, clipping)
-    selection, refinement = _refine(fed, kept, chosen, names, clipping, statistics.scored)
+    selection, refinement = _refine(fed, kept, chosen, names, clipping, held_out_halves(statistics))
     corrected = None
     if bias_batches:
         ranges = {**_selected(kept, selection, chosen), **weights}
@@ -116,11 +116,29 @@ def _selected(ranges: Mapping[str, Mapping[int, np.ndarray]], selection: Mapping
     return {key: ranges[selection.get(key, chosen)][key] for key in ranges[chosen]}
 
 
+def held_out_halves(statistics: Statistics) -> tuple[Scored, Scored] | None:
+    """The held-out (feed, float outputs) pairs as two halves (:func:`qdq.workflow.refinement.halves`); one held-out
+    batch is split by rows where every input and output holds its samples along dimension 0."""
+    return halves(statistics.scored, lambda pair: samples_of(pair[1]), _rows if statistics.batched else None)
+
+
+def _rows(pair: tuple[dict[str, np.ndarray], list[np.ndarray]]) -> tuple[Any, Any] | None:
+    """A (feed, outputs) pair as its first and last samples (dimension 0 of every array), or None."""
+    feed, outputs = pair
+    arrays = [*feed.values(), *outputs]
+    sizes = {np.shape(array)[0] if np.ndim(array) else None for array in arrays}
+    size = sizes.pop() if len(sizes) == 1 else None
+    if size is None or size < 2:
+        return None
+    half = size // 2
+    return (({n: a[:half] for n, a in feed.items()}, [o[:half] for o in outputs]),
+            ({n: a[half:] for n, a in feed.items()}, [o[half:] for o in outputs]))  # fmt: skip
+
+
 def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], chosen: str,
             names: Mapping[int, str], clipping: Mapping[str, list[str]],
-            scored: Scored) -> tuple[dict[int, str], Refinement]:  # fmt: skip
+            parts: tuple[Scored, Scored] | None) -> tuple[dict[int, str], Refinement]:  # fmt: skip
     """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps ``fed`` feeds."""
-    parts = halves(scored, lambda pair: samples_of(pair[1]))
     if fed is None or parts is None:
         return refine(kept, chosen, None, names, clipping)
     steps, split = fed, parts
@@ -173,19 +191,30 @@ class _StepFed:
         return meter
 
 
+class Quantized:
+    """``model`` with Q/DQ at ``ranges`` (activations and weights, by quantizer ``id`` of ``view``) in one ONNX
+    Runtime session, unoptimized (each Q and DQ computed as written)."""
+
+    def __init__(self, model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],
+                 threads: int | None = None) -> None:  # fmt: skip
+        quantized = onnx.ModelProto()
+        quantized.CopyFrom(model)
+        write_qdq(quantized, view, dict(ranges))
+        self.session = ort_session(quantized, session_options(threads=threads, optimization_level="disable"))
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def meter(self, scored: Scored) -> FidelityMeter:
+        """The output fidelity on the ``scored`` (feed, float outputs) pairs."""
+        found = FidelityMeter()
+        for feed, reference in scored:
+            outputs: list[Any] = self.session.run(None, {n: a for n, a in feed.items() if n in self.inputs})
+            found.add(reference, outputs)
+        return found
+
+
 def _score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],
            scored: Scored, threads: int | None) -> float:  # fmt: skip
-    """The output fidelity of ``model`` with Q/DQ at ``ranges`` on the ``scored`` (feed, float outputs) pairs."""
-    quantized = onnx.ModelProto()
-    quantized.CopyFrom(model)
-    write_qdq(quantized, view, dict(ranges))
-    session = ort_session(quantized, session_options(threads=threads, optimization_level="disable"))
-    inputs = {i.name for i in session.get_inputs()}
-    meter = FidelityMeter()
-    for feed, reference in scored:
-        outputs: list[Any] = session.run(None, {name: array for name, array in feed.items() if name in inputs})
-        meter.add(reference, outputs)
-    return meter.score()
+    return Quantized(model, view, ranges, threads).meter(scored).score()
 
 
 def _finite(value: float) -> float:

@@ -51,6 +51,8 @@ class Statistics:
     batches: int
     held_out: dict[int, Any] = field(default_factory=dict)
     scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = field(default_factory=list)
+    #: every data input has its samples along dimension 0 (a held-out batch can be split by rows)
+    batched: bool = False
 
     def merge_held_out(self) -> None:
         """Add the held-out batches' statistics to the others' (the ranges then come from every batch)."""
@@ -140,7 +142,7 @@ def collect(
     keep_unreached_float(view, [q for key, q in quantizers.items() if key not in reached])
     statistics = Statistics({k: c for k, c in calibrators.items() if k in reached},
                             {k: q for k, q in quantizers.items() if k in reached}, seen,
-                            {k: c for k, c in apart.items() if k in reached}, kept or first)  # fmt: skip
+                            {k: c for k, c in apart.items() if k in reached}, kept or first, batched)  # fmt: skip
     unseen = [k for k, c in statistics.calibrators.items() if not getattr(c, "has_data", True)]
     if unseen:  # reached on held-out batches alone: their statistics are all there is
         statistics.merge_held_out()

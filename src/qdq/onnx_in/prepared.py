@@ -8,6 +8,7 @@ left float. Both go through this object:
 * :meth:`PreparedModel.place`: the view of the prepared graph (:mod:`qdq.onnx_in.view`) with the target's rules
   and the user's float ops and tensors, and the copy of the graph it is written into (:class:`Placement`; the
   view's ops refer to nodes by position, so any copy takes its decisions);
+* :meth:`PreparedModel.view`: that view alone, to compare placements before one is written;
 * :meth:`PreparedModel.units`: the tensors of each activation quantizer of the target's placement, the units
   :func:`qdq.tune` leaves float;
 * :meth:`PreparedModel.values`: float tensors of the model on one batch (ONNX Runtime);
@@ -91,18 +92,29 @@ class PreparedModel:
         """
         if self._taken:
             raise QdqConfigError("this prepared model was placed with copy=False and written: load it again.")
-        view = self._view(target, keep_float, non_negative_inputs, batches)
-        unknown = [name for name in float_values if name not in view.values]
-        if unknown:
-            raise QdqConfigError(f"float_values names tensors the graph does not have: {unknown[:5]}")
-        for name in float_values:
-            view.keep_value_float(view.values[name], "its input tensor is kept float")
+        view = self.view(target, keep_float, float_values, non_negative_inputs, batches=batches)
         if copy:
             written = onnx.ModelProto()
             written.CopyFrom(self.model)
         else:
             written, self._taken = self.model, True
         return Placement(written, view, target)
+
+    def view(self, target: Target, keep_float: Sequence[str] = (), float_values: Sequence[str] = (),
+             non_negative_inputs: Sequence[str] = (), *, batches: Sequence[Any] = ()) -> GraphView:  # fmt: skip
+        """The view :meth:`place` decides (the same arguments), without a copy of the graph: a placement compared
+        with another before either is written (its ``Placement`` takes the graph of the one placed).
+
+        Raises:
+            QdqConfigError: ``float_values`` names a tensor the graph does not have.
+        """
+        view = self._view(target, keep_float, non_negative_inputs, batches)
+        unknown = [name for name in float_values if name not in view.values]
+        if unknown:
+            raise QdqConfigError(f"float_values names tensors the graph does not have: {unknown[:5]}")
+        for name in float_values:
+            view.keep_value_float(view.values[name], "its input tensor is kept float")
+        return view
 
     def units(self, target: Target, keep_float: Sequence[str] = ()) -> list[tuple[str, ...]]:
         """The tensors of each activation quantizer of ``target``'s placement (one range each), in placement order:

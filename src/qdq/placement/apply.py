@@ -6,13 +6,13 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torch import fx, nn
+from torch import nn
 
 from qdq.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 from qdq.errors import QdqConfigError, QdqTypeError
 from qdq.graphs.fx_edit import apply_notes, materialize
-from qdq.graphs.fx_ops import LEAF_CLASS_NAMES, QDQ_LEAVES
-from qdq.graphs.fx_view import build_view, untraced_view
+from qdq.graphs.fx_ops import QDQ_LEAVES
+from qdq.graphs.fx_view import build_view, trace, untraced_view
 from qdq.nn.attention import QuantScaledDotProductAttention
 from qdq.nn.base import QuantInputMixin
 from qdq.placement.attention_biases import fold_attention_biases
@@ -23,29 +23,6 @@ from qdq.targets.marks import check_not_superseded, mark_placed, mark_superseded
 from qdq.targets.rules import PLACEMENT_RULES
 
 __all__ = ["apply_placement"]
-
-
-class _Tracer(fx.Tracer):
-    """Keeps torch.nn modules, qdq's quantized modules, the given classes and the given modules as leaves."""
-
-    def __init__(self, leaf_modules: tuple[type, ...] = (), leaf_objects: frozenset[int] = frozenset()) -> None:
-        super().__init__()
-        self._extra_leaves, self._leaf_objects = leaf_modules, leaf_objects
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, QDQ_LEAVES + self._extra_leaves) or type(m).__name__ in LEAF_CLASS_NAMES:
-            return True
-        if id(m) in self._leaf_objects:
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
-
-
-def _trace(module: nn.Module, leaf_modules: tuple[type, ...], leaf_objects: frozenset[int]) -> fx.GraphModule:
-    tracer = _Tracer(leaf_modules, leaf_objects)
-    graph = tracer.trace(module)
-    gm = fx.GraphModule(tracer.root, graph, class_name=type(module).__name__)
-    gm.train(module.training)
-    return gm
 
 
 def _default_desc(model: nn.Module) -> QuantDescriptor:
@@ -81,7 +58,7 @@ class _Placement:
 
     def place(self, module: nn.Module, path: str) -> tuple[nn.Module, list[str]]:
         try:
-            gm = _trace(module, self.leaves, self.captured)
+            gm = trace(module, self.leaves, self.captured)
         except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
             return self.place_children(module, path, err)
         changes = [f"{name}: quantized attention" for name in capture_graph(gm, self.desc, self.capture)]

@@ -54,7 +54,9 @@ import torch
 from torch import nn
 
 from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method
+from qdq.graphs.fx_view import trace_view
 from qdq.markdown import markdown_table
+from qdq.quantizer import TensorQuantizer
 from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, collect_split, default_forward, named_quantizers
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
@@ -62,6 +64,7 @@ from qdq.workflow.distributed import all_reduce_sum, unwrap
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
 from qdq.workflow.refinement import Refinement, halves, refine, samples_of
+from qdq.workflow.stem import StemChoice, choose_stem, stem_levels
 
 __all__ = [
     "AUTO",
@@ -140,6 +143,8 @@ class AutoResult:
             under the label ``"<method> + bias correction"``); None where it was not scored.
         refinement: the quantizers that took another method's range after the choice
             (:mod:`qdq.workflow.refinement`); None where the front end does not refine.
+        stem: the weighted ops nearest the inputs left float where that measurably pays (:mod:`qdq.workflow.stem`);
+            None where the front end does not try it.
     """
 
     chosen: str
@@ -150,6 +155,7 @@ class AutoResult:
     seconds: dict[str, float] = field(default_factory=dict)
     bias_correction: bool | None = None
     refinement: Refinement | None = None
+    stem: StemChoice | None = None
 
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
@@ -158,8 +164,9 @@ class AutoResult:
         others = ", ".join(f"{label} {self.scores[label]:.1f} dB" for label in ranked if label != self.chosen)
         corrected = {True: ", with bias correction", False: ", without bias correction", None: ""}[self.bias_correction]
         refined = f"; refined: {self.refinement.summary()}" if self.refinement is not None else ""
+        stem = f"; {self.stem.summary()}" if self.stem is not None else ""
         return (f"auto: {self.chosen}{corrected} ({self.scores[self.chosen]:.1f} dB output fidelity on {self.batches} "
-                f"{where}; {others}{refined})")  # fmt: skip
+                f"{where}; {others}{refined}{stem})")  # fmt: skip
 
     def table(self) -> str:
         """Markdown table: each candidate's fidelity, whether it clips destructively, and which was chosen."""
@@ -175,6 +182,8 @@ class AutoResult:
         table = markdown_table(["method", "output fidelity (dB)", "destructive", ""], rows) + "\n\n" + legend
         if self.refinement is not None and self.refinement.changes:
             table += f"\n\nRefined ({self.refinement.summary()}):\n\n{self.refinement.table()}"
+        if self.stem is not None and self.stem.scores:
+            table += f"\n\nThe stem ({self.stem.summary()}):\n\n{self.stem.table()}"
         return table
 
 
@@ -274,9 +283,10 @@ def select_amax(
     for name, calibrator in held.calibrators.items():
         fit[name].merge(calibrator)
     _load_selection(model, chosen, selection, weight_method, strict)
+    stem = _float_stem(model, scored, forward)
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
-                        refinement=refinement)  # fmt: skip
+                        refinement=refinement, stem=stem)  # fmt: skip
     _log.info("%s", result.summary())
     return result
 
@@ -287,7 +297,7 @@ def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], 
     """:func:`qdq.workflow.refinement.refine` of the model's activation quantizers (each trial loads the selected
     ranges and runs the model on half of the held-out batches)."""
     quantizers = dict(named_quantizers(unwrap(model), weights=False))
-    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])))
+    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
 
     def score(selection: Mapping[str, str], half: int) -> FidelityMeter:
         for name, label in selection.items():
@@ -296,6 +306,73 @@ def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], 
 
     names = {name: name for name in amaxes[chosen]}
     return refine(amaxes, chosen, score if parts else None, names, clipping)
+
+
+def _float_stem(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> StemChoice:
+    """:func:`qdq.workflow.stem.choose_stem` of the model's quantized modules: a trial disables the quantizers the
+    stem's ops read their inputs and weights through; those of the levels kept stay disabled (the modules run, and
+    export, float)."""
+    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
+    if parts is None:
+        return choose_stem([], None)
+    try:
+        view = trace_view(unwrap(model))
+    except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
+        return StemChoice(skipped=f"torch.fx cannot trace the model ({type(err).__name__})")
+    names = {op.name: str(op.ref.target) if op.ref.op == "call_module" else op.name for op in view.ops}
+    handles: dict[str, list[TensorQuantizer]] = {}
+    for op in view.ops:
+        found = (view.quantizer_at(op, index) for index in range(len(op.inputs)))
+        handles[names[op.name]] = [h for q in found if q is not None for h in q.handles if h.is_quantizing]
+
+    def score(ops: list[str], half: int) -> FidelityMeter:
+        off = [h for name in ops for h in handles[name]]
+        for quantizer in off:
+            quantizer.disable()
+        try:
+            return _meter(model, parts[half], forward)
+        finally:
+            for quantizer in off:
+                quantizer.enable()
+
+    choice = choose_stem([[names[name] for name in level] for level in stem_levels(view)], score)
+    for name in choice.ops:
+        for quantizer in handles[name]:
+            quantizer.disable()
+    return choice
+
+
+def _rows(pair: tuple[Any, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any]] | None:
+    """A held-out (batch, float output) pair as its first and last samples, where every tensor of both (in tuples,
+    lists and dicts) holds them along dimension 0; else None."""
+    batch, reference = pair
+    tensors = [t for t in (*_tensors(batch), *_outputs(reference)) if torch.is_tensor(t)]
+    sizes = {int(t.shape[0]) if t.dim() else None for t in tensors}
+    size = sizes.pop() if len(sizes) == 1 else None
+    if size is None or size < 2:
+        return None
+    cut = size // 2
+    halves_ = [(_sliced(batch, part), [t[part] for t in _outputs(reference)])
+               for part in (slice(0, cut), slice(cut, size))]  # fmt: skip
+    return halves_[0], halves_[1]
+
+
+def _tensors(value: Any) -> list[Any]:
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return [value]
+
+
+def _sliced(value: Any, part: slice) -> Any:
+    if torch.is_tensor(value):
+        return value[part]
+    if isinstance(value, Mapping):
+        return {k: _sliced(v, part) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_sliced(v, part) for v in value)
+    return value
 
 
 def _load_selection(model: nn.Module, chosen: str, selection: Mapping[str, str], weight_method: str | None,

@@ -9,8 +9,9 @@ another candidate's), at most :data:`REFINE_QUANTIZERS` of them, and for each tr
 that differs by at least :data:`MIN_DIFFERENCE`: the model is scored on the held-out samples with that one range
 changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB`, and by at least half of
 that on each half of the held-out batches (alternate batches: a gain one half of the samples carries and the other
-does not is fitted to those samples, not to the model); the next trials start from it. With fewer than two held-out
-batches or :data:`MIN_SPLIT_SAMPLES` samples nothing is changed (:func:`halves`). A range the diagnostics call
+does not is fitted to those samples, not to the model); the next trials start from it. One held-out batch is split
+by its samples where the front end can; with fewer than two held-out batches or :data:`MIN_SPLIT_SAMPLES` samples
+nothing is changed (:func:`halves`). A range the diagnostics call
 destructive (it clips at least :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy)
 must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
 
@@ -121,10 +122,19 @@ class Refinement:
         return markdown_table(header, rows) + "\n\n" + legend
 
 
-def halves(pairs: Sequence[Pair], samples: Callable[[Pair], int]) -> tuple[list[Pair], list[Pair]] | None:
-    """The held-out ``pairs`` (a batch and the float model's outputs on it) as two halves, alternate batches; None
+Split = Callable[[Pair], tuple[Pair, Pair] | None]
+
+
+def halves(pairs: Sequence[Pair], samples: Callable[[Pair], int],
+           split: Split[Pair] | None = None) -> tuple[list[Pair], list[Pair]] | None:  # fmt: skip
+    """The held-out ``pairs`` (a batch and the float model's outputs on it) as two halves, alternate batches; one
+    batch split in two by ``split`` where the front end can (its samples in two halves: None where it cannot); None
     with fewer than two batches or :data:`MIN_SPLIT_SAMPLES` samples (``samples(pair)``: how many a pair holds)."""
-    if len(pairs) < 2 or sum(samples(pair) for pair in pairs) < MIN_SPLIT_SAMPLES:
+    if sum(samples(pair) for pair in pairs) < MIN_SPLIT_SAMPLES:
+        return None
+    if len(pairs) == 1 and split is not None and (parts := split(pairs[0])) is not None:
+        pairs = list(parts)
+    if len(pairs) < 2:
         return None
     return list(pairs[0::2]), list(pairs[1::2])
 

@@ -492,6 +492,15 @@ def test_the_whole_rewrite_keeps_the_values_and_runs_the_conv_in_int8(tmp_path: 
     assert fusion_report(path, threads=1).int8_kernels == {"com.microsoft:QLinearConv": 1}
 
 
+def test_a_conv_with_no_qdq_at_all_is_float_on_purpose_and_not_warned_about():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="float_conv")]
+    model = build(nodes, [("x", [1, 2, 3, 3])], [("y", [1, 2, 3, 3])], {"w": np.ones((2, 2, 1, 1), np.float32)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        counts = rewrite_for_onnxruntime(model)
+    assert counts["float_convs"] == 1 and unfusable_convs(model) == ["float_conv"]
+
+
 def test_an_unquantized_conv_output_is_warned_about():
     model = bias_graph([0.25, -0.5], quantize_output=False)
     with pytest.warns(UserWarning, match=r"1 Conv\(s\) will run in float.*QuantConfig\(target='onnxruntime'\)"):

@@ -74,8 +74,16 @@ def unfusable_conv_nodes(g: GraphIndex) -> list[Any]:
     return nodes
 
 
+def _dequantizes_some(g: GraphIndex, conv: Any) -> bool:
+    """Is any input of ``conv`` (its data or its weight) dequantized? A Conv with no Q/DQ at all was left float on
+    purpose (``keep_float``, the float stem ``auto`` measured, a sensitivity choice): no quantizer is missing."""
+    return any(dq_params(g, name) is not None for name in conv.input[:2] if name)
+
+
 def warn_float_convs(g: GraphIndex, convs: list[Any]) -> None:
-    """One warning per cause for ``convs``, the Convs that will run in float on ONNX Runtime."""
+    """One warning per cause for ``convs``, the Convs that will run in float on ONNX Runtime (a Conv with no Q/DQ
+    at all is float on purpose: not warned about)."""
+    convs = [conv for conv in convs if _dequantizes_some(g, conv)]  # none at all: left float on purpose
     if not convs:
         return
     is_clamped = [clamped_before_q(g, conv) for conv in convs]

@@ -1,0 +1,135 @@
+"""The model's stem kept float where the held-out samples show that int8 there costs more than it is worth.
+
+Quantization error made early is carried, and often grown, by every layer after it. The first weighted ops of a
+model read what int8 holds worst: the raw input (pixels on a step coarser than their own 1/255, audio whose quiet
+parts fall below one step), a spectrum's magnitudes, the first features at full resolution with a few channels of
+large gain. Leaving the ops nearest the input float is the oldest rule of low-precision inference; whether it pays
+differs per model, so ``auto`` measures it, as it measures the ranges.
+
+The **levels** of a view (:func:`stem_levels`) group its int8 weighted ops by how many weighted ops the longest path
+from a graph input to them goes through (:meth:`qdq.graphs.view.GraphView.weighted_depth`): level 0 reads the
+inputs through no weighted op, level 1 reads level 0's outputs, and so on. :func:`choose_stem` scores the model with
+the first ``n`` levels float, ``n`` = 1 .. :data:`STEM_LEVELS`, on each half of the held-out batches
+(:func:`qdq.workflow.refinement.halves`), and keeps the ``n`` whose score rises most above the all-int8 one once
+:data:`STEM_COST_DB` per level is paid, when it rises by that much on each half too. Levels are tried together
+rather than one op at a time: one float op between int8 ones moves its neighbours' quantizers to other tensors (a
+conv's output taken before its activation clips it), which can cost more than it saves. A float op costs speed;
+the levels tried are at most :data:`STEM_LEVELS`, holding at most :data:`STEM_SHARE` of the int8 weighted ops, and
+the ops near the input are a small share of most networks' arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from qdq.graphs import ops as vocab
+from qdq.graphs.view import GraphView
+from qdq.markdown import markdown_table
+from qdq.workflow.fidelity import FidelityMeter
+
+__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_SHARE", "StemChoice", "choose_stem", "stem_levels"]
+
+#: the stem is tried float up to this many levels deep
+STEM_LEVELS = 3
+#: the held-out gain (dB) each level left float must pay for
+STEM_COST_DB = 0.5
+#: the levels tried hold at most this share of the model's int8 weighted ops
+STEM_SHARE = 1 / 3
+
+
+@dataclass
+class StemChoice:
+    """What :func:`choose_stem` measured and kept.
+
+    Attributes:
+        levels: the levels kept float (0: the stem stays int8).
+        ops: the ops kept float, level by level.
+        scores: levels left float -> the held-out score (dB), 0 being the all-int8 model.
+        half_gains: levels left float -> the gain (dB) on each half of the held-out batches.
+        skipped: why nothing was tried ("" when it ran).
+    """
+
+    levels: int = 0
+    ops: list[str] = field(default_factory=list)
+    scores: dict[int, float] = field(default_factory=dict)
+    half_gains: dict[int, tuple[float, float]] = field(default_factory=dict)
+    skipped: str = ""
+
+    @property
+    def gain_db(self) -> float:
+        """What the kept levels gained on the held-out batches (dB; 0 when none are kept)."""
+        return self.scores[self.levels] - self.scores[0] if self.levels else 0.0
+
+    def summary(self) -> str:
+        """One line: the levels kept float and what they gained."""
+        if self.skipped:
+            return f"stem not tried: {self.skipped}"
+        if not self.levels:
+            return f"stem int8 (float up to {max(self.scores)} levels gained less than {STEM_COST_DB} dB a level)"
+        return (f"stem float: {len(self.ops)} op(s) of the first {self.levels} level(s), +{self.gain_db:.1f} dB "
+                f"({self.scores[0]:.1f} -> {self.scores[self.levels]:.1f})")  # fmt: skip
+
+    def table(self) -> str:
+        """Markdown table of the levels tried, with a legend."""
+        rows = [[str(n), f"{score:.2f}",
+                 " / ".join(f"{g:+.2f}" for g in self.half_gains.get(n, ())), "kept" if n == self.levels else ""]
+                for n, score in self.scores.items()]  # fmt: skip
+        legend = (f"levels float: the weighted ops nearest the inputs left float (level 0 reads the inputs through no "
+                  f"weighted op, level 1 reads level 0, ...). Kept: the most held-out output fidelity once "
+                  f"{STEM_COST_DB} dB per level is paid, on the whole and on each half of the held-out batches.")
+        return markdown_table(["levels float", "output fidelity (dB)", "halves (dB)", ""], rows) + "\n\n" + legend
+
+
+def stem_levels(view: GraphView, limit: int = STEM_LEVELS) -> list[list[str]]:
+    """The names of ``view``'s int8 weighted ops in each of its first ``limit`` levels (see the module docstring),
+    as many levels as hold at most :data:`STEM_SHARE` of those ops together (a stem, not the model)."""
+    levels: list[list[str]] = [[] for _ in range(limit)]
+    total = 0
+    for op in view.ops:
+        if op.type not in vocab.WEIGHTED or op.name in view.float_ops or not view.is_quantized(op):
+            continue
+        total += 1
+        depth = max((view.weighted_depth(value) for _, value in op.data_inputs), default=0)
+        if depth < limit:
+            levels[depth].append(op.name)
+    kept, count = [], 0
+    for level in levels:
+        count += len(level)
+        if not level or count > STEM_SHARE * total:
+            break
+        kept.append(level)
+    return kept
+
+
+def choose_stem(levels: list[list[str]], score: Callable[[list[str], int], FidelityMeter] | None) -> StemChoice:
+    """How many of ``levels`` to keep float.
+
+    Args:
+        levels: from :func:`stem_levels`.
+        score: ``score(float_ops, half)``: the model with ``float_ops`` float run on half ``half`` (0 or 1) of the
+            held-out batches; None when they cannot be halved (nothing is tried).
+    """
+    if score is None:
+        return StemChoice(skipped="fewer than two held-out batches to check a gain on")
+    if not levels:
+        return StemChoice(skipped="no int8 weighted op")
+    base = (score([], 0), score([], 1))
+    choice = StemChoice(scores={0: _db(base[0] + base[1])})
+    best = 0.0
+    for n in range(1, len(levels) + 1):
+        ops = [name for level in levels[:n] for name in level]
+        halves = (score(ops, 0), score(ops, 1))
+        choice.scores[n] = _db(halves[0] + halves[1])
+        choice.half_gains[n] = (_db(halves[0]) - _db(base[0]), _db(halves[1]) - _db(base[1]))
+        need = STEM_COST_DB * n
+        net = choice.scores[n] - choice.scores[0] - need
+        if net > best and min(choice.half_gains[n]) >= need:
+            best, choice.levels, choice.ops = net, n, ops
+    return choice
+
+
+def _db(meter: FidelityMeter) -> float:
+    value = meter.score()
+    return value if math.isfinite(value) else -math.inf

@@ -1,0 +1,183 @@
+"""The stem left float where int8 there costs more than it is worth: the levels of a generated graph, the choice
+against hand-built scores, and through the ONNX door a model whose input int8 cannot hold (known by construction)
+against the same model on data it can."""
+
+from __future__ import annotations
+
+import warnings
+from unittest.mock import patch
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import qdq
+from qdq.onnx_in.prepared import PreparedModel
+from qdq.targets import resolve_target
+from qdq.workflow.auto_calibration import select_amax
+from qdq.workflow.fidelity import FidelityMeter
+from qdq.workflow.stem import STEM_COST_DB, choose_stem, stem_levels
+
+from .test_refinement import _meter
+
+
+class _Branchy(nn.Module):
+    """Two convs read the input (level 0); one reads the first (level 1); the last reads level 1 and level 0 added
+    (level 2: the longest path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+        self.c, self.d = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.d(torch.relu(self.c(torch.relu(self.a(x)))) + self.b(x))
+
+
+def _export(model: nn.Module, path, shape) -> str:
+    torch.onnx.export(model.eval(), torch.zeros(*shape), path, input_names=["x"], output_names=["y"], opset_version=17,
+                      dynamic_axes={"x": {0: "n"}, "y": {0: "n"}}, dynamo=False)  # fmt: skip
+    return str(path)
+
+
+def test_levels_group_the_int8_weighted_ops_by_the_longest_path_from_the_inputs(tmp_path):
+    torch.manual_seed(0)
+    path = _export(_Branchy(), tmp_path / "branchy.onnx", (2, 3, 8, 8))
+    view = PreparedModel.load(path).view(resolve_target("onnxruntime"))
+    convs = {op.name: op for op in view.ops_of("Conv")}
+    by_weight = {op.inputs[1].name.split(".")[0]: name for name, op in convs.items()}
+    with patch("qdq.workflow.stem.STEM_SHARE", 1.0):
+        levels = stem_levels(view)
+        assert [sorted(level) for level in levels] == [sorted([by_weight["a"], by_weight["b"]]), [by_weight["c"]],
+                                                       [by_weight["d"]]]  # fmt: skip
+        assert stem_levels(view, limit=1) == levels[:1]
+    with patch("qdq.workflow.stem.STEM_SHARE", 0.75):  # 3 of the 4 ops: the third level would make 4
+        assert stem_levels(view) == levels[:2]
+    assert stem_levels(view) == []  # a third: not even the first level's two ops
+    kept = PreparedModel.load(path).view(resolve_target("onnxruntime"), keep_float=[by_weight["a"]])
+    with patch("qdq.workflow.stem.STEM_SHARE", 1.0):
+        assert stem_levels(kept)[0] == [by_weight["b"]]  # a float op is no level's
+
+
+def _scores(gains: dict[int, float], second: dict[int, float] | None = None):
+    """Each half scores 20 dB plus the gain of the number of levels left float (0 for one not listed)."""
+
+    def score(ops, half):
+        n = {0: 0, 1: 1, 3: 2, 4: 3}[len(ops)]  # levels of 1, 2 and 1 ops
+        table = second if half == 1 and second is not None else gains
+        return _meter(20 + table.get(n, 0.0))
+
+    return score
+
+
+LEVELS = [["a"], ["b", "c"], ["d"]]
+
+
+def test_the_levels_kept_pay_their_cost_on_the_whole_and_each_half():
+    below = choose_stem(LEVELS, _scores({1: 0.9 * STEM_COST_DB, 2: 1.9 * STEM_COST_DB, 3: 2.9 * STEM_COST_DB}))
+    assert below.levels == 0 and below.ops == [] and below.gain_db == 0.0
+    assert set(below.scores) == {0, 1, 2, 3} and "stem int8" in below.summary()
+    # one level alone loses (its neighbours' quantizers move), three together gain: the levels are tried together
+    together = choose_stem(LEVELS, _scores({1: -2.0, 2: 1.0, 3: 6.0}))
+    assert together.levels == 3 and together.ops == ["a", "b", "c", "d"]
+    assert together.gain_db == pytest.approx(6.0) and together.half_gains[3] == pytest.approx((6.0, 6.0))
+    assert "+6.0 dB" in together.summary() and "| 3 " in together.table()
+    # the most net of cost wins: 2 levels at +4 (net 3) over 3 at +4.2 (net 2.7)
+    assert choose_stem(LEVELS, _scores({1: 0.2, 2: 4.0, 3: 4.2})).levels == 2
+    # a gain one half carries and the other does not is the samples', not the model's
+    assert choose_stem(LEVELS, _scores({3: 6.0}, second={3: 0.4 * 3 * STEM_COST_DB})).levels == 0
+
+
+def test_nothing_is_tried_without_halves_or_levels():
+    assert choose_stem(LEVELS, None).skipped and "not tried" in choose_stem(LEVELS, None).summary()
+    assert choose_stem([], lambda ops, half: FidelityMeter()).skipped == "no int8 weighted op"
+
+
+#: convs after the stem: each quantized op then carries a small share of the output's error (the stem's would not
+#: pay its cost), unless its input is one int8 cannot hold
+BODY = 12
+
+
+class _QuietInput(nn.Module):
+    """The stem scales its two input channels, of sizes ``LOUD`` and ``quiet``, to one size; a quiet channel of 0.01
+    next to a loud one of 100 is below one int8 step of the input, so only a float stem keeps it."""
+
+    def __init__(self, quiet: float) -> None:
+        super().__init__()
+        self.stem = nn.Conv1d(2, 2, 1, bias=False)
+        self.body = nn.Sequential(nn.ReLU(), *[layer for _ in range(BODY) for layer in (nn.Conv1d(2, 2, 1), nn.ReLU())])
+        with torch.no_grad():
+            self.stem.weight.copy_(torch.diag(torch.tensor([1 / LOUD, 1 / quiet]))[:, :, None])
+            for conv in self.body[1::2]:  # near the identity: both channels reach the output
+                conv.weight.copy_(torch.eye(2)[:, :, None] + 0.1 * torch.rand(2, 2, 1))
+                conv.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.stem(x))
+
+
+LOUD = 100.0
+
+
+def _signals(quiet: float, count: int = 8, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    scale = np.array([[LOUD], [quiet]], np.float32)
+    return [{"x": (rng.uniform(-1, 1, size=(16, 2, 32)) * scale).astype(np.float32)} for _ in range(count)]
+
+
+def _sqnr(path, float_path, feeds) -> float:
+    runs = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (path, float_path)]
+    out, ref = (np.concatenate([r.run(None, f)[0] for f in feeds]) for r in runs)
+    return float(10 * np.log10(np.sum(ref**2) / np.sum((out - ref) ** 2)))
+
+
+@pytest.mark.parametrize("quiet", [0.01, LOUD])
+def test_auto_keeps_the_stem_float_only_where_int8_cannot_hold_its_input(tmp_path, quiet):
+    torch.manual_seed(0)
+    float_path = _export(_QuietInput(quiet), tmp_path / "quiet.onnx", (2, 2, 32))
+    stem = next(n.name for n in onnx.load(float_path).graph.node if n.op_type == "Conv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = qdq.quantize_onnx(float_path, _signals(quiet), tmp_path / "q.onnx", target="onnxruntime",
+                                   progress=False)  # fmt: skip
+        qdq.quantize_onnx(float_path, _signals(quiet), tmp_path / "int8.onnx", target="onnxruntime", method="max",
+                          progress=False)  # fmt: skip
+        qdq.quantize_onnx(float_path, _signals(quiet), tmp_path / "forced.onnx", target="onnxruntime",
+                                   progress=False, keep_float=[stem])  # fmt: skip
+    choice = result.auto.stem
+    unseen = _signals(quiet, count=2, seed=1)
+    if quiet < 1:  # the quiet channel is lost to the input's step: the stem float gains tens of dB
+        assert choice.levels >= 1 and stem in choice.ops and stem in result.float_ops
+        assert "stem" in result.float_ops[stem] and choice.gain_db > 10
+        kept = _sqnr(tmp_path / "q.onnx", float_path, unseen)
+        assert kept >= _sqnr(tmp_path / "forced.onnx", float_path, unseen) - 1.0
+        assert kept > 20 + _sqnr(tmp_path / "int8.onnx", float_path, unseen)  # max: one method, the stem int8
+    else:  # both channels of one size: int8 holds the input, the stem's float ops would not pay
+        assert choice.levels == 0 and stem not in result.float_ops
+    assert "stem" in result.auto.summary() and "levels float" in result.auto.table()
+
+
+@pytest.mark.parametrize("quiet", [0.01, LOUD])
+def test_the_pytorch_door_disables_the_stem_quantizers_only_where_int8_cannot_hold_its_input(quiet):
+    torch.manual_seed(0)
+    float_model = _QuietInput(quiet).eval()
+    model = qdq.quantize_model(_QuietInput(quiet).eval(), qdq.QuantConfig(target="onnxruntime"))
+    model.load_state_dict(float_model.state_dict(), strict=False)
+    data = [torch.from_numpy(b["x"]) for b in _signals(quiet)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = select_amax(model, data, progress=False)
+    stem = dict(model.named_modules())["stem"]
+    unseen = torch.from_numpy(_signals(quiet, count=1, seed=1)[0]["x"])
+    with torch.no_grad():
+        ref, out = float_model(unseen), model(unseen)
+    sqnr = float(10 * torch.log10(ref.pow(2).sum() / (out - ref).pow(2).sum()))
+    if quiet < 1:
+        assert result.stem.ops == ["stem"] and result.stem.gain_db > 10
+        assert not stem._input_quantizer.is_quantizing and not stem._weight_quantizer.is_quantizing
+        assert sqnr > 30
+    else:
+        assert result.stem.levels == 0 and stem._input_quantizer.is_quantizing and stem._weight_quantizer.is_quantizing
