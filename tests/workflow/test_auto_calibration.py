@@ -196,3 +196,14 @@ def test_ptq_with_auto_records_and_restores_each_quantizers_method():
                  ("max", "auto"), progress=False)  # fmt: skip
     assert result.best.method == "auto"
     assert model.fc._input_quantizer.amax_method.startswith("auto: ")
+
+
+def test_one_held_out_batch_splits_by_its_samples_in_tuples_and_dicts_and_only_there():
+    from qdq.workflow.auto_calibration import _rows
+
+    batch = (torch.arange(8.0).reshape(8, 1), {"labels": torch.arange(8)})
+    first, second = _rows((batch, torch.arange(8.0) * 2))
+    assert first[0][0].ravel().tolist() == [0, 1, 2, 3] and second[0][1]["labels"].tolist() == [4, 5, 6, 7]
+    assert second[1][0].tolist() == [8, 10, 12, 14]
+    assert _rows((batch, torch.zeros(2, 8, 4))) is None  # a state [layers, batch, width]: samples not along dim 0
+    assert _rows((torch.zeros(1, 3), torch.zeros(1))) is None  # one sample

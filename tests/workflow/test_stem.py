@@ -62,11 +62,13 @@ def test_levels_group_the_int8_weighted_ops_by_the_longest_path_from_the_inputs(
         assert stem_levels(kept)[0] == [by_weight["b"]]  # a float op is no level's
 
 
-def _scores(gains: dict[int, float], second: dict[int, float] | None = None):
+def _scores(gains: dict[int, float], second: dict[int, float] | None = None, calls: list | None = None):
     """Each half scores 20 dB plus the gain of the number of levels left float (0 for one not listed)."""
 
     def score(ops, half):
         n = {0: 0, 1: 1, 3: 2, 4: 3}[len(ops)]  # levels of 1, 2 and 1 ops
+        if calls is not None:
+            calls.append((n, half))
         table = second if half == 1 and second is not None else gains
         return _meter(20 + table.get(n, 0.0))
 
@@ -80,8 +82,12 @@ def test_the_levels_kept_pay_their_cost_on_the_whole_and_each_half():
     below = choose_stem(LEVELS, _scores({1: 0.9 * STEM_COST_DB, 2: 1.9 * STEM_COST_DB, 3: 2.9 * STEM_COST_DB}))
     assert below.levels == 0 and below.ops == [] and below.gain_db == 0.0
     assert set(below.scores) == {0, 1, 2, 3} and "stem int8" in below.summary()
-    # one level alone loses (its neighbours' quantizers move), three together gain: the levels are tried together
-    together = choose_stem(LEVELS, _scores({1: -2.0, 2: 1.0, 3: 6.0}))
+    # one level alone loses (its neighbours' quantizers move), three together gain: the levels are tried together;
+    # a trial whose first half gains less than its cost does not run the second
+    calls: list = []
+    together = choose_stem(LEVELS, _scores({1: -2.0, 2: 0.9, 3: 6.0}, calls=calls))
+    assert calls == [(0, 0), (0, 1), (1, 0), (2, 0), (3, 0), (3, 1)]
+    assert np.isnan(together.scores[1]) and "—" in together.table()
     assert together.levels == 3 and together.ops == ["a", "b", "c", "d"]
     assert together.gain_db == pytest.approx(6.0) and together.half_gains[3] == pytest.approx((6.0, 6.0))
     assert "+6.0 dB" in together.summary() and "| 3 " in together.table()

@@ -10,8 +10,9 @@ The **levels** of a view (:func:`stem_levels`) group its int8 weighted ops by ho
 from a graph input to them goes through (:meth:`qdq.graphs.view.GraphView.weighted_depth`): level 0 reads the
 inputs through no weighted op, level 1 reads level 0's outputs, and so on. :func:`choose_stem` scores the model with
 the first ``n`` levels float, ``n`` = 1 .. :data:`STEM_LEVELS`, on each half of the held-out batches
-(:func:`qdq.workflow.refinement.halves`), and keeps the ``n`` whose score rises most above the all-int8 one once
-:data:`STEM_COST_DB` per level is paid, when it rises by that much on each half too. Levels are tried together
+(:func:`qdq.workflow.refinement.halves`; the second half only where the first gained the cost), and keeps the ``n``
+whose score rises most above the all-int8 one once :data:`STEM_COST_DB` per level is paid, when it rises by that
+much on each half too. Levels are tried together
 rather than one op at a time: one float op between int8 ones moves its neighbours' quantizers to other tensors (a
 conv's output taken before its activation clips it), which can cost more than it saves. A float op costs speed;
 the levels tried are at most :data:`STEM_LEVELS`, holding at most :data:`STEM_SHARE` of the int8 weighted ops, and
@@ -46,8 +47,9 @@ class StemChoice:
     Attributes:
         levels: the levels kept float (0: the stem stays int8).
         ops: the ops kept float, level by level.
-        scores: levels left float -> the held-out score (dB), 0 being the all-int8 model.
-        half_gains: levels left float -> the gain (dB) on each half of the held-out batches.
+        scores: levels left float -> the held-out score (dB), 0 being the all-int8 model; NaN where the second half
+            was not run.
+        half_gains: levels left float -> the gain (dB) on each half of the held-out batches (NaN: not run).
         skipped: why nothing was tried ("" when it ran).
     """
 
@@ -56,6 +58,11 @@ class StemChoice:
     scores: dict[int, float] = field(default_factory=dict)
     half_gains: dict[int, tuple[float, float]] = field(default_factory=dict)
     skipped: str = ""
+
+    @property
+    def tried(self) -> int:
+        """How many levels were tried."""
+        return max(self.scores, default=0)
 
     @property
     def gain_db(self) -> float:
@@ -67,18 +74,19 @@ class StemChoice:
         if self.skipped:
             return f"stem not tried: {self.skipped}"
         if not self.levels:
-            return f"stem int8 (float up to {max(self.scores)} levels gained less than {STEM_COST_DB} dB a level)"
+            return f"stem int8 (float up to {self.tried} levels gained less than {STEM_COST_DB} dB a level)"
         return (f"stem float: {len(self.ops)} op(s) of the first {self.levels} level(s), +{self.gain_db:.1f} dB "
                 f"({self.scores[0]:.1f} -> {self.scores[self.levels]:.1f})")  # fmt: skip
 
     def table(self) -> str:
         """Markdown table of the levels tried, with a legend."""
-        rows = [[str(n), f"{score:.2f}",
-                 " / ".join(f"{g:+.2f}" for g in self.half_gains.get(n, ())), "kept" if n == self.levels else ""]
-                for n, score in self.scores.items()]  # fmt: skip
+        rows = [[str(n), "—" if math.isnan(score) else f"{score:.2f}",
+                 " / ".join("—" if math.isnan(g) else f"{g:+.2f}" for g in self.half_gains.get(n, ())),
+                 "kept" if n == self.levels else ""] for n, score in self.scores.items()]  # fmt: skip
         legend = (f"levels float: the weighted ops nearest the inputs left float (level 0 reads the inputs through no "
                   f"weighted op, level 1 reads level 0, ...). Kept: the most held-out output fidelity once "
-                  f"{STEM_COST_DB} dB per level is paid, on the whole and on each half of the held-out batches.")
+                  f"{STEM_COST_DB} dB per level is paid, on the whole and on each half of the held-out batches "
+                  f"(—: the first half gained less, the second was not run).")
         return markdown_table(["levels float", "output fidelity (dB)", "halves (dB)", ""], rows) + "\n\n" + legend
 
 
@@ -120,10 +128,15 @@ def choose_stem(levels: list[list[str]], score: Callable[[list[str], int], Fidel
     best = 0.0
     for n in range(1, len(levels) + 1):
         ops = [name for level in levels[:n] for name in level]
-        halves = (score(ops, 0), score(ops, 1))
-        choice.scores[n] = _db(halves[0] + halves[1])
-        choice.half_gains[n] = (_db(halves[0]) - _db(base[0]), _db(halves[1]) - _db(base[1]))
         need = STEM_COST_DB * n
+        first = score(ops, 0)
+        if _db(first) - _db(base[0]) < need:  # the first half already says no: the second is not run
+            choice.half_gains[n] = (_db(first) - _db(base[0]), math.nan)
+            choice.scores[n] = math.nan
+            continue
+        second = score(ops, 1)
+        choice.scores[n] = _db(first + second)
+        choice.half_gains[n] = (_db(first) - _db(base[0]), _db(second) - _db(base[1]))
         net = choice.scores[n] - choice.scores[0] - need
         if net > best and min(choice.half_gains[n]) >= need:
             best, choice.levels, choice.ops = net, n, ops
