@@ -187,3 +187,19 @@ def test_the_pytorch_door_disables_the_stem_quantizers_only_where_int8_cannot_ho
         assert sqnr > 30
     else:
         assert result.stem.levels == 0 and stem._input_quantizer.is_quantizing and stem._weight_quantizer.is_quantizing
+
+
+def test_a_stem_trial_leaves_float_what_calibration_never_reached(tmp_path):
+    """silero-vad's family: the network inside an If whose else branch no batch takes. Its quantizers were dropped
+    after calibration (never reached); a trial placement asks for them again and must drop them too, not give up."""
+    from ..onnx_in.test_families import batches, if_with_weights
+
+    if_with_weights(tmp_path / "if.onnx")
+    feeds = [{**b, "cond": np.array(True)} for b in batches((4, 3, 8, 8), name="x", count=8)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = qdq.quantize_onnx(tmp_path / "if.onnx", feeds, tmp_path / "q.onnx", target="onnxruntime",
+                                   progress=False)  # fmt: skip
+    stem = result.auto.stem
+    assert stem.tried >= 1 and not stem.skipped
+    assert all(np.isfinite(gains[0]) for gains in stem.half_gains.values())  # every trial scored

@@ -91,6 +91,7 @@ class _Writers:
         self.model = model
         self.main = {t.name: t for t in model.graph.initializer}
         self.writers: dict[Path, _Writer] = {}
+        self.readers: dict[int, dict[str, list[tuple[Any, int]]]] = {}  # graph id -> value -> (node, input) reads
 
     def at(self, op: Op | None) -> _Writer:
         path = _split(op.ref)[0] if op is not None else ()
@@ -128,10 +129,16 @@ class _Writers:
     def rewire(self, old: str, new: str, skip: Any, graph: onnx.GraphProto) -> None:
         """Every read of ``old`` in ``graph`` and the graphs inside it, and every QuantizeLinear written so far,
         reads ``new``."""
-        for node in all_nodes(graph):
-            for i, name in enumerate(node.input):
-                if name == old:
-                    node.input[i] = new
+        readers = self.readers.get(id(graph))
+        if readers is None:  # built once per graph: a scan of every node per rewired value is quadratic
+            readers = self.readers[id(graph)] = {}
+            for node in all_nodes(graph):
+                for i, name in enumerate(node.input):
+                    readers.setdefault(name, []).append((node, i))
+        for node, i in readers.pop(old, []):
+            if node.input[i] == old:  # a read another site has moved to its own pair since is left alone
+                node.input[i] = new
+                readers.setdefault(new, []).append((node, i))
         for writer in self.writers.values():
             for nodes in (*writer.before.values(), *writer.after.values()):
                 for node in nodes:
