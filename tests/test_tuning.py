@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import importlib
 import re
+import warnings
 
 import numpy as np
 import onnx
@@ -580,3 +581,31 @@ def test_the_runtimes_warnings_are_said_once_per_kind_without_the_files_name():
                 warnings.warn(message, stacklevel=1)
                 warnings.warn("another warning", UserWarning, stacklevel=1)
     assert [str(w.message) for w in said] == ["tune: 3 weight(s) run in float", "tune: another warning"]
+
+
+def test_the_stem_auto_left_float_stays_float_in_every_later_file(tmp_path, monkeypatch):
+    """The plain INT8 file's calibration (auto) keeps the stem float where int8 loses the input's quiet channel;
+    every later configuration keeps it float too and reuses that calibration (none calibrates again)."""
+    from qdq.tuning import evaluation
+
+    from .workflow.test_stem import LOUD, _export, _QuietInput, _signals
+
+    torch.manual_seed(0)
+    path = _export(_QuietInput(0.01), tmp_path / "quiet.onnx", (2, 2, 32))
+    calls = []
+    real = evaluation.quantize_onnx
+
+    def recording(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append((list(kwargs.get("keep_float", ())), result.auto))
+        return result
+
+    monkeypatch.setattr(evaluation, "quantize_onnx", recording)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qdq.tune(path, _signals(0.01), _signals(0.01, count=4, seed=2), tmp_path / "t.onnx",
+                 budget=Budget.sqnr(200.0), method="auto", progress=False, rounds=1, iters=2, max_steps=1,
+                 max_candidates=2)  # fmt: skip
+    stem = calls[0][1].stem.ops
+    assert stem and LOUD > 1 and len(calls) > 1
+    assert all(set(stem) <= set(keep) and auto is None for keep, auto in calls[1:])

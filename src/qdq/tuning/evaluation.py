@@ -52,7 +52,9 @@ class Evaluator:
         self.bias_shifts: list[BiasShift] | None = None  # the same: a layer's bias shift depends on its own ranges only
         base = self.quantize((), calibration=calibration)
         self.value_ranges, self.bias_shifts = base[1], base[2]
-        self.units = self.prepared.units(engine.target, options.get("keep_float", ()))
+        if base[3]:  # the stem auto left float stays float in every later file (their ranges are those of this one)
+            self.options = {**options, "keep_float": [*options.get("keep_float", ()), *base[3]]}
+        self.units = self.prepared.units(engine.target, self.options.get("keep_float", ()))
         self.calibration_batch = tuning[0]
         self.batch = int(next(iter(self.feed(tuning[0]).values())).shape[0])
         self.add("INT8", (), base[0])
@@ -82,9 +84,10 @@ class Evaluator:
             return self.run(loaded, split)
 
     def quantize(self, floated: tuple[tuple[str, ...], ...], calibration: Iterable[Batch] | None = None
-                 ) -> tuple[Path, dict[str, np.ndarray], list[BiasShift]]:  # fmt: skip
+                 ) -> tuple[Path, dict[str, np.ndarray], list[BiasShift], list[str]]:  # fmt: skip
         """The prepared model placed with the tensors of ``floated`` float, written into the work folder: calibrated
-        on ``calibration`` the first time, with that calibration's ranges and bias shifts after it."""
+        on ``calibration`` the first time, with that calibration's ranges and bias shifts after it; the ops the
+        calibration's ``auto`` kept float as the model's stem (:mod:`qdq.workflow.stem`)."""
         out = self.work / f"config_{self.files}.onnx"
         self.files += 1
         values = sorted({name for unit in floated for name in unit})
@@ -93,7 +96,8 @@ class Evaluator:
                                    target=self.engine.target, method=self.method, float_values=values,
                                    value_ranges=self.value_ranges, bias_shifts=self.bias_shifts, progress=False,
                                    threads=self.engine.threads, **self.options)  # fmt: skip
-        return result.path, result.value_ranges, result.bias_shifts
+        stem = result.auto.stem.ops if result.auto is not None and result.auto.stem is not None else []
+        return result.path, result.value_ranges, result.bias_shifts, list(stem)
 
     def score(self, split: list[Batch], outputs: Outputs) -> float:
         self.evaluations += 1
