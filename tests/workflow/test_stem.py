@@ -203,3 +203,24 @@ def test_a_stem_trial_leaves_float_what_calibration_never_reached(tmp_path):
     stem = result.auto.stem
     assert stem.tried >= 1 and not stem.skipped
     assert all(np.isfinite(gains[0]) for gains in stem.half_gains.values())  # every trial scored
+
+
+class _DataDependent(nn.Module):
+    """A forward torch.fx cannot trace (a branch on the data)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(2, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) if x.sum() > 0 else self.conv(-x)
+
+
+def test_the_pytorch_door_says_why_a_model_it_cannot_trace_keeps_its_stem():
+    model = qdq.quantize_model(_DataDependent().eval())
+    data = [torch.from_numpy(b["x"]) for b in _signals(LOUD)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = select_amax(model, data, progress=False)
+    assert "torch.fx cannot trace" in result.stem.skipped and result.stem.levels == 0
+    assert model.conv._input_quantizer.is_quantizing and model.conv._weight_quantizer.is_quantizing

@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -316,7 +317,9 @@ def _float_stem(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: Fo
     if parts is None:
         return choose_stem([], None)
     try:
-        view = trace_view(unwrap(model))
+        with warnings.catch_warnings():  # a model torch.fx warns about is refused below, or traced: nothing to say
+            warnings.simplefilter("ignore")
+            view = trace_view(unwrap(model))
     except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
         return StemChoice(skipped=f"torch.fx cannot trace the model ({type(err).__name__})")
     names = {op.name: str(op.ref.target) if op.ref.op == "call_module" else op.name for op in view.ops}
