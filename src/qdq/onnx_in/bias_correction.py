@@ -52,38 +52,12 @@ from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model
 from qdq.graphs.view import GraphView, Op
 from qdq.onnx_in.view import weight_axis
 from qdq.tensor_quant import fake_tensor_quant
+from qdq.workflow.bias_correction import CONSTANT_SPREAD, SIGNIFICANCE, BiasShift, measured
 from qdq.workflow.progress import Progress, counter
 
 __all__ = ["CONSTANT_SPREAD", "SIGNIFICANCE", "BiasShift", "correct_biases", "measured"]
 
 _CONV_RANKS = (3, 4, 5)  # of the weight: 1-D, 2-D and 3-D convolutions
-#: standard errors of the mean a channel's shift must reach to be applied
-SIGNIFICANCE = 3.0
-#: a channel whose output spread is at most this fraction of its layer's largest is a constant (dead) channel
-CONSTANT_SPREAD = 1e-6
-
-
-@dataclass(frozen=True)
-class BiasShift:
-    """One corrected bias: the op, its bias tensor, the shift subtracted (float32, per output channel: 0 where it
-    was not measured), the shift relative to the spread of the layer's float output (``|shift| / std`` on the first
-    calibration batch, the largest over the channels that vary), the channels whose output does not vary
-    (``constant``) and those whose shift was not significant against its sampling error (``unmeasured``: left at
-    0); see the module doc."""
-
-    op: str
-    bias: str
-    shift: np.ndarray
-    relative: float
-    constant: tuple[int, ...] = ()
-    unmeasured: tuple[int, ...] = ()
-
-    @property
-    def applied(self) -> bool:
-        """Does the shift change the bias (some channel measured with a non-zero shift)?"""
-        return bool(np.any(self.shift != 0))
-
-
 @dataclass(frozen=True)
 class _Shape:
     """How a layer reads its input, for the linearity the shift is computed with.
@@ -174,17 +148,6 @@ class _Layer:
                          float(np.max(np.where(constant, 0.0, relative), initial=0.0)),
                          tuple(int(c) for c in np.flatnonzero(constant)),
                          tuple(int(c) for c in np.flatnonzero(~keep)))  # fmt: skip
-
-
-def measured(shift: np.ndarray, sample_sum: np.ndarray, sample_squares: np.ndarray, samples: int) -> np.ndarray:
-    """Which channels' ``shift`` is significant against its sampling error: ``|shift| >= SIGNIFICANCE * SE``, with
-    ``SE = std(m_i) / sqrt(n)`` from the ``n = samples`` per-sample mean errors ``m_i`` (given as their sum and the
-    sum of their squares, per channel). With fewer than 2 samples nothing is measured."""
-    if samples < 2:
-        return np.zeros(shift.shape, bool)
-    mean = sample_sum / samples
-    variance = np.maximum(sample_squares - samples * mean**2, 0.0) / (samples - 1)
-    return np.abs(shift) >= SIGNIFICANCE * np.sqrt(variance / samples)
 
 
 def correct_biases(

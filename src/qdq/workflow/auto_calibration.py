@@ -27,6 +27,11 @@ encoder; entropy destroys a sparse tail where the signal lives. The choice is ma
    rises (``AutoResult.refinement``).
 6. Each quantizer's method's ranges are then computed from the statistics of **every** batch, held-out ones
    included.
+7. **The stem** (:mod:`qdq.workflow.stem`): the weighted ops nearest the inputs stay float where int8 there costs
+   the held-out score more than a cost per level (``AutoResult.stem``).
+8. **Bias correction** (the PyTorch door here, the ONNX door in :mod:`qdq.onnx_in.auto`): each quantized layer's
+   mean output error measured on the calibration samples not held out and taken out of its bias, kept where the
+   held-out score rises by :data:`TIE_DB` (:mod:`qdq.workflow.bias_correction`).
 
 When nothing can be held out (fewer than :data:`HOLDOUT_EVERY` batches, none of which can be split), the candidates
 are scored on the first calibration batches themselves (:attr:`AutoResult.held_out` is False and the report says
@@ -58,6 +63,7 @@ from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method
 from qdq.graphs.fx_view import trace_view
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
+from qdq.workflow.bias_correction import correct_biases, undo
 from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, collect_split, default_forward, named_quantizers
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
@@ -244,9 +250,11 @@ def select_amax(
     forward_fn: ForwardFn | None = None,
     progress: Progress = True,
     strict: bool = True,
+    bias_correction: bool = True,
 ) -> AutoResult:
     """``auto`` on a PyTorch model: collect the statistics (holding batches out), score every candidate, load the
-    chosen method's ranges from every batch's statistics (see the module docstring).
+    chosen method's ranges from every batch's statistics, refine them, leave the stem float where that pays, and
+    correct the quantized layers' biases where that scores higher (see the module docstring).
 
     Args:
         model: the quantized model (its activation quantizers' statistics are collected here, with histograms).
@@ -255,6 +263,9 @@ def select_amax(
         weight_method: how weight quantizers get their range (:func:`qdq.load_amax`); None keeps them.
         progress: bars for the statistics pass and the scoring.
         strict: a quantizer that saw no data is an error (else it stays dynamic, with a warning).
+        bias_correction: measure each quantized Conv and Linear layer's mean output shift on the calibration
+            batches not held out and subtract it from its bias (:mod:`qdq.workflow.bias_correction`), kept when the
+            held-out score rises by :data:`TIE_DB` (``qdq.calibrate(model, data, bias_correction=False)``: never).
 
     Returns:
         An :class:`AutoResult`; the model is left with the chosen method's ranges (each quantizer's
@@ -285,9 +296,10 @@ def select_amax(
         fit[name].merge(calibrator)
     _load_selection(model, chosen, selection, weight_method, strict)
     stem = _float_stem(model, scored, forward)
+    corrected = _bias_correction(model, held.fit, scored, forward, scores, chosen) if bias_correction else None
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
-                        refinement=refinement, stem=stem)  # fmt: skip
+                        corrected, refinement=refinement, stem=stem)  # fmt: skip
     _log.info("%s", result.summary())
     return result
 
@@ -307,6 +319,44 @@ def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], 
 
     names = {name: name for name in amaxes[chosen]}
     return refine(amaxes, chosen, score if parts else None, names, clipping)
+
+
+def _bias_correction(model: nn.Module, fit: Sequence[Any], scored: Sequence[tuple[Any, Any]], forward: ForwardFn,
+                     scores: dict[str, float], chosen: str) -> bool | None:  # fmt: skip
+    """Correct the model's biases on ``fit`` (:func:`qdq.workflow.bias_correction.correct_biases`) and keep them
+    where the score on ``scored`` rises by :data:`TIE_DB` (its row in ``scores``); None where nothing was shifted."""
+    before = _score(model, scored, forward)
+    shifts = correct_biases(model, fit, forward, norms=_norms_after(model))
+    if not any(shift.applied for shift in shifts):
+        undo(model, shifts)
+        return None
+    after = scores[f"{chosen} + {BIAS_CORRECTION}"] = _score(model, scored, forward)
+    if _finite(after) >= _finite(before) + TIE_DB:
+        return True
+    undo(model, shifts)
+    return False
+
+
+def _norms_after(model: nn.Module) -> dict[str, str]:
+    """Layer name -> the BatchNorm (in eval mode) that alone reads its output, from a torch.fx view of the model
+    ({} where it does not trace)."""
+    root = unwrap(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            view = trace_view(root)
+    except Exception:  # torch.fx raises many kinds; without a view no norm is known
+        return {}
+    found = {}
+    for op in view.ops:
+        readers = [reader for value in op.outputs for reader, _ in value.readers]
+        norm = readers[0] if len(readers) == 1 else None
+        if (op.ref.op == "call_module" and norm is not None and norm.type == "BatchNormalization"
+                and norm.ref.op == "call_module"):  # fmt: skip
+            module = root.get_submodule(str(norm.ref.target))
+            if not module.training and getattr(module, "running_mean", None) is not None:
+                found[str(op.ref.target)] = str(norm.ref.target)
+    return found
 
 
 def _float_stem(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> StemChoice:

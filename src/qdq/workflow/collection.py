@@ -223,12 +223,15 @@ class HeldOut:
             calibrator has the other batches').
         batches: the held-out samples, batch by batch, each with the float model's output on them.
         first: when no batch was held out, the first batches with their float outputs (as many as ``MAX_KEPT``).
+        fit: the first batches' samples not held out (as many as ``MAX_KEPT``), for a measurement made after the
+            statistics (bias correction).
     """
 
     model: nn.Module
     calibrators: dict[str, Any] = field(default_factory=dict)
     batches: list[tuple[Any, Any]] = field(default_factory=list)
     first: list[tuple[Any, Any]] = field(default_factory=list)
+    fit: list[Any] = field(default_factory=list)
 
 
 #: :func:`collect_split` keeps at most this many of the first batches when none is held out
@@ -282,6 +285,8 @@ def _collect(
                 continue
             fit, held = split_batch(batch, held_out(index, len(result.batches), sample_count(batch)))
             if fit is not None:
+                if len(result.fit) < MAX_KEPT:
+                    result.fit.append(fit)
                 output = forward(wrapper, fit)
                 if len(result.first) < MAX_KEPT:
                     result.first.append((fit, output))

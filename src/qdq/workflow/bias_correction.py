@@ -1,0 +1,216 @@
+"""Bias correction for PyTorch models: each quantized Conv and Linear layer's bias absorbs the mean error its own
+input and weight quantization add, as the ONNX door's (:mod:`qdq.onnx_in.bias_correction`) does, and the rule
+both doors share for which shifts are measured.
+
+For each :class:`~qdq.nn.QuantConv1d`/``2d``/``3d`` and :class:`~qdq.nn.QuantLinear` whose input and weight
+quantizers are on, :func:`correct_biases` runs the model **float** (every quantizer off) over calibration batches and
+measures, on each layer's own float input ``x``::
+
+    shift[c] = mean over samples and positions of ( layer(Q(x), Q(W))[c] - layer(x, W)[c] )
+
+(the layer computed once more with its two quantizers on; the bias cancels), then subtracts ``shift`` from the
+layer's bias; a layer without one whose output a BatchNorm reads (a conv before its norm) has ``shift`` added to the
+norm's running mean, the same correction with the model's ``state_dict`` keys unchanged. Each layer is corrected in
+isolation on the float model's input, as NNCF's fast bias correction does: an upstream shift is not counted again
+downstream.
+
+**Only measured shifts are applied** (:func:`measured`): a channel's shift is a mean over samples of each sample's
+own mean error ``m_i``, with sampling error ``SE = std(m_i) / sqrt(n)``; it is applied when ``n >= 2`` and
+``|shift| >= SIGNIFICANCE * SE``. A channel whose float output does not vary on the first batch (its spread at most
+:data:`CONSTANT_SPREAD` of the layer's largest: a dead channel) is named in ``BiasShift.constant`` and left out of
+``BiasShift.relative``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qdq.nn.conv import QuantConv1d, QuantConv2d, QuantConv3d
+from qdq.nn.linear import QuantLinear
+from qdq.quantizer import TensorQuantizer
+from qdq.workflow.collection import ForwardFn, default_forward
+from qdq.workflow.distributed import unwrap
+
+__all__ = ["CONSTANT_SPREAD", "SIGNIFICANCE", "BiasShift", "correct_biases", "measured", "undo"]
+
+#: standard errors of the mean a channel's shift must reach to be applied
+SIGNIFICANCE = 3.0
+#: a channel whose output spread is at most this fraction of its layer's largest is a constant (dead) channel
+CONSTANT_SPREAD = 1e-6
+
+_CORRECTED = (QuantConv1d, QuantConv2d, QuantConv3d, QuantLinear)
+
+
+@dataclass(frozen=True)
+class BiasShift:
+    """One corrected bias: the op, its bias tensor, the shift subtracted (float32, per output channel: 0 where it
+    was not measured), the shift relative to the spread of the layer's float output (``|shift| / std`` on the first
+    calibration batch, the largest over the channels that vary), the channels whose output does not vary
+    (``constant``) and those whose shift was not significant against its sampling error (``unmeasured``: left at
+    0). PyTorch: ``bias`` is ``"<layer>.bias"``, or ``"<norm>.running_mean"`` of the BatchNorm reading a layer that
+    has no bias."""
+
+    op: str
+    bias: str
+    shift: np.ndarray
+    relative: float
+    constant: tuple[int, ...] = ()
+    unmeasured: tuple[int, ...] = ()
+
+    @property
+    def applied(self) -> bool:
+        """Does the shift change the bias (some channel measured with a non-zero shift)?"""
+        return bool(np.any(self.shift != 0))
+
+
+def measured(shift: np.ndarray, sample_sum: np.ndarray, sample_squares: np.ndarray, samples: int) -> np.ndarray:
+    """Which channels' ``shift`` is significant against its sampling error: ``|shift| >= SIGNIFICANCE * SE``, with
+    ``SE = std(m_i) / sqrt(n)`` from the ``n = samples`` per-sample mean errors ``m_i`` (given as their sum and the
+    sum of their squares, per channel). With fewer than 2 samples nothing is measured."""
+    if samples < 2:
+        return np.zeros(shift.shape, bool)
+    mean = sample_sum / samples
+    variance = np.maximum(sample_squares - samples * mean**2, 0.0) / (samples - 1)
+    return np.abs(shift) >= SIGNIFICANCE * np.sqrt(variance / samples)
+
+
+@dataclass
+class _Sums:
+    """A layer's per-sample mean errors summed (and squared), the samples, its float output's spread."""
+
+    total: np.ndarray | None = None
+    squares: np.ndarray | None = None
+    samples: int = 0
+    spread: np.ndarray | None = None
+    busy: bool = field(default=False, repr=False)
+
+    def add(self, errors: torch.Tensor, output: torch.Tensor, channel_dim: int) -> None:
+        means = errors.double().movedim(channel_dim, -1).reshape(errors.shape[0], -1, errors.shape[channel_dim])
+        per_sample = means.mean(dim=1).numpy()  # [N, C]
+        if self.total is None:
+            self.total, self.squares = np.zeros(per_sample.shape[1]), np.zeros(per_sample.shape[1])
+            flat = output.double().movedim(channel_dim, -1).reshape(-1, output.shape[channel_dim])
+            self.spread = flat.std(dim=0, unbiased=False).numpy()
+        assert self.squares is not None
+        self.total += per_sample.sum(axis=0)
+        self.squares += (per_sample**2).sum(axis=0)
+        self.samples += per_sample.shape[0]
+
+
+def correct_biases(model: nn.Module, batches: Sequence[Any], forward: ForwardFn | None = None, *,
+                   norms: Mapping[str, str] | None = None) -> list[BiasShift]:  # fmt: skip
+    """Subtract from each quantized Conv and Linear layer's bias the mean output shift its own input and weight
+    quantization cause on ``batches`` (run with ``forward``); returns the shifts, one per layer measured (see the
+    module docstring). A layer without a bias whose output only a BatchNorm reads (``norms``: layer name -> that
+    BatchNorm's name; the model in eval mode) has the shift added to the norm's running mean instead, the same
+    correction; other
+    layers without a bias are left as they are (a new bias would change the model's ``state_dict`` keys).
+    :func:`undo` takes them back."""
+    root = unwrap(model)
+    norms = norms or {}
+    modules = dict(root.named_modules())
+    layers = {name: module for name, module in modules.items() if _corrected(module)
+              and (getattr(module, "bias", None) is not None or name in norms)}  # fmt: skip
+    if not layers or not batches:
+        return []
+    sums = {name: _Sums() for name in layers}
+    run = forward or default_forward
+    with _float(root), torch.no_grad(), _hooks(layers, sums):
+        for batch in batches:
+            run(model, batch)
+    return [_subtract(name, layers[name], sums[name], norms.get(name), modules) for name in layers
+            if sums[name].samples]  # fmt: skip
+
+
+def undo(model: nn.Module, shifts: Sequence[BiasShift]) -> None:
+    """Take back the ``shifts`` :func:`correct_biases` applied."""
+    modules = dict(unwrap(model).named_modules())
+    with torch.no_grad():
+        for shift in shifts:
+            target = _target(modules, shift.bias)
+            if shift.applied and target is not None:
+                target.add_(torch.from_numpy(-shift.shift if shift.bias.endswith(".running_mean") else shift.shift
+                                             ).to(target))  # fmt: skip
+
+
+def _target(modules: Mapping[str, nn.Module], where: str) -> torch.Tensor | None:
+    """The tensor at ``where`` (``"<module>.bias"``, ``"<module>.running_mean"``)."""
+    owner, _, attribute = where.rpartition(".")
+    found = getattr(modules.get(owner), attribute, None)
+    return found if isinstance(found, torch.Tensor) else None
+
+
+def _corrected(module: nn.Module) -> bool:
+    quantizers = (getattr(module, "_input_quantizer", None), getattr(module, "_weight_quantizer", None))
+    return isinstance(module, _CORRECTED) and all(isinstance(q, TensorQuantizer) and q.is_quantizing
+                                                  for q in quantizers)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _float(model: nn.Module) -> Iterator[None]:
+    """Every quantizer of ``model`` off inside the context (the float model), as it was after."""
+    on = [q for q in model.modules() if isinstance(q, TensorQuantizer) and q.is_enabled]
+    for quantizer in on:
+        quantizer.disable()
+    try:
+        yield
+    finally:
+        for quantizer in on:
+            quantizer.enable()
+
+
+@contextlib.contextmanager
+def _hooks(layers: dict[str, nn.Module], sums: dict[str, _Sums]) -> Iterator[None]:
+    handles = [module.register_forward_hook(_observer(module, sums[name])) for name, module in layers.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _observer(module: nn.Module, sums: _Sums) -> Any:
+    channel_dim = -1 if isinstance(module, QuantLinear) else 1
+    own = [q for q in (getattr(module, "_input_quantizer", None), getattr(module, "_weight_quantizer", None))
+           if isinstance(q, TensorQuantizer)]  # fmt: skip
+
+    def hook(_: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+        if sums.busy or not args or not torch.is_tensor(args[0]):
+            return
+        sums.busy = True
+        try:
+            for quantizer in own:
+                quantizer.enable()
+            quantized = module(args[0])
+        finally:
+            for quantizer in own:
+                quantizer.disable()
+            sums.busy = False
+        sums.add((quantized - output).cpu(), output.cpu(), channel_dim)
+
+    return hook
+
+
+def _subtract(name: str, module: nn.Module, sums: _Sums, norm: str | None,
+              modules: Mapping[str, nn.Module]) -> BiasShift:  # fmt: skip
+    assert sums.total is not None and sums.squares is not None and sums.spread is not None
+    mean = sums.total / sums.samples
+    constant = sums.spread <= CONSTANT_SPREAD * max(float(sums.spread.max()), 1e-30)
+    keep = measured(mean, sums.total, sums.squares, sums.samples)
+    shift = np.where(keep, mean, 0.0).astype(np.float32)
+    where = f"{name}.bias" if isinstance(module.bias, torch.Tensor) else f"{norm}.running_mean"
+    target = _target(modules, where)
+    assert target is not None
+    with torch.no_grad():  # a bias takes -shift; the running mean of the norm reading the output (y + s - m), +shift
+        target.add_(torch.from_numpy(shift if where.endswith(".running_mean") else -shift).to(target))
+    varying = ~constant
+    relative = float(np.max(np.abs(shift[varying]) / sums.spread[varying])) if varying.any() else 0.0
+    return BiasShift(name, where, shift, relative, tuple(int(c) for c in np.flatnonzero(constant)),
+                     tuple(int(c) for c in np.flatnonzero(~keep)))  # fmt: skip
