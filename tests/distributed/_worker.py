@@ -144,6 +144,8 @@ def calibration_results(make_loader: Callable[[], Any]) -> dict[str, Any]:
         calibrate(model, make_loader(), method, progress=False)
         out[method] = amax_of(model)
         out[f"{method}_branch_calls"] = model.branch_calls
+        # the layers' biases (bias correction); not the norm's running mean: the model calibrates in training mode
+        out[f"{method}_biases"] = {k: v.clone() for k, v in unwrap(model).state_dict().items() if k.endswith(".bias")}
     model = build_model()
     result = ptq(model, make_loader(), fidelity, percentiles=(99.9, 99.99), progress=False)
     out["ptq"] = {

@@ -44,6 +44,7 @@ def test_auto_gives_every_rank_the_same_ranges(runs):
     ranks, reference = runs
     assert ranks[0]["auto"].keys() == reference["auto"].keys()
     assert_bit_identical(ranks[1]["auto"], ranks[0]["auto"])
+    assert_bit_identical(ranks[1]["auto_biases"], ranks[0]["auto_biases"])  # bias correction's sums are pooled too
 
 
 def test_ptq_picks_the_same_method_with_the_same_statistics(runs):

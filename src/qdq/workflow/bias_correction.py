@@ -36,7 +36,7 @@ from qdq.nn.conv import QuantConv1d, QuantConv2d, QuantConv3d
 from qdq.nn.linear import QuantLinear
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.collection import ForwardFn, default_forward
-from qdq.workflow.distributed import unwrap
+from qdq.workflow.distributed import all_reduce_sum, unwrap
 
 __all__ = ["CONSTANT_SPREAD", "SIGNIFICANCE", "BiasShift", "correct_biases", "measured", "undo"]
 
@@ -52,10 +52,10 @@ _CORRECTED = (QuantConv1d, QuantConv2d, QuantConv3d, QuantLinear)
 class BiasShift:
     """One corrected bias: the op, its bias tensor, the shift subtracted (float32, per output channel: 0 where it
     was not measured), the shift relative to the spread of the layer's float output (``|shift| / std`` on the first
-    calibration batch, the largest over the channels that vary), the channels whose output does not vary
-    (``constant``) and those whose shift was not significant against its sampling error (``unmeasured``: left at
-    0). PyTorch: ``bias`` is ``"<layer>.bias"``, or ``"<norm>.running_mean"`` of the BatchNorm reading a layer that
-    has no bias."""
+    calibration batch, the largest over the channels that vary; the spread averaged over the ranks of a sharded
+    run), the channels whose output does not vary (``constant``) and those whose shift was not significant against
+    its sampling error (``unmeasured``: left at 0). PyTorch: ``bias`` is ``"<layer>.bias"``, or
+    ``"<norm>.running_mean"`` of the BatchNorm reading a layer that has no bias."""
 
     op: str
     bias: str
@@ -83,25 +83,39 @@ def measured(shift: np.ndarray, sample_sum: np.ndarray, sample_squares: np.ndarr
 
 @dataclass
 class _Sums:
-    """A layer's per-sample mean errors summed (and squared), the samples, its float output's spread."""
+    """A layer's per-sample mean errors summed (and squared), the samples, its float output's spread on the first
+    batch (``spreads``: how many such spreads are summed in it, one per rank that saw a batch)."""
 
-    total: np.ndarray | None = None
-    squares: np.ndarray | None = None
+    channels: int
+    total: np.ndarray = field(init=False)
+    squares: np.ndarray = field(init=False)
+    spread: np.ndarray = field(init=False)
     samples: int = 0
-    spread: np.ndarray | None = None
+    spreads: int = 0
     busy: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.total, self.squares, self.spread = (np.zeros(self.channels) for _ in range(3))
 
     def add(self, errors: torch.Tensor, output: torch.Tensor, channel_dim: int) -> None:
         means = errors.double().movedim(channel_dim, -1).reshape(errors.shape[0], -1, errors.shape[channel_dim])
         per_sample = means.mean(dim=1).numpy()  # [N, C]
-        if self.total is None:
-            self.total, self.squares = np.zeros(per_sample.shape[1]), np.zeros(per_sample.shape[1])
+        if not self.spreads:
             flat = output.double().movedim(channel_dim, -1).reshape(-1, output.shape[channel_dim])
-            self.spread = flat.std(dim=0, unbiased=False).numpy()
-        assert self.squares is not None
+            self.spread, self.spreads = flat.std(dim=0, unbiased=False).numpy(), 1
         self.total += per_sample.sum(axis=0)
         self.squares += (per_sample**2).sum(axis=0)
         self.samples += per_sample.shape[0]
+
+    def flat(self) -> list[float]:
+        return [*self.total, *self.squares, *self.spread, float(self.samples), float(self.spreads)]
+
+    def load(self, flat: Sequence[float]) -> None:
+        """These sums from :meth:`flat` values (summed over the ranks): every rank then holds every rank's batches."""
+        c = self.channels
+        self.total, self.squares = np.asarray(flat[:c]), np.asarray(flat[c : 2 * c])
+        self.samples, self.spreads = int(flat[3 * c]), int(flat[3 * c + 1])
+        self.spread = np.asarray(flat[2 * c : 3 * c]) / max(self.spreads, 1)
 
 
 def correct_biases(model: nn.Module, batches: Sequence[Any], forward: ForwardFn | None = None, *,
@@ -120,11 +134,17 @@ def correct_biases(model: nn.Module, batches: Sequence[Any], forward: ForwardFn 
               and (getattr(module, "bias", None) is not None or name in norms)}  # fmt: skip
     if not layers or not batches:
         return []
-    sums = {name: _Sums() for name in layers}
+    sums = {name: _Sums(_channels(module)) for name, module in layers.items()}
     run = forward or default_forward
     with _float(root), torch.no_grad(), _hooks(layers, sums):
         for batch in batches:
             run(model, batch)
+    flat = all_reduce_sum([v for name in layers for v in sums[name].flat()])  # every rank the same shifts
+    start = 0
+    for name in layers:
+        size = 3 * sums[name].channels + 2
+        sums[name].load(flat[start : start + size])
+        start += size
     return [_subtract(name, layers[name], sums[name], norms.get(name), modules) for name in layers
             if sums[name].samples]  # fmt: skip
 
@@ -145,6 +165,10 @@ def _target(modules: Mapping[str, nn.Module], where: str) -> torch.Tensor | None
     owner, _, attribute = where.rpartition(".")
     found = getattr(modules.get(owner), attribute, None)
     return found if isinstance(found, torch.Tensor) else None
+
+
+def _channels(module: nn.Module) -> int:
+    return int(getattr(module, "out_features" if isinstance(module, QuantLinear) else "out_channels"))
 
 
 def _corrected(module: nn.Module) -> bool:
@@ -200,7 +224,6 @@ def _observer(module: nn.Module, sums: _Sums) -> Any:
 
 def _subtract(name: str, module: nn.Module, sums: _Sums, norm: str | None,
               modules: Mapping[str, nn.Module]) -> BiasShift:  # fmt: skip
-    assert sums.total is not None and sums.squares is not None and sums.spread is not None
     mean = sums.total / sums.samples
     constant = sums.spread <= CONSTANT_SPREAD * max(float(sums.spread.max()), 1e-30)
     keep = measured(mean, sums.total, sums.squares, sums.samples)
