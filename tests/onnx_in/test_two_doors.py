@@ -116,7 +116,7 @@ def test_both_doors_choose_the_same_method_by_default(tmp_path):
     onnx_door = qdq.quantize_onnx(float_path, [{"x": d.numpy()} for d in data], tmp_path / "onnx_door.onnx",
                                   target="onnxruntime", bias_correction=False, progress=False)  # fmt: skip
     quantized = qdq.quantize_model(copy.deepcopy(model), qdq.QuantConfig(target="onnxruntime"))
-    torch_door = qdq.workflow.select_amax(quantized, data, progress=False)
+    torch_door = qdq.workflow.select_amax(quantized, data, progress=False, bias_correction=False)
     assert onnx_door.auto is not None and onnx_door.auto.held_out and torch_door.held_out
     assert onnx_door.auto.batches == torch_door.batches == 2
     assert onnx_door.auto.chosen == torch_door.chosen and onnx_door.method == f"auto: {torch_door.chosen}"
