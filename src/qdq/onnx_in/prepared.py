@@ -40,7 +40,7 @@ from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_atte
 from qdq.targets import Target
 from qdq.targets.onnxruntime.passes.float_convs import UnquantizedConvWarning
 
-__all__ = ["Placement", "PreparedModel", "activation_groups", "activation_values"]
+__all__ = ["Placement", "PreparedModel", "activation_groups", "activation_values", "ranges_by_value", "values_ranges"]
 
 
 class PreparedModel:
@@ -193,3 +193,29 @@ def activation_groups(view: GraphView) -> list[tuple[str, ...]]:
 def activation_values(quantizer: Quantizer) -> list[str]:
     """The tensors ``quantizer`` reads, sorted."""
     return sorted({site.value.name for site in quantizer.sites})
+
+
+def values_ranges(view: GraphView, value_ranges: Mapping[str, np.ndarray] | None) -> dict[int, np.ndarray] | None:
+    """Every activation quantizer's amax (by ``id``) from ``value_ranges`` (tensor name -> amax; the largest over
+    its tensors), or None when one of them has a tensor without a range (then everything is calibrated)."""
+    if not value_ranges:
+        return None
+    found = {}
+    for quantizer in view.quantizers():
+        if quantizer.per_channel:
+            continue
+        values = activation_values(quantizer)
+        if any(name not in value_ranges for name in values):
+            return None
+        found[id(quantizer)] = np.max([np.asarray(value_ranges[name], np.float32) for name in values], axis=0)
+    return found
+
+
+def ranges_by_value(view: GraphView, ranges: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
+    """Tensor name -> the amax of the activation quantizer of ``view`` that reads it (``ranges`` by ``id``)."""
+    found: dict[str, np.ndarray] = {}
+    for quantizer in view.quantizers():
+        if not quantizer.per_channel and id(quantizer) in ranges:
+            for name in activation_values(quantizer):
+                found[name] = np.asarray(ranges[id(quantizer)], np.float32)
+    return found

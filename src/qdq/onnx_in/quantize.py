@@ -36,24 +36,20 @@ import torch
 from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationWarning, QdqConfigError
 from qdq.graphs import ops as vocab
-from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.onnx_in import auto as auto_ranges
-from qdq.onnx_in.auto import Scored
 from qdq.onnx_in.bias_correction import BiasShift, correct_biases
 from qdq.onnx_in.calibrate import Statistics, collect, kept_parts, weight_ranges
 from qdq.onnx_in.materialize import quantizer_names
-from qdq.onnx_in.prepared import Placement, PreparedModel
-from qdq.onnx_in.view import keep_unreached_float
+from qdq.onnx_in.prepared import Placement, PreparedModel, ranges_by_value, values_ranges
+from qdq.onnx_in.stem import Placing, float_stem
 from qdq.quantizer import STEP_TYPES
 from qdq.targets import DEFAULT_TARGET, Target, resolve_target
 from qdq.targets.onnxruntime.passes.biases import WIDENED_METADATA_KEY
 from qdq.tensor_quant import low_precision_amax
 from qdq.workflow.auto_calibration import AUTO, AutoResult, held_out
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
-from qdq.workflow.fidelity import FidelityMeter
-from qdq.workflow.progress import Progress, counter
-from qdq.workflow.stem import StemChoice, choose_stem, stem_levels
+from qdq.workflow.progress import Progress
 
 __all__ = ["OnnxQuantizeResult", "quantize_onnx"]
 
@@ -213,7 +209,7 @@ def quantize_onnx(
                              batches=kept)  # a model loaded here is written itself
     proto, view = placement.model, placement.view
     calibrating = time.perf_counter()
-    ranges = _reused(view, value_ranges)
+    ranges = values_ranges(view, value_ranges)
     batches, calibration = 0, CalibrationReport()
     weights = weight_ranges(proto, view, weight_method)
     auto: AutoResult | None = None
@@ -233,15 +229,15 @@ def quantize_onnx(
         label = f"auto: {auto.chosen}" if auto else label
         calibration = _clipping(view, statistics, ranges, label)
         if auto is not None:
-            placing = _Placing(keep_float, float_values, nonnegative, kept, weight_method, threads, progress)
-            auto.stem, stemmed = _float_stem(source, placement, placing, ranges,
-                                             auto_ranges.held_out_halves(statistics))  # fmt: skip
+            placing = Placing(keep_float, float_values, nonnegative, kept, weight_method, threads, progress)
+            auto.stem, stemmed = float_stem(source, placement, placing, ranges,
+                                            auto_ranges.held_out_halves(statistics))  # fmt: skip
             if stemmed is not None:
                 placement = Placement(proto, stemmed[0], chosen)
                 view, ranges = stemmed
                 weights = weight_ranges(proto, view, weight_method)
     seconds = {"calibration": time.perf_counter() - calibrating}
-    by_value = _by_value(view, ranges)
+    by_value = ranges_by_value(view, ranges)
     ranges.update(weights)
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     names = quantizer_names(view)
@@ -264,85 +260,6 @@ def quantize_onnx(
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _Placing:
-    """The arguments a placement of the stem trials is made with (those of the placement being written)."""
-
-    keep_float: Sequence[str]
-    float_values: Sequence[str]
-    nonnegative: Sequence[str]
-    batches: Sequence[Any]
-    weight_method: str
-    threads: int | None
-    progress: Progress
-
-
-_STEM_WHY = ("the model's stem, left float by auto: int8 there lost more held-out output fidelity than its cost "
-             "(result.auto.stem)")
-
-
-_Trial = tuple[GraphView, dict[int, np.ndarray]]  # a placement's view and its activation ranges
-
-
-def _float_stem(source: PreparedModel, placement: Placement, placing: _Placing, ranges: Mapping[int, np.ndarray],
-                parts: tuple[Scored, Scored] | None) -> tuple[StemChoice, _Trial | None]:  # fmt: skip
-    """:func:`qdq.workflow.stem.choose_stem` of ``placement`` with its activation ``ranges``: each trial is the
-    placement made again with the stem's ops float, its quantizers taking the ranges of the tensors they read; the
-    view and ranges to write when the stem is kept float."""
-    view = placement.view
-    levels = stem_levels(view)
-    observed = _by_value(view, ranges)
-    asked = set().union(*map(_activation_values, _placed(source, placement.target, placing).quantizers()))
-    trials: dict[tuple[str, ...], _Trial | None] = {(): (view, dict(ranges))}
-    sessions: dict[tuple[str, ...], auto_ranges.Quantized | None] = {}
-    bar = counter(placing.progress, "auto: the stem float", 2 * (len(levels) + 1) if parts else 0)
-
-    def score(ops: list[str], half: int) -> FidelityMeter:
-        key = tuple(ops)
-        if key not in trials:
-            trials[key] = _stem_trial(source, placement.target, placing, ops, observed, asked)
-        if key not in sessions:
-            found = trials[key]
-            sessions[key] = None if found is None else auto_ranges.Quantized(
-                placement.model, found[0],
-                {**found[1], **weight_ranges(placement.model, found[0], placing.weight_method)}, placing.threads)
-        bar.update()
-        session = sessions[key]
-        if parts is None or session is None:
-            return FidelityMeter()  # no score: never kept
-        meter = session.meter(parts[half])
-        if half == 1:
-            del sessions[key]  # both halves scored: its memory back
-        return meter
-
-    choice = choose_stem(levels, score if parts is not None else None)
-    bar.close()
-    return choice, (trials[tuple(choice.ops)] if choice.levels else None)
-
-
-def _placed(source: PreparedModel, target: Target, placing: _Placing, ops: Sequence[str] = ()) -> GraphView:
-    """The view of ``source`` placed as ``placing`` says, with ``ops`` float too (before calibration)."""
-    return source.view(target, [*placing.keep_float, *ops], placing.float_values, placing.nonnegative,
-                       batches=placing.batches)  # fmt: skip
-
-
-def _stem_trial(source: PreparedModel, target: Target, placing: _Placing, ops: list[str],
-                observed: Mapping[str, np.ndarray], asked: set[str]) -> _Trial | None:  # fmt: skip
-    """The placement with ``ops`` float too and its activation ranges from ``observed`` (tensor -> amax); None when
-    it quantizes a tensor the placement calibrated did not (``asked``: every tensor calibration was asked for,
-    those it never reached included)."""
-    view = _placed(source, target, placing, ops)
-    for name in ops:
-        view.float_ops[name] = _STEM_WHY
-    missing = [q for q in view.quantizers()
-               if not q.per_channel and any(v not in observed for v in _activation_values(q))]  # fmt: skip
-    if any(v not in asked for q in missing for v in _activation_values(q)):
-        return None
-    keep_unreached_float(view, missing)  # what the placement calibrated left float: calibration never reached it
-    ranges = _reused(view, observed)
-    return (view, ranges) if ranges is not None else None
-
-
 def _widened_weights(model: onnx.ModelProto) -> dict[str, float]:
     """The weight steps the target's rewrite widened for their int32 biases, as the written file records them."""
     recorded = {p.key: p.value for p in model.metadata_props}.get(WIDENED_METADATA_KEY)
@@ -357,36 +274,6 @@ def _minima(batches: Sequence[Any], inputs: Sequence[str]) -> dict[str, float]:
         for name in inputs:
             if name in named:
                 found[name] = min(found.get(name, math.inf), float(np.min(np.asarray(named[name]))))
-    return found
-
-
-def _activation_values(quantizer: Any) -> list[str]:
-    return sorted({site.value.name for site in quantizer.sites})
-
-
-def _reused(view: Any, value_ranges: Mapping[str, np.ndarray] | None) -> dict[int, np.ndarray] | None:
-    """Every activation quantizer's amax from ``value_ranges`` (the largest over its tensors), or None when one
-    of them has a tensor without a range (then everything is calibrated)."""
-    if not value_ranges:
-        return None
-    found = {}
-    for quantizer in view.quantizers():
-        if quantizer.per_channel:
-            continue
-        values = _activation_values(quantizer)
-        if any(name not in value_ranges for name in values):
-            return None
-        found[id(quantizer)] = np.max([np.asarray(value_ranges[name], np.float32) for name in values], axis=0)
-    return found
-
-
-def _by_value(view: Any, ranges: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
-    """Tensor name -> the amax of the activation quantizer that reads it."""
-    found: dict[str, np.ndarray] = {}
-    for quantizer in view.quantizers():
-        if not quantizer.per_channel and id(quantizer) in ranges:
-            for name in _activation_values(quantizer):
-                found[name] = np.asarray(ranges[id(quantizer)], np.float32)
     return found
 
 

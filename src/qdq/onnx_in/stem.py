@@ -1,0 +1,107 @@
+"""The ONNX door's float stem (:mod:`qdq.workflow.stem`): each trial is the prepared model placed again with the stem's
+ops float (:meth:`qdq.onnx_in.prepared.PreparedModel.view`), its quantizers taking the ranges of the tensors
+calibration observed, written as a Q/DQ copy and scored on the held-out samples (:class:`qdq.onnx_in.auto.Quantized`,
+unoptimized). A trial that would quantize a tensor calibration never observed is not scored (never kept); the
+quantizers calibration never reached (an ``If`` branch no batch took) stay float as in the placement calibrated.
+The trials are scored with the final ranges and without bias correction, the same for every trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from qdq.graphs.view import GraphView
+from qdq.onnx_in.auto import Quantized, Scored
+from qdq.onnx_in.calibrate import weight_ranges
+from qdq.onnx_in.prepared import Placement, PreparedModel, activation_values, ranges_by_value, values_ranges
+from qdq.onnx_in.view import keep_unreached_float
+from qdq.targets import Target
+from qdq.workflow.fidelity import FidelityMeter
+from qdq.workflow.progress import Progress, counter
+from qdq.workflow.stem import StemChoice, choose_stem, stem_levels
+
+__all__ = ["STEM_WHY", "Placing", "float_stem"]
+
+
+@dataclass(frozen=True)
+class Placing:
+    """The arguments a placement of the stem trials is made with (those of the placement being written)."""
+
+    keep_float: Sequence[str]
+    float_values: Sequence[str]
+    nonnegative: Sequence[str]
+    batches: Sequence[Any]
+    weight_method: str
+    threads: int | None
+    progress: Progress
+
+
+#: the reason ``float_ops`` gives for an op of the stem left float
+STEM_WHY = ("the model's stem, left float by auto: int8 there lost more held-out output fidelity than its cost "
+            "(result.auto.stem)")
+
+
+_Trial = tuple[GraphView, dict[int, np.ndarray]]  # a placement's view and its activation ranges
+
+
+def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ranges: Mapping[int, np.ndarray],
+               parts: tuple[Scored, Scored] | None) -> tuple[StemChoice, _Trial | None]:  # fmt: skip
+    """:func:`qdq.workflow.stem.choose_stem` of ``placement`` with its activation ``ranges``: each trial is the
+    placement made again with the stem's ops float, its quantizers taking the ranges of the tensors they read; the
+    view and ranges to write when the stem is kept float."""
+    view = placement.view
+    levels = stem_levels(view)
+    observed = ranges_by_value(view, ranges)
+    asked = set().union(*map(activation_values, _placed(source, placement.target, placing).quantizers()))
+    trials: dict[tuple[str, ...], _Trial | None] = {(): (view, dict(ranges))}
+    sessions: dict[tuple[str, ...], Quantized | None] = {}
+    bar = counter(placing.progress, "auto: the stem float", 2 * (len(levels) + 1) if parts else 0)
+
+    def score(ops: list[str], half: int) -> FidelityMeter:
+        key = tuple(ops)
+        if key not in trials:
+            trials[key] = _stem_trial(source, placement.target, placing, ops, observed, asked)
+        if key not in sessions:
+            found = trials[key]
+            sessions[key] = None if found is None else Quantized(
+                placement.model, found[0],
+                {**found[1], **weight_ranges(placement.model, found[0], placing.weight_method)}, placing.threads)
+        bar.update()
+        session = sessions[key]
+        if parts is None or session is None:
+            return FidelityMeter()  # no score: never kept
+        meter = session.meter(parts[half])
+        if half == 1:
+            del sessions[key]  # both halves scored: its memory back
+        return meter
+
+    choice = choose_stem(levels, score if parts is not None else None)
+    bar.close()
+    return choice, (trials[tuple(choice.ops)] if choice.levels else None)
+
+
+def _placed(source: PreparedModel, target: Target, placing: Placing, ops: Sequence[str] = ()) -> GraphView:
+    """The view of ``source`` placed as ``placing`` says, with ``ops`` float too (before calibration)."""
+    return source.view(target, [*placing.keep_float, *ops], placing.float_values, placing.nonnegative,
+                       batches=placing.batches)  # fmt: skip
+
+
+def _stem_trial(source: PreparedModel, target: Target, placing: Placing, ops: list[str],
+                observed: Mapping[str, np.ndarray], asked: set[str]) -> _Trial | None:  # fmt: skip
+    """The placement with ``ops`` float too and its activation ranges from ``observed`` (tensor -> amax); None when
+    it quantizes a tensor the placement calibrated did not (``asked``: every tensor calibration was asked for,
+    those it never reached included)."""
+    view = _placed(source, target, placing, ops)
+    for name in ops:
+        view.float_ops[name] = STEM_WHY
+    missing = [q for q in view.quantizers()
+               if not q.per_channel and any(v not in observed for v in activation_values(q))]  # fmt: skip
+    if any(v not in asked for q in missing for v in activation_values(q)):
+        return None
+    keep_unreached_float(view, missing)  # what the placement calibrated left float: calibration never reached it
+    ranges = values_ranges(view, observed)
+    return (view, ranges) if ranges is not None else None
