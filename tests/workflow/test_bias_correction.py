@@ -72,7 +72,7 @@ def test_a_shift_inside_its_sampling_error_is_not_applied():
 
 
 def test_a_conv_without_bias_shifts_the_running_mean_of_its_norm_and_keeps_the_state_dict_keys():
-    from qdq.workflow.auto_calibration import _norms_after
+    from qdq.workflow.auto_calibration import _norms_after, _traced
 
     torch.manual_seed(0)
     model = qdq.quantize_model(nn.Sequential(nn.Conv2d(2, 3, 3, bias=False), nn.BatchNorm2d(3), nn.Conv2d(3, 2, 1,
@@ -84,7 +84,7 @@ def test_a_conv_without_bias_shifts_the_running_mean_of_its_norm_and_keeps_the_s
     x = (torch.rand(16, 2, 6, 6) + 0.004).contiguous()
     _calibrated(model, x.numpy())
     keys, mean = list(model.state_dict()), model[1].running_mean.clone()
-    norms = _norms_after(model)
+    norms = _norms_after(model, _traced(model)[0])
     assert norms == {"0": "1"}  # the last conv has no norm after it: not corrected (no bias to take a shift)
     shifts = correct_biases(model, [x[:8], x[8:]], norms=norms)
     assert [s.bias for s in shifts] == ["1.running_mean"] and shifts[0].applied and shifts[0].constant == (2,)
@@ -129,9 +129,9 @@ def test_auto_keeps_the_correction_only_where_it_scores_and_can_be_turned_off(mo
     assert torch.equal(model[0].bias, before)
     fit, scored = data[:4], [(b, b) for b in data[4:]]
     for after, kept in ((20.0 + auto_calibration.TIE_DB / 2, False), (20.0 + 2 * auto_calibration.TIE_DB, True)):
-        monkeypatch.setattr(auto_calibration, "_score", _scores_in_turn([20.0, after]))
+        monkeypatch.setattr(auto_calibration, "_score", _scores_in_turn([after]))
         scores = {"max": 20.0}
-        assert auto_calibration._bias_correction(model, fit, scored, None, scores, "max") is kept
+        assert auto_calibration._bias_correction(model, fit, scored, None, 20.0, scores, "max", {}) is kept
         assert scores["max + bias correction"] == after
         assert torch.allclose(model[0].bias, before, atol=1e-6) is not kept  # taken back unless kept
     with pytest.raises(qdq.QdqTypeError, match="bias_correction"):

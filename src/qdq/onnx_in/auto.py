@@ -184,11 +184,7 @@ class _StepFed:
         ``scored`` (feed, float outputs) pairs."""
         steps = {name: np.asarray(activation_step(np.asarray(ranges[key]), unsigned) * ratio, np.float32).reshape(())
                  for key, (inputs, ratio, unsigned) in self.steps.items() for name in inputs}  # fmt: skip
-        meter = FidelityMeter()
-        for feed, reference in scored:
-            meter.add(reference, self.session.run(None, {**{n: a for n, a in feed.items() if n in self.inputs},
-                                                         **steps}))  # fmt: skip
-        return meter
+        return _meter(self.session, self.inputs, scored, steps)
 
 
 class Quantized:
@@ -205,11 +201,18 @@ class Quantized:
 
     def meter(self, scored: Scored) -> FidelityMeter:
         """The output fidelity on the ``scored`` (feed, float outputs) pairs."""
-        found = FidelityMeter()
-        for feed, reference in scored:
-            outputs: list[Any] = self.session.run(None, {n: a for n, a in feed.items() if n in self.inputs})
-            found.add(reference, outputs)
-        return found
+        return _meter(self.session, self.inputs, scored)
+
+
+def _meter(session: Any, inputs: set[str], scored: Scored, extra: Mapping[str, np.ndarray] | None = None
+           ) -> FidelityMeter:  # fmt: skip
+    """The output fidelity of ``session`` on the ``scored`` (feed, float outputs) pairs, each feed's ``inputs``
+    (and ``extra``, such as fed steps) given."""
+    found = FidelityMeter()
+    for feed, reference in scored:
+        outputs: list[Any] = session.run(None, {**{n: a for n, a in feed.items() if n in inputs}, **(extra or {})})
+        found.add(reference, outputs)
+    return found
 
 
 def _score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],

@@ -61,6 +61,7 @@ from torch import nn
 
 from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method
 from qdq.graphs.fx_view import trace_view
+from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
 from qdq.workflow.bias_correction import correct_biases, undo
@@ -291,12 +292,16 @@ def select_amax(
         clipping[label] = destructive(fit, amaxes[label], label)
         scores[label] = _score(model, scored, forward)
     chosen = choose(scores, clipping)
-    selection, refinement = _refine(model, amaxes, chosen, clipping, scored, forward)
+    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
+    selection, refinement = _refine(model, amaxes, chosen, clipping, parts, forward)
     for name, calibrator in held.calibrators.items():
         fit[name].merge(calibrator)
     _load_selection(model, chosen, selection, weight_method, strict)
-    stem = _float_stem(model, scored, forward)
-    corrected = _bias_correction(model, held.fit, scored, forward, scores, chosen) if bias_correction else None
+    view, untraced = _traced(model)
+    stem = _float_stem(model, view, untraced, parts, forward)
+    before = stem.scores[stem.levels] if stem.scores else _score(model, scored, forward)  # the model as it is now
+    corrected = (_bias_correction(model, held.fit, scored, forward, before, scores, chosen, _norms_after(model, view))
+                 if bias_correction else None)  # fmt: skip
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
                         corrected, refinement=refinement, stem=stem)  # fmt: skip
@@ -304,13 +309,15 @@ def select_amax(
     return result
 
 
+Scored = list[tuple[Any, Any]]  # held-out batches, each with the float model's output on it
+
+
 def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], chosen: str,
-            clipping: Mapping[str, list[str]], scored: Sequence[tuple[Any, Any]],
+            clipping: Mapping[str, list[str]], parts: tuple[Scored, Scored] | None,
             forward: ForwardFn) -> tuple[dict[str, str], Refinement]:  # fmt: skip
     """:func:`qdq.workflow.refinement.refine` of the model's activation quantizers (each trial loads the selected
-    ranges and runs the model on half of the held-out batches)."""
+    ranges and runs the model on half of the held-out batches, ``parts``)."""
     quantizers = dict(named_quantizers(unwrap(model), weights=False))
-    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
 
     def score(selection: Mapping[str, str], half: int) -> FidelityMeter:
         for name, label in selection.items():
@@ -321,12 +328,12 @@ def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], 
     return refine(amaxes, chosen, score if parts else None, names, clipping)
 
 
-def _bias_correction(model: nn.Module, fit: Sequence[Any], scored: Sequence[tuple[Any, Any]], forward: ForwardFn,
-                     scores: dict[str, float], chosen: str) -> bool | None:  # fmt: skip
-    """Correct the model's biases on ``fit`` (:func:`qdq.workflow.bias_correction.correct_biases`) and keep them
-    where the score on ``scored`` rises by :data:`TIE_DB` (its row in ``scores``); None where nothing was shifted."""
-    before = _score(model, scored, forward)
-    shifts = correct_biases(model, fit, forward, norms=_norms_after(model))
+def _bias_correction(model: nn.Module, fit: Sequence[Any], scored: Scored, forward: ForwardFn, before: float,
+                     scores: dict[str, float], chosen: str, norms: Mapping[str, str]) -> bool | None:  # fmt: skip
+    """Correct the model's biases on ``fit`` (:func:`qdq.workflow.bias_correction.correct_biases`, ``norms`` as it
+    takes them) and keep them where the score on ``scored`` rises by :data:`TIE_DB` above ``before`` (the model's
+    score as it is; the correction's row in ``scores``); None where nothing was shifted."""
+    shifts = correct_biases(model, fit, forward, norms=norms)
     if not any(shift.applied for shift in shifts):
         undo(model, shifts)
         return None
@@ -337,16 +344,22 @@ def _bias_correction(model: nn.Module, fit: Sequence[Any], scored: Sequence[tupl
     return False
 
 
-def _norms_after(model: nn.Module) -> dict[str, str]:
-    """Layer name -> the BatchNorm (in eval mode) that alone reads its output, from a torch.fx view of the model
-    ({} where it does not trace)."""
-    root = unwrap(model)
+def _traced(model: nn.Module) -> tuple[GraphView | None, str]:
+    """The torch.fx view of the model (:func:`qdq.graphs.fx_view.trace_view`), or None and why it does not trace."""
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # a model torch.fx warns about is refused, or traced: nothing to say
             warnings.simplefilter("ignore")
-            view = trace_view(root)
-    except Exception:  # torch.fx raises many kinds; without a view no norm is known
+            return trace_view(unwrap(model)), ""
+    except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
+        return None, f"torch.fx cannot trace the model ({type(err).__name__})"
+
+
+def _norms_after(model: nn.Module, view: GraphView | None) -> dict[str, str]:
+    """Layer name -> the BatchNorm (in eval mode) that alone reads its output, on the model's ``view`` ({} without
+    one)."""
+    if view is None:
         return {}
+    root = unwrap(model)
     found = {}
     for op in view.ops:
         readers = [reader for value in op.outputs for reader, _ in value.readers]
@@ -359,19 +372,15 @@ def _norms_after(model: nn.Module) -> dict[str, str]:
     return found
 
 
-def _float_stem(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: ForwardFn) -> StemChoice:
-    """:func:`qdq.workflow.stem.choose_stem` of the model's quantized modules: a trial disables the quantizers the
-    stem's ops read their inputs and weights through; those of the levels kept stay disabled (the modules run, and
-    export, float)."""
-    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
+def _float_stem(model: nn.Module, view: GraphView | None, untraced: str, parts: tuple[Scored, Scored] | None,
+                forward: ForwardFn) -> StemChoice:  # fmt: skip
+    """:func:`qdq.workflow.stem.choose_stem` of the model's quantized modules on its ``view`` (None: it does not
+    trace, ``untraced`` says why): a trial disables the quantizers the stem's ops read their inputs and weights
+    through; those of the levels kept stay disabled (the modules run, and export, float)."""
     if parts is None:
         return choose_stem([], None)
-    try:
-        with warnings.catch_warnings():  # a model torch.fx warns about is refused below, or traced: nothing to say
-            warnings.simplefilter("ignore")
-            view = trace_view(unwrap(model))
-    except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
-        return StemChoice(skipped=f"torch.fx cannot trace the model ({type(err).__name__})")
+    if view is None:
+        return StemChoice(skipped=untraced)
     names = {op.name: str(op.ref.target) if op.ref.op == "call_module" else op.name for op in view.ops}
     handles: dict[str, list[TensorQuantizer]] = {}
     for op in view.ops:

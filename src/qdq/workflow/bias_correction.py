@@ -152,12 +152,19 @@ def correct_biases(model: nn.Module, batches: Sequence[Any], forward: ForwardFn 
 def undo(model: nn.Module, shifts: Sequence[BiasShift]) -> None:
     """Take back the ``shifts`` :func:`correct_biases` applied."""
     modules = dict(unwrap(model).named_modules())
+    for shift in shifts:
+        if shift.applied:
+            _move(modules, shift.bias, shift.shift, undo=True)
+
+
+def _move(modules: Mapping[str, nn.Module], where: str, shift: np.ndarray, *, undo: bool = False) -> None:
+    """Apply ``shift`` (or take it back) at ``where``: a bias takes ``-shift``; the running mean of the norm reading
+    the layer's output takes ``+shift`` (the norm computes ``y + shift - mean``)."""
+    target = _target(modules, where)
+    assert target is not None, where
+    sign = (1.0 if where.endswith(".running_mean") else -1.0) * (-1.0 if undo else 1.0)
     with torch.no_grad():
-        for shift in shifts:
-            target = _target(modules, shift.bias)
-            if shift.applied and target is not None:
-                target.add_(torch.from_numpy(-shift.shift if shift.bias.endswith(".running_mean") else shift.shift
-                                             ).to(target))  # fmt: skip
+        target.add_(torch.from_numpy(sign * shift).to(target))
 
 
 def _target(modules: Mapping[str, nn.Module], where: str) -> torch.Tensor | None:
@@ -229,10 +236,7 @@ def _subtract(name: str, module: nn.Module, sums: _Sums, norm: str | None,
     keep = measured(mean, sums.total, sums.squares, sums.samples)
     shift = np.where(keep, mean, 0.0).astype(np.float32)
     where = f"{name}.bias" if isinstance(module.bias, torch.Tensor) else f"{norm}.running_mean"
-    target = _target(modules, where)
-    assert target is not None
-    with torch.no_grad():  # a bias takes -shift; the running mean of the norm reading the output (y + s - m), +shift
-        target.add_(torch.from_numpy(shift if where.endswith(".running_mean") else -shift).to(target))
+    _move(modules, where, shift)
     varying = ~constant
     relative = float(np.max(np.abs(shift[varying]) / sums.spread[varying])) if varying.any() else 0.0
     return BiasShift(name, where, shift, relative, tuple(int(c) for c in np.flatnonzero(constant)),

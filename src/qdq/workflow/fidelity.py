@@ -48,6 +48,12 @@ class FidelityMeter:
         """:func:`output_fidelity` of what was added (dB); NaN when nothing comparable was added."""
         return output_fidelity(self._sums)
 
+    def ranked(self) -> float:
+        """:meth:`score` for comparisons: -inf where nothing comparable was added (a trial that could not run ranks
+        below every one that did)."""
+        value = self.score()
+        return value if math.isfinite(value) else -math.inf
+
     def reduced(self, reduce: Callable[[list[float]], list[float]]) -> FidelityMeter:
         """A meter whose sums are ``reduce`` of these (flattened in key order): summed over the ranks of a sharded
         run with :func:`qdq.workflow.distributed.all_reduce_sum`, every rank then holding every rank's batches."""

@@ -183,7 +183,8 @@ def refine(
     if not order:
         return selection, Refinement(math.nan, math.nan, skipped="no candidate ranges differ")
     current = (score(selection, 0), score(selection, 1))
-    result = Refinement(_db(current[0] + current[1]), _db(current[0] + current[1]), tried=len(order), runs=2)
+    start = (current[0] + current[1]).ranked()
+    result = Refinement(start, start, tried=len(order), runs=2)
     for key in order:
         for label in candidates:
             if label == selection[key] or not _differs(_amax(candidates[label].get(key)),
@@ -194,12 +195,12 @@ def refine(
             trial = {**selection, key: label}
             first = score(trial, 0)
             result.runs += 1
-            if _db(first) - _db(current[0]) < need / 2:
+            if first.ranked() - current[0].ranked() < need / 2:
                 continue
             second = score(trial, 1)
             result.runs += 1
-            gains = (_db(first) - _db(current[0]), _db(second) - _db(current[1]))
-            whole = _db(first + second)
+            gains = (first.ranked() - current[0].ranked(), second.ranked() - current[1].ranked())
+            whole = (first + second).ranked()
             if min(gains) >= need / 2 and whole - result.score >= need:
                 result.changes.append(Change(names[key], selection[key], label, whole - result.score, harmful, gains))
                 selection, current, result.score = trial, (first, second), whole
@@ -231,9 +232,3 @@ def _amax(value: Any) -> float | None:
 
 def _differs(amax: float | None, current: float | None) -> bool:
     return amax is not None and current is not None and abs(amax - current) >= MIN_DIFFERENCE * max(current, 1e-30)
-
-
-def _db(meter: FidelityMeter) -> float:
-    """The meter's score, -inf where nothing comparable was added (NaN)."""
-    value = meter.score()
-    return value if math.isfinite(value) else -math.inf

@@ -124,25 +124,20 @@ def choose_stem(levels: list[list[str]], score: Callable[[list[str], int], Fidel
     if not levels:
         return StemChoice(skipped="no int8 weighted op")
     base = (score([], 0), score([], 1))
-    choice = StemChoice(scores={0: _db(base[0] + base[1])})
+    choice = StemChoice(scores={0: (base[0] + base[1]).ranked()})
     best = 0.0
     for n in range(1, len(levels) + 1):
         ops = [name for level in levels[:n] for name in level]
         need = STEM_COST_DB * n
         first = score(ops, 0)
-        if _db(first) - _db(base[0]) < need:  # the first half already says no: the second is not run
-            choice.half_gains[n] = (_db(first) - _db(base[0]), math.nan)
+        if first.ranked() - base[0].ranked() < need:  # the first half already says no: the second is not run
+            choice.half_gains[n] = (first.ranked() - base[0].ranked(), math.nan)
             choice.scores[n] = math.nan
             continue
         second = score(ops, 1)
-        choice.scores[n] = _db(first + second)
-        choice.half_gains[n] = (_db(first) - _db(base[0]), _db(second) - _db(base[1]))
+        choice.scores[n] = (first + second).ranked()
+        choice.half_gains[n] = (first.ranked() - base[0].ranked(), second.ranked() - base[1].ranked())
         net = choice.scores[n] - choice.scores[0] - need
         if net > best and min(choice.half_gains[n]) >= need:
             best, choice.levels, choice.ops = net, n, ops
     return choice
-
-
-def _db(meter: FidelityMeter) -> float:
-    value = meter.score()
-    return value if math.isfinite(value) else -math.inf
