@@ -106,9 +106,9 @@ def test_ptq_takes_auto_and_records_its_choice_when_it_is_the_best(cnn):
     assert [r.label for r in result.results] == ["max", "auto"] and result.best.label == "auto"
     chosen = qk.auto_result(qmodel).chosen  # recorded again after the best ranges were set back
     assert set(result.best.quantizer_methods.values()) == {f"auto: {chosen}"}
-    method = next(m for m, o in candidates() if m.label(o) == chosen)
-    # every sample's statistics, the method's default options (scoring may search fewer bins)
-    assert qk.collect_stats(qmodel, batches).ranges(method.name) == result.best.amax
+    method, options = next((m, o) for m, o in candidates() if m.label(o) == chosen)
+    # every sample's statistics, with the options the method was scored with (what was scored is what is set)
+    assert qk.collect_stats(qmodel, batches).ranges(method.name, **options) == result.best.amax
     qk.ptq(qmodel, batches, lambda m: 0.0 if qk.auto_result(m) is not None else 1.0, ("auto", "max"))
     assert qk.auto_result(qmodel) is None  # max kept: auto's choice is not the model's ranges
 

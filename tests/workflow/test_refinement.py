@@ -79,11 +79,21 @@ def test_only_the_most_disagreeing_quantizers_are_tried_and_small_differences_ne
     assert _tried(calls) == ["q3", "q2"]  # |log 0.1| > |log 8|
 
 
-def test_a_later_candidate_is_compared_with_the_change_kept_before_it():
-    candidates = {"a": {"q": 1.0}, "b": {"q": 2.0}, "c": {"q": 4.0}}
-    score, _ = _additive_score({"q": {"b": 1.0, "c": 1.0 + 0.3 * REFINE_GAIN_DB}})  # c beats a, not b by enough
+def test_a_walk_takes_its_best_range_and_stops_where_the_score_falls():
+    candidates = {"a": {"q": 1.0}, "b": {"q": 2.0}, "c": {"q": 4.0}, "d": {"q": 8.0}}
+    score, calls = _additive_score({"q": {"b": 1.0, "c": 1.0 + 0.3 * REFINE_GAIN_DB, "d": 0.2}})
     selection, result = refine(candidates, "a", score, {"q": "q"}, {})
-    assert selection == {"q": "b"} and result.runs == 2 + 2 + 1
+    assert selection == {"q": "c"} and result.changes[0].gain_db == pytest.approx(1.0 + 0.3 * REFINE_GAIN_DB)
+    # the start's two halves, b, c and d on the first half (d falls: the walk ends), c on the second
+    assert result.runs == 2 + 3 + 1 == len(calls)
+
+
+def test_a_walk_whose_nearest_range_scores_lower_goes_no_further():
+    candidates = {"a": {"q": 2.0}, "b": {"q": 1.0}, "c": {"q": 4.0}, "d": {"q": 8.0}, "e": {"q": 0.5}}
+    score, calls = _additive_score({"q": {"b": -1.0, "c": -1.0, "d": 5.0, "e": 5.0}})
+    selection, result = refine(candidates, "a", score, {"q": "q"}, {})
+    assert selection == {"q": "a"} and not result.changes
+    assert [sel["q"] for sel, half in calls[2:]] == ["b", "c"]  # the nearest smaller and the nearest larger only
 
 
 def test_a_gain_one_half_of_the_held_out_batches_does_not_carry_is_not_kept():

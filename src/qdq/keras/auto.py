@@ -34,7 +34,7 @@ import numpy as np
 
 from qdq.errors import QdqCalibrationWarning
 from qdq.keras.calibration import CalibrationStats, collect_stats, record_auto, set_ranges
-from qdq.workflow.auto_calibration import AutoResult, candidate_method, candidates, choose, destructive, held_out
+from qdq.workflow.auto_calibration import AutoResult, candidate, candidates, choose, destructive, held_out
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.fidelity import FidelityMeter
 from qdq.workflow.refinement import halves, refine, samples_of
@@ -106,7 +106,8 @@ def run(
     selection, refinement = refine(kept, chosen, score if parts else None, names, clipping)
     was_held_out = bool(stats.held_out)
     stats.merge_held_out()
-    final = {label: stats.ranges(candidate_method(label).name) for label in {chosen, *selection.values()}}
+    final = {label: stats.ranges(method.name, **options)
+             for label in {chosen, *selection.values()} for method, options in [candidate(label)]}  # fmt: skip
     ranges = set_ranges(model, {name: final[selection.get(name, chosen)][name] for name in final[chosen]})
     result = AutoResult(chosen, scores, clipping, len(stats.scored), was_held_out,
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},

@@ -6,7 +6,9 @@ the result are that module's) on an ONNX graph. :func:`qdq.onnx_in.calibrate.col
 nodes into a copy of the prepared graph (the target's rewrite is not needed to compare ranges), which runs on ONNX
 Runtime with its graph optimizations off (each Q and DQ computed as written: what the int8 kernels compute, on any
 CPU) over the held-out batches; the chosen method's ranges then come from every batch's statistics. Bias correction
-(on by default in :func:`qdq.quantize_onnx`) is kept only where the chosen method scores higher with it.
+(on by default in :func:`qdq.quantize_onnx`) is measured last, on the placement and ranges the file will have (the
+stem's too), and kept only where the held-out score rises with it (:func:`bias_corrected`); the file then takes the
+shifts measured for that score (``AutoResult.bias_shifts``), not measured a second time.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from qdq.workflow.auto_calibration import (
     TIE_DB,
     AutoResult,
     FidelityMeter,
-    candidate_method,
+    candidate,
     candidates,
     choose,
     destructive,
@@ -40,7 +42,7 @@ from qdq.workflow.auto_calibration import (
 from qdq.workflow.progress import Progress, counter
 from qdq.workflow.refinement import Refinement, halves, refine, samples_of
 
-__all__ = ["Quantized", "Scored", "held_out_halves", "select"]
+__all__ = ["Quantized", "Scored", "bias_corrected", "held_out_halves", "held_out_score", "select"]
 
 Scored = list[tuple[dict[str, np.ndarray], list[np.ndarray]]]  # (held-out feed, the float model's outputs) pairs
 
@@ -51,7 +53,6 @@ def select(
     statistics: Statistics,
     weights: Mapping[int, np.ndarray],
     *,
-    bias_batches: Sequence[Mapping[str, np.ndarray]] = (),
     threads: int | None = None,
     progress: Progress = True,
 ) -> tuple[dict[int, np.ndarray], AutoResult]:
@@ -62,10 +63,6 @@ def select(
         statistics: from :func:`qdq.onnx_in.calibrate.collect` with ``held_out``; its held-out statistics are merged
             into the others here.
         weights: the weight ranges the file will have (by quantizer ``id``).
-        bias_batches: calibration batches (not held out) for bias correction: when given, the chosen method is
-            scored once more with its biases corrected on them (:mod:`qdq.onnx_in.bias_correction`), and
-            ``result.bias_correction`` says whether that scores at least :data:`TIE_DB` higher (a correction
-            measured on a few batches can add more error than it removes).
     """
     started = time.perf_counter()
     names = quantizer_names(view)
@@ -89,25 +86,39 @@ def select(
     bar.close()
     chosen = choose(scores, clipping)
     selection, refinement = _refine(fed, kept, chosen, names, clipping, held_out_halves(statistics))
-    corrected = None
-    if bias_batches:
-        ranges = {**_selected(kept, selection, chosen), **weights}
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        correct_biases(copy, view, ranges, list(bias_batches), threads=threads, progress=False)
-        label = f"{chosen} + {BIAS_CORRECTION}"
-        scores[label] = _score(copy, view, ranges, statistics.scored, threads)
-        refined = refinement.score if refinement.changes else scores[chosen]
-        corrected = _finite(scores[label]) >= _finite(refined) + TIE_DB
     held_out = bool(statistics.held_out)
     statistics.merge_held_out()
     result = AutoResult(chosen, scores, clipping, len(statistics.scored), held_out,
-                        {"scoring": time.perf_counter() - started}, corrected, refinement)  # fmt: skip
-    final = statistics.ranges(candidate_method(chosen).name)
+                        {"scoring": time.perf_counter() - started}, None, refinement)  # fmt: skip
+    method, options = candidate(chosen)
+    final = statistics.ranges(method.name, **options)
     for key, label in selection.items():
         if label != chosen:
-            final.update(statistics.ranges(candidate_method(label).name, keys={key}))
+            method, options = candidate(label)
+            final.update(statistics.ranges(method.name, keys={key}, **options))
     return final, result
+
+
+def bias_corrected(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],
+                   batches: Sequence[Mapping[str, np.ndarray]], scored: Scored, before: float, result: AutoResult,
+                   threads: int | None = None) -> None:  # fmt: skip
+    """Score ``model`` placed as ``view`` at ``ranges`` (activations and weights, the file's) with its biases corrected
+    on ``batches`` (calibration samples not held out) against ``before`` (its score without): the row
+    ``"<chosen> + bias correction"`` of ``result.scores``, ``result.bias_correction`` (kept where it scores
+    :data:`TIE_DB` higher) and ``result.bias_shifts`` (the shifts the file then applies). ``model`` is not modified."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    result.bias_shifts = correct_biases(copy, view, ranges, list(batches), threads=threads, progress=False)
+    if not any(shift.applied for shift in result.bias_shifts):
+        return
+    after = result.scores[f"{result.chosen} + {BIAS_CORRECTION}"] = _score(copy, view, ranges, scored, threads)
+    result.bias_correction = _finite(after) >= _finite(before) + TIE_DB
+
+
+def held_out_score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray], scored: Scored,
+                   threads: int | None = None) -> float:  # fmt: skip
+    """The held-out score of ``model`` placed as ``view`` at ``ranges`` (activations and weights)."""
+    return _score(model, view, ranges, scored, threads)
 
 
 def _selected(ranges: Mapping[str, Mapping[int, np.ndarray]], selection: Mapping[int, str],

@@ -213,16 +213,15 @@ def quantize_onnx(
     batches, calibration = 0, CalibrationReport()
     weights = weight_ranges(proto, view, weight_method)
     auto: AutoResult | None = None
+    fit: list[Any] = []
     label = calibration_method.label(method_options)
     if ranges is None:
         statistics = collect(proto, view, data, calibration_method.calibrator, num_batches=num_batches,
                              threads=threads, progress=progress,
                              held_out=held_out if calibration_method.model_level else None)  # fmt: skip
         if calibration_method.model_level:
-            fit = kept_parts(proto, kept[:_BIAS_BATCHES], held_out) if bias_correction else []
-            ranges, auto = auto_ranges.select(proto, view, statistics, weights, bias_batches=fit, threads=threads,
-                                              progress=progress)  # fmt: skip
-            bias_correction = bias_correction and bool(auto.bias_correction)
+            fit = kept_parts(proto, kept[:_BIAS_BATCHES], held_out) if bias_correction else fit
+            ranges, auto = auto_ranges.select(proto, view, statistics, weights, threads=threads, progress=progress)
         else:
             ranges = statistics.ranges(method, **method_options)
         batches = statistics.batches
@@ -236,15 +235,23 @@ def quantize_onnx(
                 placement = Placement(proto, stemmed[0], chosen)
                 view, ranges = stemmed
                 weights = weight_ranges(proto, view, weight_method)
-    seconds = {"calibration": time.perf_counter() - calibrating}
     by_value = ranges_by_value(view, ranges)
     ranges.update(weights)
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
+    if auto is not None:
+        if bias_correction and fit:
+            stem = auto.stem
+            before = (stem.scores[stem.levels] if stem is not None and stem.scores
+                      else auto_ranges.held_out_score(proto, view, ranges, statistics.scored, threads))
+            auto_ranges.bias_corrected(proto, view, ranges, fit, statistics.scored, before, auto, threads)
+        bias_correction = bias_correction and bool(auto.bias_correction)
+    seconds = {"calibration": time.perf_counter() - calibrating}
     names = quantizer_names(view)
     shifts: list[BiasShift] = []
     if bias_correction:
+        known = bias_shifts if bias_shifts is not None or auto is None else auto.bias_shifts
         shifts = correct_biases(proto, view, ranges, kept[:min(_BIAS_BATCHES, num_batches or _BIAS_BATCHES)],
-                                threads=threads, progress=progress, known=bias_shifts)  # fmt: skip
+                                threads=threads, progress=progress, known=known)  # fmt: skip
     options = dict(target_options or {})
     if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
         options["calibration_data"] = list(kept[:_TRT_FLOAT_BATCHES])

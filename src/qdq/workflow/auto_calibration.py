@@ -26,7 +26,7 @@ encoder; entropy destroys a sparse tail where the signal lives. The choice is ma
    the other candidates' ranges on the held-out batches, one at a time; a change is kept where the score measurably
    rises (``AutoResult.refinement``).
 6. Each quantizer's method's ranges are then computed from the statistics of **every** batch, held-out ones
-   included.
+   included, with the options it was scored with.
 7. **The stem** (:mod:`qdq.workflow.stem`): the weighted ops nearest the inputs stay float where int8 there costs
    the held-out score more than a cost per level (``AutoResult.stem``).
 8. **Bias correction** (the PyTorch door here, the ONNX door in :mod:`qdq.onnx_in.auto`): each quantized layer's
@@ -64,7 +64,7 @@ from qdq.graphs.fx_view import trace_view
 from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
-from qdq.workflow.bias_correction import correct_biases, undo
+from qdq.workflow.bias_correction import BiasShift, correct_biases, undo
 from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, collect_split, default_forward, named_quantizers
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
@@ -83,7 +83,7 @@ __all__ = [
     "TIE_DB",
     "AutoResult",
     "FidelityMeter",
-    "candidate_method",
+    "candidate",
     "candidates",
     "choose",
     "held_out",
@@ -120,15 +120,16 @@ def held_out(index: int, taken: int, samples: int | None = None) -> int:
     return (samples or 1) if index % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else 0
 
 
-#: the candidate bins a searching method tries while it is scored: every 4th (of 4096 bins, 0.1 % of the range
-#: apart). mse's exhaustive search is most of auto's cost; a range 2 bins off scores the same to 0.1 dB
+#: the candidate bins a searching method tries: every 4th (of 4096 bins, 0.1 % of the range apart), when it is
+#: scored and in the final ranges. mse's exhaustive search is most of auto's cost; a range 2 bins off scores the same
+#: to 0.1 dB
 SCORING_STRIDE = 4
 
 
 def candidates() -> list[tuple[CalibrationMethod, dict[str, Any]]]:
     """The registered methods computed from statistics, in registration order, each with the options it is scored
     with: its defaults, except that a search over histogram bins (a ``stride`` option: mse, entropy) tries every
-    :data:`SCORING_STRIDE`-th bin. The chosen method's final ranges use its defaults."""
+    :data:`SCORING_STRIDE`-th bin. The chosen method's final ranges use the options it was scored with."""
     return [(method, {"stride": SCORING_STRIDE} if "stride" in method.options else {})
             for method in map(get_method, CALIBRATION_METHODS)]  # fmt: skip
 
@@ -153,6 +154,9 @@ class AutoResult:
             (:mod:`qdq.workflow.refinement`); None where the front end does not refine.
         stem: the weighted ops nearest the inputs left float where that measurably pays (:mod:`qdq.workflow.stem`);
             None where the front end does not try it.
+        bias_shifts: the bias correction measured for its score (the ONNX front end: the file applies these
+            shifts instead of measuring them again; each layer's shift depends on its own input and weight ranges
+            only, measured on the calibration batches not held out); empty where none was measured.
     """
 
     chosen: str
@@ -164,6 +168,7 @@ class AutoResult:
     bias_correction: bool | None = None
     refinement: Refinement | None = None
     stem: StemChoice | None = None
+    bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
 
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
@@ -205,10 +210,10 @@ def _clips(names: list[str]) -> str:
     return f"{len(names)}: {', '.join(names[:3])}" + (", ..." if len(names) > 3 else "")
 
 
-def candidate_method(label: str) -> CalibrationMethod:
-    """The registered method of a candidate's label (``"percentile 99.99"`` -> percentile); its final ranges use the
-    method's defaults."""
-    return next(method for method, options in candidates() if method.label(options) == label)
+def candidate(label: str) -> tuple[CalibrationMethod, dict[str, Any]]:
+    """The registered method of a candidate's label (``"percentile 99.99"`` -> percentile) and the options it is
+    scored with: its final ranges use them too (what was scored is what is written)."""
+    return next((method, options) for method, options in candidates() if method.label(options) == label)
 
 
 def choose(scores: Mapping[str, float], clipping: Mapping[str, Sequence[str]]) -> str:
@@ -439,16 +444,19 @@ def _sliced(value: Any, part: slice) -> Any:
 
 def _load_selection(model: nn.Module, chosen: str, selection: Mapping[str, str], weight_method: str | None,
                     strict: bool) -> None:  # fmt: skip
-    """Every quantizer's final range from every batch's statistics by its method in ``selection`` (``chosen``'s
-    defaults elsewhere); each activation quantizer's ``amax_method`` reads ``"auto: <method>"``."""
+    """Every quantizer's final range from every batch's statistics by its method in ``selection`` (``chosen``
+    elsewhere), with the options it was scored with; each activation quantizer's ``amax_method`` reads
+    ``"auto: <method>"``."""
     quantizers = dict(named_quantizers(unwrap(model), weights=False))
-    methods = {label: candidate_method(label) for label in {chosen, *selection.values()}}
+    methods = {label: candidate(label) for label in {chosen, *selection.values()}}
     final: dict[str, torch.Tensor] = {}
     for label in methods.keys() - {chosen}:
-        load_amax(model, methods[label].name, weight_method=weight_method, strict=strict, warn=False)
+        method, options = methods[label]
+        load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False, **options)
         final.update({name: amax.detach().clone() for name, kept in selection.items()
                       if kept == label and (amax := quantizers[name].amax) is not None})  # fmt: skip
-    load_amax(model, methods[chosen].name, weight_method=weight_method, strict=strict, warn=False)
+    method, options = methods[chosen]
+    load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False, **options)
     for name, quantizer in quantizers.items():
         label = selection.get(name, chosen)
         if name in final:

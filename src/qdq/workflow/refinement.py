@@ -5,18 +5,22 @@ the model's output fidelity on the held-out samples measurably rises.
 every activation of a model: in a sentence encoder, percentile suits every activation but one whose outliers carry
 the signal, where max does better, and the reverse elsewhere. After the model-level choice, :func:`refine` walks the
 activation quantizers whose candidate ranges disagree most (the largest ratio between the chosen method's range and
-another candidate's), at most :data:`REFINE_QUANTIZERS` of them, and for each tries every other candidate's range
-that differs by at least :data:`MIN_DIFFERENCE`: the model is scored on the held-out samples with that one range
-changed, and the change is kept when the score rises by at least :data:`REFINE_GAIN_DB`, and by at least half of
-that on each half of the held-out batches (alternate batches: a gain one half of the samples carries and the other
-does not is fitted to those samples, not to the model); the next trials start from it. One held-out batch is split
+another candidate's), at most :data:`REFINE_QUANTIZERS` of them. For each it walks the other candidates' ranges
+that differ by at least :data:`MIN_DIFFERENCE`, the smaller ones from the nearest down, then the larger ones from
+the nearest up: the model is scored on the first half of the held-out samples with that one range changed, and a
+walk stops at the first range that scores no higher than the one before it (a range too wide rounds coarsely, one
+too narrow clips: the score rises and then falls as the range moves away). The best range of a walk is kept when
+the score rises by at least :data:`REFINE_GAIN_DB`, and by at least half of that on each half of the held-out
+batches (alternate batches: a gain one half of the samples carries and the other does not is fitted to those
+samples, not to the model); the next quantizers start from it. One held-out batch is split
 by its samples where the front end can; with fewer than two held-out batches or :data:`MIN_SPLIT_SAMPLES` samples
 nothing is changed (:func:`halves`). A range the diagnostics call
 destructive (it clips at least :data:`~qdq.workflow.diagnostics.CLIPPED_ENERGY_LIMIT` of its activation's energy)
 must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the clipping warning.
 
-Cost: each trial runs the model on the first half of the held-out batches, and on the second only when the first
-gained enough; at most ``REFINE_QUANTIZERS x (candidates - 1)`` trials. The front end makes a run cheap (the ONNX
+Cost: each trial runs the model on the first half of the held-out batches, and on the second only for a walk's
+best range that gained enough on the first; at least two and at most ``candidates - 1`` first-half runs per
+quantizer (two when the nearest range on either side scores lower). The front end makes a run cheap (the ONNX
 front end feeds the activation steps to one session as inputs). The final ranges of each quantizer come from its
 method over every batch's statistics, as the model-level choice's do.
 """
@@ -186,17 +190,22 @@ def refine(
     start = (current[0] + current[1]).ranked()
     result = Refinement(start, start, tried=len(order), runs=2)
     for key in order:
-        for label in candidates:
-            if label == selection[key] or not _differs(_amax(candidates[label].get(key)),
-                                                       _amax(candidates[selection[key]][key])):  # fmt: skip
+        for side in _sides(candidates, key, selection[key]):
+            best, base = None, current[0].ranked()
+            for label in side:  # nearest first: the score is taken to rise and then fall as the range moves away
+                first = score({**selection, key: label}, 0)
+                result.runs += 1
+                if first.ranked() <= base:
+                    break
+                best, base = (label, first), first.ranked()
+            if best is None:
                 continue
+            label, first = best
             harmful = names[key] in clipping.get(label, ())
             need = DESTRUCTIVE_GAIN_DB if harmful else REFINE_GAIN_DB
-            trial = {**selection, key: label}
-            first = score(trial, 0)
-            result.runs += 1
             if first.ranked() - current[0].ranked() < need / 2:
                 continue
+            trial = {**selection, key: label}
             second = score(trial, 1)
             result.runs += 1
             gains = (first.ranked() - current[0].ranked(), second.ranked() - current[1].ranked())
@@ -204,7 +213,29 @@ def refine(
             if min(gains) >= need / 2 and whole - result.score >= need:
                 result.changes.append(Change(names[key], selection[key], label, whole - result.score, harmful, gains))
                 selection, current, result.score = trial, (first, second), whole
+                break
     return selection, result
+
+
+def _sides(candidates: Mapping[str, Mapping[Key, Any]], key: Key, label: str) -> list[list[str]]:
+    """The other candidates' labels for ``key`` whose ranges differ from ``label``'s, as two walks away from it:
+    the smaller ranges (the nearest first) and the larger ones; a range that does not differ from the one before it
+    in its walk is left out (it would score the same)."""
+    current = _amax(candidates[label].get(key))
+    if current is None:
+        return []
+    found = {other: amax for other in candidates if other != label
+             and (amax := _amax(candidates[other].get(key))) is not None and _differs(amax, current)}  # fmt: skip
+    below = sorted((other for other in found if found[other] < current), key=lambda other: -found[other])
+    above = sorted((other for other in found if found[other] > current), key=lambda other: found[other])
+    walks = []
+    for walk in (below, above):
+        distinct: list[str] = []
+        for other in walk:
+            if not distinct or _differs(found[other], found[distinct[-1]]):
+                distinct.append(other)
+        walks.append(distinct)
+    return walks
 
 
 def _by_disagreement(candidates: Mapping[str, Mapping[Key, Any]], chosen: str,
