@@ -42,7 +42,7 @@ from qdq.workflow.auto_calibration import (
 from qdq.workflow.progress import Progress, counter
 from qdq.workflow.refinement import Refinement, halves, refine, samples_of
 
-__all__ = ["Quantized", "Scored", "bias_corrected", "held_out_halves", "held_out_score", "select"]
+__all__ = ["Quantized", "Scored", "bias_corrected", "held_out_halves", "select"]
 
 Scored = list[tuple[dict[str, np.ndarray], list[np.ndarray]]]  # (held-out feed, the float model's outputs) pairs
 
@@ -100,25 +100,24 @@ def select(
 
 
 def bias_corrected(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],
-                   batches: Sequence[Mapping[str, np.ndarray]], scored: Scored, before: float, result: AutoResult,
+                   batches: Sequence[Mapping[str, np.ndarray]], scored: Scored, result: AutoResult,
                    threads: int | None = None) -> None:  # fmt: skip
     """Score ``model`` placed as ``view`` at ``ranges`` (activations and weights, the file's) with its biases corrected
-    on ``batches`` (calibration samples not held out) against ``before`` (its score without): the row
-    ``"<chosen> + bias correction"`` of ``result.scores``, ``result.bias_correction`` (kept where it scores
-    :data:`TIE_DB` higher) and ``result.bias_shifts`` (the shifts the file then applies). ``model`` is not modified."""
+    on ``batches`` (calibration samples not held out) against its score without (the stem's, where it was scored):
+    the row ``"<chosen> + bias correction"`` of ``result.scores``, ``result.bias_correction`` (kept where it scores
+    :data:`TIE_DB` higher), ``result.bias_base`` (the score without) and ``result.bias_shifts`` (the shifts the file
+    then applies). ``model`` is not modified."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     result.bias_shifts = correct_biases(copy, view, ranges, list(batches), threads=threads, progress=False)
     if not any(shift.applied for shift in result.bias_shifts):
         return
+    stem = result.stem
+    before = (stem.scores[stem.levels] if stem is not None and stem.scores
+              else _score(model, view, ranges, scored, threads))  # fmt: skip
     after = result.scores[f"{result.chosen} + {BIAS_CORRECTION}"] = _score(copy, view, ranges, scored, threads)
     result.bias_correction = _finite(after) >= _finite(before) + TIE_DB
-
-
-def held_out_score(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray], scored: Scored,
-                   threads: int | None = None) -> float:  # fmt: skip
-    """The held-out score of ``model`` placed as ``view`` at ``ranges`` (activations and weights)."""
-    return _score(model, view, ranges, scored, threads)
+    result.bias_base = before
 
 
 def _selected(ranges: Mapping[str, Mapping[int, np.ndarray]], selection: Mapping[int, str],

@@ -229,21 +229,14 @@ def quantize_onnx(
         calibration = _clipping(view, statistics, ranges, label)
         if auto is not None:
             placing = Placing(keep_float, float_values, nonnegative, kept, weight_method, threads, progress)
-            auto.stem, stemmed = float_stem(source, placement, placing, ranges,
-                                            auto_ranges.held_out_halves(statistics))  # fmt: skip
-            if stemmed is not None:
-                placement = Placement(proto, stemmed[0], chosen)
-                view, ranges = stemmed
-                weights = weight_ranges(proto, view, weight_method)
+            placement, ranges, weights = _stem(auto, source, placement, placing, ranges, statistics, weights)
+            view = placement.view
     by_value = ranges_by_value(view, ranges)
     ranges.update(weights)
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
     if auto is not None:
         if bias_correction and fit:
-            stem = auto.stem
-            before = (stem.scores[stem.levels] if stem is not None and stem.scores
-                      else auto_ranges.held_out_score(proto, view, ranges, statistics.scored, threads))
-            auto_ranges.bias_corrected(proto, view, ranges, fit, statistics.scored, before, auto, threads)
+            auto_ranges.bias_corrected(proto, view, ranges, fit, statistics.scored, auto, threads)
         bias_correction = bias_correction and bool(auto.bias_correction)
     seconds = {"calibration": time.perf_counter() - calibrating}
     names = quantizer_names(view)
@@ -252,10 +245,7 @@ def quantize_onnx(
         known = bias_shifts if bias_shifts is not None or auto is None else auto.bias_shifts
         shifts = correct_biases(proto, view, ranges, kept[:min(_BIAS_BATCHES, num_batches or _BIAS_BATCHES)],
                                 threads=threads, progress=progress, known=known)  # fmt: skip
-    options = dict(target_options or {})
-    if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
-        options["calibration_data"] = list(kept[:_TRT_FLOAT_BATCHES])
-    written = placement.write(ranges, path, target_options=options)
+    written = placement.write(ranges, path, target_options=_write_options(target_options, kept))
     seconds["total"] = time.perf_counter() - started
     return OnnxQuantizeResult(
         path=written, target=chosen.name, method=label, quantizers=len(ranges),
@@ -265,6 +255,30 @@ def quantize_onnx(
         ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value, bias_shifts=shifts,
         widened_weights=_widened_weights(proto), auto=auto,
     )  # fmt: skip
+
+
+_Ranges = dict[int, np.ndarray]  # by quantizer id
+
+
+def _stem(auto: AutoResult, source: PreparedModel, placement: Placement, placing: Placing, ranges: _Ranges,
+          statistics: Statistics, weights: _Ranges) -> tuple[Placement, _Ranges, _Ranges]:  # fmt: skip
+    """``auto``'s float stem (:func:`qdq.onnx_in.stem.float_stem`, recorded in ``auto.stem``): the placement, its
+    activation ranges and its weight ranges, with the stem float where it is kept."""
+    auto.stem, stemmed = float_stem(source, placement, placing, ranges, auto_ranges.held_out_halves(statistics))
+    if stemmed is None:
+        return placement, ranges, weights
+    view, ranges = stemmed
+    return Placement(placement.model, view, placement.target), ranges, weight_ranges(placement.model, view,
+                                                                                      placing.weight_method)
+
+
+def _write_options(target_options: Mapping[str, Any] | None, kept: Sequence[Any]) -> dict[str, Any]:
+    """The target's options for the write: a float16/bfloat16 remainder gets the first calibration batches (which
+    tensors stay float32 is measured on them) unless the options give their own."""
+    options = dict(target_options or {})
+    if "float" in options and "calibration_data" not in options and str(options["float"]) not in ("float32", "fp32"):
+        options["calibration_data"] = list(kept[:_TRT_FLOAT_BATCHES])
+    return options
 
 
 def _widened_weights(model: onnx.ModelProto) -> dict[str, float]:

@@ -154,6 +154,8 @@ class AutoResult:
             (:mod:`qdq.workflow.refinement`); None where the front end does not refine.
         stem: the weighted ops nearest the inputs left float where that measurably pays (:mod:`qdq.workflow.stem`);
             None where the front end does not try it.
+        bias_base: the held-out score the bias correction row is compared with: the model as it is written without
+            the correction (the refined ranges, the stem float); None where the correction was not scored.
         bias_shifts: the bias correction measured for its score (the ONNX front end: the file applies these
             shifts instead of measuring them again; each layer's shift depends on its own input and weight ranges
             only, measured on the calibration batches not held out); empty where none was measured.
@@ -169,6 +171,7 @@ class AutoResult:
     refinement: Refinement | None = None
     stem: StemChoice | None = None
     bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
+    bias_base: float | None = None
 
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
@@ -176,6 +179,9 @@ class AutoResult:
         ranked = sorted(self.scores, key=lambda label: -_finite(self.scores[label]))
         others = ", ".join(f"{label} {self.scores[label]:.1f} dB" for label in ranked if label != self.chosen)
         corrected = {True: ", with bias correction", False: ", without bias correction", None: ""}[self.bias_correction]
+        if self.bias_correction is not None and self.bias_base is not None:
+            after = self.scores.get(f"{self.chosen} + {BIAS_CORRECTION}", math.nan)
+            corrected += f" ({after:.1f} dB with it, {self.bias_base:.1f} dB without)"
         refined = f"; refined: {self.refinement.summary()}" if self.refinement is not None else ""
         stem = f"; {self.stem.summary()}" if self.stem is not None else ""
         return (f"auto: {self.chosen}{corrected} ({self.scores[self.chosen]:.1f} dB output fidelity on {self.batches} "
@@ -191,7 +197,9 @@ class AutoResult:
                   f">= {CLIPPED_ENERGY_LIMIT:.0%} of their activation's energy (chosen for the whole model only "
                   f"{DESTRUCTIVE_MARGIN_DB:g} dB above the best candidate that is not).")  # fmt: skip
         if self.bias_correction is not None:
-            legend += " The bias correction row is scored with the refined ranges."
+            legend += (" The bias correction row is the model as it is written (the refined ranges, the stem float) "
+                       "with its biases corrected" + (f", against {self.bias_base:.2f} dB without them." if
+                                                      self.bias_base is not None else "."))  # fmt: skip
         table = markdown_table(["method", "output fidelity (dB)", "destructive", ""], rows) + "\n\n" + legend
         if self.refinement is not None and self.refinement.changes:
             table += f"\n\nRefined ({self.refinement.summary()}):\n\n{self.refinement.table()}"
@@ -309,7 +317,8 @@ def select_amax(
                  if bias_correction else None)  # fmt: skip
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
-                        corrected, refinement=refinement, stem=stem)  # fmt: skip
+                        corrected, refinement=refinement, stem=stem,
+                        bias_base=before if corrected is not None else None)  # fmt: skip
     _log.info("%s", result.summary())
     return result
 
