@@ -49,17 +49,41 @@ def test_levels_group_the_int8_weighted_ops_by_the_longest_path_from_the_inputs(
     view = PreparedModel.load(path).view(resolve_target("onnxruntime"))
     convs = {op.name: op for op in view.ops_of("Conv")}
     by_weight = {op.inputs[1].name.split(".")[0]: name for name, op in convs.items()}
-    with patch("qdq.workflow.stem.STEM_SHARE", 1.0):
+    with patch.multiple("qdq.workflow.stem", STEM_SHARE=1.0, STEM_OPS_SHARE=1.0):
         levels = stem_levels(view)
         assert [sorted(level) for level in levels] == [sorted([by_weight["a"], by_weight["b"]]), [by_weight["c"]],
                                                        [by_weight["d"]]]  # fmt: skip
         assert stem_levels(view, limit=1) == levels[:1]
-    with patch("qdq.workflow.stem.STEM_SHARE", 0.75):  # 3 of the 4 ops: the third level would make 4
+    with patch.multiple("qdq.workflow.stem", STEM_SHARE=1.0, STEM_OPS_SHARE=0.75):  # 3 of the 4 ops: not 4
         assert stem_levels(view) == levels[:2]
-    assert stem_levels(view) == []  # a third: not even the first level's two ops
+    with patch.multiple("qdq.workflow.stem", STEM_SHARE=1.0, STEM_OPS_SHARE=0.25):  # level 0 alone holds 2 of 4
+        assert stem_levels(view) == []
+    assert stem_levels(view) == levels[:1]  # a third of its depth (3 weighted ops deep), half of its 4 ops
     kept = PreparedModel.load(path).view(resolve_target("onnxruntime"), keep_float=[by_weight["a"]])
-    with patch("qdq.workflow.stem.STEM_SHARE", 1.0):
+    with patch.multiple("qdq.workflow.stem", STEM_SHARE=1.0, STEM_OPS_SHARE=1.0):
         assert stem_levels(kept)[0] == [by_weight["b"]]  # a float op is no level's
+
+
+class _Chain(nn.Module):
+    """Six convs in a row: six weighted ops deep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(3, 3, 3, padding=1) for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return x
+
+
+def test_a_later_op_the_user_keeps_float_does_not_shrink_the_stem(tmp_path):
+    path = _export(_Chain(), tmp_path / "chain.onnx", (2, 3, 8, 8))
+    view = PreparedModel.load(path).view(resolve_target("onnxruntime"))
+    order = [op.name for op in view.ops_of("Conv")]
+    assert stem_levels(view) == [[order[0]], [order[1]]]  # a third of six deep: two levels
+    kept = PreparedModel.load(path).view(resolve_target("onnxruntime"), keep_float=[order[4]])
+    assert stem_levels(kept) == [[order[0]], [order[1]]]  # two of the five int8 ops: still within half
 
 
 def _scores(gains: dict[int, float], second: dict[int, float] | None = None, calls: list | None = None):

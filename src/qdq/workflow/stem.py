@@ -15,8 +15,10 @@ whose score rises most above the all-int8 one once :data:`STEM_COST_DB` per leve
 much on each half too. Levels are tried together
 rather than one op at a time: one float op between int8 ones moves its neighbours' quantizers to other tensors (a
 conv's output taken before its activation clips it), which can cost more than it saves. A float op costs speed;
-the levels tried are at most :data:`STEM_LEVELS`, holding at most :data:`STEM_SHARE` of the int8 weighted ops, and
-the ops near the input are a small share of most networks' arithmetic.
+the levels tried are at most :data:`STEM_LEVELS`, within the first :data:`STEM_SHARE` of the model's weighted depth
+(the most weighted ops a path from an input to an output goes through, float ones included: the user keeping a
+later op float does not shrink the stem), holding at most :data:`STEM_OPS_SHARE` of the int8 weighted ops; the ops
+near the input are a small share of most networks' arithmetic.
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.workflow.fidelity import FidelityMeter
 
-__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_SHARE", "StemChoice", "choose_stem", "stem_levels"]
+__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "StemChoice", "choose_stem", "stem_levels"]
 
 #: the stem is tried float up to this many levels deep
 STEM_LEVELS = 3
 #: the held-out gain (dB) each level left float must pay for
 STEM_COST_DB = 0.5
-#: the levels tried hold at most this share of the model's int8 weighted ops
+#: the levels tried lie within this share of the model's weighted depth
 STEM_SHARE = 1 / 3
+#: the levels tried hold at most this share of the model's int8 weighted ops
+STEM_OPS_SHARE = 1 / 2
 
 
 @dataclass
@@ -91,8 +95,11 @@ class StemChoice:
 
 
 def stem_levels(view: GraphView, limit: int = STEM_LEVELS) -> list[list[str]]:
-    """The names of ``view``'s int8 weighted ops in each of its first ``limit`` levels (see the module docstring),
-    as many levels as hold at most :data:`STEM_SHARE` of those ops together (a stem, not the model)."""
+    """The names of ``view``'s int8 weighted ops in each of its first levels (see the module docstring): at most
+    ``limit`` levels, within the first :data:`STEM_SHARE` of the model's weighted depth, holding at most
+    :data:`STEM_OPS_SHARE` of its int8 weighted ops together (a stem, not the model)."""
+    deepest = max((view.weighted_depth(value) for op in view.ops for value in op.outputs), default=0)
+    limit = min(limit, int(deepest * STEM_SHARE))
     levels: list[list[str]] = [[] for _ in range(limit)]
     total = 0
     for op in view.ops:
@@ -105,7 +112,7 @@ def stem_levels(view: GraphView, limit: int = STEM_LEVELS) -> list[list[str]]:
     kept, count = [], 0
     for level in levels:
         count += len(level)
-        if not level or count > STEM_SHARE * total:
+        if not level or count > STEM_OPS_SHARE * total:
             break
         kept.append(level)
     return kept
