@@ -442,8 +442,8 @@ class _Probe:
     current pass (``targets``, one list per tensor) through a ``tf.py_function`` as a torch tensor over
     the same memory (DLPack, no copy): the statistics are :mod:`qdq.calib`'s own, computed by the code the
     PyTorch path runs. Collecting inside the graph lets TensorFlow free each activation after use and go
-    on with the next layers while a histogram is counted (returning the 55 activations of a ResNet50 and
-    counting them afterwards was measured 0.4-0.7 s slower per batch of 32 at 224x224 on 2 cores). The
+    on with the next layers while a histogram is counted (returning every activation and counting them
+    afterwards holds them all at once, and was measured slower). The
     probe is kept on the model (:func:`_probe_of`), so later passes do not trace again; it runs with every
     wrapper bypassed, so nothing it traced depends on the ranges. ``forward_with_outputs`` also returns the
     float model's outputs (the samples ``method="auto"`` holds out); ``forward`` leaves them out, and TensorFlow

@@ -121,8 +121,7 @@ def held_out(index: int, taken: int, samples: int | None = None) -> int:
 
 
 #: the candidate bins a searching method tries: every 4th (of 4096 bins, 0.1 % of the range apart), when it is
-#: scored and in the final ranges. mse's exhaustive search is most of auto's cost; a range 2 bins off scores the same
-#: to 0.1 dB
+#: scored and in the final ranges: mse's search over every bin was most of auto's cost (``benchmarks/RESULTS.md``)
 SCORING_STRIDE = 4
 
 
