@@ -175,16 +175,19 @@ class AutoResult:
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
         where = "held-out calibration batches" if self.held_out else "calibration batches (too few to hold one out)"
+        row = f"{self.chosen} + {BIAS_CORRECTION}"
         ranked = sorted(self.scores, key=lambda label: -_finite(self.scores[label]))
-        others = ", ".join(f"{label} {self.scores[label]:.1f} dB" for label in ranked if label != self.chosen)
+        others = ", ".join(f"{label} {self.scores[label]:.1f} dB" for label in ranked
+                           if label != self.chosen and (label != row or self.bias_base is None))  # fmt: skip
         corrected = {True: ", with bias correction", False: ", without bias correction", None: ""}[self.bias_correction]
-        if self.bias_correction is not None and self.bias_base is not None:
-            after = self.scores.get(f"{self.chosen} + {BIAS_CORRECTION}", math.nan)
-            corrected += f" ({after:.1f} dB with it, {self.bias_base:.1f} dB without)"
         refined = f"; refined: {self.refinement.summary()}" if self.refinement is not None else ""
         stem = f"; {self.stem.summary()}" if self.stem is not None else ""
+        bias = ""
+        if self.bias_correction is not None and self.bias_base is not None:
+            bias = (f"; bias correction {'kept' if self.bias_correction else 'not kept'}: "
+                    f"{self.scores.get(row, math.nan):.1f} dB with it, {self.bias_base:.1f} dB without")  # fmt: skip
         return (f"auto: {self.chosen}{corrected} ({self.scores[self.chosen]:.1f} dB output fidelity on {self.batches} "
-                f"{where}; {others}{refined}{stem})")  # fmt: skip
+                f"{where}; {others}{refined}{stem}{bias})")  # fmt: skip
 
     def table(self) -> str:
         """Markdown table: each candidate's fidelity, whether it clips destructively, and which was chosen."""
