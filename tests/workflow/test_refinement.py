@@ -96,6 +96,14 @@ def test_a_walk_whose_nearest_range_scores_lower_goes_no_further():
     assert [sel["q"] for sel, half in calls[2:]] == ["b", "c"]  # the nearest smaller and the nearest larger only
 
 
+def test_a_start_the_front_end_scored_already_is_not_run_again():
+    candidates = {"a": {"q": 1.0}, "b": {"q": 2.0}}
+    score, calls = _additive_score({"q": {"b": 1.0}})
+    selection, result = refine(candidates, "a", score, {"q": "q"}, {}, start=(_meter(20.0), _meter(20.0)))
+    assert selection == {"q": "b"} and result.start == pytest.approx(20.0)
+    assert result.runs == len(calls) == 2 and [sel["q"] for sel, _ in calls] == ["b", "b"]  # b's two halves only
+
+
 def test_a_gain_one_half_of_the_held_out_batches_does_not_carry_is_not_kept():
     candidates = {"a": {"q1": 1.0, "q2": 1.0}, "b": {"q1": 2.0, "q2": 3.0}}
     gains = {"q1": {"b": 2.0}, "q2": {"b": 2.0}}

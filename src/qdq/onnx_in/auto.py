@@ -72,20 +72,25 @@ def select(
     clipping: dict[str, list[str]] = {}
     bar = counter(progress, f"auto: scoring {len(grid)} methods", len(grid))
     kept: dict[str, dict[int, np.ndarray]] = {}
+    by_half: dict[str, tuple[FidelityMeter, FidelityMeter]] = {}  # the refinement starts from the chosen one's
+    parts = held_out_halves(statistics)
     fed: _StepFed | None = None
     for method, options in grid:
         label = method.label(options)
         ranges = kept[label] = statistics.ranges(method.name, **options)
         clipping[label] = destructive(named, {names[key]: amax for key, amax in ranges.items()}, label)
         fed = fed or _StepFed(model, view, ranges, weights, threads)
-        if fed.steps.keys() >= ranges.keys():  # every step fed: one session scores every candidate
+        if fed.steps.keys() >= ranges.keys() and parts is not None:  # every step fed: one session, by halves
+            by_half[label] = (fed.meter(ranges, parts[0]), fed.meter(ranges, parts[1]))
+            scores[label] = (by_half[label][0] + by_half[label][1]).score()
+        elif fed.steps.keys() >= ranges.keys():
             scores[label] = fed.meter(ranges, statistics.scored).score()
         else:
             scores[label] = _score(model, view, {**ranges, **weights}, statistics.scored, threads)
         bar.update()
     bar.close()
     chosen = choose(scores, clipping)
-    selection, refinement = _refine(fed, kept, chosen, names, clipping, held_out_halves(statistics))
+    selection, refinement = _refine(fed, kept, chosen, names, clipping, parts, by_half.get(chosen))
     held_out = bool(statistics.held_out)
     statistics.merge_held_out()
     result = AutoResult(chosen, scores, clipping, len(statistics.scored), held_out,
@@ -146,9 +151,10 @@ def _rows(pair: tuple[dict[str, np.ndarray], list[np.ndarray]]) -> tuple[Any, An
 
 
 def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], chosen: str,
-            names: Mapping[int, str], clipping: Mapping[str, list[str]],
-            parts: tuple[Scored, Scored] | None) -> tuple[dict[int, str], Refinement]:  # fmt: skip
-    """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps ``fed`` feeds."""
+            names: Mapping[int, str], clipping: Mapping[str, list[str]], parts: tuple[Scored, Scored] | None,
+            start: tuple[FidelityMeter, FidelityMeter] | None) -> tuple[dict[int, str], Refinement]:  # fmt: skip
+    """:func:`qdq.workflow.refinement.refine` of the quantizers whose steps ``fed`` feeds (``start``: the chosen
+    candidate's meters on the two halves, already run)."""
     if fed is None or parts is None:
         return refine(kept, chosen, None, names, clipping)
     steps, split = fed, parts
@@ -156,7 +162,7 @@ def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], 
     def score(selection: Mapping[int, str], half: int) -> FidelityMeter:
         return steps.meter(_selected(kept, selection, chosen), split[half])
 
-    return refine(kept, chosen, score, names, clipping, keys=list(fed.steps))
+    return refine(kept, chosen, score, names, clipping, keys=list(fed.steps), start=start)
 
 
 class _StepFed:

@@ -299,16 +299,21 @@ def select_amax(
     clipping: dict[str, list[str]] = {}
     grid = candidates()
     amaxes: dict[str, dict[str, torch.Tensor]] = {}
+    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
+    by_half: dict[str, tuple[FidelityMeter, FidelityMeter]] = {}  # the refinement starts from the chosen one's
     for method, options in progress_bar(grid, progress, f"auto: scoring {len(grid)} methods"):
         label = method.label(options)
         load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False, **options)
         amaxes[label] = {n: q.amax.detach().clone() for n, q in named_quantizers(module, weights=False)
                          if q.amax is not None}  # fmt: skip
         clipping[label] = destructive(fit, amaxes[label], label)
-        scores[label] = _score(model, scored, forward)
+        if parts is not None:
+            by_half[label] = (_meter(model, parts[0], forward), _meter(model, parts[1], forward))
+            scores[label] = (by_half[label][0] + by_half[label][1]).score()
+        else:
+            scores[label] = _score(model, scored, forward)
     chosen = choose(scores, clipping)
-    parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
-    selection, refinement = _refine(model, amaxes, chosen, clipping, parts, forward)
+    selection, refinement = _refine(model, amaxes, chosen, clipping, parts, forward, by_half.get(chosen))
     for name, calibrator in held.calibrators.items():
         fit[name].merge(calibrator)
     _load_selection(model, chosen, selection, weight_method, strict)
@@ -329,10 +334,11 @@ Scored = list[tuple[Any, Any]]  # held-out batches, each with the float model's 
 
 
 def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], chosen: str,
-            clipping: Mapping[str, list[str]], parts: tuple[Scored, Scored] | None,
-            forward: ForwardFn) -> tuple[dict[str, str], Refinement]:  # fmt: skip
+            clipping: Mapping[str, list[str]], parts: tuple[Scored, Scored] | None, forward: ForwardFn,
+            start: tuple[FidelityMeter, FidelityMeter] | None) -> tuple[dict[str, str], Refinement]:  # fmt: skip
     """:func:`qdq.workflow.refinement.refine` of the model's activation quantizers (each trial loads the selected
-    ranges and runs the model on half of the held-out batches, ``parts``)."""
+    ranges and runs the model on half of the held-out batches, ``parts``; ``start``: the chosen candidate's meters
+    on them, already run)."""
     quantizers = dict(named_quantizers(unwrap(model), weights=False))
 
     def score(selection: Mapping[str, str], half: int) -> FidelityMeter:
@@ -341,7 +347,7 @@ def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], 
         return _meter(model, parts[half] if parts else [], forward)
 
     names = {name: name for name in amaxes[chosen]}
-    return refine(amaxes, chosen, score if parts else None, names, clipping)
+    return refine(amaxes, chosen, score if parts else None, names, clipping, start=start)
 
 
 def _bias_correction(model: nn.Module, fit: Sequence[Any], scored: Scored, forward: ForwardFn, before: float,

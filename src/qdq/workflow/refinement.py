@@ -20,7 +20,8 @@ must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the cli
 
 Cost: each trial runs the model on the first half of the held-out batches, and on the second only for a walk's
 best range that gained enough on the first; at least two and at most ``candidates - 1`` first-half runs per
-quantizer (two when the nearest range on either side scores lower). The front end makes a run cheap (the ONNX
+quantizer (two when the nearest range on either side scores lower); the chosen method's own two halves are not run
+again where the front end scored the candidates by halves (``start``: both doors do). The front end makes a run cheap (the ONNX
 front end feeds the activation steps to one session as inputs). The final ranges of each quantizer come from its
 method over every batch's statistics, as the model-level choice's do.
 """
@@ -160,6 +161,7 @@ def refine(
     *,
     keys: Sequence[Key] | None = None,
     limit: int | None = None,
+    start: tuple[FidelityMeter, FidelityMeter] | None = None,
 ) -> tuple[dict[Key, str], Refinement]:
     """Each quantizer's method after refining the model-level ``chosen`` one (see the module docstring).
 
@@ -173,6 +175,7 @@ def refine(
         clipping: label -> names of the quantizers that label's ranges clip destructively.
         keys: the quantizers that may change (default: every key of ``candidates[chosen]``).
         limit: at most this many quantizers are tried (default :data:`REFINE_QUANTIZERS`).
+        start: ``chosen``'s meters on the two halves, where the front end scored them already (not run again).
 
     Returns:
         ``({key: label}, Refinement)``.
@@ -186,9 +189,9 @@ def refine(
     order = [key for key in _by_disagreement(candidates, chosen, keys) if key in selection][:limit]
     if not order:
         return selection, Refinement(math.nan, math.nan, skipped="no candidate ranges differ")
-    current = (score(selection, 0), score(selection, 1))
-    start = (current[0] + current[1]).ranked()
-    result = Refinement(start, start, tried=len(order), runs=2)
+    current = start if start is not None else (score(selection, 0), score(selection, 1))
+    first_score = (current[0] + current[1]).ranked()
+    result = Refinement(first_score, first_score, tried=len(order), runs=0 if start is not None else 2)
     for key in order:
         for side in _sides(candidates, key, selection[key]):
             best, base = None, current[0].ranked()
