@@ -21,9 +21,9 @@ must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the cli
 Cost: each trial runs the model on the first half of the held-out batches, and on the second only for a walk's
 best range that gained enough on the first; at least two and at most ``candidates - 1`` first-half runs per
 quantizer (two when the nearest range on either side scores lower); the chosen method's own two halves are not run
-again where the front end scored the candidates by halves (``start``: both doors do). The front end makes a run cheap (the ONNX
-front end feeds the activation steps to one session as inputs). The final ranges of each quantizer come from its
-method over every batch's statistics, as the model-level choice's do.
+again where the front end scored the candidates by halves (``start``: both doors do). The front end makes a run
+cheap (the ONNX front end feeds the activation steps to one session as inputs). The final ranges of each quantizer
+come from its method over every batch's statistics, as the model-level choice's do.
 """
 
 from __future__ import annotations
