@@ -20,7 +20,9 @@ names by a scheme of its own); the opset raised to 13 when lower (per-channel ``
 in the main graph or an ``If`` branch, folded into its result (silero-vad slices its LSTM weights at run time;
 onnxscript's constant folder also rewrites shapes, identities and reshapes whatever it is told, and folds no op of
 several outputs such as ``Split``); an ``Identity`` of an initializer (TorchScript's shared constants) bypassed
-(:func:`~qdq.graphs.onnx.tidy`); shapes inferred where ONNX can (dynamic axes stay symbolic).
+(:func:`~qdq.graphs.onnx.tidy`); shapes inferred where ONNX can (dynamic axes stay symbolic), and a graph output
+declared with a rank the graph does not compute written with the computed shape (``output_shapes``: strict shape
+inference, which ``onnx.checker`` runs on every file qdq writes, refuses such a declaration).
 
 The branches of ``If`` nodes are part of the graph (:mod:`qdq.onnx_in.subgraphs`). ``Loop`` / ``Scan`` bodies and
 operators of custom domains are left as they are: the view sees them as ops no rule knows, so they stay float,
@@ -113,6 +115,7 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
     counts["hard_swishes"] = found[3] if now else _fuse_hard_swishes(model)
     if _opset(model) != opset:
         counts["opset"] = _opset(model) or 0
+    declared = _clear_output_shapes(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         pairs = zip([model.graph, *(g for _, g in if_branches(model.graph))],
@@ -121,8 +124,40 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
             del mine.value_info[:]
             mine.value_info.extend(theirs.value_info)
     except Exception:  # shape inference is a convenience: a model it cannot read still quantizes
-        counts["shapes_unknown"] = 1
+        counts["shapes_unknown"], inferred = 1, None
+    counts["output_shapes"] = _restore_output_shapes(model, declared, inferred)
     return counts
+
+
+def _clear_output_shapes(model: onnx.ModelProto) -> dict[str, Any]:
+    """The main graph outputs' declared shapes (by name, those that declare one), cleared from ``model``: shape
+    inference then says what the graph computes for them instead of failing on a declaration it contradicts."""
+    declared = {}
+    for value in model.graph.output:
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            declared[value.name] = onnx.TensorShapeProto()
+            declared[value.name].CopyFrom(tensor.shape)
+            tensor.ClearField("shape")
+    return declared
+
+
+def _restore_output_shapes(model: onnx.ModelProto, declared: dict[str, Any], inferred: onnx.ModelProto | None) -> int:
+    """Each output's declared shape back, except where the graph computes another rank (an exporter's stale
+    declaration: strict shape inference, which ``onnx.checker`` runs on every file qdq writes, refuses it): there the
+    computed shape. Returns how many outputs took the computed shape."""
+    computed = {v.name: v.type.tensor_type for v in inferred.graph.output} if inferred is not None else {}
+    changed = 0
+    for value in model.graph.output:
+        if value.name not in declared:
+            continue
+        found = computed.get(value.name)
+        if found is not None and found.HasField("shape") and len(found.shape.dim) != len(declared[value.name].dim):
+            value.type.tensor_type.shape.CopyFrom(found.shape)
+            changed += 1
+        else:
+            value.type.tensor_type.shape.CopyFrom(declared[value.name])
+    return changed
 
 
 def _constant_nodes(graph: onnx.GraphProto) -> int:

@@ -120,6 +120,10 @@ class OnnxQuantizeResult:
                       + (f"; {constant} constant channels (no output spread)" if constant else "")
                       + (f"; {unmeasured} channel shifts not significant against their sampling error, not "
                          "applied" if unmeasured else "") + ".", ""]  # fmt: skip
+        if self.prepared.get("output_shapes"):
+            lines += [f"{self.prepared['output_shapes']} graph output(s) declared with a rank the graph does not "
+                      "compute: written with the computed shape (ONNX's shape inference refuses the declaration).",
+                      ""]  # fmt: skip
         if self.widened_weights:
             name, factor = max(self.widened_weights.items(), key=lambda item: item[1])
             lines += [f"Weight steps widened so that int32 biases fit: {len(self.widened_weights)} op(s) kept int8 "
