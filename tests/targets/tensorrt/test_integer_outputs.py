@@ -88,7 +88,8 @@ def test_a_float_output_declared_with_a_rank_the_graph_does_not_compute_is_writt
         assert "differ in rank" in str(err)
     rng = np.random.default_rng(1)
     data = [{"x": rng.normal(size=(1, 1, 4, 6 + 2 * k)).astype(np.float32)} for k in range(3)]
-    for target, options in (("onnxruntime", {}), ("tensorrt", {"float": "float32"}), ("tensorrt", {"float": "float16"})):
+    cases = (("onnxruntime", {}), ("tensorrt", {"float": "float32"}), ("tensorrt", {"float": "float16"}))
+    for target, options in cases:
         result = qdq.quantize_onnx(model, data, tmp_path / f"{target}_{options.get('float')}.onnx", target=target,
                                    target_options=options, progress=False, method="max")  # fmt: skip
         written = onnx.load(str(result.path))
