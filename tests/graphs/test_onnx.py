@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdq.graphs.onnx import GraphIndex, remove_nodes, sort_nodes, tidy, unique_value_names
@@ -146,3 +147,23 @@ def test_unique_value_names_renames_what_branches_define_again_on_onnx_ir():
     assert [o.name for o in branches["else_branch"].output] == ["c__1"]
     assert list(model.graph.node[0].output) == ["c"] and [v.name for v in model.graph.value_info] == ["c"]
     assert [p.key for p in model.metadata_props] == ["b", "a"] and [t.name for t in model.graph.initializer] == ["w"]
+
+
+def test_an_output_declared_with_another_rank_than_the_graph_computes_takes_the_computed_shape():
+    """ONNX's strict shape inference (``onnx.checker`` with ``full_check``) refuses a declared output rank the graph
+    does not compute; a declaration of the right rank, named dims included, is kept as written."""
+    from qdq.graphs.onnx import declare_computed_output_shapes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 5])
+    stale = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])  # rank 2: the Relu computes rank 3
+    named = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", "rows", "cols"])
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["z"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [stale, named]),
+                              opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    with pytest.raises(onnx.shape_inference.InferenceError, match="differ in rank"):
+        onnx.checker.check_model(model, full_check=True)
+    assert declare_computed_output_shapes(model) == 1
+    shapes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.output}
+    assert shapes == {"y": ["n", 4, 5], "z": ["batch", "rows", "cols"]}
+    onnx.checker.check_model(model, full_check=True)
+    assert declare_computed_output_shapes(model) == 0  # nothing left to change

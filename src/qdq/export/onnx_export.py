@@ -211,6 +211,7 @@ def finish_onnx(
     _warn_opset(proto, opset)
     large = proto.ByteSize() >= onnx_types.PROTOBUF_LIMIT
     if not large:
+        graph.declare_computed_output_shapes(proto)  # an output's stale declared rank: what the graph computes
         _check(proto)
     graph.atomic_save(proto, Path(path))
     if large:  # onnx.checker reads a model over 2 GB from its file; shape inference cannot read external data

@@ -32,11 +32,14 @@ __all__ = [
     "all_nodes",
     "atomic_save",
     "attribute",
+    "clear_output_shapes",
+    "declare_computed_output_shapes",
     "initializer_map",
     "name_nodes",
     "on_ir",
     "remove_nodes",
     "rename_io",
+    "restore_output_shapes",
     "rewrite_branches",
     "set_axis",
     "set_metadata",
@@ -467,6 +470,52 @@ def rename_io(model: onnx.ModelProto, inputs: Iterable[str], outputs: Iterable[s
             node.input[i] = mapping.get(name, name)
         for i, name in enumerate(node.output):
             node.output[i] = mapping.get(name, name)
+
+
+def clear_output_shapes(model: onnx.ModelProto) -> dict[str, Any]:
+    """The main graph outputs' declared shapes (by name, those that declare one), cleared from ``model``: shape
+    inference then says what the graph computes for them instead of failing on a declaration it contradicts."""
+    import onnx
+
+    declared = {}
+    for value in model.graph.output:
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            declared[value.name] = onnx.TensorShapeProto()
+            declared[value.name].CopyFrom(tensor.shape)
+            tensor.ClearField("shape")
+    return declared
+
+
+def restore_output_shapes(model: onnx.ModelProto, declared: dict[str, Any], inferred: onnx.ModelProto | None) -> int:
+    """Each output's ``declared`` shape (:func:`clear_output_shapes`) back, except where ``inferred`` (``model`` after
+    shape inference) computes another rank: there the computed shape (an exporter's stale declaration, or one a
+    rewrite made stale: ONNX's strict shape inference, which ``onnx.checker`` runs, refuses it). Returns how many
+    outputs took the computed shape."""
+    computed = {v.name: v.type.tensor_type for v in inferred.graph.output} if inferred is not None else {}
+    changed = 0
+    for value in model.graph.output:
+        if value.name not in declared:
+            continue
+        found = computed.get(value.name)
+        if found is not None and found.HasField("shape") and len(found.shape.dim) != len(declared[value.name].dim):
+            value.type.tensor_type.shape.CopyFrom(found.shape)
+            changed += 1
+        else:
+            value.type.tensor_type.shape.CopyFrom(declared[value.name])
+    return changed
+
+
+def declare_computed_output_shapes(model: onnx.ModelProto) -> int:
+    """:func:`restore_output_shapes` after ONNX shape inference of ``model`` (in place; 0 where inference fails)."""
+    import onnx
+
+    declared = clear_output_shapes(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # a graph ONNX cannot infer keeps its declarations
+        inferred = None
+    return restore_output_shapes(model, declared, inferred)
 
 
 def set_metadata(proto: Any, key: str, value: str) -> None:

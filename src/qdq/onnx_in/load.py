@@ -40,7 +40,15 @@ import onnx
 from onnx import numpy_helper
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import all_nodes, name_nodes, on_ir, tidy, unique_value_names_ir
+from qdq.graphs.onnx import (
+    all_nodes,
+    clear_output_shapes,
+    name_nodes,
+    on_ir,
+    restore_output_shapes,
+    tidy,
+    unique_value_names_ir,
+)
 from qdq.onnx_in.subgraphs import if_branches
 
 __all__ = ["QUANTIZED_OPS", "load_float_model", "prepare"]
@@ -115,7 +123,7 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
     counts["hard_swishes"] = found[3] if now else _fuse_hard_swishes(model)
     if _opset(model) != opset:
         counts["opset"] = _opset(model) or 0
-    declared = _clear_output_shapes(model)
+    declared = clear_output_shapes(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         pairs = zip([model.graph, *(g for _, g in if_branches(model.graph))],
@@ -125,39 +133,8 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
             mine.value_info.extend(theirs.value_info)
     except Exception:  # shape inference is a convenience: a model it cannot read still quantizes
         counts["shapes_unknown"], inferred = 1, None
-    counts["output_shapes"] = _restore_output_shapes(model, declared, inferred)
+    counts["output_shapes"] = restore_output_shapes(model, declared, inferred)
     return counts
-
-
-def _clear_output_shapes(model: onnx.ModelProto) -> dict[str, Any]:
-    """The main graph outputs' declared shapes (by name, those that declare one), cleared from ``model``: shape
-    inference then says what the graph computes for them instead of failing on a declaration it contradicts."""
-    declared = {}
-    for value in model.graph.output:
-        tensor = value.type.tensor_type
-        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
-            declared[value.name] = onnx.TensorShapeProto()
-            declared[value.name].CopyFrom(tensor.shape)
-            tensor.ClearField("shape")
-    return declared
-
-
-def _restore_output_shapes(model: onnx.ModelProto, declared: dict[str, Any], inferred: onnx.ModelProto | None) -> int:
-    """Each output's declared shape back, except where the graph computes another rank (an exporter's stale
-    declaration: strict shape inference, which ``onnx.checker`` runs on every file qdq writes, refuses it): there the
-    computed shape. Returns how many outputs took the computed shape."""
-    computed = {v.name: v.type.tensor_type for v in inferred.graph.output} if inferred is not None else {}
-    changed = 0
-    for value in model.graph.output:
-        if value.name not in declared:
-            continue
-        found = computed.get(value.name)
-        if found is not None and found.HasField("shape") and len(found.shape.dim) != len(declared[value.name].dim):
-            value.type.tensor_type.shape.CopyFrom(found.shape)
-            changed += 1
-        else:
-            value.type.tensor_type.shape.CopyFrom(declared[value.name])
-    return changed
 
 
 def _constant_nodes(graph: onnx.GraphProto) -> int:
