@@ -167,3 +167,19 @@ def test_an_output_declared_with_another_rank_than_the_graph_computes_takes_the_
     assert shapes == {"y": ["n", 4, 5], "z": ["batch", "rows", "cols"]}
     onnx.checker.check_model(model, full_check=True)
     assert declare_computed_output_shapes(model) == 0  # nothing left to change
+
+
+def test_the_export_check_takes_the_computed_rank_only_for_a_file_it_writes():
+    """The check before a write (``declared=True``): a stale output rank a rewrite left is declared as computed and
+    the file passes; any other check of the same graph still refuses it."""
+    from qdq.errors import QdqExportError
+    from qdq.export.onnx_export import _check
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    with pytest.raises(QdqExportError, match="differ in rank"):
+        _check(model)
+    _check(model, declared=True)
+    assert len(model.graph.output[0].type.tensor_type.shape.dim) == 3

@@ -211,21 +211,26 @@ def finish_onnx(
     _warn_opset(proto, opset)
     large = proto.ByteSize() >= onnx_types.PROTOBUF_LIMIT
     if not large:
-        graph.declare_computed_output_shapes(proto)  # an output's stale declared rank: what the graph computes
-        _check(proto)
+        _check(proto, declared=True)
     graph.atomic_save(proto, Path(path))
     if large:  # onnx.checker reads a model over 2 GB from its file; shape inference cannot read external data
         _check(str(path), full=False)
     return Path(path)
 
 
-def _check(checked: onnx.ModelProto | str, full: bool = True) -> None:
-    """``onnx.checker`` on a model or a file (``full``: with shape inference); one clear error when it fails."""
+def _check(checked: onnx.ModelProto | str, full: bool = True, declared: bool = False) -> None:
+    """``onnx.checker`` on a model or a file (``full``: with shape inference); one clear error when it fails.
+    ``declared``: a model whose output a rewrite left declared with a stale rank (a Cast back to float32 before it)
+    declares the computed shape (:func:`qdq.graphs.onnx.declare_computed_output_shapes`) and is checked again."""
     import onnx
 
     try:
         onnx.checker.check_model(checked, full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
+        stale = declared and isinstance(err, onnx.shape_inference.InferenceError)
+        if stale and isinstance(checked, onnx.ModelProto) and graph.declare_computed_output_shapes(checked):
+            _check(checked, full)
+            return
         hint = ""
         if "bfloat16" in str(err):
             hint = " bfloat16 Conv/Gemm/MatMul need ONNX opset >= 22: export with dynamo=True, opset=22."

@@ -34,7 +34,7 @@ from torch import nn
 
 from qdq.nn.conv import QuantConv1d, QuantConv2d, QuantConv3d
 from qdq.nn.linear import QuantLinear
-from qdq.quantizer import TensorQuantizer
+from qdq.quantizer import TensorQuantizer, disabled_quantizers
 from qdq.workflow.collection import ForwardFn, default_forward
 from qdq.workflow.distributed import all_reduce_sum, unwrap
 
@@ -136,7 +136,7 @@ def correct_biases(model: nn.Module, batches: Sequence[Any], forward: ForwardFn 
         return []
     sums = {name: _Sums(_channels(module)) for name, module in layers.items()}
     run = forward or default_forward
-    with _float(root), torch.no_grad(), _hooks(layers, sums):
+    with disabled_quantizers(root), torch.no_grad(), _hooks(layers, sums):
         for batch in batches:
             run(model, batch)
     flat = all_reduce_sum([v for name in layers for v in sums[name].flat()])  # every rank the same shifts
@@ -182,19 +182,6 @@ def _corrected(module: nn.Module) -> bool:
     quantizers = (getattr(module, "_input_quantizer", None), getattr(module, "_weight_quantizer", None))
     return isinstance(module, _CORRECTED) and all(isinstance(q, TensorQuantizer) and q.is_quantizing
                                                   for q in quantizers)  # fmt: skip
-
-
-@contextlib.contextmanager
-def _float(model: nn.Module) -> Iterator[None]:
-    """Every quantizer of ``model`` off inside the context (the float model), as it was after."""
-    on = [q for q in model.modules() if isinstance(q, TensorQuantizer) and q.is_enabled]
-    for quantizer in on:
-        quantizer.disable()
-    try:
-        yield
-    finally:
-        for quantizer in on:
-            quantizer.enable()
 
 
 @contextlib.contextmanager
