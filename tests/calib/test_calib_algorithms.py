@@ -294,3 +294,17 @@ def test_channels_at_once_equal_one_channel_at_a_time(fn):
 def test_bad_num_bits_raise(fn):
     with pytest.raises(QdqConfigError, match="num_bits"):
         fn(torch.ones(8, dtype=torch.int64), 1.0, num_bits=1)
+
+
+@pytest.mark.parametrize("search", [entropy_amax, mse_amax])
+def test_the_chunking_of_the_search_does_not_change_the_amax(search, monkeypatch):
+    from qdq.calib import algorithms
+
+    generator = torch.Generator().manual_seed(3)
+    samples = torch.randn(4, 50_000, generator=generator).abs() * torch.tensor([[1.0], [3.0], [0.2], [7.0]])
+    samples[1, :40] *= 30  # outliers in one channel
+    counts = torch.stack([torch.histc(row, 4096, 0, float(samples.max())) for row in samples]).to(torch.int64)
+    width = float(samples.max()) / 4096
+    whole = search(counts, width, stride=4)
+    monkeypatch.setattr(algorithms, "_CPU_CHUNK_ELEMS", 5_000)  # one candidate row per chunk
+    assert torch.equal(search(counts, width, stride=4), whole)

@@ -24,10 +24,11 @@ from qdq.validate import check_num_bits
 __all__ = ["entropy_amax", "mse_amax", "percentile_amax"]
 
 _EPS64 = torch.finfo(torch.float64).eps
-#: elements of one chunk of the channels x candidates x bins work: on the CPU below torch's 32768-element
-#: parallel grain (a parallel region on a busy 2-core machine can stall for a scheduler tick); on an
-#: accelerator large, since each chunk costs kernel launches
-_CPU_CHUNK_ELEMS = 32_000
+#: elements of one chunk of the channels x candidates x bins work: on the CPU a few hundred thousand (a 4096-bin
+#: histogram's candidates in tens of chunks: fewer, and each op's fixed cost would dominate; more, and the
+#: float64 work leaves the cache); on an accelerator large, since each chunk costs kernel launches. The chunking
+#: does not change the result (each candidate's error is summed whole).
+_CPU_CHUNK_ELEMS = 1 << 18
 _DEVICE_CHUNK_ELEMS = 1 << 24
 
 

@@ -20,7 +20,8 @@ from typing import Any
 from qdq.graphs import ops
 from qdq.graphs.view import GraphView, Op, Site
 
-__all__ = ["LayerPlan", "activation_name", "activation_type", "build_view", "consumers", "producers"]
+__all__ = ["LayerPlan", "activation_name", "activation_type", "build_view", "consumers", "producers",
+           "quantized_by_default"]
 
 _LAYER_TYPES = {
     "Conv1D": "Conv", "Conv2D": "Conv", "Conv3D": "Conv", "DepthwiseConv1D": "Conv", "DepthwiseConv2D": "Conv",
@@ -113,6 +114,14 @@ def _layer_op(layer: Any) -> tuple[str, dict[str, Any]]:
     if found == "Pad":
         return found, {"mode": "constant", "value": 0.0}
     return found, {}
+
+
+def quantized_by_default(layer: Any) -> bool:
+    """Whether "full" quantization wraps ``layer`` before any target's rule: its op is one of
+    :data:`qdq.graphs.ops.QUANTIZED_BY_DEFAULT`, or its class is one this vocabulary does not know (a wrapper the
+    user registered for it)."""
+    op_type, _ = _layer_op(layer)
+    return op_type.startswith("keras:") or op_type in ops.QUANTIZED_BY_DEFAULT
 
 
 # ------------------------------------------------------------------------------------------- the plans

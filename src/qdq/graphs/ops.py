@@ -26,6 +26,7 @@ __all__ = [
     "KEEP_SIGN",
     "LAYOUT",
     "NORMS",
+    "QUANTIZED_BY_DEFAULT",
     "RECURRENT",
     "SILU",
     "WEIGHTED",
@@ -37,6 +38,10 @@ __all__ = [
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 #: The average pools: their inputs are quantized as the weighted ops' are (the seed's QuantAvgPool modules).
 AVERAGE_POOLS = frozenset({"AveragePool", "GlobalAveragePool"})
+#: The ops whose data inputs (and weights) every front end quantizes before any target's rule runs: what module
+#: replacement swaps on the PyTorch path (besides the seed's LSTM and attention modules), the Keras layers "full"
+#: quantization wraps, and the ONNX door's first selection. Everything else is the targets' rules' to decide.
+QUANTIZED_BY_DEFAULT = WEIGHTED | AVERAGE_POOLS
 #: The normalization a runtime folds into the weighted op before it.
 NORMS = frozenset({"BatchNormalization"})
 #: Normalizations over features (a transformer's): they read and write float.

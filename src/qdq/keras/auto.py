@@ -13,7 +13,8 @@ fidelity, the choice and the result are that module's) on the Keras front end's 
    other samples' statistics and are set on the model (:func:`qdq.keras.set_ranges`);
 3. the quantized model runs on the held-out samples (``predict_on_batch``: traced once, the ranges are variables)
    and its outputs are compared with the float ones (:class:`~qdq.workflow.auto_calibration.FidelityMeter`; the
-   channels of a channels-last output are its features, as a channel of ``[N, C, H, W]`` is in the PyTorch door);
+   channels of a channels-last output are its features, as a channel of ``[N, C, H, W]`` is in the PyTorch door),
+   by the halves the refinement scores on (the same sums; the chosen candidate's are the refinement's start);
 4. :func:`~qdq.workflow.auto_calibration.choose` picks, with the diagnostics' verdict on each candidate's ranges
    (:func:`~qdq.workflow.auto_calibration.destructive`, on the Keras calibrators);
 5. the quantizers whose candidates disagree most may each take another candidate's range where the held-out
@@ -89,21 +90,26 @@ def run(
     clipping: dict[str, list[str]] = {}
     grid = candidates()
     kept: dict[str, dict[str, float]] = {}
+    parts = halves(stats.scored, lambda pair: samples_of(pair[1]))
+    by_half: dict[str, tuple[FidelityMeter, FidelityMeter]] = {}  # the refinement starts from the chosen one's
     for method, options in grid:
         label = method.label(options)
         ranges = kept[label] = set_ranges(model, stats.ranges(method.name, **options))
         clipping[label] = destructive(named, ranges, label)
-        scores[label] = _score(model, stats.scored)
+        if parts is not None:  # by halves: the same sums, and the refinement's first two runs
+            by_half[label] = (_meter(model, parts[0]), _meter(model, parts[1]))
+            scores[label] = (by_half[label][0] + by_half[label][1]).score()
+        else:
+            scores[label] = _score(model, stats.scored)
     chosen = choose(scores, clipping)
-
-    parts = halves(stats.scored, lambda pair: samples_of(pair[1]))
 
     def score(selection: Mapping[str, str], half: int) -> FidelityMeter:
         set_ranges(model, {name: kept[label][name] for name, label in selection.items()})
         return _meter(model, parts[half] if parts else [])
 
     names = {name: name for name in kept[chosen]}
-    selection, refinement = refine(kept, chosen, score if parts else None, names, clipping)
+    selection, refinement = refine(kept, chosen, score if parts else None, names, clipping,
+                                   start=by_half.get(chosen))
     was_held_out = bool(stats.held_out)
     stats.merge_held_out()
     final = {label: stats.ranges(method.name, **options)

@@ -26,6 +26,7 @@ from typing import Any
 from qdq.errors import QdqConfigError
 from qdq.graphs.keras import LayerPlan, activation_name, activation_type, build_view
 from qdq.graphs.view import GraphView, Op
+from qdq.targets.rules import apply_rules
 
 __all__ = ["LayerPlan", "place", "plans_of", "split_activations", "split_layers"]
 
@@ -38,8 +39,7 @@ def place(model: Any, plans: Plans, target: Any) -> tuple[Any, Plans]:
     wrap (``model`` itself, or a copy with layers split) and its plans."""
     for _ in range(_MAX_ROUNDS):
         view = build_view(model, plans, target)
-        for rule in target.placement_rules:
-            rule.decide(view)
+        apply_rules(view, target.placement_rules)
         placed, activations, swishes = plans_of(view)
         if not activations and not swishes:
             return model, placed

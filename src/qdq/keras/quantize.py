@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from qdq.errors import QdqConfigError, QdqTypeError, did_you_mean
+from qdq.graphs.keras import quantized_by_default
 from qdq.keras.graph import check_graph_model, producers
 from qdq.keras.placement import LayerPlan, place
 from qdq.keras.spec import LayerConfig, QuantizationSpec
@@ -157,8 +158,6 @@ def _is_float_entry(entry: LayerConfig) -> bool:
 
 
 def _plans(model: Any, spec: QuantizationSpec, mode: str, wrapper_for: Any) -> dict[str, LayerPlan]:
-    from qdq.keras.wrappers import OFF_BY_DEFAULT
-
     named, classes = spec.by_name(), spec.classes()
     plans: dict[str, LayerPlan] = {}
     for layer in model.layers:
@@ -174,7 +173,7 @@ def _plans(model: Any, spec: QuantizationSpec, mode: str, wrapper_for: Any) -> d
             plans[layer.name] = LayerPlan(
                 entry.quantize_input or entry.quantization_index is not None, indices, entry.quantize_weight
             )
-        elif class_name in classes or (mode == "full" and class_name not in OFF_BY_DEFAULT):
+        elif class_name in classes or (mode == "full" and quantized_by_default(layer)):
             plans[layer.name] = LayerPlan(True, None, True)
         plan = plans.get(layer.name)
         if plan is not None and getattr(wrapper, "shared_input_range", False):  # one range for its inputs

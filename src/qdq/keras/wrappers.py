@@ -31,9 +31,6 @@ __all__ = ["WRAPPERS", "QuantizeWrapper", "register_wrapper", "wrapper_for", "wr
 
 #: Keras class name -> its QuantizeWrapper subclass
 WRAPPERS: Registry[str, type] = Registry("quantized Keras layer")
-#: classes left float by "full" quantization unless a spec or case names them (as in the NVIDIA toolkit):
-#: TensorRT fuses them with their neighbours, or they do not change precision
-OFF_BY_DEFAULT = frozenset({"MaxPooling2D", "BatchNormalization", "Add", "Multiply", "Concatenate"})
 
 
 _Class = TypeVar("_Class", bound=type)

@@ -39,6 +39,7 @@ from qdq.onnx_in.materialize import write_qdq
 from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_attention, select_weighted
 from qdq.targets import Target
 from qdq.targets.onnxruntime.passes.float_convs import UnquantizedConvWarning
+from qdq.targets.rules import apply_rules
 
 __all__ = ["Placement", "PreparedModel", "activation_groups", "activation_values", "ranges_by_value", "values_ranges"]
 
@@ -136,8 +137,7 @@ class PreparedModel:
         view = build_view(self.model, target)
         view.non_negative_data.update(non_negative_inputs)
         select_weighted(view, keep)
-        for rule in target.placement_rules:
-            rule.decide(view)
+        apply_rules(view, target.placement_rules)
         select_attention(view, keep, attention_shapes(self.model, view, batches))
         keep_user_float(view, keep)
         return view

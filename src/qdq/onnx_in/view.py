@@ -34,7 +34,7 @@ import onnx
 from onnx import TensorProto
 
 from qdq.graphs.onnx_types import FLOAT_TYPES
-from qdq.graphs.ops import ATTENTION, ATTENTION_SITES, AVERAGE_POOLS, WEIGHTED
+from qdq.graphs.ops import ATTENTION, ATTENTION_SITES, QUANTIZED_BY_DEFAULT
 from qdq.graphs.view import GraphView, Op, Quantizer
 from qdq.onnx_in.attention import AttentionNodes, find_attention
 from qdq.onnx_in.subgraphs import Nested, Path, if_branches
@@ -152,9 +152,10 @@ def _ref(path: Path, ref: Any) -> Any:
 
 
 def select_weighted(view: GraphView, keep: KeepFloat) -> None:
-    """Quantize the data inputs and weights of the weighted ops and average pools (module doc)."""
+    """Quantize the data inputs and weights of the ops :data:`qdq.graphs.ops.QUANTIZED_BY_DEFAULT` names: the weighted
+    ops and the average pools (module doc)."""
     for op in view.ops:
-        if op.type not in WEIGHTED | AVERAGE_POOLS or keep.match(op) is not None:
+        if op.type not in QUANTIZED_BY_DEFAULT or keep.match(op) is not None:
             continue
         for index, value in enumerate(op.inputs):
             if index in op.weights:

@@ -20,7 +20,7 @@ from qdq.placement.capture import capture_graph, capture_model
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import DEFAULT_TARGET, PlacementRule, Target, resolve_target
 from qdq.targets.marks import check_not_superseded, mark_placed, mark_superseded, placed_target
-from qdq.targets.rules import PLACEMENT_RULES
+from qdq.targets.rules import PLACEMENT_RULES, apply_rules
 
 __all__ = ["apply_placement"]
 
@@ -64,8 +64,7 @@ class _Placement:
         changes = [f"{name}: quantized attention" for name in capture_graph(gm, self.desc, self.capture)]
         view = build_view(gm, self.target)
         view.whole_model = not path  # a child traced alone: its outputs feed its parent's untraced code
-        for rule in self.rules:
-            rule.decide(view)
+        apply_rules(view, self.rules)
         changes += materialize(view, gm, self.desc)
         if not changes:
             return module, []
@@ -78,8 +77,7 @@ class _Placement:
         """Run the rules on the view of the captured modules no graph calls (their attention facts)."""
         if self.untraced_captured:
             view = untraced_view(self.untraced_captured, self.target)
-            for rule in self.rules:
-                rule.decide(view)
+            apply_rules(view, self.rules)
             apply_notes(view)
 
     def place_children(self, module: nn.Module, path: str, err: Exception) -> tuple[nn.Module, list[str]]:

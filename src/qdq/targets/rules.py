@@ -4,7 +4,7 @@ A rule is a function of a :class:`qdq.graphs.view.GraphView`, the front-end-neut
 (ops in the ONNX vocabulary, the quantizers decided so far), that makes decisions on it (quantize an input or
 an output, give quantizers one range, keep an op float). PyTorch (:func:`qdq.placement.apply_placement`), Keras
 (:func:`qdq.keras.quantize_model`) and ONNX files each build the view of their model, run the target's rules in
-the target's order, and materialize the decisions in their own form.
+the target's order (:func:`apply_rules`, the one loop), and materialize the decisions in their own form.
 
 Rules have names, in :data:`PLACEMENT_RULES`, so that a target can be written with rule names and
 ``apply_placement(rules=[...])`` can name a subset.
@@ -14,14 +14,14 @@ This module imports neither torch nor onnx.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from qdq.errors import QdqTypeError
 from qdq.registry import Registry
 
-__all__ = ["PLACEMENT_RULES", "PlacementRule", "register_rule"]
+__all__ = ["PLACEMENT_RULES", "PlacementRule", "apply_rules", "register_rule"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,10 @@ def register_rule(rule: PlacementRule, *, override: bool = False) -> PlacementRu
     if not isinstance(rule, PlacementRule):
         raise QdqTypeError(f"register_rule needs a PlacementRule, got {type(rule).__name__}.")
     return PLACEMENT_RULES.register(rule.name, rule, override=override)
+
+
+def apply_rules(view: Any, rules: Iterable[PlacementRule]) -> None:
+    """The placement loop every front end runs: each of ``rules`` decides on ``view`` (a
+    :class:`~qdq.graphs.view.GraphView`), in order; a later rule sees the earlier ones' decisions."""
+    for rule in rules:
+        rule.decide(view)
