@@ -69,3 +69,24 @@ def test_one_held_out_batch_is_split_by_its_samples_where_the_front_end_can():
     assert halves([pair], lambda p: samples_of(p[1]), lambda p: None) is None  # the front end cannot split it
     # an output whose samples are not along dimension 0 (a recurrent state [layers, batch, width]): not split
     assert _rows((feed, [np.zeros((2, 8, 4))])) is None and _rows(({"x": np.zeros((1, 3))}, [np.zeros(1)])) is None
+
+
+def test_a_file_with_a_fixed_batch_holds_whole_batches_out(tmp_path):
+    """A graph input whose dimension 0 is a number (an export without a dynamic batch axis) cannot run a part of a
+    batch: the default holds every 4th batch out whole (each was split by one sample, which ONNX Runtime refused)."""
+    import torch
+
+    from qdq.onnx_in.calibrate import kept_parts
+
+    path = tmp_path / "static.onnx"
+    torch.onnx.export(_conv_model(), torch.zeros(4, 3, 8, 8), path, input_names=["x"], opset_version=17, dynamo=False)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.normal(size=(4, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+    placement = PreparedModel.load(str(path)).place(resolve_target("onnxruntime"), None, (), [], copy=True)
+    statistics = collect(placement.model, placement.view, feeds, "histogram", held_out=held_out, progress=False)
+    assert [feed["x"].shape[0] for feed, _ in statistics.scored] == [4, 4]  # batches 3 and 7, whole
+    assert [part["x"].shape[0] for part in kept_parts(placement.model, feeds, held_out)] == [4, 4, 4, 4, 4, 4]
+    from qdq.onnx_in.quantize import quantize_onnx
+
+    result = quantize_onnx(str(path), feeds, tmp_path / "int8.onnx", target="onnxruntime", progress=False)
+    assert result.auto is not None and result.auto.held_out

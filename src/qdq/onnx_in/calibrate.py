@@ -117,8 +117,9 @@ def collect(
         seen, reached = 0, set()
         for batch in _batches(data, num_batches):
             feed = _feed(batch, inputs, seen)
-            aside = held_out(seen, len(kept), _samples(feed, batched)) if held_out is not None else 0
-            for part, into in zip(_split(feed, aside), (calibrators, apart)):
+            samples = _samples(feed, batched)
+            aside = held_out(seen, len(kept), samples) if held_out is not None else 0
+            for part, into in zip(_split(feed, aside, samples), (calibrators, apart)):
                 if part is None:
                     continue
                 keep = into is apart or (held_out is not None and not kept and len(first) < MAX_KEPT)
@@ -193,7 +194,8 @@ def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOut
     batched, parts = _batched_inputs(model, inputs), []
     for index, batch in enumerate(batches):
         feed = _feed(batch, inputs, index)
-        part, _ = _split(feed, held_out(index, 0, _samples(feed, batched)))
+        samples = _samples(feed, batched)
+        part, _ = _split(feed, held_out(index, 0, samples), samples)
         parts += [part] if part is not None else []
     return parts
 
@@ -210,9 +212,10 @@ def _samples(feed: Mapping[str, np.ndarray], batched: bool) -> int | None:
     return sizes.pop() if batched and len(sizes) == 1 and None not in sizes else None
 
 
-def _split(feed: Feed, aside: int) -> tuple[Feed | None, Feed | None]:
-    """``feed`` as (the samples kept, the last ``aside`` held out); None for an empty part."""
-    size = _samples(feed, True)
+def _split(feed: Feed, aside: int, size: int | None) -> tuple[Feed | None, Feed | None]:
+    """``feed`` as (the samples kept, the last ``aside`` held out); None for an empty part. ``size``: its samples
+    (:func:`_samples`), None where it cannot be split (a graph input without a dynamic batch axis): then any
+    ``aside`` holds the whole feed out."""
     if not aside:
         return feed, None
     if size is None or aside >= size:
