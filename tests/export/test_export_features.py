@@ -26,6 +26,7 @@ from export_helpers import (
 )
 from torch import nn
 
+import qdq
 from qdq import nn as qnn
 from qdq.descriptor import QuantDescriptor
 from qdq.errors import QdqExportError
@@ -302,3 +303,34 @@ def test_a4_convs_that_stay_float_keep_their_float_bias(tmp_path):
         reference = model(X).numpy()
     np.testing.assert_array_equal(run_ort(path, X, optimize=False), reference)  # int32 biases: 11 of 288 off
     np.testing.assert_array_equal(run_ort(path, X, optimize=True), reference)
+
+
+class _MixedConv(nn.Module):
+    """MixNet's and GhostNet's family: the channels split (``torch.split``, ``x.chunk``), each part its own conv,
+    the parts concatenated."""
+
+    def __init__(self, method: bool) -> None:
+        super().__init__()
+        self.method = method
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.small, self.large = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 5, padding=2)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        parts = x.chunk(2, dim=1) if self.method else torch.split(x, [4, 4], dim=1)
+        return self.head(torch.cat([self.small(parts[0]), self.large(parts[1])], dim=1))
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+@pytest.mark.parametrize("method", [False, True])
+def test_a_split_into_parts_quantizes_the_parts_and_exports(tmp_path, target, method):
+    """The sequence a split returns is no tensor a quantizer can take (a rule moving a conv's input quantizer up
+    to it made calibration fail on a tuple); its items are quantized, and the export computes what PyTorch does."""
+    torch.manual_seed(0)
+    model = qdq.quantize_model(_MixedConv(method).eval(), qdq.QuantConfig(target=target))
+    calibrate_max(model, X)
+    path = tmp_path / "mixed.onnx"
+    export_onnx(model, X, path)
+    with torch.no_grad():  # at most one code of the output's quantizer apart (the convs' float summation order)
+        assert steps_apart(model(X).numpy(), run_ort(path, X, optimize=False)) <= 1.01

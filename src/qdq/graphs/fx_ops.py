@@ -20,7 +20,8 @@ from qdq.nn.base import QuantModule
 from qdq.nn.elementwise import QuantAdd, QuantConcat, QuantMatMul
 from qdq.quantizer import TensorQuantizer
 
-__all__ = ["LEAF_CLASS_NAMES", "QDQ_LEAVES", "fetch_attr", "function_type", "is_tensor", "meta_outside", "op_type"]
+__all__ = ["LEAF_CLASS_NAMES", "QDQ_LEAVES", "fetch_attr", "function_type", "is_tensor", "meta_outside", "op_type",
+           "returns_sequence"]
 
 #: modules ``torch.fx`` keeps as calls (qdq's quantized modules and quantizers), whatever they contain
 QDQ_LEAVES: tuple[type, ...] = (QuantModule, TensorQuantizer)
@@ -91,6 +92,24 @@ _METHODS = {
     "flatten": "Flatten", "contiguous": "Identity", "permute": "Transpose", "transpose": "Transpose",
     "squeeze": "Squeeze", "unsqueeze": "Unsqueeze", "mean": "ReduceMean", "max": "ReduceMax", "matmul": "MatMul",
 }  # fmt: skip
+
+
+#: calls that return a sequence of tensors (``operator.getitem`` reads each): the sequence is not a tensor a quantizer
+#: can take; its items are
+_SEQUENCE_FUNCTIONS = {torch.split, torch.chunk, torch.unbind, torch.tensor_split, torch.Tensor.split,
+                       torch.Tensor.chunk, torch.Tensor.unbind, torch.Tensor.tensor_split}  # fmt: skip
+_SEQUENCE_METHODS = {"split", "chunk", "unbind", "tensor_split"}
+_SEQUENCE_MODULES = (nn.RNNBase, nn.MultiheadAttention)
+
+
+def returns_sequence(node: fx.Node, module: nn.Module | None) -> bool:
+    """Does ``node`` return a tuple or list of tensors (``torch.split``, ``x.chunk``, an LSTM's ``(out, (h, c))``)
+    rather than one tensor?"""
+    if node.op == "call_function":
+        return node.target in _SEQUENCE_FUNCTIONS
+    if node.op == "call_method":
+        return node.target in _SEQUENCE_METHODS
+    return isinstance(module, _SEQUENCE_MODULES)
 
 
 def fetch_attr(root: nn.Module, target: str) -> Any:

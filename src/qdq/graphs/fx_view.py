@@ -141,7 +141,7 @@ def _add_node(view: GraphView, gm: fx.GraphModule, node: fx.Node, module: nn.Mod
     inputs = [values[a] if a in values else view.value(f"{node.name}:const{i}", constant=True)
               for i, (a, _) in enumerate(resolved)]  # fmt: skip
     weights = _module_weights(view, node, module)
-    output = values[node] = view.value(node.name)
+    output = values[node] = view.value(node.name, real=not fx_ops.returns_sequence(node, module))
     weight_positions = range(len(inputs), len(inputs) + min(len(weights), 1))  # the weight; a bias is a constant
     op = view.add_op(node.name, op_type, inputs + weights, [output], attrs=attrs, weights=weight_positions,
                      ref=node)  # fmt: skip
