@@ -334,3 +334,31 @@ def test_a_split_into_parts_quantizes_the_parts_and_exports(tmp_path, target, me
     export_onnx(model, X, path)
     with torch.no_grad():  # at most one code of the output's quantizer apart (the convs' float summation order)
         assert steps_apart(model(X).numpy(), run_ort(path, X, optimize=False)) <= 1.01
+
+
+class _TwinHeads(nn.Module):
+    """LeViT's classifier and distillation heads at initialization: two norm + linear heads with equal weights on
+    one tensor. The dynamo exporter deduplicates their equal weights, then merges the two equal computations into one,
+    the two heads' Q/DQ pairs included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+        self.head = nn.Sequential(nn.BatchNorm1d(8), nn.Linear(8, 4))
+        self.head_dist = nn.Sequential(nn.BatchNorm1d(8), nn.Linear(8, 4))
+        self.head_dist.load_state_dict(self.head.state_dict())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x).mean(dim=(2, 3))
+        return (self.head(x) + self.head_dist(x)) / 2
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_equal_heads_the_exporter_merges_export(tmp_path, target):
+    torch.manual_seed(0)
+    model = qdq.quantize_model(_TwinHeads().eval(), qdq.QuantConfig(target=target))
+    calibrate_max(model, X)
+    path = tmp_path / "twins.onnx"
+    export_onnx(model, X, path, dynamo=True)  # was: "head_dist.1._input_quantizer produced no Q/DQ pair"
+    with torch.no_grad():
+        assert steps_apart(model(X).numpy(), run_ort(path, X, optimize=False)) <= 1.01

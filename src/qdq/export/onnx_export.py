@@ -471,8 +471,18 @@ def _annotate(proto: onnx.ModelProto, specs: dict[TensorQuantizer, QdqSpec]) -> 
 
 
 def _merged(spec: QdqSpec, other: QdqSpec) -> bool:
-    shared_input = any(a is b for a in spec.traced for b in other.traced)
+    """Did the exporter merge ``spec``'s Q/DQ into ``other``'s: the same grid on the same input, or on an input of
+    equal values (two identical computations, such as two heads whose equal weights the exporter deduplicated, are
+    one node after its common-subexpression elimination)?"""
+    shared_input = any(a is b or _equal_values(a, b) for a in spec.traced for b in other.traced)
     return shared_input and spec.same_qdq(other)
+
+
+def _equal_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    except Exception:  # a traced tensor without values (a fake tensor of the dynamo exporter)
+        return False
 
 
 def _set_metadata(proto: onnx.ModelProto, target: str) -> None:
