@@ -194,3 +194,18 @@ def test_tensorrt_quantizes_the_shortcut_of_transformer_residual_adds(family, ad
         model = qdq.quantize_model(model.eval(), qdq.QuantConfig(target="tensorrt"))
     for name, quantized in adds.items():
         assert [q.is_enabled for q in model.get_submodule(name).input_quantizers] == quantized
+
+
+def test_the_default_calibration_keeps_attention_float_outside_the_fused_shapes():
+    """``auto`` holds samples out, then the end of calibration switches the attention's quantizers off (head size 8):
+    the held-out statistics of those quantizers are left out, not merged into ranges they no longer have (a
+    KeyError on timm's mobilevit_xxs)."""
+    model = qdq.quantize_model(SdpaEncoder(16, 2, 6), qdq.QuantConfig(target="tensorrt"))
+    batches = [torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    from qdq.workflow.auto_calibration import select_amax
+
+    with pytest.warns(UserWarning, match="keep their matmuls in float.*head size 8"):
+        result = select_amax(model, batches, progress=False)  # what qdq.calibrate(model, batches) runs
+    assert result.held_out
+    (module,) = _attention(model).values()
+    assert not any(q.is_enabled for q in module.quantizers().values())

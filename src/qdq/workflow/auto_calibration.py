@@ -315,7 +315,8 @@ def select_amax(
     chosen = choose(scores, clipping)
     selection, refinement = _refine(model, amaxes, chosen, clipping, parts, forward, by_half.get(chosen))
     for name, calibrator in held.calibrators.items():
-        fit[name].merge(calibrator)
+        if name in fit:  # not a quantizer the end of calibration switched off (attention outside a target's shapes)
+            fit[name].merge(calibrator)
     _load_selection(model, chosen, selection, weight_method, strict)
     view, untraced = _traced(model)
     stem = _float_stem(model, view, untraced, parts, forward)
