@@ -362,3 +362,64 @@ def test_equal_heads_the_exporter_merges_export(tmp_path, target):
     export_onnx(model, X, path, dynamo=True)  # was: "head_dist.1._input_quantizer produced no Q/DQ pair"
     with torch.no_grad():
         assert steps_apart(model(X).numpy(), run_ort(path, X, optimize=False)) <= 1.01
+
+
+class _Block(nn.Module):
+    """DLA's basic block: one ReLU module called twice (after the first conv, after the residual add)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.bn1, self.bn2 = nn.BatchNorm2d(channels), nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.relu(out + x)
+
+
+class _Tree(nn.Module):
+    """DLA's tree: two blocks, their outputs concatenated into a root conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.tree1, self.tree2 = nn.Conv2d(3, 8, 3, padding=1), _Block(8), _Block(8)
+        self.root = nn.Sequential(nn.Conv2d(16, 8, 1), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.tree1(self.stem(x))
+        return self.root(torch.cat([self.tree2(x1), x1], 1))
+
+
+def test_a_module_called_twice_exports_for_onnx_runtime(tmp_path):
+    """torch.export lifts a quantizer's constant twice in a module called twice (torch 2.9: "attribute
+    'lifted_tensor_14' already exists", timm's dla34 for onnxruntime); the file is written all the same."""
+    torch.manual_seed(0)
+    model = qdq.quantize_model(_Tree().eval(), qdq.QuantConfig(target="onnxruntime"))
+    calibrate_max(model, X)
+    path = tmp_path / "tree.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning, where torch.export fails
+        export_onnx(model, X, path)
+    with torch.no_grad():
+        assert steps_apart(model(X).numpy(), run_ort(path, X, optimize=False)) <= 1.01
+
+
+def test_where_torch_export_fails_the_torchscript_exporter_writes_the_file_said_once(tmp_path, monkeypatch):
+    from qdq.export import onnx_export
+
+    def broken(*args, **kwargs):
+        raise KeyError("attribute 'lifted_tensor_1' already exists")
+
+    monkeypatch.setattr(onnx_export, "_export_dynamo", broken)
+    model = two_convs()
+    calibrate_max(model, X)
+    with pytest.warns(UserWarning, match=r"torch.export could not trace .*lifted_tensor_1.*TorchScript exporter wrote"):
+        path = export_onnx(model, X, tmp_path / "m.onnx")
+    with torch.no_grad():
+        assert steps_apart(model(X).numpy(), run_ort(path, X, optimize=False)) < 1e-3
+
+    monkeypatch.setattr(onnx_export, "_export_torchscript", broken)
+    with pytest.raises(QdqExportError, match=r"failed with both exporters: dynamo: KeyError.*TorchScript: KeyError"):
+        export_onnx(model, X, tmp_path / "n.onnx")

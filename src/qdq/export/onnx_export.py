@@ -125,7 +125,7 @@ def export_onnx(
         specs = quantizer_specs(model, *inputs.args, example_kwargs=inputs.kwargs)
         _check_opset(specs, opset)
         with export_mode(model, *inputs.args, specs=specs, example_kwargs=inputs.kwargs):
-            proto, names = _run_exporter(model, inputs, opset, axes, dynamo)
+            proto, names = _run_exporter(model, inputs, opset, axes, dynamo, specs)
     finally:
         model.train(was_training)
     return _finish(proto, specs, path, chosen, opset, target_options, names)
@@ -344,28 +344,57 @@ def _output_names(model: nn.Module, inputs: ModelInputs) -> list[str]:
 
 
 def _run_exporter(
-    model: nn.Module, inputs: ModelInputs, opset: int | None, axes: _Axes, dynamo: bool
+    model: nn.Module, inputs: ModelInputs, opset: int | None, axes: _Axes, dynamo: bool,
+    specs: Mapping[TensorQuantizer, QdqSpec] | None = None,
 ) -> tuple[onnx.ModelProto, tuple[list[str], list[str]]]:
+    """The model traced to ONNX by the chosen exporter. Where torch.export cannot trace it (a bug of torch's, such as
+    a constant lifted twice in a module called twice), the TorchScript exporter writes it instead, said once."""
     names = (onnx_input_names(inputs), _output_names(model, inputs))
     try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            # TorchScript warns on every LSTM exported with a batch other than 1; qdq's exports take any batch
-            warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
-            # torch says so once per input when several inputs share a dimension name (ids and mask: "sequence")
-            warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used", category=UserWarning)
-            if dynamo:
-                return _export_dynamo(model, inputs, opset, axes, names), names
-            return _export_torchscript(model, inputs, opset, axes, names), names
+        return _export_with(dynamo, model, inputs, opset, axes, names), names
     except (QdqExportError, QdqConfigError):
         raise
     except Exception as err:
-        kind = "dynamo" if dynamo else "TorchScript"
-        raise QdqExportError(
-            f"torch.onnx.export ({kind} exporter) failed: {type(err).__name__}: {err}. "
-            f"Try the other exporter (dynamo={not dynamo})."
-        ) from err
+        if not dynamo:
+            raise QdqExportError(f"torch.onnx.export (TorchScript exporter) failed: {_first_line(err)}. "
+                                 "Try the dynamo exporter (dynamo=True).") from err  # fmt: skip
+        failed = err
+    for spec in (specs or {}).values():
+        spec.traced.clear()  # the tensors of the failed trace
+    try:
+        proto = _export_with(False, model, inputs, opset, axes, names)
+    except (QdqExportError, QdqConfigError):
+        raise
+    except Exception as err:
+        raise QdqExportError(f"torch.onnx.export failed with both exporters: dynamo: {_first_line(failed)}; "
+                             f"TorchScript: {_first_line(err)}.") from err  # fmt: skip
+    warnings.warn(f"torch.export could not trace {type(model).__name__} ({_first_line(failed)}); the TorchScript "
+                  "exporter wrote the file instead (export_onnx(..., dynamo=False) skips the attempt).",
+                  stacklevel=3)  # fmt: skip
+    return proto, names
+
+
+def _export_with(dynamo: bool, model: nn.Module, inputs: ModelInputs, opset: int | None, axes: _Axes,
+                 names: tuple[list[str], list[str]]) -> onnx.ModelProto:  # fmt: skip
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # TorchScript warns on every LSTM exported with a batch other than 1; qdq's exports take any batch
+        warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
+        # torch says so once per input when several inputs share a dimension name (ids and mask: "sequence")
+        warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used", category=UserWarning)
+        if dynamo:
+            return _export_dynamo(model, inputs, opset, axes, names)
+        return _export_torchscript(model, inputs, opset, axes, names)
+
+
+def _first_line(err: BaseException) -> str:
+    """``err`` in one line: the exception summary torch's exporter writes after its advice, else the first line."""
+    text = str(err)
+    if "## Exception summary" in text:
+        text = text.split("## Exception summary", 1)[1].strip()
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(err).__name__}: {first}"[:300]
 
 
 def _dynamic_shapes(model: nn.Module, inputs: ModelInputs, axes: _Axes) -> dict[str, Any] | None:
