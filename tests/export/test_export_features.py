@@ -423,3 +423,29 @@ def test_where_torch_export_fails_the_torchscript_exporter_writes_the_file_said_
     monkeypatch.setattr(onnx_export, "_export_torchscript", broken)
     with pytest.raises(QdqExportError, match=r"failed with both exporters: dynamo: KeyError.*TorchScript: KeyError"):
         export_onnx(model, X, tmp_path / "n.onnx")
+
+
+class _DataDependent(nn.Module):
+    """A forward torch.fx cannot trace (a branch on a tensor's value): placement sees only its traceable children."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x)
+        if y.abs().sum() > 0:
+            y = y * 0.5 + 1.0
+        return self.conv2(y)
+
+
+def test_float_convs_of_a_model_placed_for_onnx_runtime_say_why_not_how_to_quantize(tmp_path):
+    with pytest.warns(UserWarning, match="torch.fx cannot trace"):
+        model = qdq.quantize_model(_DataDependent().eval(), qdq.QuantConfig(target="onnxruntime"))
+    calibrate_max(model, X)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(model, X, tmp_path / "m.onnx")
+    messages = [str(w.message) for w in caught if "will run in float on ONNX Runtime" in str(w.message)]
+    assert len(messages) == 1 and "placement did not reach them" in messages[0]
+    assert "qdq.QuantConfig(target='onnxruntime')" not in messages[0]

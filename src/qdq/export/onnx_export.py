@@ -41,7 +41,7 @@ from qdq.graphs import onnx_tags as tags
 from qdq.graphs import onnx_types
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import Target, export_target
-from qdq.targets.marks import placed_options
+from qdq.targets.marks import placed_options, placed_target
 from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def export_onnx(
             proto, names = _run_exporter(model, inputs, opset, axes, dynamo, specs)
     finally:
         model.train(was_training)
-    return _finish(proto, specs, path, chosen, opset, target_options, names)
+    return _finish(proto, specs, path, chosen, opset, target_options, names, placed_target(model) is not None)
 
 
 def export_float_onnx(
@@ -163,11 +163,34 @@ def _finish(
     opset: int | None,
     target_options: Mapping[str, Any] | None,
     names: tuple[list[str], list[str]],
+    placed: bool = False,
 ) -> Path:
     annotate = functools.partial(_annotate, specs=specs)
-    return finish_onnx(
-        proto, path, target, opset=opset, annotate=annotate, target_options=target_options, io_names=names
-    )
+    with _placed_float_convs(placed):
+        return finish_onnx(
+            proto, path, target, opset=opset, annotate=annotate, target_options=target_options, io_names=names
+        )
+
+
+@contextlib.contextmanager
+def _placed_float_convs(placed: bool) -> Iterator[None]:
+    """The rewrite's warning about Convs left float says how to quantize the model for the target; for a model
+    placed for it (``placed``), it says instead why placement left them so."""
+    from qdq.targets.onnxruntime.passes.float_convs import UnquantizedConvWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        if placed and isinstance(warning.message, UnquantizedConvWarning):
+            convs = warning.message.convs
+            warnings.warn(f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output "
+                          "has no quantizer. The model was quantized for this target, so placement did not reach "
+                          "them: a module torch.fx cannot trace computes them (quantize_model's warning names "
+                          "those; make them traceable, or use qdq.nn.QuantAdd / QuantConcat there), or a quantizer "
+                          "was disabled by hand.", UserWarning, stacklevel=4)  # fmt: skip
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def finish_onnx(
