@@ -3,10 +3,13 @@ refuses or warns about, each with what to do."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 import torch
+import trt_graphs
 from export_helpers import calibrate_max
+from onnx import numpy_helper
 from torch import nn
 
 import qdq
@@ -98,3 +101,20 @@ def test_half_quantized_conv_is_warned_once_and_keep_float_makes_it_float(tmp_pa
     assert report.ok and report.int8_ops == 1, str(report)
     assert "2._weight_quantizer" not in {n for node in onnx.load(str(path)).graph.node for n in
                                          [p.value for p in node.metadata_props]}  # fmt: skip
+
+
+def test_a_step_beyond_float16_is_unrepresentable_without_a_numpy_warning():
+    """A step above float16's largest number (an exploding activation's range) keeps its float32 step; the rounding
+    says so in its result, not in numpy's "overflow encountered in cast"."""
+    import warnings
+
+    from qdq.targets.tensorrt.float_scales import round_graph_scales
+
+    nodes, inits = trt_graphs.base_parts()
+    trt_graphs._replace(inits, "s_r", np.float32(1e6))
+    model = trt_graphs.make_model(nodes, inits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        changes, unrepresentable = round_graph_scales(model, "float16")
+    assert unrepresentable == ["r/Q", "r/DQ"] and "x/Q" in changes
+    assert numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "s_r")) == np.float32(1e6)

@@ -57,7 +57,8 @@ def round_graph_scales(model: Any, float_type: str) -> tuple[dict[str, float], l
         owner = ",".join(quantizer_names(node)) or node.name
         if scale is None or name in done:
             continue
-        rounded = scale.astype(np.float32).astype(kind).astype(np.float32)
+        with np.errstate(over="ignore"):  # a step beyond the type's range is unrepresentable: said below
+            rounded = scale.astype(np.float32).astype(kind).astype(np.float32)
         if not np.all(np.isfinite(rounded) & (rounded > 0)):
             unrepresentable.append(owner)
             continue
