@@ -406,6 +406,8 @@ def _export_with(dynamo: bool, model: nn.Module, inputs: ModelInputs, opset: int
         warnings.filterwarnings("ignore", message="Exporting a model to ONNX with a batch_size other than 1")
         # torch says so once per input when several inputs share a dimension name (ids and mask: "sequence")
         warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used", category=UserWarning)
+        # TorchScript's constant folding says so for every strided Slice it leaves (the file is the same)
+        warnings.filterwarnings("ignore", message="Constant folding - Only steps=1 can be constant folded")
         if dynamo:
             return _export_dynamo(model, inputs, opset, axes, names)
         return _export_torchscript(model, inputs, opset, axes, names)
