@@ -92,7 +92,8 @@ def export_onnx(
         dynamic_axes: ``{input name: {axis: dimension name}}``, symbolic dimensions for the inputs it names
             (ONNX names: the keyword, or ``input`` / ``input_0``...), replacing the two defaults above for
             those inputs; equal names are one dimension (e.g. ``"sequence"`` of ids and mask).
-        dynamo: use torch's ``torch.export``-based exporter (default); False uses the TorchScript exporter.
+        dynamo: use torch's ``torch.export``-based exporter (default; where it cannot trace the model, the
+            TorchScript exporter writes the file, said in one warning); False uses the TorchScript exporter.
         target_options: options of the target's ONNX rewrite, over those the model was quantized with
             (``QuantConfig(target_options=...)``) and the target's defaults. ``"onnxruntime"``:
             ``{"weights": "auto" | "int8" | "uint8"}``, the weight encoding, decided here once and recorded in
@@ -109,7 +110,8 @@ def export_onnx(
         QdqConfigError: an unknown target.
         QdqExportError: ``target`` is not the one the model was placed for; the model is stale (placement
             returned a new model: export that one); a used quantizer has no ``amax`` (uncalibrated), is not
-            8-bit; the opset is too old for Q/DQ or for per-channel scales; or the exporter failed.
+            8-bit; the opset is too old for Q/DQ or for per-channel scales; or the exporter failed (with
+            ``dynamo=True``: both exporters).
     """
     if not isinstance(model, nn.Module):
         raise QdqTypeError(f"export_onnx needs an nn.Module, got {type(model).__name__}.")
