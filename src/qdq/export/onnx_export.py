@@ -42,6 +42,7 @@ from qdq.graphs import onnx_types
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import Target, export_target
 from qdq.targets.marks import placed_options, placed_target
+from qdq.targets.onnxruntime.passes.float_convs import float_convs_said
 from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
 
 if TYPE_CHECKING:
@@ -168,31 +169,18 @@ def _finish(
     placed: bool = False,
 ) -> Path:
     annotate = functools.partial(_annotate, specs=specs)
-    with _placed_float_convs(placed):
+    with float_convs_said(_placed_float_convs) if placed else contextlib.nullcontext():
         return finish_onnx(
             proto, path, target, opset=opset, annotate=annotate, target_options=target_options, io_names=names
         )
 
 
-@contextlib.contextmanager
-def _placed_float_convs(placed: bool) -> Iterator[None]:
-    """The rewrite's warning about Convs left float says how to quantize the model for the target; for a model
-    placed for it (``placed``), it says instead why placement left them so."""
-    from qdq.targets.onnxruntime.passes.float_convs import UnquantizedConvWarning
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    for warning in caught:
-        if placed and isinstance(warning.message, UnquantizedConvWarning):
-            convs = warning.message.convs
-            warnings.warn(f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output "
-                          "has no quantizer. The model was quantized for this target, so placement did not reach "
-                          "them: a module torch.fx cannot trace computes them (quantize_model's warning names "
-                          "those; make them traceable, or use qdq.nn.QuantAdd / QuantConcat there), or a quantizer "
-                          "was disabled by hand.", UserWarning, stacklevel=4)  # fmt: skip
-        else:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+def _placed_float_convs(convs: list[str]) -> str:
+    """Why Convs stay float on ONNX Runtime in a model placed for it (the rewrite's own advice is to place it)."""
+    return (f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output has no quantizer. "
+            "The model was quantized for this target, so placement did not reach them: a module torch.fx cannot "
+            "trace computes them (quantize_model's warning names those; make them traceable, or use "
+            "qdq.nn.QuantAdd / QuantConcat there), or a quantizer was disabled by hand.")
 
 
 def finish_onnx(
@@ -370,7 +358,7 @@ def _output_names(model: nn.Module, inputs: ModelInputs) -> list[str]:
 
 def _run_exporter(
     model: nn.Module, inputs: ModelInputs, opset: int | None, axes: _Axes, dynamo: bool,
-    specs: Mapping[TensorQuantizer, QdqSpec] | None = None,
+    specs: Mapping[TensorQuantizer, QdqSpec],
 ) -> tuple[onnx.ModelProto, tuple[list[str], list[str]]]:
     """The model traced to ONNX by the chosen exporter. Where torch.export cannot trace it (a bug of torch's, such as
     a constant lifted twice in a module called twice), the TorchScript exporter writes it instead, said once."""
@@ -384,7 +372,7 @@ def _run_exporter(
             raise QdqExportError(f"torch.onnx.export (TorchScript exporter) failed: {_first_line(err)}. "
                                  "Try the dynamo exporter (dynamo=True).") from err  # fmt: skip
         failed = err
-    for spec in (specs or {}).values():
+    for spec in specs.values():
         spec.traced.clear()  # the tensors of the failed trace
     try:
         proto = _export_with(False, model, inputs, opset, axes, names)
@@ -530,8 +518,7 @@ def _merged(spec: QdqSpec, other: QdqSpec) -> bool:
     """Did the exporter merge ``spec``'s Q/DQ into ``other``'s: the same grid on the same input, or on an input of
     equal values (two identical computations, such as two heads whose equal weights the exporter deduplicated, are
     one node after its common-subexpression elimination)?"""
-    shared_input = any(a is b or _equal_values(a, b) for a in spec.traced for b in other.traced)
-    return shared_input and spec.same_qdq(other)
+    return spec.same_qdq(other) and any(a is b or _equal_values(a, b) for a in spec.traced for b in other.traced)
 
 
 def _equal_values(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -38,7 +38,7 @@ from qdq.keras.calibration import CalibrationStats, collect_stats, record_auto, 
 from qdq.workflow.auto_calibration import AutoResult, candidate, candidates, choose, destructive, held_out
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.fidelity import FidelityMeter
-from qdq.workflow.refinement import halves, refine, samples_of
+from qdq.workflow.refinement import Halves, candidate_score, halves, refine, samples_of
 from qdq.workflow.stem import StemChoice
 
 __all__ = ["STEM_REFUSED", "clipping_warning", "run", "select"]
@@ -91,16 +91,12 @@ def run(
     grid = candidates()
     kept: dict[str, dict[str, float]] = {}
     parts = halves(stats.scored, lambda pair: samples_of(pair[1]))
-    by_half: dict[str, tuple[FidelityMeter, FidelityMeter]] = {}  # the refinement starts from the chosen one's
+    by_half: dict[str, Halves | None] = {}  # the refinement starts from the chosen one's
     for method, options in grid:
         label = method.label(options)
         ranges = kept[label] = set_ranges(model, stats.ranges(method.name, **options))
         clipping[label] = destructive(named, ranges, label)
-        if parts is not None:  # by halves: the same sums, and the refinement's first two runs
-            by_half[label] = (_meter(model, parts[0]), _meter(model, parts[1]))
-            scores[label] = (by_half[label][0] + by_half[label][1]).score()
-        else:
-            scores[label] = _score(model, stats.scored)
+        scores[label], by_half[label] = candidate_score(lambda pairs: _meter(model, pairs), parts, stats.scored)
     chosen = choose(scores, clipping)
 
     def score(selection: Mapping[str, str], half: int) -> FidelityMeter:
@@ -130,11 +126,6 @@ def clipping_warning(stats: CalibrationStats, ranges: Mapping[str, float], label
     text = CalibrationReport([row for row in rows if row is not None]).warning_text()
     return None if text is None else text.replace("qdq.calibration_report(model) lists every quantizer",
                                                   "qdq.keras.auto_result(model).clipping lists them")  # fmt: skip
-
-
-def _score(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]]) -> float:
-    """The output fidelity of ``model`` (quantizing) on the ``scored`` (inputs, float outputs) pairs."""
-    return _meter(model, scored).score()
 
 
 def _meter(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]]) -> FidelityMeter:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ from qdq.workflow.auto_calibration import (
     destructive,
 )
 from qdq.workflow.progress import Progress, counter
-from qdq.workflow.refinement import Refinement, halves, refine, samples_of
+from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
 
 __all__ = ["Quantized", "Scored", "bias_corrected", "held_out_halves", "select"]
 
@@ -72,7 +73,7 @@ def select(
     clipping: dict[str, list[str]] = {}
     bar = counter(progress, f"auto: scoring {len(grid)} methods", len(grid))
     kept: dict[str, dict[int, np.ndarray]] = {}
-    by_half: dict[str, tuple[FidelityMeter, FidelityMeter]] = {}  # the refinement starts from the chosen one's
+    by_half: dict[str, Halves | None] = {}  # the refinement starts from the chosen one's
     parts = held_out_halves(statistics)
     fed: _StepFed | None = None
     for method, options in grid:
@@ -80,11 +81,8 @@ def select(
         ranges = kept[label] = statistics.ranges(method.name, **options)
         clipping[label] = destructive(named, {names[key]: amax for key, amax in ranges.items()}, label)
         fed = fed or _StepFed(model, view, ranges, weights, threads)
-        if fed.steps.keys() >= ranges.keys() and parts is not None:  # every step fed: one session, by halves
-            by_half[label] = (fed.meter(ranges, parts[0]), fed.meter(ranges, parts[1]))
-            scores[label] = (by_half[label][0] + by_half[label][1]).score()
-        elif fed.steps.keys() >= ranges.keys():
-            scores[label] = fed.meter(ranges, statistics.scored).score()
+        if fed.steps.keys() >= ranges.keys():  # every step fed: one session scores every candidate
+            scores[label], by_half[label] = candidate_score(partial(fed.meter, ranges), parts, statistics.scored)
         else:
             scores[label] = _score(model, view, {**ranges, **weights}, statistics.scored, threads)
         bar.update()

@@ -19,7 +19,6 @@ left float. Both go through this object:
 from __future__ import annotations
 
 import tempfile
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from qdq.onnx_in.load import load_float_model, prepare
 from qdq.onnx_in.materialize import write_qdq
 from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_attention, select_weighted
 from qdq.targets import Target
-from qdq.targets.onnxruntime.passes.float_convs import UnquantizedConvWarning
+from qdq.targets.onnxruntime.passes.float_convs import float_convs_said
 from qdq.targets.rules import apply_rules
 
 __all__ = ["Placement", "PreparedModel", "activation_groups", "activation_values", "ranges_by_value", "values_ranges"]
@@ -162,16 +161,9 @@ class Placement:
         for an activation, per channel for a weight) and finish the file for the target at ``path``."""
         write_qdq(self.model, self.view, ranges)
         inputs, outputs = [i.name for i in self.model.graph.input], [o.name for o in self.model.graph.output]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with float_convs_said(self._float_convs):  # the rewrite's advice is for a model quantized without its target
             written = finish_onnx(self.model, path, self.target, target_options=target_options,
                                   io_names=(inputs, outputs))  # fmt: skip
-        unquantized = [w.message for w in caught if isinstance(w.message, UnquantizedConvWarning)]
-        for warning in caught:  # the others as they were
-            if not isinstance(warning.message, UnquantizedConvWarning):
-                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-        if unquantized:  # the rewrite's advice is for a model quantized without its target: say why instead, once
-            warnings.warn(self._float_convs([c for w in unquantized for c in w.convs]), UserWarning, stacklevel=3)
         return written
 
     def _float_convs(self, convs: list[str]) -> str:

@@ -71,7 +71,7 @@ from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
 from qdq.workflow.distributed import all_reduce_sum, unwrap
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
-from qdq.workflow.refinement import Refinement, halves, refine, samples_of
+from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
 from qdq.workflow.stem import StemChoice, choose_stem, stem_levels
 
 __all__ = [
@@ -300,18 +300,18 @@ def select_amax(
     grid = candidates()
     amaxes: dict[str, dict[str, torch.Tensor]] = {}
     parts = halves(scored, lambda pair: samples_of(_outputs(pair[1])), _rows)
-    by_half: dict[str, tuple[FidelityMeter, FidelityMeter]] = {}  # the refinement starts from the chosen one's
+    by_half: dict[str, Halves | None] = {}  # the refinement starts from the chosen one's
+
+    def meter(pairs: Sequence[Any]) -> FidelityMeter:
+        return _meter(model, pairs, forward)
+
     for method, options in progress_bar(grid, progress, f"auto: scoring {len(grid)} methods"):
         label = method.label(options)
         load_amax(model, method.name, weight_method=weight_method, strict=strict, warn=False, **options)
         amaxes[label] = {n: q.amax.detach().clone() for n, q in named_quantizers(module, weights=False)
                          if q.amax is not None}  # fmt: skip
         clipping[label] = destructive(fit, amaxes[label], label)
-        if parts is not None:
-            by_half[label] = (_meter(model, parts[0], forward), _meter(model, parts[1], forward))
-            scores[label] = (by_half[label][0] + by_half[label][1]).score()
-        else:
-            scores[label] = _score(model, scored, forward)
+        scores[label], by_half[label] = candidate_score(meter, parts, scored)
     chosen = choose(scores, clipping)
     selection, refinement = _refine(model, amaxes, chosen, clipping, parts, forward, by_half.get(chosen))
     for name, calibrator in held.calibrators.items():

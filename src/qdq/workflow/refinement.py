@@ -21,9 +21,9 @@ must gain :data:`DESTRUCTIVE_GAIN_DB`, and is named in the result and in the cli
 Cost: each trial runs the model on the first half of the held-out batches, and on the second only for a walk's
 best range that gained enough on the first; at least two and at most ``candidates - 1`` first-half runs per
 quantizer (two when the nearest range on either side scores lower); the chosen method's own two halves are not run
-again where the front end scored the candidates by halves (``start``: both doors do). The front end makes a run
-cheap (the ONNX front end feeds the activation steps to one session as inputs). The final ranges of each quantizer
-come from its method over every batch's statistics, as the model-level choice's do.
+again where the front end scored the candidates by halves (:func:`candidate_score`, ``start``: every door does).
+The front end makes a run cheap (the ONNX front end feeds the activation steps to one session as inputs). The final
+ranges of each quantizer come from its method over every batch's statistics, as the model-level choice's do.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ __all__ = [
     "REFINE_GAIN_DB",
     "REFINE_QUANTIZERS",
     "Change",
+    "Halves",
     "Refinement",
+    "candidate_score",
     "halves",
     "refine",
     "samples_of",
@@ -142,6 +144,20 @@ def halves(pairs: Sequence[Pair], samples: Callable[[Pair], int],
     if len(pairs) < 2:
         return None
     return list(pairs[0::2]), list(pairs[1::2])
+
+
+Halves = tuple[FidelityMeter, FidelityMeter]
+
+
+def candidate_score(meter: Callable[[Sequence[Pair]], FidelityMeter], parts: tuple[list[Pair], list[Pair]] | None,
+                    scored: Sequence[Pair]) -> tuple[float, Halves | None]:  # fmt: skip
+    """A candidate's score on the held-out ``scored`` pairs (``meter(pairs)`` runs the model with its ranges), by the
+    two halves :func:`halves` gave (``parts``) where there are two: the same sums, and the halves' meters, which
+    :func:`refine` starts from (``start``) for the chosen candidate instead of running them again."""
+    if parts is None:
+        return meter(scored).score(), None
+    both = (meter(parts[0]), meter(parts[1]))
+    return (both[0] + both[1]).score(), both
 
 
 def samples_of(outputs: Sequence[Any]) -> int:

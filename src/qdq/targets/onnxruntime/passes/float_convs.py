@@ -4,7 +4,9 @@ folds), and the one warning that says why."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,17 +18,34 @@ from qdq.targets.onnxruntime.passes._graph import dq_params
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["UnquantizedConvWarning", "unfusable_conv_nodes", "unfusable_convs", "warn_float_convs"]
+__all__ = ["UnquantizedConvWarning", "float_convs_said", "unfusable_conv_nodes", "unfusable_convs", "warn_float_convs"]
 
 
 class UnquantizedConvWarning(UserWarning):
     """Convs that will run in float on ONNX Runtime because a quantizer is missing around them; its advice is for a
     model quantized without this target. ``convs``: their names. A front end that placed the file for the target
-    (the ONNX door) says why instead."""
+    (:func:`float_convs_said`) says why instead."""
 
     def __init__(self, message: str, convs: list[str]) -> None:
         super().__init__(message)
         self.convs = convs
+
+
+@contextlib.contextmanager
+def float_convs_said(say: Callable[[list[str]], str]) -> Iterator[None]:
+    """Inside, the :class:`UnquantizedConvWarning` s of the rewrite become one warning, ``say(convs)`` (every Conv
+    they name), for a front end that placed the model for the target; other warnings pass as they were. The warning
+    points two calls above the function that holds the context (the user's call of the entry point that calls it).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    convs = [conv for w in caught if isinstance(w.message, UnquantizedConvWarning) for conv in w.message.convs]
+    for warning in caught:
+        if not isinstance(warning.message, UnquantizedConvWarning):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if convs:
+        warnings.warn(say(convs), UserWarning, stacklevel=5)
 
 
 def unfusable_convs(model: onnx.ModelProto) -> list[str]:
