@@ -135,6 +135,51 @@ def test_hugging_face_attention_is_captured_and_disabled_is_float(name):
         assert len(model(**inputs, output_attentions=True).attentions) == 2
 
 
+def _tiny_t5() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = tf.T5Config(vocab_size=50, d_model=32, d_kv=16, d_ff=32, num_layers=2, num_heads=2)
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, 5:] = 0
+    return tf.T5EncoderModel(config).eval(), {"input_ids": ids, "attention_mask": mask}
+
+
+def test_t5_relative_position_bias_joins_the_mask_and_exports_to_the_quantizers_step(tmp_path):
+    from qdq.nn.huggingface import capture_hf_attention
+
+    model, inputs = _tiny_t5()
+    reference = copy.deepcopy(model)
+    assert len(capture_hf_attention(model)) == 2  # T5 hands its relative bias to the attention function
+    _disable_all(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).last_hidden_state, reference(**inputs).last_hidden_state,
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    quantized = qdq.quantize_model(reference, qdq.QuantConfig(target="tensorrt"))
+    assert len(_attention_modules(quantized)) == 2
+    qdq.calibrate(quantized, [inputs], progress=False, method="max")
+    path = qdq.export_onnx(quantized, inputs, tmp_path / "t5.onnx", target="tensorrt")
+    assert teacher_forced_mismatches(quantized, path, inputs) == {}
+
+
+def test_soft_capped_attention_stays_float_said_once():
+    tf = pytest.importorskip("transformers")
+    from qdq.nn.huggingface import capture_hf_attention
+
+    torch.manual_seed(0)
+    config = tf.Gemma2Config(vocab_size=50, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_cache=False)  # fmt: skip
+    model = tf.Gemma2Model(config).eval()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="caps its scores.*2 modules") as said:
+        assert capture_hf_attention(model) == []
+    assert len(said) == 1 and _attention_modules(model) == []
+    with torch.no_grad():  # the model keeps its own attention implementation
+        torch.testing.assert_close(model(input_ids=ids).last_hidden_state,
+                                   reference(input_ids=ids).last_hidden_state, rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
 def test_capture_needs_a_transformers_model():
     pytest.importorskip("transformers")
     from qdq.nn.huggingface import capture_hf_attention

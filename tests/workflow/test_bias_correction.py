@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import qdq
+from qdq.quantizer import disabled_quantizers
 from qdq.workflow.bias_correction import SIGNIFICANCE, correct_biases, measured, undo
 
 
@@ -58,6 +59,26 @@ def test_the_shift_is_the_mean_error_of_the_layers_own_quantization_against_a_nu
     assert shifts[0].unmeasured == tuple(int(c) for c in np.flatnonzero(~significant))
     undo(model, shifts)
     np.testing.assert_allclose(layer.bias.detach().numpy(), bias, rtol=1e-6, atol=1e-7)
+
+
+def test_a_convs_shift_is_reduced_over_its_positions_per_sample_and_its_spread_over_the_first_batch():
+    torch.manual_seed(1)
+    model = qdq.quantize_model(nn.Sequential(nn.Conv2d(3, 4, 3)))
+    x = torch.rand(32, 3, 8, 8) * torch.tensor([1.0, 0.3, 2.0]).reshape(1, 3, 1, 1) + 0.2
+    _calibrated(model, x.numpy())
+    conv = model[0]
+    with torch.no_grad():
+        quantized = conv(x).double().numpy()
+        with disabled_quantizers(model):
+            reference = conv(x).double().numpy()
+    per_sample = (quantized - reference).mean(axis=(2, 3))  # [N, C]: each sample's mean error per channel
+    mean = per_sample.mean(axis=0)
+    significant = measured(mean, per_sample.sum(axis=0), (per_sample**2).sum(axis=0), 32)
+    spread = reference[:16].transpose(1, 0, 2, 3).reshape(4, -1).std(axis=1)  # the float output's, first batch
+    shifts = correct_biases(model, [x[:16], x[16:]])
+    assert significant.any() and shifts[0].constant == ()
+    np.testing.assert_allclose(shifts[0].shift, np.where(significant, mean, 0), rtol=1e-5, atol=1e-8)
+    assert shifts[0].relative == pytest.approx(float(np.max(np.abs(shifts[0].shift) / spread)), rel=1e-5)
 
 
 def test_a_shift_inside_its_sampling_error_is_not_applied():

@@ -21,6 +21,7 @@ weights or None)``. torch.fx cannot trace these models, but this registry reache
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -54,18 +55,23 @@ def hf_attention_forward(
     ``"sdpa"`` function: causal only without a mask and for more than one query; grouped key/value heads
     repeated)."""
     attention = getattr(module, ATTRIBUTE, None)
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    causal = bool(causal and attention_mask is None and query.shape[2] > 1)
     if not isinstance(attention, QuantScaledDotProductAttention):
         raise QdqConfigError(
             f"{type(module).__name__} runs with attention implementation {IMPLEMENTATION!r} but has no "
             f"{ATTRIBUTE}; call qdq.nn.huggingface.capture_hf_attention(model) on the whole model."
         )
-    if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
+    if kwargs.get("softcap") is not None:
         raise QdqConfigError(
-            f"{type(module).__name__} passes position_bias/softcap, which qdq's attention does not support; "
-            "keep this model on its own attention implementation."
+            f"{type(module).__name__} passes softcap, which qdq's attention does not compute; keep this model on "
+            "its own attention implementation (capture_hf_attention does for models with attn_logit_softcapping)."
         )
-    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    causal = bool(causal and attention_mask is None and query.shape[2] > 1)
+    if kwargs.get("position_bias") is not None:  # T5's relative bias: one additive mask, as "sdpa" makes it
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+
+        attention_mask = create_position_bias_mask(kwargs["position_bias"], attention_mask, causal, query, key)
+        causal = False
     groups = getattr(module, "num_key_value_groups", 1)
     out, probs = attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=causal, scale=scaling,
@@ -73,6 +79,12 @@ def hf_attention_forward(
     )  # fmt: skip
     weights = probs if kwargs.get("output_attentions") else None
     return out.transpose(1, 2).contiguous(), weights
+
+
+def soft_capped(module: nn.Module) -> bool:
+    """Whether ``module``'s attention caps its scores (``attn_logit_softcapping``: Gemma 2 and its kin), which
+    qdq's attention does not compute."""
+    return getattr(module, "attn_logit_softcapping", None) is not None
 
 
 def register_hf_attention() -> str:
@@ -110,7 +122,8 @@ def capture_hf_attention(
         quant_desc_input / quant_desc_probs: descriptors of the added attention quantizers.
 
     Returns:
-        The names of the attention modules that carry a ``quant_attention``.
+        The names of the attention modules that carry a ``quant_attention``; none, with one warning, for a model
+        whose attention caps its scores (:func:`soft_capped`): it keeps its own implementation, float.
 
     Raises:
         QdqTypeError: ``model`` is not a transformers model.
@@ -120,6 +133,16 @@ def capture_hf_attention(
     if not hasattr(model, "set_attn_implementation"):
         raise QdqTypeError(f"capture_hf_attention needs a transformers PreTrainedModel, got {type(model).__name__}.")
     register_hf_attention()
+    capped = [name for name, module in model.named_modules() if dispatches_through_registry(module)
+              and soft_capped(module)]  # fmt: skip
+    if capped:  # a setting of the whole config: every layer's attention caps
+        warnings.warn(
+            f"{type(model).__name__}'s attention caps its scores (attn_logit_softcapping, {len(capped)} modules), "
+            "which qdq's attention does not compute: the attention matmuls stay float on the model's own "
+            "implementation; its linear layers are quantized.",
+            stacklevel=2,
+        )
+        return []
     names = []
     for name, module in model.named_modules():
         if not dispatches_through_registry(module):

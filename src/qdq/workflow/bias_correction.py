@@ -98,11 +98,12 @@ class _Sums:
         self.total, self.squares, self.spread = (np.zeros(self.channels) for _ in range(3))
 
     def add(self, errors: torch.Tensor, output: torch.Tensor, channel_dim: int) -> None:
-        means = errors.double().movedim(channel_dim, -1).reshape(errors.shape[0], -1, errors.shape[channel_dim])
-        per_sample = means.mean(dim=1).numpy()  # [N, C]
+        channel = channel_dim % errors.dim()
+        inner = [d for d in range(1, errors.dim()) if d != channel]  # reduced in place: no channel-last copy
+        per_sample = (errors.mean(dim=inner, dtype=torch.float64) if inner else errors.double()).numpy()  # [N, C]
         if not self.spreads:
-            flat = output.double().movedim(channel_dim, -1).reshape(-1, output.shape[channel_dim])
-            self.spread, self.spreads = flat.std(dim=0, unbiased=False).numpy(), 1
+            spread = output.double().std(dim=[0, *inner], correction=0)
+            self.spread, self.spreads = spread.numpy(), 1
         self.total += per_sample.sum(axis=0)
         self.squares += (per_sample**2).sum(axis=0)
         self.samples += per_sample.shape[0]

@@ -1,0 +1,251 @@
+"""No crash on architectures nobody here tuned to: timm's image models and Hugging Face transformers (random
+weights: the graphs, not the accuracy) through both doors and both targets, with the default calibration.
+
+For each architecture, in its own process: the float model exported to ONNX with fixed shapes (batch 4: a
+static-batch file, as many exporters write; TorchScript exporter, opset 17), quantized by ``quantize_onnx`` for
+``onnxruntime`` and for ``tensorrt`` with a float16 remainder; the same model through ``quantize_model`` +
+``calibrate`` + ``export_onnx`` for both targets. Calibration: 4 batches of 4 samples (``skimage.data`` photos,
+seeded token ids with padded rows, seeded audio). Every TensorRT file goes through ``qdq check``; the
+``onnxruntime`` files of the ONNX door run on ONNX Runtime against the FP32 file (SQNR of the first output on one
+batch, a sanity figure of random weights, not an accuracy). A cell is the seconds, or the error.
+
+Families (``--family``): ``timm`` (28 image architectures: CNNs of many families, hybrids, vision transformers;
+needs ``timm``) and ``transformers`` (tiny random configs of 20 Hugging Face architectures: encoders, decoders,
+vision and audio models, their default attention; needs ``transformers``). ``scikit-image`` for the photos.
+
+Usage (repository root)::
+
+    PYTHONPATH=src:benchmarks python benchmarks/arch_sweep.py [--family timm] [--archs resnet18d,dla34] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+TIMM = {  # name -> input size: CNNs of many families, hybrids and vision transformers
+    "tf_efficientnet_lite0": 160, "mobilenetv3_small_100": 160, "efficientnet_b0": 160, "regnetx_002": 160,
+    "resnet18d": 160, "convnext_atto": 160, "ghostnet_100": 160, "mixnet_s": 160, "dla34": 160,
+    "hrnet_w18_small": 160, "vit_tiny_patch16_224": 224, "levit_128s": 224, "mobilevit_xxs": 256, "repvgg_a0": 160,
+    "rexnet_100": 160, "edgenext_xx_small": 160, "fastvit_t8": 160, "efficientformer_l1": 224, "mobileone_s0": 160,
+    "lcnet_050": 160, "tinynet_e": 160, "semnasnet_050": 160, "densenet121": 128, "inception_v3": 299,
+    "res2net50_14w_8s": 128, "coat_lite_tiny": 224, "pvt_v2_b0": 224, "swin_tiny_patch4_window7_224": 224,
+}  # fmt: skip
+
+_TEXT = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 128, "max_position_embeddings": 64}  # fmt: skip
+_VISION = {"image_size": 64, "patch_size": 8, "num_channels": 3}
+TRANSFORMERS = {  # name -> (model class, config class, config overrides, input kind)
+    "bert": ("BertForSequenceClassification", "BertConfig", _TEXT, "text"),
+    "distilbert": ("DistilBertModel", "DistilBertConfig", {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 4,
+                                                          "hidden_dim": 128, "max_position_embeddings": 64}, "text"),
+    "roberta": ("RobertaModel", "RobertaConfig", {**_TEXT, "max_position_embeddings": 80}, "text"),
+    "albert": ("AlbertModel", "AlbertConfig", {**_TEXT, "embedding_size": 32}, "text"),
+    "electra": ("ElectraModel", "ElectraConfig", {**_TEXT, "embedding_size": 32}, "text"),
+    "deberta-v2": ("DebertaV2Model", "DebertaV2Config", _TEXT, "text"),
+    "mpnet": ("MPNetModel", "MPNetConfig", _TEXT, "text"),
+    "gpt2": ("GPT2Model", "GPT2Config", {"vocab_size": 1000, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                                         "n_positions": 64, "use_cache": False}, "text"),
+    "llama": ("LlamaModel", "LlamaConfig", {**_TEXT, "num_key_value_heads": 2, "use_cache": False}, "text"),
+    "qwen2": ("Qwen2Model", "Qwen2Config", {**_TEXT, "num_key_value_heads": 2, "use_cache": False}, "text"),
+    "gemma2": ("Gemma2Model", "Gemma2Config", {**_TEXT, "num_key_value_heads": 2, "head_dim": 16, "use_cache": False},
+               "text"),
+    "t5-encoder": ("T5EncoderModel", "T5Config", {"vocab_size": 1000, "d_model": 64, "d_kv": 16, "d_ff": 128,
+                                                  "num_layers": 2, "num_heads": 4}, "text"),
+    "vit": ("ViTModel", "ViTConfig", {**_TEXT, **_VISION}, "image"),
+    "dinov2": ("Dinov2Model", "Dinov2Config", {**_TEXT, **_VISION}, "image"),
+    "swin": ("SwinModel", "SwinConfig", {"image_size": 64, "patch_size": 4, "embed_dim": 32, "depths": [1, 1],
+                                         "num_heads": [2, 4], "window_size": 4}, "image"),
+    "convnext": ("ConvNextModel", "ConvNextConfig", {"hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1]},
+                 "image"),
+    "mobilevit": ("MobileViTModel", "MobileViTConfig", {"image_size": 64, "hidden_sizes": [32, 48, 64],
+                                                        "neck_hidden_sizes": [8, 16, 24, 32, 48, 64, 96]}, "image"),
+    "segformer": ("SegformerForSemanticSegmentation", "SegformerConfig", {"hidden_sizes": [16, 32, 40, 64],
+                                                                          "decoder_hidden_size": 64}, "image"),
+    "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", {**_TEXT, "conv_dim": [32, 32], "conv_kernel": [10, 3],
+                                                     "conv_stride": [5, 2], "num_conv_pos_embeddings": 16,
+                                                     "num_conv_pos_embedding_groups": 4}, "audio"),
+    "whisper-encoder": ("WhisperForAudioClassification", "WhisperConfig", {
+        "vocab_size": 1000, "d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4,
+        "encoder_ffn_dim": 128, "decoder_layers": 1, "decoder_attention_heads": 4, "decoder_ffn_dim": 128,
+        "num_mel_bins": 16, "max_source_positions": 50}, "features"),
+}  # fmt: skip
+FAMILIES = {"timm": TIMM, "transformers": TRANSFORMERS}
+
+
+def _photos(size: int) -> list[Any]:
+    import numpy as np
+    import skimage.data
+    import torch
+
+    photos = [skimage.data.astronaut(), skimage.data.coffee(), skimage.data.chelsea(), skimage.data.rocket()]
+    tensors = [torch.from_numpy(np.ascontiguousarray(p)).permute(2, 0, 1).float()[None] / 255 for p in photos]
+    tensors = [torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear") for t in tensors]
+    return [(torch.cat(tensors[i:] + tensors[:i]) - 0.45) / 0.25 for i in range(4)]
+
+
+def _inputs(kind: str, size: int = 64) -> list[dict[str, Any]]:
+    """4 batches of 4 samples of ``kind`` (``image``: photos; ``text``: seeded token ids, rows 2 and 3 padded;
+    ``audio``: 0.25 s of seeded tones and noise at 16 kHz; ``features``: a log-spectrum-like [4, 16, 100])."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    if kind == "image":
+        return [{"pixel_values": batch} for batch in _photos(size)]
+    if kind == "timm":
+        return [{"x": batch} for batch in _photos(size)]
+    batches = []
+    for _ in range(4):
+        if kind == "text":
+            ids = torch.randint(5, 1000, (4, 16), generator=generator)
+            mask = torch.ones(4, 16, dtype=torch.int64)
+            mask[2, 10:], mask[3, 6:] = 0, 0
+            batches.append({"input_ids": ids * mask, "attention_mask": mask})
+        elif kind == "audio":
+            t = torch.arange(4000) / 16000
+            f0 = 100 + 300 * torch.rand(4, 1, generator=generator)
+            tone = torch.sin(2 * torch.pi * f0 * t) + 0.1 * torch.randn(4, 4000, generator=generator)
+            batches.append({"input_values": tone})
+        else:
+            batches.append({"input_features": torch.randn(4, 16, 100, generator=generator).abs().log1p()})
+    return batches
+
+
+def _build(family: str, arch: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The float model (eval mode, seeded random weights) and its 4 calibration batches."""
+    import torch
+
+    torch.manual_seed(0)
+    if family == "timm":
+        import timm
+
+        return timm.create_model(arch, pretrained=False).eval(), _inputs("timm", TIMM[arch])
+    import transformers
+
+    model_class, config_class, options, kind = TRANSFORMERS[arch]
+    config = getattr(transformers, config_class)(**options)
+    return getattr(transformers, model_class)(config).eval(), _inputs(kind)
+
+
+def _first_output(model: Any, keys: list[str]) -> Any:
+    """``model`` called with its batch's tensors as positional arguments (``keys``, in order), returning its first
+    output tensor: what the ONNX door's FP32 file is exported from."""
+    import torch
+
+    from qdq.utils.batches import flatten_outputs
+
+    class FirstOutput(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: Any) -> Any:
+            return flatten_outputs(self.model(**dict(zip(keys, args, strict=True))))[0]
+
+    return FirstOutput().eval()
+
+
+def _sqnr(reference: Any, other: Any) -> str:
+    import numpy as np
+
+    signal, noise = float((reference**2).sum()), float(((reference - other) ** 2).sum())
+    return f"{10 * np.log10(signal / max(noise, 1e-30)):.0f} dB" if signal else "FP32 output all 0"
+
+
+def _error(err: BaseException) -> str:
+    where = traceback.extract_tb(err.__traceback__)[-1]
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200]} ({Path(where.filename).name}:{where.lineno})"
+
+
+def run_one(family: str, arch: str, folder: Path) -> dict[str, Any]:
+    """Every door and target on ``arch``: ``{cell: seconds and what was checked, or the error}``."""
+    import onnxruntime as ort
+    import torch
+
+    import qdq
+    from qdq.targets.tensorrt.check import check_tensorrt
+
+    model, data = _build(family, arch)
+    keys = list(data[0])
+    row: dict[str, Any] = {"arch": arch}
+    fp32 = folder / "fp32.onnx"
+    with torch.no_grad():
+        torch.onnx.export(_first_output(model, keys), tuple(data[0].values()), fp32, input_names=keys,
+                          opset_version=17, dynamo=False)  # fmt: skip
+    feeds = [{k: v.numpy() for k, v in batch.items()} for batch in data]
+    for target, options in (("onnxruntime", None), ("tensorrt", {"float": "float16"})):
+        cell, path, start = f"onnx {target}", folder / f"onnx-{target}.onnx", time.perf_counter()
+        try:
+            qdq.quantize_onnx(fp32, feeds, path, target=target, target_options=options, progress=False)
+            row[cell] = f"{time.perf_counter() - start:.0f} s"
+            if target == "tensorrt":
+                row[cell] += " check " + ("PASS" if check_tensorrt(path).ok else "FAIL")
+            else:
+                out, ref = (ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+                            for p in (path, fp32))  # fmt: skip
+                row[cell] += f", {_sqnr(ref, out)}"
+        except Exception as err:  # a crash is the finding
+            row[cell] = "CRASH " + _error(err)
+    for target in ("onnxruntime", "tensorrt"):
+        cell, path, start = f"torch {target}", folder / f"torch-{target}.onnx", time.perf_counter()
+        try:
+            quantized = qdq.quantize_model(_build(family, arch)[0], qdq.QuantConfig(target=target))
+            qdq.calibrate(quantized, data, progress=False)
+            qdq.export_onnx(quantized, data[0], path)
+            row[cell] = f"{time.perf_counter() - start:.0f} s"
+            if target == "tensorrt":
+                row[cell] += " check " + ("PASS" if check_tensorrt(path).ok else "FAIL")
+        except Exception as err:
+            row[cell] = "CRASH " + _error(err)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="timm", help="which architectures (default timm)")
+    parser.add_argument("--archs", default=None, help="comma-separated names of the family (default: all)")
+    parser.add_argument("--out", default=None, help="also write the rows as JSON")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process: one architecture
+    args = parser.parse_args()
+    if args.one:
+        warnings.simplefilter("ignore")
+        with tempfile.TemporaryDirectory() as folder:
+            print(json.dumps(run_one(args.family, args.one, Path(folder))))
+        return
+    rows = []
+    for arch in (args.archs or ",".join(FAMILIES[args.family])).split(","):
+        print(f"{arch}: running", file=sys.stderr, flush=True)
+        done = subprocess.run([sys.executable, __file__, "--family", args.family, "--one", arch],
+                              capture_output=True, text=True, timeout=1800)  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        rows.append(json.loads(lines[-1]) if done.returncode == 0 and lines else
+                    {"arch": arch, "onnx onnxruntime": f"CRASH process exit {done.returncode}: "
+                                                       f"{done.stderr.strip().splitlines()[-1:]}"})  # fmt: skip
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    cells = ["onnx onnxruntime", "onnx tensorrt", "torch onnxruntime", "torch tensorrt"]
+    print("| architecture | " + " | ".join(cells) + " |\n|" + " --- |" * (len(cells) + 1))
+    for row in rows:
+        print(f"| {row['arch']} | " + " | ".join(str(row.get(cell, "")) for cell in cells) + " |")
+    crashes = sum(str(row.get(cell, "")).startswith("CRASH") for row in rows for cell in cells)
+    checks = [str(row.get(cell, "")) for row in rows for cell in cells if "tensorrt" in cell]
+    print(
+        f"\n{len(rows)} architectures, {crashes} crashes; qdq check PASS on "
+        f"{sum('PASS' in c for c in checks)} of {sum('check' in c for c in checks)} TensorRT files."
+    )
+    print("Legend: seconds to quantize (ONNX door) or quantize + calibrate + export (PyTorch door); dB: SQNR of the "
+          "onnxruntime file's first output against FP32 on one batch (random weights); check: qdq check of the "
+          "TensorRT file.")  # fmt: skip
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
