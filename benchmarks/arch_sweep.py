@@ -10,8 +10,10 @@ seeded token ids with padded rows, seeded audio). Every TensorRT file goes throu
 batch, a sanity figure of random weights, not an accuracy). A cell is the seconds, or the error.
 
 Families (``--family``): ``timm`` (28 image architectures: CNNs of many families, hybrids, vision transformers;
-needs ``timm``) and ``transformers`` (tiny random configs of 20 Hugging Face architectures: encoders, decoders,
-vision and audio models, their default attention; needs ``transformers``). ``scikit-image`` for the photos.
+needs ``timm``), ``torchvision`` (11: channel shuffle, fire modules, inception, dense segmentation heads, video
+models with 3-D convolutions, MaxViT, Swin V2) and ``transformers`` (tiny random configs of 20 Hugging Face
+architectures: encoders, decoders, vision and audio models, their default attention; needs ``transformers``).
+``scikit-image`` for the photos.
 
 Usage (repository root)::
 
@@ -21,6 +23,7 @@ Usage (repository root)::
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import subprocess
 import sys
@@ -78,7 +81,13 @@ TRANSFORMERS = {  # name -> (model class, config class, config overrides, input 
         "encoder_ffn_dim": 128, "decoder_layers": 1, "decoder_attention_heads": 4, "decoder_ffn_dim": 128,
         "num_mel_bins": 16, "max_source_positions": 50}, "features"),
 }  # fmt: skip
-FAMILIES = {"timm": TIMM, "transformers": TRANSFORMERS}
+TORCHVISION = {  # name -> input shape: the families the other two lack (channel shuffle, 3-D convs, dense heads)
+    "shufflenet_v2_x0_5": (3, 128, 128), "squeezenet1_1": (3, 128, 128), "googlenet": (3, 128, 128),
+    "mnasnet0_5": (3, 128, 128), "lraspp_mobilenet_v3_large": (3, 128, 128),
+    "deeplabv3_mobilenet_v3_large": (3, 128, 128), "fcn_resnet50": (3, 96, 96), "r3d_18": (3, 8, 64, 64),
+    "r2plus1d_18": (3, 8, 64, 64), "maxvit_t": (3, 224, 224), "swin_v2_t": (3, 128, 128),
+}  # fmt: skip
+FAMILIES = {"timm": TIMM, "transformers": TRANSFORMERS, "torchvision": TORCHVISION}
 
 
 def _photos(size: int) -> list[Any]:
@@ -102,6 +111,8 @@ def _inputs(kind: str, size: int = 64) -> list[dict[str, Any]]:
         return [{"pixel_values": batch} for batch in _photos(size)]
     if kind == "timm":
         return [{"x": batch} for batch in _photos(size)]
+    if kind == "clips":  # 8 frames: the photos panning
+        return [{"x": torch.stack([batch.roll(4 * t, dims=-1) for t in range(size)], dim=2)} for batch in _photos(64)]
     batches = []
     for _ in range(4):
         if kind == "text":
@@ -128,6 +139,17 @@ def _build(family: str, arch: str) -> tuple[Any, list[dict[str, Any]]]:
         import timm
 
         return timm.create_model(arch, pretrained=False).eval(), _inputs("timm", TIMM[arch])
+    if family == "torchvision":
+        import torchvision
+
+        shape = TORCHVISION[arch]
+        options = {"aux_logits": False, "init_weights": True} if arch == "googlenet" else {}
+        if arch in torchvision.models.list_models(torchvision.models.segmentation):
+            options = {"weights_backbone": None}  # nothing downloads
+        model = torchvision.models.get_model(arch, weights=None, **options).eval()
+        batches = _inputs("clips", shape[1]) if len(shape) == 4 else _inputs("timm", shape[-1])
+        name = next(iter(inspect.signature(model.forward).parameters))  # x; the segmentation models' input
+        return model, [{name: batch["x"]} for batch in batches]
     import transformers
 
     model_class, config_class, options, kind = TRANSFORMERS[arch]

@@ -15,6 +15,7 @@ import copy
 import operator
 from collections import Counter
 
+import onnx
 import pytest
 import torch
 import torchvision
@@ -297,6 +298,36 @@ def test_fallback_places_inside_traceable_children():
     assert placed is model and isinstance(model.block, torch.fx.GraphModule)
     assert sum(isinstance(m, qnn.QuantAdd) for m in model.modules()) == 1
     model(torch.randn(1, 3, 8, 8))
+
+
+def _linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return nn.functional.linear(x, weight, bias).relu()
+
+
+torch.fx.wrap("_linear_relu")  # a call torch.fx keeps whole: torchvision's shifted_window_attention_v2 is one
+
+
+class WeightsReadByAFunction(nn.Module):
+    """Swin V2's family: a Linear whose parameters a wrapped function reads, the module itself never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(_linear_relu(x, self.qkv.weight, self.qkv.bias))
+
+
+@pytest.mark.parametrize("target", ["tensorrt", "onnxruntime"])
+def test_a_quantized_module_only_a_function_reads_stays_float_said_once(target, tmp_path):
+    with pytest.warns(UserWarning, match=r"1 quantized module\(s\) .* never called .*\(e\.g\. qkv") as said:
+        model = qdq.quantize_model(WeightsReadByAFunction(), qdq.QuantConfig(target=target))
+    assert sum("never called" in str(w.message) for w in said) == 1
+    qdq.calibrate(model, [torch.randn(16, 8)], progress=False, method="max")  # raised: qkv's input saw no data
+    assert float(model.get_submodule("out")._input_quantizer.amax) > 0
+    x = torch.randn(2, 8)
+    path = qdq.export_onnx(model, x, tmp_path / "model.onnx")
+    assert sum(n.op_type == "QuantizeLinear" for n in onnx.load(str(path)).graph.node) >= 1
 
 
 def test_no_change_returns_the_model():

@@ -351,3 +351,48 @@ def test_integer_ids_into_an_embedding_are_not_calibrated(tmp_path: Path, target
     assert steps_apart(run(path, data[0]), run(result.path, data[0], optimize=False)) <= 12.0
     if target == "onnxruntime":
         assert fusion_report(result.path).int8_kernels == {"com.microsoft:QGemm": 2}
+
+
+def table_mlp(path: Path) -> Path:
+    """Swin V2's family: an MLP applied to a constant table the model holds (its continuous position bias over
+    relative coordinates), added to a computed value: table [16, 2] -> MatMul(w1) + b1 -> Relu -> MatMul(w2) = bias
+    [16, 4]; y = x [batch, 16, 4] @ w3 + bias."""
+    rng = np.random.default_rng(0)
+    w = {"table": np.linspace(-1, 1, 32, dtype=np.float32).reshape(16, 2), "w1": rng.normal(size=(2, 8)),
+         "b1": rng.normal(size=8), "w2": rng.normal(size=(8, 4)) / 3, "w3": rng.normal(size=(4, 4)) / 2}  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["table", "w1"], ["h0"], name="cpb_fc1"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["bias"], name="cpb_fc2"),
+        helper.make_node("MatMul", ["x", "w3"], ["p"], name="proj"),
+        helper.make_node("Add", ["p", "bias"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in w.items()]
+    graph = helper.make_graph(nodes, "table_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16, 4])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_a_weighted_op_on_a_constant_table_stays_float(tmp_path: Path, target: str) -> None:
+    """The MatMul that multiplies the table by its weight reads no activation: no weight quantizer either (TensorRT
+    refused the file: a quantized MatMul with a float input), and the runtime folds it. The rest is quantized."""
+    from qdq.targets.tensorrt.check import check_tensorrt
+
+    float_path = table_mlp(tmp_path / "table.onnx")
+    options = {"float": "float16"} if target == "tensorrt" else None
+    result = qdq.quantize_onnx(float_path, batches((4, 16, 4), name="x", count=4), tmp_path / "int8.onnx",
+                               target=target, target_options=options, progress=False, method="max")  # fmt: skip
+    model = onnx.load(str(result.path))
+    reads = {n.name: list(n.input) for n in model.graph.node}
+    producers = {o: n.op_type for n in model.graph.node for o in n.output}
+    assert not any(producers.get(i) == "DequantizeLinear" for i in reads["cpb_fc1"])
+    assert result.int8_ops == {"MatMul": 2}  # the second layer (its input computed) and the projection
+    if target == "tensorrt":
+        assert check_tensorrt(result.path).ok
+    feed = batches((4, 16, 4), name="x", count=1, seed=5)[0]
+    assert steps_apart(run(float_path, feed), run(result.path, feed, optimize=False)) <= 8.0

@@ -171,10 +171,12 @@ class Placement:
         one)."""
         reasons = {op.name: why for op in self.view.ops_of("Conv") if (why := self.view.float_ops.get(op.name))}
         first = next(iter(reasons), convs[0])
-        why = reasons.get(first, "a tensor this placement leaves float (float_values, keep_float) is read or written "
-                                 "there")  # fmt: skip
-        return (f"{len(convs)} Conv(s) stay float on {self.target.name} (e.g. {first}: {why}); the result's "
-                "float_ops says why for each.")
+        if first in reasons:
+            return (f"{len(convs)} Conv(s) stay float on {self.target.name} (e.g. {first}: {reasons[first]}); the "
+                    "result's float_ops says why for each.")  # fmt: skip
+        return (f"{len(convs)} Conv(s) stay float on {self.target.name} (e.g. {first}): a tensor they read or write "
+                "stays float in the file (float_values or keep_float, or a pool whose ranges the runtime's int8 "
+                "kernel refuses).")  # fmt: skip
 
 
 def activation_groups(view: GraphView) -> list[tuple[str, ...]]:

@@ -155,7 +155,7 @@ def select_weighted(view: GraphView, keep: KeepFloat) -> None:
     """Quantize the data inputs and weights of the ops :data:`qdq.graphs.ops.QUANTIZED_BY_DEFAULT` names: the weighted
     ops and the average pools (module doc)."""
     for op in view.ops:
-        if op.type not in QUANTIZED_BY_DEFAULT or keep.match(op) is not None:
+        if op.type not in QUANTIZED_BY_DEFAULT or keep.match(op) is not None or _on_constants(op):
             continue
         for index, value in enumerate(op.inputs):
             if index in op.weights:
@@ -163,6 +163,13 @@ def select_weighted(view: GraphView, keep: KeepFloat) -> None:
                 view.quantize_input(op, index, "its weight, per channel", like=quantizer)
             elif not value.constant and index < 2 and (index == 0 or op.type == "MatMul"):
                 view.quantize_input(op, index, f"the input of a {op.type}")
+
+
+def _on_constants(op: Op) -> bool:
+    """Does the weighted op multiply a constant (a table the model holds: Swin V2's relative coordinates into its
+    position-bias MLP)? Nothing there is an activation to calibrate; the runtime folds it, float."""
+    data = [v for i, v in enumerate(op.inputs[:2]) if i not in op.weights and (i == 0 or op.type == "MatMul")]
+    return bool(data) and all(v.constant for v in data)
 
 
 def select_attention(view: GraphView, keep: KeepFloat, shapes: Mapping[str, tuple[int, int]]) -> None:

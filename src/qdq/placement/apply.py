@@ -14,7 +14,7 @@ from qdq.graphs.fx_edit import apply_notes, materialize
 from qdq.graphs.fx_ops import QDQ_LEAVES
 from qdq.graphs.fx_view import build_view, trace, untraced_view
 from qdq.nn.attention import QuantScaledDotProductAttention
-from qdq.nn.base import QuantInputMixin
+from qdq.nn.base import QuantInputMixin, QuantModule
 from qdq.placement.attention_biases import fold_attention_biases
 from qdq.placement.capture import capture_graph, capture_model
 from qdq.quantizer import TensorQuantizer
@@ -55,12 +55,15 @@ class _Placement:
         #: modules the model capture steps made quantized (attention modules dispatching through a library's
         #: table, which torch.fx cannot trace): calls in the graph, so that the code around them traces.
         self.captured: frozenset[int] = frozenset()
+        #: quantized modules no traced graph calls (their parameters read by a function call), left float
+        self.uncalled: list[str] = []
 
     def place(self, module: nn.Module, path: str) -> tuple[nn.Module, list[str]]:
         try:
             gm = trace(module, self.leaves, self.captured)
         except Exception as err:  # torch.fx raises many kinds (TraceError, TypeError, NotImplementedError...)
             return self.place_children(module, path, err)
+        self.uncalled += _leave_uncalled_float(module, gm, path)
         changes = [f"{name}: quantized attention" for name in capture_graph(gm, self.desc, self.capture)]
         view = build_view(gm, self.target)
         view.whole_model = not path  # a child traced alone: its outputs feed its parent's untraced code
@@ -110,6 +113,23 @@ class _Placement:
             "quantized). Use qdq.nn.QuantAdd / QuantConcat in those forwards, or make them leaves "
             f"(leaf_modules=...).{captured}"
         )
+
+
+def _leave_uncalled_float(module: nn.Module, gm: Any, path: str) -> list[str]:
+    """Disable the quantizers of the quantized modules of ``module`` that its traced graph ``gm`` never calls, itself
+    or through a module that holds it: their parameters are read by a function call (torchvision's Swin V2 passes
+    ``qkv.weight`` to ``shifted_window_attention_v2``), so their quantizers would never see data. Their paths."""
+    called = [str(node.target) for node in gm.graph.nodes if node.op == "call_module"]
+    found = []
+    for name, child in module.named_modules():
+        if not isinstance(child, QuantModule) or not name or any(name == c or name.startswith(f"{c}.") for c in called):
+            continue
+        quantizers = [q for q in child.quantizers().values() if q.is_enabled]
+        for quantizer in quantizers:
+            quantizer.disable()
+        if quantizers:
+            found.append(f"{path}.{name}" if path else name)
+    return found
 
 
 def apply_placement(
@@ -184,6 +204,14 @@ def apply_placement(
     message = placement.warning(model, attention)
     if message is not None:
         warnings.warn(message, stacklevel=2)
+    if placement.uncalled:
+        first = placement.uncalled[0]
+        warnings.warn(
+            f"{len(placement.uncalled)} quantized module(s) of {type(model).__name__} are never called by its "
+            f"forward (e.g. {first}: its parameters are read by a function call): they stay float, their "
+            "quantizers disabled.",
+            stacklevel=2,
+        )
     mark_placed(placed, chosen.name, options)
     _set_step_types(placed, chosen.step_float_type(options))
     if placed is not model:

@@ -415,6 +415,40 @@ def test_other_means_stay(axes, keepdims):
     assert global_pools(GraphIndex(model)) == 0 and ops(model)[0] == "ReduceMean"
 
 
+def quantized_pool_graph(s_x: float, s_y: float) -> onnx.ModelProto:
+    """Q(x) -> DQ -> GlobalAveragePool over 8 x 8 positions -> Q -> DQ, uint8 with zero point 0."""
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "z"], ["xd"]),
+        helper.make_node("GlobalAveragePool", ["xd"], ["m"], name="pool"),
+        helper.make_node("QuantizeLinear", ["m", "sy", "z"], ["mq"]),
+        helper.make_node("DequantizeLinear", ["mq", "sy", "z"], ["y"]),
+    ]
+    constants = {"sx": np.float32(s_x), "sy": np.float32(s_y), "z": np.uint8(0)}
+    return build(nodes, [("x", [1, 2, 8, 8])], [("y", [1, 2, 1, 1])], constants)
+
+
+def run_fused(model: onnx.ModelProto, **feeds: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort  # ORT's default optimizations: DQ -> pool -> Q runs as QLinearGlobalAveragePool
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_a_pool_whose_scales_ort_refuses_keeps_a_float_output_and_others_stay_int8():
+    from qdq.targets.onnxruntime.passes.pools import float_pools_out_of_range
+
+    x = np.linspace(0, 2e-7, 128, dtype=np.float32).reshape(1, 2, 8, 8)
+    dead = quantized_pool_graph(8e-10, 1.0)  # a tiny range, and a dead one (step 1): 8e-10 / 64 < 2^-32
+    with pytest.raises(Exception, match="out of computation range"):
+        run_fused(dead, x=x)
+    assert float_pools_out_of_range(GraphIndex(dead)) == 1
+    assert ops(dead) == ["QuantizeLinear", "DequantizeLinear", "GlobalAveragePool", "Identity"]
+    oracle = np.round(x / np.float32(8e-10)).clip(0, 255) * np.float32(8e-10)  # the input's grid, then the mean
+    np.testing.assert_allclose(run_fused(dead, x=x), oracle.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
+    kept = quantized_pool_graph(0.02, 0.01)  # 0.02 / (0.01 * 64) is in ORT's range
+    assert float_pools_out_of_range(GraphIndex(kept)) == 0 and ops(kept).count("QuantizeLinear") == 2
+
+
 # ------------------------------------------------------------------------------------ fusability
 def conv_out_graph(tail: list[str], zero_point) -> onnx.ModelProto:
     """DQ(x), DQ(w) -> Conv -> [tail ops] -> Q(zero_point) -> DQ."""

@@ -28,7 +28,8 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
     bias as an ``Add`` after it (before the Gelu's Reshape: ORT's ``BiasGelu`` is slower than the two apart), not
     as an int32 bias inside ``QGemm`` (an extra pass over its output);
 15. ``layernorms``: a LayerNorm reads its residual ``Add`` through a ``Reshape`` to 2-D, so that ORT does not fuse
-    the two into ``SkipLayerNormalization`` (a scalar kernel, several times slower than the two apart);
+    the two into ``SkipLayerNormalization`` (a scalar kernel, several times slower than the two apart); then
+    ``float_pools``: a ``GlobalAveragePool`` whose scales ORT's int8 kernel refuses keeps a float output;
 16. ``shapes``: a ``Shape`` of a quantized tensor reads its int8 encoding (a float reader less: the product before
     it fuses, a dequantization done only for a shape goes);
 17. ``pads``: ``DQ -> Pad -> Q`` of one grid pads the integers (ORT runs no Pad between Q/DQ on int8 data itself;
@@ -61,7 +62,7 @@ from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
 from qdq.targets.onnxruntime.passes.layernorms import keep_layernorms_apart
 from qdq.targets.onnxruntime.passes.packed_projections import split_packed_projections
 from qdq.targets.onnxruntime.passes.pads import pads_on_int8
-from qdq.targets.onnxruntime.passes.pools import flatten_pools, global_pools
+from qdq.targets.onnxruntime.passes.pools import flatten_pools, float_pools_out_of_range, global_pools
 from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
 from qdq.targets.onnxruntime.passes.shapes import shapes_of_int8
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
@@ -94,8 +95,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         How many of each rewrite were made: ``pools``, ``weights``, ``gemms``, ``batchnorms``, ``bias_adds``,
         ``masks``, ``uint8``, ``biases``, ``duplicates``, ``requantizations``, ``float_biases``,
         ``uint8_weights``, ``masks_to_adds``, ``scaled_inputs``, ``packed_projections``, ``zero_biases``,
-        ``layernorms``, ``shapes``, ``pads``, ``widened_weights``; and ``float_convs``, the Convs ORT cannot
-        fuse (warned).
+        ``layernorms``, ``float_pools``, ``shapes``, ``pads``, ``widened_weights``; and ``float_convs``, the Convs
+        ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
     tidy(model)
@@ -115,6 +116,7 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         "zero_biases": drop_zero_biases(g),
         "float_biases": biases_to_float_adds(g),
         "layernorms": keep_layernorms_apart(g),
+        "float_pools": float_pools_out_of_range(g),
     }
     counts["requantizations"] = remove_requantization(g)
     counts["shapes"] = shapes_of_int8(g)
