@@ -19,7 +19,8 @@ Variants (each quantizer in its own process, ``_onnx_in_quant.py``; the same cal
 * ``qdq-trt-fp16`` / ``qdq-trt-fp32``: the default method for ``tensorrt``, with ``target_options={"float":
   "float16"}`` (TensorRT 11's file) and with a float32 remainder.
 * ``qdq-torch-default`` (MobileNetV2): the PyTorch door, ``qdq.quantize_model`` + ``qdq.calibrate`` (no method) +
-  ``qdq.export_onnx`` for ``onnxruntime``.
+  ``qdq.export_onnx`` for ``onnxruntime``; ``qdq-torch-percentile`` the same with ``method="percentile"`` (the
+  door's cost bound).
 
 Every file runs on ONNX Runtime's CPU as written (int8 weights too); a file that computes in float16 runs with
 graph optimizations disabled (ORT's CPU optimizer computes float16 Q/DQ graphs wrongly: issue 44).
@@ -61,7 +62,7 @@ DEFAULT_MODELOPT = Path("/tmp/venv-modelopt/bin/python")
 
 
 def all_variants() -> list[Variant]:
-    """Every variant, in table order (``qdq-torch-default`` only runs on models with a PyTorch builder)."""
+    """Every variant, in table order (``qdq-torch-*`` only run on models with a PyTorch builder)."""
     from qdq.calib.methods import METHOD_NAMES
 
     return [
@@ -76,6 +77,7 @@ def all_variants() -> list[Variant]:
         Variant("qdq-trt-fp16", "qdq", {"target": "tensorrt", "float": "float16"}),
         Variant("qdq-trt-fp32", "qdq", {"target": "tensorrt"}),
         Variant("qdq-torch-default", "qdq-torch", {"target": "onnxruntime"}),
+        Variant("qdq-torch-percentile", "qdq-torch", {"target": "onnxruntime", "method": "percentile"}),  # its cost
     ]
 
 
