@@ -11,8 +11,11 @@ batch, a sanity figure of random weights, not an accuracy). A cell is the second
 
 Families (``--family``): ``timm`` (28 image architectures: CNNs of many families, hybrids, vision transformers;
 needs ``timm``), ``torchvision`` (11: channel shuffle, fire modules, inception, dense segmentation heads, video
-models with 3-D convolutions, MaxViT, Swin V2) and ``transformers`` (tiny random configs of 20 Hugging Face
-architectures: encoders, decoders, vision and audio models, their default attention; needs ``transformers``).
+models with 3-D convolutions, MaxViT, Swin V2), ``transformers`` (tiny random configs of 20 Hugging Face
+architectures: encoders, decoders, vision and audio models, their default attention; needs ``transformers``) and
+``keras`` (12 of ``keras.applications``, through the Keras door: ``qk.quantize_model`` + ``qk.calibrate`` +
+``qk.export_onnx`` in the "torch" columns, the float export ``qk.export_float_onnx`` through ``quantize_onnx`` in
+the "onnx" ones; needs ``tensorflow``).
 ``scikit-image`` for the photos.
 
 Usage (repository root)::
@@ -87,7 +90,12 @@ TORCHVISION = {  # name -> input shape: the families the other two lack (channel
     "deeplabv3_mobilenet_v3_large": (3, 128, 128), "fcn_resnet50": (3, 96, 96), "r3d_18": (3, 8, 64, 64),
     "r2plus1d_18": (3, 8, 64, 64), "maxvit_t": (3, 224, 224), "swin_v2_t": (3, 128, 128),
 }  # fmt: skip
-FAMILIES = {"timm": TIMM, "transformers": TRANSFORMERS, "torchvision": TORCHVISION}
+KERAS = {  # keras.applications name -> input size (NHWC): the Keras door's families
+    "MobileNet": 96, "MobileNetV2": 96, "MobileNetV3Small": 96, "EfficientNetB0": 96, "EfficientNetV2B0": 96,
+    "ResNet50V2": 96, "DenseNet121": 96, "NASNetMobile": 96, "Xception": 96, "InceptionV3": 96, "RegNetX002": 96,
+    "ConvNeXtTiny": 64,
+}  # fmt: skip
+FAMILIES = {"timm": TIMM, "transformers": TRANSFORMERS, "torchvision": TORCHVISION, "keras": KERAS}
 
 
 def _photos(size: int) -> list[Any]:
@@ -194,12 +202,69 @@ def _error(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:200]} ({Path(where.filename).name}:{where.lineno})"
 
 
+def run_one_keras(arch: str, folder: Path) -> dict[str, Any]:
+    """The Keras door's cells of a ``keras.applications`` model (random weights): ``qk.quantize_model`` +
+    ``qk.calibrate`` + ``qk.export_onnx`` for each target (the "torch" cells of the table), and its float export
+    (``qk.export_float_onnx``) through ``quantize_onnx`` (the "onnx" cells)."""
+    import keras
+    import qdq.keras as qk
+
+    keras.utils.set_random_seed(0)
+    size = KERAS[arch]
+    images = [b["x"].permute(0, 2, 3, 1).numpy() for b in _inputs("timm", size)]
+    row: dict[str, Any] = {"arch": arch}
+    model = getattr(keras.applications, arch)(weights=None, input_shape=(size, size, 3), classes=10,
+                                              classifier_activation=None)  # logits: a softmax of 10 hides errors
+    fp32 = qk.export_float_onnx(model, folder / "fp32.onnx", "onnxruntime")
+    name = _input_name(fp32)
+    _onnx_cells(row, fp32, [{name: x} for x in images], folder)
+    for target in ("onnxruntime", "tensorrt"):
+        cell, path, start = f"torch {target}", folder / f"keras-{target}.onnx", time.perf_counter()
+        try:
+            quantized = qk.quantize_model(model, target=target)
+            qk.calibrate(quantized, images)
+            qk.export_onnx(quantized, images[0], path, target=target)
+            row[cell] = f"{time.perf_counter() - start:.0f} s" + _checked(path, target, fp32, {name: images[0]})
+        except Exception as err:
+            row[cell] = "CRASH " + _error(err)
+    return row
+
+
+def _input_name(path: Path) -> str:
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False).graph.input[0].name
+
+
+def _checked(path: Path, target: str, fp32: Path, feed: dict[str, Any]) -> str:
+    """What a written file was checked with: ``qdq check`` (TensorRT), or its SQNR against FP32 on ONNX Runtime."""
+    from qdq.targets.tensorrt.check import check_tensorrt
+
+    if target == "tensorrt":
+        return " check " + ("PASS" if check_tensorrt(path).ok else "FAIL")
+    return f", {_sqnr(*_first_outputs((fp32, path), feed))}"
+
+
+def _onnx_cells(row: dict[str, Any], fp32: Path, feeds: list[dict[str, Any]], folder: Path) -> None:
+    """The ONNX door's two cells: ``quantize_onnx`` of ``fp32`` for each target, the file checked."""
+    import qdq
+
+    for target, options in (("onnxruntime", None), ("tensorrt", {"float": "float16"})):
+        cell, path, start = f"onnx {target}", folder / f"onnx-{target}.onnx", time.perf_counter()
+        try:
+            qdq.quantize_onnx(fp32, feeds, path, target=target, target_options=options, progress=False)
+            row[cell] = f"{time.perf_counter() - start:.0f} s" + _checked(path, target, fp32, feeds[0])
+        except Exception as err:  # a crash is the finding
+            row[cell] = "CRASH " + _error(err)
+
+
 def run_one(family: str, arch: str, folder: Path) -> dict[str, Any]:
     """Every door and target on ``arch``: ``{cell: seconds and what was checked, or the error}``."""
+    if family == "keras":
+        return run_one_keras(arch, folder)
     import torch
 
     import qdq
-    from qdq.targets.tensorrt.check import check_tensorrt
 
     model, data = _build(family, arch)
     keys = list(data[0])
@@ -209,28 +274,14 @@ def run_one(family: str, arch: str, folder: Path) -> dict[str, Any]:
         torch.onnx.export(_first_output(model, keys), tuple(data[0].values()), fp32, input_names=keys,
                           opset_version=17, dynamo=False)  # fmt: skip
     feeds = [{k: v.numpy() for k, v in batch.items()} for batch in data]
-    for target, options in (("onnxruntime", None), ("tensorrt", {"float": "float16"})):
-        cell, path, start = f"onnx {target}", folder / f"onnx-{target}.onnx", time.perf_counter()
-        try:
-            qdq.quantize_onnx(fp32, feeds, path, target=target, target_options=options, progress=False)
-            row[cell] = f"{time.perf_counter() - start:.0f} s"
-            if target == "tensorrt":
-                row[cell] += " check " + ("PASS" if check_tensorrt(path).ok else "FAIL")
-            else:
-                row[cell] += f", {_sqnr(*_first_outputs((fp32, path), feeds[0]))}"
-        except Exception as err:  # a crash is the finding
-            row[cell] = "CRASH " + _error(err)
+    _onnx_cells(row, fp32, feeds, folder)
     for target in ("onnxruntime", "tensorrt"):
         cell, path, start = f"torch {target}", folder / f"torch-{target}.onnx", time.perf_counter()
         try:
             quantized = qdq.quantize_model(_build(family, arch)[0], qdq.QuantConfig(target=target))
             qdq.calibrate(quantized, data, progress=False)
             qdq.export_onnx(quantized, data[0], path)
-            row[cell] = f"{time.perf_counter() - start:.0f} s"
-            if target == "tensorrt":
-                row[cell] += " check " + ("PASS" if check_tensorrt(path).ok else "FAIL")
-            else:
-                row[cell] += f", {_sqnr(*_first_outputs((fp32, path), feeds[0]))}"
+            row[cell] = f"{time.perf_counter() - start:.0f} s" + _checked(path, target, fp32, feeds[0])
         except Exception as err:
             row[cell] = "CRASH " + _error(err)
     return row
@@ -268,7 +319,8 @@ def main() -> None:
         f"\n{len(rows)} architectures, {crashes} crashes; qdq check PASS on "
         f"{sum('PASS' in c for c in checks)} of {sum('check' in c for c in checks)} TensorRT files."
     )
-    print("Legend: seconds to quantize (ONNX door) or quantize + calibrate + export (PyTorch door); dB: SQNR of the "
+    print("Legend: seconds to quantize (ONNX door) or quantize + calibrate + export (PyTorch door; for keras, the "
+          "Keras door); dB: SQNR of the "
           "onnxruntime files' first output against FP32 on one batch (random weights); check: qdq check of the "
           "TensorRT file.")  # fmt: skip
     if args.out:
