@@ -213,8 +213,9 @@ def run_one_keras(arch: str, folder: Path) -> dict[str, Any]:
     size = KERAS[arch]
     images = [b["x"].permute(0, 2, 3, 1).numpy() for b in _inputs("timm", size)]
     row: dict[str, Any] = {"arch": arch}
-    model = getattr(keras.applications, arch)(weights=None, input_shape=(size, size, 3), classes=10,
-                                              classifier_activation=None)  # logits: a softmax of 10 hides errors
+    model = getattr(keras.applications, arch)(
+        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
+    )  # logits: a softmax of 10 hides errors
     fp32 = qk.export_float_onnx(model, folder / "fp32.onnx", "onnxruntime")
     name = _input_name(fp32)
     _onnx_cells(row, fp32, [{name: x} for x in images], folder)
