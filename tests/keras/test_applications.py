@@ -137,3 +137,29 @@ def test_network_quantizes_trains_exports_and_matches_onnxruntime(name, case, tm
     assert checked >= len({v for v in ranges.values()}) // 2
     result = qdq.verify(qmodel, path, [x])
     assert result.samples == 16 and np.isfinite(result.sqnr_db[0])
+
+
+def test_mobilenet_v3_for_onnxruntime_calibrates_and_exports_with_its_convs_fused(tmp_path):
+    """MobileNetV3's ``hard_sigmoid`` writes ``ReLU6(x + 3.0) * (1 / 6)``. Keras marks the product of a dense tensor
+    and a Python float sparse when it infers shapes, and the squeeze-excite Multiply's quantizer failed on it
+    (calibration crashed); tf2onnx's transpose optimizer failed on the 0-d constant of ``x + 3.0`` after a conv and
+    left an NHWC Transpose between every conv and its quantizer (54 of 54 convs float). Now only the gate convs,
+    whose output the ``+ 3.0`` reads (no rule quantizes it), stay float, said once with that reason."""
+    from qdq.targets.onnxruntime.passes.float_convs import unfusable_convs
+
+    x = np.random.default_rng(0).uniform(-1, 1, size=(8, SIZE, SIZE, 3)).astype(np.float32)
+    model = set_batchnorm_statistics(network("MobileNetV3Small"), x)
+    qmodel = qk.quantize_model(model, target="onnxruntime")
+    qk.calibrate(qmodel, [x[:4], x[4:]])
+    with pytest.warns(UserWarning, match=r"9 Conv\(s\) will run in float .* quantized for this target"):
+        path = qk.export_onnx(qmodel, x[:1], tmp_path / "mobilenet_v3.onnx")
+    proto = onnx.load(path)
+    graph = proto.graph
+    reader_of = {name: node.op_type for node in graph.node for name in node.input}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    floats = set(unfusable_convs(proto))
+    assert len(convs) == 54 and len(floats) == 9
+    assert {reader_of[c.output[0]] for c in convs if c.name in floats} == {"Add"}
+    assert "Transpose" not in {reader_of[c.output[0]] for c in convs}
+    out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {graph.input[0].name: x[:4]})
+    assert np.isfinite(out[0]).all()

@@ -21,6 +21,7 @@ The ONNX model takes the Keras layout (NHWC images).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Mapping
@@ -33,6 +34,8 @@ from qdq.errors import QdqExportError
 from qdq.keras._backend import tf, tf2onnx
 from qdq.keras.graph import check_graph_model
 from qdq.targets import Target, export_target
+from qdq.targets.marks import placed_target
+from qdq.targets.onnxruntime.passes.float_convs import float_convs_said
 
 __all__ = ["export_float_onnx", "export_onnx"]
 
@@ -89,7 +92,16 @@ def export_onnx(
     _weights_through_layout(proto)
     _drop_identity_reshapes(proto)
     _layout_before_q(proto)
-    return finish_onnx(proto, path, chosen, opset=opset, target_options=target_options)
+    placed = placed_target(model) == chosen.name
+    with float_convs_said(_placed_float_convs) if placed else contextlib.nullcontext():
+        return finish_onnx(proto, path, chosen, opset=opset, target_options=target_options)
+
+
+def _placed_float_convs(convs: list[str]) -> str:
+    """Why Convs stay float on ONNX Runtime in a model quantized for it (the rewrite's own advice is to do that)."""
+    return (f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output has no quantizer. "
+            "The model was quantized for this target, so its placement left them float: what reads their output is "
+            "an op the rules do not quantize (a squeeze-excite gate's `x + 3.0`, for one), or a layer was bypassed.")
 
 
 def export_float_onnx(model: Any, path: str | Path, target: str | Target) -> Path:
@@ -144,10 +156,33 @@ def _check_calibrated(model: Any) -> None:
         )
 
 
+def _scalar_adds_optimizer(converter: Any) -> type:
+    """A tf2onnx optimizer, run before its own, that gives the 0-d constant of an ``Add`` to a tensor (``x + 3.0``:
+    MobileNetV3's ``hard_sigmoid``) the shape ``[1]``, the same sum. tf2onnx's transpose optimizer reads the shape of
+    such a constant after a Conv with ``max(shape)``, fails on ``()``, and then leaves every NHWC Transpose of the
+    graph in place, between each Conv and its quantizer: nothing fuses."""
+    from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
+
+    class ScalarAdds(GraphOptimizerBase):  # type: ignore[misc]  # tf2onnx is untyped
+        def _optimize(self, graph: Any) -> Any:
+            for node in graph.get_nodes():
+                shape = graph.get_shape(node.input[0]) if node.type == "Add" else None
+                if not shape or not node.inputs[1].is_const():
+                    continue
+                value = node.inputs[1].get_tensor_value(as_list=False)
+                if value.ndim == 0:
+                    constant = graph.make_const(converter.utils.make_name("scalar"), value.reshape(1))
+                    graph.replace_input(node, node.input[1], constant.output[0], 1)
+            return graph
+
+    return ScalarAdds
+
+
 def _convert(model: Any, opset: int) -> Any:
     converter = tf2onnx()
     t = tf()
     optimizers = {k: v for k, v in converter.optimizer._optimizers.items() if k not in _DROPPED_OPTIMIZERS}
+    optimizers = {"qdq_scalar_adds": _scalar_adds_optimizer(converter), **optimizers}
     signature = [
         t.TensorSpec((None, *tensor.shape[1:]), tensor.dtype, name=f"input_{i}")
         for i, tensor in enumerate(model.inputs)

@@ -79,6 +79,12 @@ def _on_the_8bit_grid(x: Any, amax: Any, num_bits: int, axis: int | None, unsign
     return clipped, -128.0 * step, 127.0 * step * (1.0 - 2.0**-22)
 
 
+def dense(x: Any) -> Any:
+    """``x`` as a dense tensor (a ``tf.SparseTensor`` made dense; anything else as it is)."""
+    t = tf()
+    return t.sparse.to_dense(x) if isinstance(x, t.sparse.SparseTensor) else x
+
+
 def dynamic_amax(x: Any, unsigned: bool = False) -> Any:
     """``max|x|`` (``max(x, 0)`` if ``unsigned``) of this batch, without gradient (an uncalibrated range)."""
     t = tf()

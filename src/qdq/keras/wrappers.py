@@ -161,7 +161,10 @@ class QuantizeWrapper(keras.layers.Wrapper):
         return self.layer(args, **options)
 
     def quantize_input(self, x: Any, amax: Any, unsigned: bool = False) -> Any:
-        """Q/DQ of one input with its stored range (or, uncalibrated, the batch's own max)."""
+        """Q/DQ of one input with its stored range (or, uncalibrated, the batch's own max). A sparse input is made
+        dense first: Keras marks ``x * 0.5`` of a dense tensor sparse when it infers shapes (MobileNetV3's
+        ``hard_sigmoid``), and a quantized value is dense."""
+        x = quantizer.dense(x)
         amax = amax if self.calibrated else quantizer.dynamic_amax(x, unsigned)
         return quantizer.fake_quant(x, amax, self.num_bits, unsigned=unsigned)
 
