@@ -92,7 +92,7 @@ TORCHVISION = {  # name -> input shape: the families the other two lack (channel
 }  # fmt: skip
 KERAS = {  # keras.applications name -> input size (NHWC): the Keras door's families
     "MobileNet": 96, "MobileNetV2": 96, "MobileNetV3Small": 96, "EfficientNetB0": 96, "EfficientNetV2B0": 96,
-    "ResNet50V2": 96, "DenseNet121": 96, "NASNetMobile": 96, "Xception": 96, "InceptionV3": 96, "RegNetX002": 96,
+    "ResNet50V2": 96, "DenseNet121": 96, "NASNetMobile": 96, "Xception": 96, "InceptionV3": 96, "MobileNetV3Large": 96,
     "ConvNeXtTiny": 64,
 }  # fmt: skip
 FAMILIES = {"timm": TIMM, "transformers": TRANSFORMERS, "torchvision": TORCHVISION, "keras": KERAS}
