@@ -163,7 +163,7 @@ def _scalar_adds_optimizer(converter: Any) -> type:
     graph in place, between each Conv and its quantizer: nothing fuses."""
     from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
 
-    class ScalarAdds(GraphOptimizerBase):  # type: ignore[misc]  # tf2onnx is untyped
+    class ScalarAdds(GraphOptimizerBase):
         def _optimize(self, graph: Any) -> Any:
             for node in graph.get_nodes():
                 shape = graph.get_shape(node.input[0]) if node.type == "Add" else None

@@ -11,6 +11,7 @@ pool keeps a float output: the Q/DQ after it go (ORT then runs it float, and wha
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,8 @@ def _positions(g: GraphIndex, tensor: str) -> int | None:
     for value in (*g.graph.input, *g.graph.value_info, *g.graph.output):
         if value.name == tensor and value.type.tensor_type.HasField("shape"):
             dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-            return int(np.prod(dims[2:])) if len(dims) >= 3 and None not in dims[2:] else None
+            spatial = [int(d) for d in dims[2:] if d is not None]
+            return math.prod(spatial) if len(dims) >= 3 and len(spatial) == len(dims) - 2 else None
     return None
 
 
@@ -100,7 +102,7 @@ def float_pools_out_of_range(g: GraphIndex) -> int:
         scales = [g.const_input(q, 1) for q in quantizers]
         if s_x is None or any(s is None for s in scales):
             continue
-        if all(_in_range(float(s_x) / float(s_y), positions) for s_y in scales):
+        if all(_in_range(float(s_x) / float(s_y), positions) for s_y in scales if s_y is not None):
             continue
         for q in quantizers:
             readers = list(g.consumers.get(q.output[0], []))  # set_input edits the live list
