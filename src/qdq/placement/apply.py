@@ -119,10 +119,12 @@ def _leave_uncalled_float(module: nn.Module, gm: Any, path: str) -> list[str]:
     """Disable the quantizers of the quantized modules of ``module`` that its traced graph ``gm`` never calls, itself
     or through a module that holds it: their parameters are read by a function call (torchvision's Swin V2 passes
     ``qkv.weight`` to ``shifted_window_attention_v2``), so their quantizers would never see data. Their paths."""
-    called = [str(node.target) for node in gm.graph.nodes if node.op == "call_module"]
+    called = {str(node.target) for node in gm.graph.nodes if node.op == "call_module"}
     found = []
     for name, child in module.named_modules():
-        if not isinstance(child, QuantModule) or not name or any(name == c or name.startswith(f"{c}.") for c in called):
+        parts = name.split(".")
+        reached = any(".".join(parts[:i]) in called for i in range(1, len(parts) + 1))  # itself or a holder
+        if not isinstance(child, QuantModule) or not name or reached:
             continue
         quantizers = [q for q in child.quantizers().values() if q.is_enabled]
         for quantizer in quantizers:

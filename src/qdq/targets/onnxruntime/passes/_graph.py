@@ -76,14 +76,20 @@ def qdq_pairs(g: GraphIndex) -> Iterator[tuple[Any, list[Any]]]:
                 yield q, dqs
 
 
-def ranks(g: GraphIndex) -> dict[str, int]:
-    """Rank of each tensor whose type the graph records (inputs, outputs, value_info)."""
-    ranks = {}
+def dims(g: GraphIndex) -> dict[str, list[int | None]]:
+    """The dimensions of each tensor whose shape the graph records (inputs, outputs, value_info); None where a
+    dimension is symbolic or unknown."""
+    found = {}
     for value in (*g.graph.input, *g.graph.output, *g.graph.value_info):
         tensor_type = value.type.tensor_type
         if tensor_type.HasField("shape"):
-            ranks[value.name] = len(tensor_type.shape.dim)
-    return ranks
+            found[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+    return found
+
+
+def ranks(g: GraphIndex) -> dict[str, int]:
+    """Rank of each tensor whose type the graph records (inputs, outputs, value_info)."""
+    return {name: len(shape) for name, shape in dims(g).items()}
 
 
 def keeps_zero(g: GraphIndex, node: Any) -> bool:

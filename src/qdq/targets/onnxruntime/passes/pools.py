@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from qdq.graphs.onnx import GraphIndex, attribute
-from qdq.targets.onnxruntime.passes._graph import ranks
+from qdq.targets.onnxruntime.passes._graph import dims, ranks
 
 __all__ = ["flatten_pools", "float_pools_out_of_range", "global_pools"]
 
@@ -70,14 +70,11 @@ _FACTOR_RANGE = (2.0**-32, 256.0)  # MLAS's bounds on s_x / (s_y * N)
 _MAX_POSITIONS = 2**24  # MLAS's bound on N
 
 
-def _positions(g: GraphIndex, tensor: str) -> int | None:
-    """How many spatial positions ``tensor`` (N, C, spatial...) holds, where the graph records every dimension."""
-    for value in (*g.graph.input, *g.graph.value_info, *g.graph.output):
-        if value.name == tensor and value.type.tensor_type.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-            spatial = [int(d) for d in dims[2:] if d is not None]
-            return math.prod(spatial) if len(dims) >= 3 and len(spatial) == len(dims) - 2 else None
-    return None
+def _positions(shape: list[int | None] | None) -> int | None:
+    """How many spatial positions a tensor of ``shape`` (N, C, spatial...) holds; None where one is unknown."""
+    if shape is None or len(shape) < 3 or any(d is None for d in shape[2:]):
+        return None
+    return math.prod(int(d) for d in shape[2:] if d is not None)
 
 
 def _in_range(ratio: float, positions: int | None) -> bool:
@@ -90,32 +87,42 @@ def _in_range(ratio: float, positions: int | None) -> bool:
 
 def float_pools_out_of_range(g: GraphIndex) -> int:
     """The Q/DQ pairs after each ``DQ -> GlobalAveragePool -> Q`` whose scales ORT's kernel refuses go (module doc)."""
+    shapes, outputs = dims(g), {o.name for o in g.graph.output}
     count = 0
     for pool in [n for n in g.graph.node if n.op_type == "GlobalAveragePool"]:
-        dq = g.producer.get(pool.input[0])
-        quantizers = list(g.consumers.get(pool.output[0], []))
-        if dq is None or dq.op_type != "DequantizeLinear" or not quantizers:
+        pairs = _pairs_after(g, pool)
+        if pairs is None or _runs_in_int8(g, pool, [q for q, _ in pairs], _positions(shapes.get(pool.input[0]))):
             continue
-        if any(q.op_type != "QuantizeLinear" for q in quantizers):
-            continue
-        s_x, positions = g.const_input(dq, 1), _positions(g, pool.input[0])
-        scales = [g.const_input(q, 1) for q in quantizers]
-        if s_x is None or any(s is None for s in scales):
-            continue
-        if all(_in_range(float(s_x) / float(s_y), positions) for s_y in scales if s_y is not None):
-            continue
-        for q in quantizers:
-            readers = list(g.consumers.get(q.output[0], []))  # set_input edits the live list
-            if any(r.op_type != "DequantizeLinear" for r in readers):
-                break  # an int8 reader (not written by qdq's export): leave it as it is
-            outputs = {o.name for o in g.graph.output}
-            for dq_after in readers:
-                if dq_after.output[0] in outputs:  # a graph output keeps its name: the mean, through an Identity
-                    dq_after.op_type = "Identity"
-                    g.set_input(dq_after, 1, None)
-                    g.set_input(dq_after, 0, pool.output[0])
+        for q, dqs in pairs:
+            for dq in dqs:
+                if dq.output[0] in outputs:  # a graph output keeps its name: the mean, through an Identity
+                    dq.op_type = "Identity"
+                    g.set_input(dq, 1, None)
+                    g.set_input(dq, 0, pool.output[0])
                 else:
-                    g.rewire(dq_after.output[0], pool.output[0])
-            g.remove([q, *[r for r in readers if r.op_type == "DequantizeLinear"]])
+                    g.rewire(dq.output[0], pool.output[0])
+                    g.remove([dq])
+            g.remove([q])
         count += 1
     return count
+
+
+def _pairs_after(g: GraphIndex, pool: Any) -> list[tuple[Any, list[Any]]] | None:
+    """The ``(Q, its DQs)`` that alone read ``pool``'s output, where a DQ feeds the pool; else None."""
+    dq = g.producer.get(pool.input[0])
+    quantizers = list(g.consumers.get(pool.output[0], []))
+    if dq is None or dq.op_type != "DequantizeLinear" or not quantizers:
+        return None
+    pairs = [(q, list(g.consumers.get(q.output[0], []))) for q in quantizers]
+    if any(q.op_type != "QuantizeLinear" or any(r.op_type != "DequantizeLinear" for r in rs) for q, rs in pairs):
+        return None  # another reader (not written by qdq's export): left as it is
+    return pairs
+
+
+def _runs_in_int8(g: GraphIndex, pool: Any, quantizers: list[Any], positions: int | None) -> bool:
+    """Does ORT's kernel take the pool's scales (or are they not constants, so not ours to judge)?"""
+    s_x = g.const_input(g.producer[pool.input[0]], 1)
+    scales = [g.const_input(q, 1) for q in quantizers]
+    if s_x is None or any(s is None for s in scales):
+        return True
+    return all(_in_range(float(s_x) / float(s_y), positions) for s_y in scales if s_y is not None)
