@@ -13,6 +13,7 @@ import keras
 import qdq
 import qdq.keras as qk
 from qdq.errors import QdqExportError
+from qdq.runtime.ort import fusion_report
 
 
 def ops(path):
@@ -163,3 +164,71 @@ def test_a_model_with_unfused_ops_still_matches(tmp_path):
     path = qk.export_onnx(qmodel, None, tmp_path / "cat.onnx")  # checked against TensorRT's rules (tests/conftest.py)
     result = qdq.verify(qmodel, path, [x])
     assert result.top1_agreement == 100.0 and result.max_error_steps <= 1.0, str(result)
+
+
+def test_grouped_convolutions_export_as_one_conv_with_groups(tmp_path):
+    """``Conv2D(groups=g)`` (ConvNeXt writes its depthwise convs so): Keras's TensorFlow backend compiles it with
+    XLA, which tf2onnx cannot convert (a ``StatefulPartitionedCall``). Exported as one ``Conv`` with ``group``, equal
+    to Keras in float and, quantized for ONNX Runtime, an int8 kernel within one output step of Keras."""
+    inputs = keras.Input((10, 10, 8))
+    x = keras.layers.Conv2D(8, 3, padding="same", groups=8, name="depthwise")(inputs)
+    x = keras.layers.Conv2D(8, 3, padding="same", groups=2, activation="relu", name="two_groups")(x)
+    out = keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling2D()(x))
+    model = keras.Model(inputs, out)
+    x = np.random.default_rng(0).normal(size=(16, 10, 10, 8)).astype(np.float32)
+
+    path = qk.export_float_onnx(model, tmp_path / "float.onnx", "onnxruntime")
+    groups = sorted(a.i for n in onnx.load(path).graph.node if n.op_type == "Conv" for a in n.attribute
+                    if a.name == "group")  # fmt: skip
+    assert groups == [2, 8]
+    np.testing.assert_allclose(run(path, x)[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+    qmodel = qk.quantize_model(model, target="onnxruntime")
+    qk.calibrate(qmodel, x, method="max")
+    path = qk.export_onnx(qmodel, None, tmp_path / "int8.onnx", target="onnxruntime")
+    assert fusion_report(path).int8_kernels.get("com.microsoft:QLinearConv") == 2
+    result = qdq.verify(qk.fold_batchnorms(qmodel), path, [x])
+    assert result.max_error_steps <= 1.0, str(result)
+
+
+def test_exact_gelu_exports_through_erf(tmp_path):
+    """Keras's exact GELU is ``0.5 * x * erfc(-x / sqrt(2))``; tf2onnx has no ``Erfc`` and left it in the graph,
+    which ``onnx.checker`` refuses (ConvNeXt). It is ``1 - Erf``, equal to Keras on both sides of zero."""
+    inputs = keras.Input((10,))
+    hidden = keras.layers.Dense(6, activation="gelu")(inputs)  # exact: erfc
+    model = keras.Model(inputs, keras.layers.Dense(4)(hidden))
+    x = 3 * np.random.default_rng(0).normal(size=(8, 10)).astype(np.float32)
+    path = qk.export_float_onnx(model, tmp_path / "gelu.onnx", "onnxruntime")
+    assert ops(path)["Erf"] == 1 and "Erfc" not in ops(path)
+    np.testing.assert_allclose(run(path, x)[0], model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def convnext_block(channels=8, size=8):
+    """ConvNeXt's block (keras.applications): a depthwise conv written ``Conv2D(groups=channels)``, LayerNorm,
+    pointwise Dense layers on NHWC maps with an exact GELU between them, a residual add."""
+    inputs = keras.Input((size, size, channels))
+    x = keras.layers.Conv2D(channels, 7, padding="same", groups=channels)(inputs)
+    x = keras.layers.LayerNormalization(epsilon=1e-6)(x)
+    x = keras.layers.Dense(4 * channels)(x)
+    x = keras.layers.Activation("gelu")(x)  # exact: erfc
+    x = keras.layers.Add()([inputs, keras.layers.Dense(channels)(x)])
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+def test_convnext_block_for_tensorrt_reads_every_quantized_activation_through_its_dq(tmp_path):
+    """tf2onnx's transpose optimizer pushes the NHWC Transpose before a pointwise Dense through the activation's Q
+    but not its DQ (``Q -> Transpose -> DQ``: ``qdq check`` FAIL, qdq-pair); the export moves it before the Q, as
+    it does for ``Q -> DQ -> Transpose``. The file passes TensorRT's rules (tests/conftest.py checks every export)
+    and matches Keras within one output step."""
+    model = convnext_block()
+    x = np.random.default_rng(0).normal(size=(16, 8, 8, 8)).astype(np.float32)
+    qmodel = qk.quantize_model(model, target="tensorrt")
+    qk.calibrate(qmodel, x, method="max")
+    path = qk.export_onnx(qmodel, None, tmp_path / "block.onnx", target="tensorrt")
+    graph = onnx.load(path).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    dq_sources = {producers[n.input[0]].op_type for n in graph.node if n.op_type == "DequantizeLinear"
+                  if n.input[0] in producers}  # fmt: skip
+    assert dq_sources == {"QuantizeLinear"}, dq_sources
+    result = qdq.verify(qk.fold_batchnorms(qmodel), path, [x])
+    assert result.max_error_steps <= 1.0, str(result)

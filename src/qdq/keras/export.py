@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from qdq.errors import QdqExportError
-from qdq.keras._backend import tf, tf2onnx
+from qdq.keras._backend import keras, tf, tf2onnx
 from qdq.keras.graph import check_graph_model
 from qdq.targets import Target, export_target
 from qdq.targets.marks import placed_target
@@ -99,9 +99,11 @@ def export_onnx(
 
 def _placed_float_convs(convs: list[str]) -> str:
     """Why Convs stay float on ONNX Runtime in a model quantized for it (the rewrite's own advice is to do that)."""
-    return (f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output has no quantizer. "
-            "The model was quantized for this target, so its placement left them float: what reads their output is "
-            "an op the rules do not quantize (a squeeze-excite gate's `x + 3.0`, for one), or a layer was bypassed.")
+    return (
+        f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output has no quantizer. "
+        "The model was quantized for this target, so its placement left them float: what reads their output is "
+        "an op the rules do not quantize (a squeeze-excite gate's `x + 3.0`, for one), or a layer was bypassed."
+    )
 
 
 def export_float_onnx(model: Any, path: str | Path, target: str | Target) -> Path:
@@ -178,6 +180,49 @@ def _scalar_adds_optimizer(converter: Any) -> type:
     return ScalarAdds
 
 
+@contextlib.contextmanager
+def _grouped_convs_traced_plain() -> Any:
+    """While tf2onnx traces the model, Keras writes a grouped convolution (``Conv2D(groups=g)``, ConvNeXt's
+    depthwise convs) as the plain TensorFlow op, which tf2onnx converts to one ``Conv`` with ``group``.
+
+    Keras's TensorFlow backend wraps that op in ``tf.function(jit_compile=True)`` because TensorFlow's CPU kernel
+    lacks grouped convolutions; tf2onnx cannot inline an XLA-compiled function and leaves a
+    ``StatefulPartitionedCall`` no ONNX runtime knows. The traced graph is converted, never run, so the plain op
+    is exact. Keras's function is restored on exit; a Keras without it is left alone."""
+    import keras.src.backend.tensorflow.nn as keras_tf_nn  # the backend module ``keras.ops.conv`` dispatches to
+
+    keras_conv = getattr(keras_tf_nn, "conv", None)
+    if keras_conv is None:
+        yield
+        return
+
+    def conv(inputs: Any, kernel: Any, strides: Any = 1, padding: str = "valid", data_format: Any = None,
+             dilation_rate: Any = 1) -> Any:  # fmt: skip
+        channels_last = (data_format or keras().config.image_data_format()) == "channels_last"
+        if len(inputs.shape) != 4 or not channels_last or inputs.shape[-1] == kernel.shape[-2]:
+            return keras_conv(inputs, kernel, strides, padding, data_format, dilation_rate)
+        return tf().nn.convolution(inputs, kernel, strides, padding.upper(), data_format="NHWC",
+                                   dilations=dilation_rate)  # fmt: skip
+
+    keras_tf_nn.conv = conv
+    try:
+        yield
+    finally:
+        keras_tf_nn.conv = keras_conv
+
+
+def _erfc(ctx: Any, node: Any, name: str, args: Any) -> None:
+    """tf2onnx's handler of TensorFlow's ``Erfc``, which tf2onnx lacks (Keras's exact GELU writes
+    ``0.5 * x * erfc(-x / sqrt(2))``): ``1 - Erf(x)``, the form PyTorch's GELU exports with."""
+    from tf2onnx import utils
+
+    node.type = "Erf"
+    dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.output[0]))
+    one = ctx.make_const(utils.make_name(f"{name}_one"), np.ones([1], dtype))
+    ctx.insert_new_node_on_output("Sub", node.output[0], inputs=[one.output[0], node.output[0]],
+                                  name=utils.make_name(f"{name}_one_minus"))  # fmt: skip
+
+
 def _convert(model: Any, opset: int) -> Any:
     converter = tf2onnx()
     t = tf()
@@ -188,7 +233,14 @@ def _convert(model: Any, opset: int) -> Any:
         for i, tensor in enumerate(model.inputs)
     ]
     try:
-        proto, _ = converter.convert.from_keras(model, input_signature=signature, opset=opset, optimizers=optimizers)
+        with _grouped_convs_traced_plain():
+            proto, _ = converter.convert.from_keras(
+                model,
+                input_signature=signature,
+                opset=opset,
+                optimizers=optimizers,
+                custom_op_handlers={"Erfc": (_erfc, [])},
+            )
     except Exception as err:  # tf2onnx raises many types; one clear error with the cause attached
         raise QdqExportError(f"tf2onnx could not convert model {model.name!r}: {type(err).__name__}: {err}") from err
     return proto
@@ -314,33 +366,35 @@ def _attr_allowzero(node: Any) -> bool:
 
 
 def _layout_before_q(proto: Any) -> int:
-    """Per-tensor ``Q -> DQ -> Transpose/Reshape`` -> ``Transpose/Reshape -> Q -> DQ`` (exact: the same values,
-    moved), so that a Conv reads its DQ directly."""
+    """Per-tensor ``Q -> DQ -> Transpose/Reshape`` and ``Q -> Transpose -> DQ`` (tf2onnx's transpose optimizer
+    pushes a Transpose through the Q alone) -> ``Transpose/Reshape -> Q -> DQ`` (exact: the same values, moved), so
+    that a Conv reads its DQ directly."""
     from qdq.graphs.onnx import GraphIndex
 
     g = GraphIndex(proto)
     moved = 0
     for dq_name in [n.name for n in g.nodes if n.op_type == "DequantizeLinear"]:
         dq = _node(g, dq_name)
-        q = g.producer.get(dq.input[0])
-        layout = g.single_reader(dq.output[0])
         scale = g.const_input(dq, 1)
-        if q is None or q.op_type != "QuantizeLinear" or layout is None or layout.op_type not in _LAYOUT_OPS:
+        if scale is None or scale.ndim != 0:
             continue
-        if (
-            scale is None
-            or scale.ndim != 0
-            or not g.is_single_reader(dq, q.output[0])
-            or g.const_input(q, 0) is not None
-        ):
+        pair = _layout_after_dq(g, dq) or _layout_inside(g, dq)
+        if pair is None:
             continue
-        source, moved_name, result = q.input[0], g.unique("laid_out"), layout.output[0]
-        stale = {q.output[0], dq.output[0]}  # their recorded shapes were of the other layout
+        q, layout = pair
+        source, moved_name = q.input[0], g.unique("laid_out")
+        after = layout.input[0] == dq.output[0]
+        stale = {q.output[0], dq.output[0] if after else layout.output[0]}  # shapes of the other layout, or gone
         kept = [v for v in g.graph.value_info if v.name not in stale]
         del g.graph.value_info[:]
         g.graph.value_info.extend(kept)
-        layout.input[0], layout.output[0] = source, moved_name
-        q.input[0], dq.output[0] = moved_name, result
+        if after:  # Q -> DQ -> layout: the DQ takes the layout's output name
+            result = layout.output[0]
+            layout.input[0], layout.output[0] = source, moved_name
+            q.input[0], dq.output[0] = moved_name, result
+        else:  # Q -> layout -> DQ
+            layout.input[0], layout.output[0] = source, moved_name
+            q.input[0], dq.input[0] = moved_name, q.output[0]
         node = type(layout)()
         node.CopyFrom(layout)
         g.graph.node.remove(layout)
@@ -348,3 +402,28 @@ def _layout_before_q(proto: Any) -> int:
         g.refresh()
         moved += 1
     return moved
+
+
+def _layout_after_dq(g: Any, dq: Any) -> tuple[Any, Any] | None:
+    """``(Q, layout)`` of ``Q -> DQ -> layout``, the Q's output read by the DQ alone; else None."""
+    q = g.producer.get(dq.input[0])
+    layout = g.single_reader(dq.output[0])
+    if q is None or q.op_type != "QuantizeLinear" or layout is None or layout.op_type not in _LAYOUT_OPS:
+        return None
+    if not g.is_single_reader(dq, q.output[0]) or g.const_input(q, 0) is not None:
+        return None
+    return q, layout
+
+
+def _layout_inside(g: Any, dq: Any) -> tuple[Any, Any] | None:
+    """``(Q, Transpose)`` of ``Q -> Transpose -> DQ``, each output read by the next op alone; else None. (A Reshape
+    there is a transpose of 1x1 maps, which :func:`_drop_identity_reshapes` removes.)"""
+    layout = g.producer.get(dq.input[0])
+    if layout is None or layout.op_type != "Transpose" or not g.is_single_reader(dq, layout.output[0]):
+        return None
+    q = g.producer.get(layout.input[0])
+    if q is None or q.op_type != "QuantizeLinear" or not g.is_single_reader(layout, q.output[0]):
+        return None
+    if g.const_input(q, 0) is not None or q.input[1] != dq.input[1]:
+        return None
+    return q, layout
