@@ -18,6 +18,7 @@ Imports onnx when a function is called, not at import time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,9 @@ __all__ = [
     "input_types",
     "numpy_float_type",
     "parse_float_type",
+    "recorded_dims",
     "type_name",
+    "value_dims",
 ]
 
 # onnx.TensorProto enum values (stable across onnx releases).
@@ -84,6 +87,25 @@ def type_name(elem_type: int) -> str:
 def default_opset(model: onnx.ModelProto) -> int:
     """The version of the default ONNX domain the model imports."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def value_dims(value: Any) -> list[int | None] | None:
+    """The dimensions a ``ValueInfoProto`` records (None where one is symbolic or unknown); None without a shape."""
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+
+
+def recorded_dims(values: Iterable[Any]) -> dict[str, list[int | None]]:
+    """Tensor name -> :func:`value_dims` of each of ``values`` (``ValueInfoProto``) that records a shape; where a
+    name comes twice, the later one."""
+    found = {}
+    for value in values:
+        dims = value_dims(value)
+        if dims is not None:
+            found[value.name] = dims
+    return found
 
 
 @dataclass
@@ -132,8 +154,8 @@ class TensorTypes:
         tensor_type = value.type.tensor_type
         if tensor_type.elem_type:
             self.types[value.name] = tensor_type.elem_type
-        if tensor_type.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        dims = value_dims(value)
+        if dims is not None:
             self._set_dims(value.name, dims)
 
     def _set_dims(self, name: str, dims: list[int | None]) -> None:

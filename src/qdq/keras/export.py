@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from qdq.errors import QdqExportError
+from qdq.graphs.onnx_types import recorded_dims
 from qdq.keras._backend import keras, tf, tf2onnx
 from qdq.keras.graph import check_graph_model
 from qdq.targets import Target, export_target
@@ -327,12 +328,7 @@ def _static_shapes(proto: Any) -> dict[str, list[int | None]]:
         inferred = onnx.shape_inference.infer_shapes(proto)
     except (onnx.shape_inference.InferenceError, RuntimeError):
         return {}
-    shapes = {}
-    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        tensor_type = value.type.tensor_type
-        if tensor_type.HasField("shape"):
-            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
-    return shapes
+    return recorded_dims((*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output))
 
 
 def _keeps_shape(shape: list[int | None], target: np.ndarray) -> bool:

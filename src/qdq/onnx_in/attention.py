@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from qdq.graphs.onnx_types import recorded_dims
 from qdq.graphs.ops import ATTENTION
 from qdq.graphs.view import GraphView
 
@@ -247,5 +248,4 @@ def _inferred(model: onnx.ModelProto, feeds: Mapping[str, tuple[int, ...]]) -> d
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
     except onnx.shape_inference.InferenceError:
         return {}
-    return {value.name: [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-            for value in [*inferred.input, *inferred.value_info, *inferred.output]}  # fmt: skip
+    return recorded_dims((*inferred.input, *inferred.value_info, *inferred.output))

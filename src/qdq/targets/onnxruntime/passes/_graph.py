@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from qdq.graphs.onnx import GraphIndex, attribute
+from qdq.graphs.onnx_types import recorded_dims
 
 __all__ = [
     "INT32_LIMIT",
@@ -79,12 +80,7 @@ def qdq_pairs(g: GraphIndex) -> Iterator[tuple[Any, list[Any]]]:
 def dims(g: GraphIndex) -> dict[str, list[int | None]]:
     """The dimensions of each tensor whose shape the graph records (inputs, outputs, value_info); None where a
     dimension is symbolic or unknown."""
-    found = {}
-    for value in (*g.graph.input, *g.graph.output, *g.graph.value_info):
-        tensor_type = value.type.tensor_type
-        if tensor_type.HasField("shape"):
-            found[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
-    return found
+    return recorded_dims((*g.graph.input, *g.graph.output, *g.graph.value_info))
 
 
 def ranks(g: GraphIndex) -> dict[str, int]:
