@@ -136,7 +136,17 @@ def quantize_model(model: nn.Module, config: QuantConfig | None = None) -> nn.Mo
             quant_desc=config.quant_desc_input,
             target_options=config.target_options,
         )
-    return _quantizers_beside_parameters(quantized)
+    return _quantizers_beside_parameters(_quantizers_in_their_modules_mode(quantized))
+
+
+def _quantizers_in_their_modules_mode(model: nn.Module) -> nn.Module:
+    """``model`` with every quantizer in the train/eval mode of the module holding it (a new module starts in
+    training mode; the model keeps the modes it came with, module by module)."""
+    for module in model.modules():
+        for child in module.children():
+            if isinstance(child, TensorQuantizer):
+                child.training = module.training
+    return model
 
 
 def _check_float(model: nn.Module) -> None:

@@ -207,3 +207,46 @@ def test_one_held_out_batch_splits_by_its_samples_in_tuples_and_dicts_and_only_t
     assert second[1][0].tolist() == [8, 10, 12, 14]
     assert _rows((batch, torch.zeros(2, 8, 4))) is None  # a state [layers, batch, width]: samples not along dim 0
     assert _rows((torch.zeros(1, 3), torch.zeros(1))) is None  # one sample
+
+
+class _EvalOnly(nn.Module):
+    """A model that refuses to run in training mode without targets, as torchvision's detectors do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert not self.training, "targets should not be none when in training mode"
+        return self.head(torch.relu(self.norm(self.conv(x))))
+
+
+class _Wrapper(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+def test_the_default_leaves_every_module_in_its_own_mode_and_the_norms_statistics_as_they_were():
+    """A user's wrapper (training mode, as a new ``nn.Module`` is) around a model in eval mode: the scoring restored
+    the root's flag on every submodule (``model.train(True)``), and bias correction then ran the model training:
+    the detector raised, and BatchNorm updated its running statistics on the calibration data."""
+    torch.manual_seed(0)
+    inner = _EvalOnly()
+    inner.norm.running_mean.uniform_(-0.5, 0.5)
+    inner.eval()
+    model = qdq.quantize_model(_Wrapper(inner), qdq.QuantConfig(target="onnxruntime"))  # traced: a new root
+    modes = [m.training for m in model.modules()]
+    assert modes[0] and not any(m.training for m in model.model.modules())  # quantize_model kept each one's mode
+    statistics = (inner.norm.running_mean.clone(), inner.norm.running_var.clone())
+    data = [torch.randn(8, 3, 12, 12) for _ in range(4)]
+    result = select_amax(model, data, progress=False)  # what qdq.calibrate(model, data) runs
+    assert result.bias_base is not None  # bias correction was measured
+    assert [m.training for m in model.modules()] == modes
+    norm = model.model.norm  # its conv has a bias: bias correction moves that, never the norm's statistics
+    assert torch.equal(norm.running_mean, statistics[0]) and torch.equal(norm.running_var, statistics[1])

@@ -27,6 +27,7 @@ from torch import nn
 
 from qdq.app import digit_transformers
 from qdq.errors import QdqConfigError, did_you_mean
+from qdq.utils.modes import eval_mode
 from qdq.utils.user_code import first_line, load_function
 
 __all__ = [
@@ -393,15 +394,11 @@ def check_input_compatible(
             or the output is not logits for ``num_classes`` classes.
     """
     shape = tuple(example_input.shape)
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             out = model(example_input)
     except Exception as err:
         raise QdqConfigError(f"model does not accept input of shape {shape}: {first_line(err)}") from None
-    finally:
-        model.train(was_training)
     if num_classes is not None:
         _check_logits(out, shape, num_classes)
     return out

@@ -14,6 +14,7 @@ rate) assumes it. What the recipes give on the digits CNNs: benchmarks/RESULTS.m
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from qdq.errors import QdqConfigError
+from qdq.utils.modes import eval_mode
 from qdq.workflow.progress import Progress, progress_bar, step_name
 
 __all__ = ["OPTIMIZERS", "evaluate", "make_optimizer", "make_scheduler", "train_classifier", "train_one_epoch"]
@@ -165,21 +167,14 @@ def evaluate(
     Raises:
         QdqConfigError: the loader yields no sample.
     """
-    was_training = isinstance(model, nn.Module) and model.training
-    if isinstance(model, nn.Module):
-        model.eval()
     correct = count = 0
-    try:
-        with torch.no_grad():
-            for i, (images, labels) in enumerate(loader):
-                if max_batches is not None and i >= max_batches:
-                    break
-                logits = _as_tensor(model(images.to(device)))
-                correct += int((logits.argmax(dim=1).cpu() == labels.cpu()).sum())
-                count += labels.numel()
-    finally:
-        if was_training:
-            model.train()  # type: ignore[union-attr]  # was_training: an nn.Module
+    with eval_mode(model) if isinstance(model, nn.Module) else contextlib.nullcontext(), torch.no_grad():
+        for i, (images, labels) in enumerate(loader):
+            if max_batches is not None and i >= max_batches:
+                break
+            logits = _as_tensor(model(images.to(device)))
+            correct += int((logits.argmax(dim=1).cpu() == labels.cpu()).sum())
+            count += labels.numel()
     if count == 0:
         raise QdqConfigError("the evaluation loader yielded no sample")
     return 100.0 * correct / count

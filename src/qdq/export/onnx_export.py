@@ -44,6 +44,7 @@ from qdq.targets import Target, export_target
 from qdq.targets.marks import placed_options, placed_target
 from qdq.targets.onnxruntime.passes.float_convs import float_convs_said
 from qdq.utils.batches import ModelInputs, indexed_names, model_inputs, onnx_input_names, output_names
+from qdq.utils.modes import eval_mode
 
 if TYPE_CHECKING:
     import onnx
@@ -122,15 +123,11 @@ def export_onnx(
     inputs = _example(example_input, model)
     axes = _dynamic_axes(inputs, dynamic_batch, dynamic_sequence, dynamic_axes)
     path = Path(path)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         specs = quantizer_specs(model, *inputs.args, example_kwargs=inputs.kwargs)
         _check_opset(specs, opset)
         with export_mode(model, *inputs.args, specs=specs, example_kwargs=inputs.kwargs):
             proto, names = _run_exporter(model, inputs, opset, axes, dynamo, specs)
-    finally:
-        model.train(was_training)
     return _finish(proto, specs, path, chosen, opset, target_options, names, placed_target(model) is not None)
 
 

@@ -47,7 +47,9 @@ def trace(module: nn.Module, leaf_modules: tuple[type, ...] = (),
     tracer = _Tracer(leaf_modules, leaf_objects)
     graph = tracer.trace(module)
     gm = fx.GraphModule(tracer.root, graph, class_name=type(module).__name__)
-    gm.train(module.training)
+    originals = dict(module.named_modules())
+    for name, copied in gm.named_modules():  # each its own mode (gm.train would give every one the root's)
+        copied.training = originals.get(name, module).training
     return gm
 
 

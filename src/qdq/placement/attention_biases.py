@@ -39,6 +39,7 @@ from torch import nn
 from qdq.quantizer import TensorQuantizer, disabled_quantizers
 from qdq.registry import Registry
 from qdq.utils.batches import flatten_outputs
+from qdq.utils.modes import eval_mode
 
 __all__ = ["ATTENTION_LAYOUTS", "AttentionBiases", "fold_attention_biases", "register_attention_layout"]
 
@@ -174,13 +175,8 @@ def _first_output(module: nn.Module, *args: torch.Tensor, **kwargs: Any) -> Call
 @contextlib.contextmanager
 def _float(module: nn.Module) -> Iterator[None]:
     """``module`` in float and eval mode: quantizers disabled (the check is about the float function)."""
-    training = module.training
-    with disabled_quantizers(module):
-        module.eval()
-        try:
-            yield
-        finally:
-            module.train(training)
+    with disabled_quantizers(module), eval_mode(module):
+        yield
 
 
 def _linear(module: object) -> nn.Linear | None:

@@ -64,6 +64,7 @@ from qdq.graphs.fx_view import trace_view
 from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer
+from qdq.utils.modes import eval_mode
 from qdq.workflow.bias_correction import BiasShift, correct_biases, undo
 from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, collect_split, default_forward, named_quantizers
@@ -493,14 +494,9 @@ def _meter(model: nn.Module, scored: Sequence[tuple[Any, Any]], forward: Forward
     """A :class:`~qdq.workflow.fidelity.FidelityMeter` of ``model`` (quantizing) on ``scored`` (batch, float output)
     pairs, summed over the ranks."""
     meter = FidelityMeter()
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for batch, reference in scored:
-                meter.add(_outputs(reference), _outputs(forward(model, batch)))
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        for batch, reference in scored:
+            meter.add(_outputs(reference), _outputs(forward(model, batch)))
     return meter.reduced(all_reduce_sum)
 
 

@@ -35,6 +35,7 @@ from torch import nn
 from qdq.nn.conv import QuantConv1d, QuantConv2d, QuantConv3d
 from qdq.nn.linear import QuantLinear
 from qdq.quantizer import TensorQuantizer, disabled_quantizers
+from qdq.utils.modes import eval_mode
 from qdq.workflow.collection import ForwardFn, default_forward
 from qdq.workflow.distributed import all_reduce_sum, unwrap
 
@@ -137,7 +138,7 @@ def correct_biases(model: nn.Module, batches: Sequence[Any], forward: ForwardFn 
         return []
     sums = {name: _Sums(_channels(module)) for name, module in layers.items()}
     run = forward or default_forward
-    with disabled_quantizers(root), torch.no_grad(), _hooks(layers, sums):
+    with eval_mode(root), disabled_quantizers(root), torch.no_grad(), _hooks(layers, sums):
         for batch in batches:
             run(model, batch)
     flat = all_reduce_sum([v for name in layers for v in sums[name].flat()])  # every rank the same shifts

@@ -31,6 +31,7 @@ from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.nn.base import calibration_finished, calibration_started
 from qdq.quantizer import TensorQuantizer
 from qdq.utils.batches import call_model, sample_count, sample_slice
+from qdq.utils.modes import eval_mode
 from qdq.workflow.distributed import rank, unwrap, world_size
 from qdq.workflow.progress import Progress, progress_bar
 
@@ -153,21 +154,19 @@ def _calibration_mode(model: nn.Module, quantizers: list[tuple[str, TensorQuanti
     the given activation quantizers collect; eval mode (BatchNorm uses its running statistics)."""
     everything = [q for _, q in named_quantizers(model)]
     saved = [(q.quant_enabled, q.calib_enabled, q._calibrator) for q in everything]  # None: not built yet
-    was_training = model.training
     try:
         for quantizer in everything:
             quantizer.disable_quant()
         for name, quantizer in quantizers:
             quantizer.calibrator = _NamedCollector(quantizer.calibrator, name)
             quantizer.enable_calib()
-        model.eval()
-        yield
+        with eval_mode(model):
+            yield
     finally:
         for quantizer, (quant, calib, calibrator) in zip(everything, saved):
             quantizer.calibrator = calibrator
             (quantizer.enable_quant if quant else quantizer.disable_quant)()
             (quantizer.enable_calib if calib else quantizer.disable_calib)()
-        model.train(was_training)
 
 
 def collect_stats(

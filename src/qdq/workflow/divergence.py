@@ -23,6 +23,7 @@ from torch import nn
 
 from qdq.errors import QdqConfigError
 from qdq.utils.batches import model_inputs
+from qdq.utils.modes import eval_mode
 
 __all__ = ["Divergence", "QuantizerAgreement", "locate_divergence"]
 
@@ -166,16 +167,13 @@ def _torch_references(model: nn.Module, x: np.ndarray) -> _References:
         return hook
 
     handles = [q.register_forward_hook(keep(n)) for n, q in quantizers.items()]
-    was_training = model.training
-    model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(torch.as_tensor(x).to(device))
     finally:
         for handle in handles:
             handle.remove()
-        model.train(was_training)
     return {n: (outs[0], float(quantizers[n].step().detach().max())) for n, outs in seen.items() if len(outs) == 1}
 
 

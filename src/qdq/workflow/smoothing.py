@@ -37,6 +37,7 @@ from qdq.errors import QdqConfigError
 from qdq.markdown import markdown_table
 from qdq.quantizer import TensorQuantizer, disabled_quantizers
 from qdq.utils.batches import call_model, flatten_outputs
+from qdq.utils.modes import eval_mode
 from qdq.workflow.collection import ForwardFn, _batches
 
 __all__ = ["SmoothingResult", "smooth_inputs", "smoothing_scales"]
@@ -157,17 +158,14 @@ def smooth_inputs(
     forward = forward_fn or call_model
     observer = _Observer(model, linears)
     batches = list(_batches(data, num_batches))
-    was_training = model.training
-    model.eval()
     try:
-        with disabled_quantizers(model), torch.no_grad():
+        with eval_mode(model), disabled_quantizers(model), torch.no_grad():
             for batch in batches:
                 forward(model, batch)
                 observer.end_batch()
             result = _apply(model, linears, observer, alpha, fold, lambda: forward(model, batches[0]))
     finally:
         observer.remove()
-        model.train(was_training)
     return result
 
 

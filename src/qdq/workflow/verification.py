@@ -35,6 +35,7 @@ from torch import nn
 
 from qdq.errors import QdqConfigError
 from qdq.utils.batches import ModelInputs, flatten_outputs, model_inputs
+from qdq.utils.modes import eval_mode
 from qdq.workflow.divergence import Divergence, QuantizerAgreement, locate_divergence
 
 __all__ = [
@@ -265,24 +266,18 @@ def verify(
     if min_metric is not None and metric is None:
         raise QdqConfigError("verify got min_metric but no metric: pass metric=callable(reference, engine).")
     torch_model = model if isinstance(model, nn.Module) else None
-    was_training = torch_model.training if torch_model is not None else False
-    if torch_model is not None:
-        torch_model.eval()
     reference_outs: list[list[np.ndarray]] = []
     engine_outs: list[list[np.ndarray]] = []
-    how = None
-    try:
-        with ExitStack() as stack, torch.no_grad():
-            step = _step_for(model, stack, threads)
-            engine = stack.enter_context(load_runtime(onnx_path, runtime, threads=threads, **runtime_options))
-            how = engine.how
-            for batch in batches:
-                reference, engine_out = step(batch, engine)
-                reference_outs.append(reference)
-                engine_outs.append([np.asarray(o, dtype=np.float32) for o in engine_out])
-    finally:
+    with ExitStack() as stack, torch.no_grad():
         if torch_model is not None:
-            torch_model.train(was_training)
+            stack.enter_context(eval_mode(torch_model))
+        step = _step_for(model, stack, threads)
+        engine = stack.enter_context(load_runtime(onnx_path, runtime, threads=threads, **runtime_options))
+        how = engine.how
+        for batch in batches:
+            reference, engine_out = step(batch, engine)
+            reference_outs.append(reference)
+            engine_outs.append([np.asarray(o, dtype=np.float32) for o in engine_out])
     label = "PyTorch" if torch_model is not None else "Keras"
     if is_onnx_file(model):
         label = f"FP32 {Path(str(model)).name}"
