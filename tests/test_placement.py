@@ -300,6 +300,42 @@ def test_fallback_places_inside_traceable_children():
     model(torch.randn(1, 3, 8, 8))
 
 
+class CachesItsFirstCall(nn.Module):
+    """A pooler that computes a constant on its first call and keeps it, then loops over its input's rows (torch.fx
+    cannot trace that), as torchvision's ``MultiScaleRoIAlign`` does with its scales and levels (Faster R-CNN): the
+    failed trace left a Proxy as the kept value, and every real call then failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.scale: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            self.scale = 1.0 / x.shape[-1]
+        return torch.stack([row * self.scale for row in self.conv(x)])
+
+
+class UntraceableOverACache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = CachesItsFirstCall()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(x) if x.sum() > 0 else self.pool(-x)
+
+
+def test_tracing_leaves_no_proxy_in_a_modules_attributes():
+    model = UntraceableOverACache()
+    with pytest.warns(UserWarning, match="cannot trace"):
+        model = qdq.quantize_model(model, qdq.QuantConfig(target="onnxruntime"))  # neither traces
+    assert model.pool.scale is None  # as before the trace: the next real call computes it
+    x = torch.rand(2, 3, 8, 8)
+    qdq.calibrate(model, [x, x + 1], method="max", progress=False)
+    assert model.pool.scale == 1 / 8
+    assert torch.is_tensor(model(x))
+
+
 def _linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return nn.functional.linear(x, weight, bias).relu()
 

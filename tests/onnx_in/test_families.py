@@ -17,6 +17,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
+from torchvision.ops import roi_align
 
 import qdq
 from onnx_models import batches, export
@@ -396,3 +397,49 @@ def test_a_weighted_op_on_a_constant_table_stays_float(tmp_path: Path, target: s
         assert check_tensorrt(result.path).ok
     feed = batches((4, 16, 4), name="x", count=1, seed=5)[0]
     assert steps_apart(run(float_path, feed), run(result.path, feed, optimize=False)) <= 8.0
+
+
+class TwoStage(nn.Module):
+    """A two-stage detector's family (torchvision's Faster R-CNN): feature maps concatenated, one concatenation
+    (read by a conv too) inside another before a max pool; regions of interest concatenated from image indices
+    and boxes decoded against the input's size (read at run time), into a float ``RoiAlign``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = (nn.Conv2d(3, 4, 3, padding=1) for _ in range(3))
+        self.mix, self.side = nn.Conv2d(12, 8, 1), nn.Conv2d(8, 8, 2, stride=2)
+        self.deltas = nn.Linear(8, 4)
+        self.head = nn.Linear(8 * 2 * 2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = torch.cat([self.a(x), self.b(x)], 1)
+        features = self.mix(nn.functional.max_pool2d(torch.cat([inner, self.c(x)], 1), 2)) + self.side(inner)
+        deltas = self.deltas(features.mean((2, 3)))
+        boxes = deltas.sigmoid() * (torch.ones_like(deltas) * x.shape[-1])
+        rois = torch.cat([torch.zeros_like(deltas[:, :1]), boxes], 1)
+        pooled = roi_align(features, rois, output_size=2, spatial_scale=0.5)
+        return self.head(pooled.flatten(1))
+
+
+def _concat_reads(path: Path) -> list[list[str]]:
+    """For each Concat of ``path``, in graph order, the op type behind each input (``DequantizeLinear`` or not)."""
+    graph = onnx.load(str(path)).graph
+    producer = {out: node.op_type for node in graph.node for out in node.output}
+    return [[producer.get(name, "input") for name in node.input] for node in graph.node if node.op_type == "Concat"]
+
+
+def test_regions_of_interest_stay_float_and_nested_feature_concatenations_share_one_scale(tmp_path: Path) -> None:
+    """TensorRT's concatenation rule gave every concatenation one input scale: the regions of interest too (pixel
+    boxes beside image indices, at a step of 320 / 127, into a float RoiAlign), and the inner concatenation its own
+    scale beside the outer one reading it: ``qdq check`` FAIL (fused scales) on Faster R-CNN. Now only feature maps
+    are concatenated in int8, and an inner concatenation shares the outer one's quantizer."""
+    from qdq.targets.tensorrt.check import check_tensorrt
+
+    torch.manual_seed(0)
+    source = export(TwoStage(), torch.rand(2, 3, 8, 8), tmp_path / "two_stage.onnx")
+    out = tmp_path / "trt.onnx"
+    qdq.quantize_onnx(source, batches((2, 3, 8, 8)), out, target="tensorrt", progress=False)
+    assert check_tensorrt(out).ok
+    inner, outer, rois = _concat_reads(out)
+    assert "DequantizeLinear" not in inner and "DequantizeLinear" not in rois
+    assert outer == ["DequantizeLinear", "DequantizeLinear"]

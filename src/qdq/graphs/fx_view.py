@@ -11,6 +11,8 @@ Quantized attention modules inside a module the graph calls as a whole are ``Att
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -40,12 +42,45 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
+@contextlib.contextmanager
+def _attributes_kept(module: nn.Module) -> Iterator[None]:
+    """After the block, no module attribute holds a torch.fx Proxy: each one that does gets its value from before
+    the block back (or goes, if it is new). A forward that caches what its first call computes (torchvision's
+    ``MultiScaleRoIAlign`` its scales and level mapper) would otherwise keep the trace's Proxies, and the model fail
+    at its next real call. (What the tracer itself adds, its tensor constants on the root, is kept.)"""
+    saved = [(m, dict(m.__dict__)) for m in module.modules()]
+    try:
+        yield
+    finally:
+        for m, attributes in saved:
+            for key in [key for key, value in m.__dict__.items() if _holds_proxy(value)]:
+                if key in attributes:
+                    m.__dict__[key] = attributes[key]
+                else:
+                    del m.__dict__[key]
+
+
+def _holds_proxy(value: Any, depth: int = 2) -> bool:
+    """Is ``value`` a Proxy, or does a container or plain object hold one (``depth`` levels down)?"""
+    if isinstance(value, fx.Proxy):
+        return True
+    if depth == 0 or isinstance(value, nn.Module | torch.Tensor):
+        return False
+    if isinstance(value, list | tuple | set):
+        return any(_holds_proxy(v, depth - 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_proxy(v, depth - 1) for v in value.values())
+    attributes = getattr(value, "__dict__", None)
+    return isinstance(attributes, dict) and any(_holds_proxy(v, depth - 1) for v in attributes.values())
+
+
 def trace(module: nn.Module, leaf_modules: tuple[type, ...] = (),
           leaf_objects: frozenset[int] = frozenset()) -> fx.GraphModule:  # fmt: skip
     """``module`` traced by torch.fx, qdq's modules, ``leaf_modules`` classes and ``leaf_objects`` (by ``id``) kept
     as calls. Raises what torch.fx raises on a module it cannot trace."""
     tracer = _Tracer(leaf_modules, leaf_objects)
-    graph = tracer.trace(module)
+    with _attributes_kept(module):
+        graph = tracer.trace(module)
     gm = fx.GraphModule(tracer.root, graph, class_name=type(module).__name__)
     originals = dict(module.named_modules())
     for name, copied in gm.named_modules():  # each its own mode (gm.train would give every one the root's)
