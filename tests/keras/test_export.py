@@ -232,3 +232,27 @@ def test_convnext_block_for_tensorrt_reads_every_quantized_activation_through_it
     assert dq_sources == {"QuantizeLinear"}, dq_sources
     result = qdq.verify(qk.fold_batchnorms(qmodel), path, [x])
     assert result.max_error_steps <= 1.0, str(result)
+
+
+class ScaledSum(keras.layers.Layer):
+    """InceptionResNetV2's ``CustomScaleLayer`` (``x + branch * scale``, the scale 1 in its last block): a residual
+    add inside a layer of the model's own class."""
+
+    def call(self, inputs):
+        return inputs[0] + inputs[1]
+
+
+@pytest.mark.trt_rules_exempt("residual-add", reason="the Keras view cannot see the add inside a custom layer")
+def test_a_tensorrt_file_that_breaks_a_rule_is_said_once_at_export(tmp_path):
+    """The Keras view sees a custom layer as one opaque op, so TensorRT's residual rule cannot quantize the skip
+    input of the add inside it (InceptionResNetV2's last block): the export says so, naming the rule and the node,
+    where the file was written silently before (``qdq check`` FAIL)."""
+    inputs = keras.Input((8, 8, 4))
+    trunk = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="trunk")(inputs)
+    summed = ScaledSum(name="scaled_sum")([trunk, keras.layers.Conv2D(4, 1, name="branch")(trunk)])
+    model = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="head")(summed))
+    x = np.random.default_rng(0).normal(size=(8, 8, 8, 4)).astype(np.float32)
+    qmodel = qk.quantize_model(model, target="tensorrt")
+    qk.calibrate(qmodel, x, method="max")
+    with pytest.warns(UserWarning, match=r"breaks 1 of the rules .*residual-add at .*scaled_sum.*qdq check"):
+        qk.export_onnx(qmodel, None, tmp_path / "scaled_sum.onnx", target="tensorrt")

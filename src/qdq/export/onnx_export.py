@@ -225,7 +225,24 @@ def finish_onnx(
     graph.atomic_save(proto, Path(path))
     if large:  # onnx.checker reads a model over 2 GB from its file; shape inference cannot read external data
         _check(str(path), full=False)
+    _warn_broken_rules(str(path) if large else proto, target, Path(path))
     return Path(path)
+
+
+def _warn_broken_rules(model: onnx.ModelProto | str, target: Target, path: Path) -> None:
+    """One warning when the written file breaks rules its target's runtime states (``Target.rule_check``: TensorRT's
+    explicit quantization, what ``qdq check`` reports)."""
+    if target.rule_check is None:
+        return
+    violations = list(getattr(target.rule_check(model), "violations", []))
+    if violations:
+        shown = ", ".join(f"{v.rule} at {v.node}" for v in violations[:3]) + (", ..." if len(violations) > 3 else "")
+        warnings.warn(
+            f"{path.name} breaks {len(violations)} of the rules of the {target.name!r} target's runtime ({shown}): "
+            f"the runtime takes the file but runs those parts in float or unfused. `qdq check {path}` lists each "
+            "with its reason.",
+            stacklevel=3,
+        )
 
 
 def _check(checked: onnx.ModelProto | str, full: bool = True, declared: bool = False) -> None:
