@@ -10,10 +10,11 @@ seeded token ids with padded rows, seeded audio). Every TensorRT file goes throu
 batch, a sanity figure of random weights, not an accuracy). A cell is the seconds, or the error.
 
 Families (``--family``): ``timm`` (28 image architectures: CNNs of many families, hybrids, vision transformers;
-needs ``timm``), ``torchvision`` (11: channel shuffle, fire modules, inception, dense segmentation heads, video
-models with 3-D convolutions, MaxViT, Swin V2), ``transformers`` (tiny random configs of 20 Hugging Face
+needs ``timm``), ``torchvision`` (13: channel shuffle, fire modules, inception, dense segmentation heads, video
+models with 3-D convolutions, MaxViT, Swin V2, a one-stage and a two-stage detector: their first output, the
+boxes of the first image), ``transformers`` (tiny random configs of 20 Hugging Face
 architectures: encoders, decoders, vision and audio models, their default attention; needs ``transformers``) and
-``keras`` (12 of ``keras.applications``, through the Keras door: ``qk.quantize_model`` + ``qk.calibrate`` +
+``keras`` (16 of ``keras.applications``, through the Keras door: ``qk.quantize_model`` + ``qk.calibrate`` +
 ``qk.export_onnx`` in the "torch" columns, the float export ``qk.export_float_onnx`` through ``quantize_onnx`` in
 the "onnx" ones; needs ``tensorflow``).
 ``scikit-image`` for the photos.
@@ -89,11 +90,12 @@ TORCHVISION = {  # name -> input shape: the families the other two lack (channel
     "mnasnet0_5": (3, 128, 128), "lraspp_mobilenet_v3_large": (3, 128, 128),
     "deeplabv3_mobilenet_v3_large": (3, 128, 128), "fcn_resnet50": (3, 96, 96), "r3d_18": (3, 8, 64, 64),
     "r2plus1d_18": (3, 8, 64, 64), "maxvit_t": (3, 224, 224), "swin_v2_t": (3, 128, 128),
+    "ssdlite320_mobilenet_v3_large": (3, 320, 320), "fasterrcnn_mobilenet_v3_large_320_fpn": (3, 320, 320),
 }  # fmt: skip
 KERAS = {  # keras.applications name -> input size (NHWC): the Keras door's families
     "MobileNet": 96, "MobileNetV2": 96, "MobileNetV3Small": 96, "EfficientNetB0": 96, "EfficientNetV2B0": 96,
     "ResNet50V2": 96, "DenseNet121": 96, "NASNetMobile": 96, "Xception": 96, "InceptionV3": 96, "MobileNetV3Large": 96,
-    "ConvNeXtTiny": 64,
+    "ConvNeXtTiny": 64, "InceptionResNetV2": 96, "ResNet50": 64, "VGG16": 64, "EfficientNetV2S": 64,
 }  # fmt: skip
 FAMILIES = {"timm": TIMM, "transformers": TRANSFORMERS, "torchvision": TORCHVISION, "keras": KERAS}
 
@@ -152,7 +154,8 @@ def _build(family: str, arch: str) -> tuple[Any, list[dict[str, Any]]]:
 
         shape = TORCHVISION[arch]
         options = {"aux_logits": False, "init_weights": True} if arch == "googlenet" else {}
-        if arch in torchvision.models.list_models(torchvision.models.segmentation):
+        heads = (torchvision.models.segmentation, torchvision.models.detection)
+        if any(arch in torchvision.models.list_models(module) for module in heads):
             options = {"weights_backbone": None}  # nothing downloads
         model = torchvision.models.get_model(arch, weights=None, **options).eval()
         batches = _inputs("clips", shape[1]) if len(shape) == 4 else _inputs("timm", shape[-1])
