@@ -48,14 +48,15 @@ def _decide(view: GraphView) -> None:
 
 
 def _feature_map(view: GraphView, value: Value, memo: dict[str, bool]) -> bool:
-    """Is ``value`` a feature map: a model input, a weighted op's output or a quantized value, reached through
-    :data:`_FEATURE_PATH` ops and sums or products of feature maps? (Not: shapes, indices, box arithmetic on
-    constants.)"""
+    """Is ``value`` a feature map: a model input, the output of a weighted op (attention, a call holding weights) or
+    a quantized value, reached through :data:`_FEATURE_PATH` ops and sums or products of feature maps? (Not: shapes,
+    indices, coordinates computed against the input's size.)"""
     stack = [value]
     while stack:  # iterative, post-order: a deep network would overflow Python's recursion
         top = stack[-1]
         op = top.producer
-        if op is None or op.type in WEIGHTED or op.type == ATTENTION or view.output_quantizer(top) is not None:
+        weighs = op is not None and (op.type in WEIGHTED or op.type == ATTENTION or op.attrs.get("holds_weights"))
+        if op is None or weighs or view.output_quantizer(top) is not None:
             memo[top.name] = op is not None or not top.constant
             stack.pop()
             continue
