@@ -190,8 +190,10 @@ def _grouped_convs_traced_plain() -> Any:
     lacks grouped convolutions; tf2onnx cannot inline an XLA-compiled function and leaves a
     ``StatefulPartitionedCall`` no ONNX runtime knows. The traced graph is converted, never run, so the plain op
     is exact. Keras's function is restored on exit; a Keras without it is left alone."""
-    import keras.src.backend.tensorflow.nn as keras_tf_nn  # the backend module ``keras.ops.conv`` dispatches to
-
+    try:
+        import keras.src.backend.tensorflow.nn as keras_tf_nn  # the backend module ``keras.ops.conv`` dispatches to
+    except ImportError:  # a Keras that moved it: its own conv, as it writes it
+        keras_tf_nn = None
     keras_conv = getattr(keras_tf_nn, "conv", None)
     if keras_conv is None:
         yield
