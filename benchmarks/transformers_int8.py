@@ -235,11 +235,11 @@ def layernorms_apart(source: Path, path: Path) -> None:
     """``source`` with the onnxruntime rewrite's ``layernorms`` pass applied, saved to ``path``."""
     import onnx
 
-    from qdq.graphs.onnx import GraphIndex
+    from qdq.graphs.ir_graph import run_on_graph
     from qdq.targets.onnxruntime.passes.layernorms import keep_layernorms_apart
 
     model = onnx.load(str(source))
-    keep_layernorms_apart(GraphIndex(model))
+    run_on_graph(model, keep_layernorms_apart)
     onnx.save(model, str(path))
 
 

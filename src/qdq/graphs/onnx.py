@@ -348,7 +348,9 @@ def on_ir(model: onnx.ModelProto, *edits: Callable[[ir.Model], Any]) -> list[Any
     import onnx_ir
 
     ir_model = onnx_ir.serde.deserialize_model(model)  # its tensors shared, not copied
-    results = [edit(ir_model) for edit in edits]
+    results = []
+    for edit in edits:  # a loop, not a comprehension: the edits' warnings keep their stack level on every Python
+        results.append(edit(ir_model))
     proto = onnx_ir.serde.serialize_model(ir_model)
     declared = {value.name for graph in _graphs(model.graph) for value in graph.value_info}
     constants = {tensor.name for graph in _graphs(proto.graph) for tensor in graph.initializer}
@@ -520,7 +522,10 @@ def declare_computed_output_shapes(model: onnx.ModelProto) -> int:
 
 def set_metadata(proto: Any, key: str, value: str) -> None:
     """Set the metadata entry ``key`` (``metadata_props``) of a model or node to ``value``, replacing an earlier
-    one."""
+    one. An onnx_ir model or node (its ``metadata_props`` a dict) too."""
+    if isinstance(proto.metadata_props, dict):
+        proto.metadata_props[key] = value
+        return
     for prop in proto.metadata_props:
         if prop.key == key:
             prop.value = value

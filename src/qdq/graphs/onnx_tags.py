@@ -97,6 +97,8 @@ def _axis(node: Any) -> int | None:
 
 
 def _meta(node: Any, key: str) -> str | None:
+    if isinstance(node.metadata_props, dict):  # an onnx_ir node
+        return node.metadata_props.get(key)
     for prop in node.metadata_props:
         if prop.key == key:
             return prop.value

@@ -16,7 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import run_on_graph
+from qdq.graphs.onnx import GraphIndex, on_ir
 from qdq.graphs.onnx_tags import add_quantizer_names, quantizer_names
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
@@ -99,7 +100,7 @@ def test_weight_quantizers_become_int8_initializers():
     w = np.array([0.25, 0.75, -0.25, 100.0, -100.0, 1.0], F32).reshape(6, 1, 1, 1)
     model = weight_graph(w, 0.5, np.int8(0))
     before = run(model, x=np.ones((1, 1, 1, 1), F32))
-    assert fold_weight_quantizers(GraphIndex(model)) == 1
+    assert run_on_graph(model, fold_weight_quantizers) == 1
     assert ops(model) == ["DequantizeLinear", "Conv"]
     dq = node(model, "DequantizeLinear")
     folded = value(model, dq.input[0])
@@ -111,16 +112,16 @@ def test_per_channel_weights_use_their_channel_step():
     # 0.75 / 0.5 = 1.5 -> 2 (even); 0.75 / 0.25 = 3
     w = np.full((2, 1, 1, 1), 0.75, F32)
     model = weight_graph(w, [0.5, 0.25], np.zeros(2, np.int8), axis=0)
-    fold_weight_quantizers(GraphIndex(model))
+    run_on_graph(model, fold_weight_quantizers)
     assert value(model, node(model, "DequantizeLinear").input[0]).reshape(-1).tolist() == [2, 3]
 
 
 def test_weights_with_a_zero_point_or_read_as_output_stay():
     model = weight_graph(np.ones((1, 1, 1, 1), F32), 0.5, np.int8(3))
-    assert fold_weight_quantizers(GraphIndex(model)) == 0 and "QuantizeLinear" in ops(model)
+    assert run_on_graph(model, fold_weight_quantizers) == 0 and "QuantizeLinear" in ops(model)
     model = weight_graph(np.ones((1, 1, 1, 1), F32), 0.5, np.int8(0))
     model.graph.output.append(helper.make_tensor_value_info("wq", TensorProto.INT8, [1, 1, 1, 1]))
-    assert fold_weight_quantizers(GraphIndex(model)) == 0
+    assert run_on_graph(model, fold_weight_quantizers) == 0
 
 
 # ----------------------------------------------------------------------------------- 2. BatchNorm
@@ -149,7 +150,7 @@ def test_batchnorm_folds_into_the_weight_scale_and_bias():
     # bias * k + shift = [0.5, -2.5, 0.5]
     model = bn_graph(np.array([[1, -2], [3, 4], [5, 6]]).reshape(3, 2, 1, 1))
     before = run(model, x=X4)
-    assert fold_batchnorms(GraphIndex(model)) == 1
+    assert run_on_graph(model, fold_batchnorms) == 1
     assert ops(model) == ["DequantizeLinear", "Conv"]
     dq, conv = node(model, "DequantizeLinear"), node(model, "Conv")
     assert conv.output[0] == "y"
@@ -161,7 +162,7 @@ def test_batchnorm_folds_into_the_weight_scale_and_bias():
 
 def test_batchnorm_is_not_folded_when_a_negated_weight_overflows():
     model = bn_graph(np.array([[1, -2], [-128, 4], [5, 6]]).reshape(3, 2, 1, 1))  # -(-128) is no int8
-    assert fold_batchnorms(GraphIndex(model)) == 0
+    assert run_on_graph(model, fold_batchnorms) == 0
     assert "BatchNormalization" in ops(model)
 
 
@@ -190,7 +191,7 @@ def mask_graph(mask: list[float]) -> onnx.ModelProto:
 def test_a_channel_mask_after_a_conv_folds_into_its_weights_and_bias():
     model = mask_graph([1.0, 0.0, 1.0])
     before = run(model, x=X4)
-    assert fold_zero_masks(GraphIndex(model)) == 1
+    assert run_on_graph(model, fold_zero_masks) == 1
     assert ops(model) == ["DequantizeLinear", "Conv", "Relu", "QuantizeLinear", "DequantizeLinear"]
     conv, q = node(model, "Conv"), node(model, "QuantizeLinear")
     assert q.input[0] == "r"
@@ -203,7 +204,7 @@ def test_a_channel_mask_after_a_conv_folds_into_its_weights_and_bias():
 def test_a_mask_of_every_channel_also_drops_the_activation():
     model = mask_graph([0.0, 0.0, 0.0])
     before = run(model, x=X4)
-    fold_zero_masks(GraphIndex(model))
+    run_on_graph(model, fold_zero_masks)
     assert ops(model) == ["DequantizeLinear", "Conv", "QuantizeLinear", "DequantizeLinear"]
     assert node(model, "QuantizeLinear").input[0] == "c"
     np.testing.assert_array_equal(run(model, x=X4), before)
@@ -229,7 +230,7 @@ def test_a_mask_of_a_tensor_that_is_zero_anyway_is_removed():
     }
     model = build(nodes, [("x", [2, 2, 3, 3])], [("y", [2, 3, 1, 1])], constants)
     before = run(model, x=X4)
-    assert drop_masks_of_zeros(GraphIndex(model)) == 1
+    assert run_on_graph(model, drop_masks_of_zeros) == 1
     assert "Mul" not in ops(model) and node(model, "QuantizeLinear").input[0] == "p"
     np.testing.assert_array_equal(run(model, x=X4), before)
 
@@ -247,7 +248,7 @@ def test_signed_activations_become_uint8_with_zero_point_128_and_the_same_values
     model = build(nodes, [("x", [2, 2, 3, 3])], [("y", [2, 2, 3, 3])], constants)
     x = (X4 * 2).astype(F32)  # beyond +-2.54: saturates on both grids alike
     before = run(model, x=x)
-    assert activations_to_uint8(GraphIndex(model)) == 1
+    assert run_on_graph(model, activations_to_uint8) == 1
     q1, dq1 = model.graph.node[0], model.graph.node[1]
     assert q1.input[2] == dq1.input[2] and value(model, q1.input[2]) == np.uint8(128)
     assert value(model, q1.input[1]) == F32(0.02)  # the scale is unchanged
@@ -283,7 +284,7 @@ def bias_graph(bias: list[float], quantize_output: bool = True) -> onnx.ModelPro
 def test_conv_bias_becomes_int32_at_input_step_times_weight_step():
     # s_x * s_w = 0.5 * [0.25, 0.125] = [0.125, 0.0625]; [1.0, -0.3] / that = [8, -4.8] -> [8, -5]
     model = bias_graph([1.0, -0.3])
-    assert quantize_biases(GraphIndex(model), []) == 1
+    assert run_on_graph(model, quantize_biases, []) == 1
     conv = node(model, "Conv")
     bias_dq = next(n for n in model.graph.node if n.output[0] == conv.input[2])
     assert bias_dq.op_type == "DequantizeLinear"
@@ -296,16 +297,15 @@ def test_conv_bias_becomes_int32_at_input_step_times_weight_step():
 def test_a_bias_on_the_int32_grid_keeps_the_outputs_bit_for_bit():
     model = bias_graph([0.25, -0.5])  # [2, -8] steps exactly
     before = run(model, x=X4)
-    quantize_biases(GraphIndex(model), [])
+    run_on_graph(model, quantize_biases, [])
     np.testing.assert_array_equal(run(model, x=X4), before)
 
 
 def test_a_float_conv_gets_its_bias_as_an_add_after_it():
     model = bias_graph([1.0, -0.3], quantize_output=False)
     before = run(model, x=X4)
-    index = GraphIndex(model)
+    assert on_ir(model, lambda m: bias_after_float_convs(m.graph, [n for n in m.graph if n.op_type == "Conv"])) == [1]
     conv = node(model, "Conv")
-    assert bias_after_float_convs(index, [conv]) == 1
     assert ops(model)[-2:] == ["Conv", "Add"] and len(conv.input) == 2
     add = node(model, "Add")
     assert add.output[0] == "y" and add.input[0] == conv.output[0]
@@ -331,7 +331,7 @@ def pairs_graph(second_scale: float) -> onnx.ModelProto:
 def test_equal_pairs_on_one_tensor_merge_and_keep_both_names():
     model = pairs_graph(0.1)
     before = run(model, x=X4)
-    assert merge_duplicate_pairs(GraphIndex(model)) == 1
+    assert run_on_graph(model, merge_duplicate_pairs) == 1
     assert ops(model).count("QuantizeLinear") == 1 and node(model, "Sigmoid").input[0] == "da"
     assert quantizer_names(node(model, "QuantizeLinear")) == ["a", "b"]
     assert quantizer_names(node(model, "DequantizeLinear")) == ["a", "b"]
@@ -340,7 +340,7 @@ def test_equal_pairs_on_one_tensor_merge_and_keep_both_names():
 
 def test_pairs_with_different_scales_stay():
     model = pairs_graph(0.2)
-    assert merge_duplicate_pairs(GraphIndex(model)) == 0 and ops(model).count("QuantizeLinear") == 2
+    assert run_on_graph(model, merge_duplicate_pairs) == 0 and ops(model).count("QuantizeLinear") == 2
 
 
 def test_a_requantization_with_equal_parameters_is_removed():
@@ -352,7 +352,7 @@ def test_a_requantization_with_equal_parameters_is_removed():
     ]
     model = build(nodes, [("x", [2, 2, 3, 3])], [("y", [2, 2, 3, 3])], {"s": np.float32(0.1), "z": np.int8(0)})
     before = run(model, x=X4)
-    assert remove_requantization(GraphIndex(model)) == 2  # the second Q and the DQ it alone read
+    assert run_on_graph(model, remove_requantization) == 2  # the second Q and the DQ it alone read
     assert ops(model) == ["QuantizeLinear", "DequantizeLinear"]
     assert node(model, "DequantizeLinear").input[0] == "q1"
     np.testing.assert_array_equal(run(model, x=X4), before)
@@ -376,7 +376,7 @@ def test_shapes_read_the_int8_encoding_and_a_dequantization_done_for_a_shape_goe
     model = build(nodes, [("x", [2, 2, 3, 8])], [("y", [2, 2, 3, 8])], {"s": np.float32(0.1), "z": np.int8(0)})
     x = np.random.default_rng(1).standard_normal((2, 2, 3, 8)).astype(F32)
     before = run(model, x=x)
-    assert shapes_of_int8(GraphIndex(model)) == 2
+    assert run_on_graph(model, shapes_of_int8) == 2
     assert [n.input[0] for n in model.graph.node if n.op_type == "Shape"] == ["q", "q2"]
     assert ops(model).count("DequantizeLinear") == 1  # d2 had the Shape alone
     onnx.checker.check_model(model)  # the Shape now comes after the QuantizeLinear it reads
@@ -386,7 +386,7 @@ def test_shapes_read_the_int8_encoding_and_a_dequantization_done_for_a_shape_goe
 def test_a_shape_of_a_float_tensor_nothing_quantizes_stays():
     nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Cast", ["shape"], ["y"], to=1)]
     model = build(nodes, [("x", [2, 3])], [("y", [2])], {})
-    assert shapes_of_int8(GraphIndex(model)) == 0 and model.graph.node[0].input[0] == "x"
+    assert run_on_graph(model, shapes_of_int8) == 0 and model.graph.node[0].input[0] == "x"
 
 
 # ------------------------------------------------------------------------------- 7. average pooling
@@ -401,8 +401,7 @@ def pool_graph(axes: list[int], keepdims: int = 1) -> onnx.ModelProto:
 def test_a_spatial_mean_becomes_global_average_pool_and_its_flatten_a_reshape():
     model = pool_graph([2, 3])
     before = run(model, x=X4)
-    index = GraphIndex(model)
-    assert global_pools(index) == 1 and flatten_pools(index) == 1
+    assert on_ir(model, lambda m: (global_pools(m.graph), flatten_pools(m.graph))) == [(1, 1)]
     pool, reshape = model.graph.node
     assert (pool.op_type, list(pool.input), list(pool.attribute)) == ("GlobalAveragePool", ["x"], [])
     assert reshape.op_type == "Reshape" and value(model, reshape.input[1]).tolist() == [0, -1]
@@ -412,7 +411,7 @@ def test_a_spatial_mean_becomes_global_average_pool_and_its_flatten_a_reshape():
 @pytest.mark.parametrize(("axes", "keepdims"), [([1], 1), ([2], 1), ([2, 3], 0)])
 def test_other_means_stay(axes, keepdims):
     model = pool_graph(axes, keepdims)
-    assert global_pools(GraphIndex(model)) == 0 and ops(model)[0] == "ReduceMean"
+    assert run_on_graph(model, global_pools) == 0 and ops(model)[0] == "ReduceMean"
 
 
 def quantized_pool_graph(s_x: float, s_y: float) -> onnx.ModelProto:
@@ -441,12 +440,12 @@ def test_a_pool_whose_scales_ort_refuses_keeps_a_float_output_and_others_stay_in
     dead = quantized_pool_graph(8e-10, 1.0)  # a tiny range, and a dead one (step 1): 8e-10 / 64 < 2^-32
     with pytest.raises(Exception, match="out of computation range"):
         run_fused(dead, x=x)
-    assert float_pools_out_of_range(GraphIndex(dead)) == 1
+    assert run_on_graph(dead, float_pools_out_of_range) == 1
     assert ops(dead) == ["QuantizeLinear", "DequantizeLinear", "GlobalAveragePool", "Identity"]
     oracle = np.round(x / np.float32(8e-10)).clip(0, 255) * np.float32(8e-10)  # the input's grid, then the mean
     np.testing.assert_allclose(run_fused(dead, x=x), oracle.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
     kept = quantized_pool_graph(0.02, 0.01)  # 0.02 / (0.01 * 64) is in ORT's range
-    assert float_pools_out_of_range(GraphIndex(kept)) == 0 and ops(kept).count("QuantizeLinear") == 2
+    assert run_on_graph(kept, float_pools_out_of_range) == 0 and ops(kept).count("QuantizeLinear") == 2
 
 
 # ------------------------------------------------------------------------------------ fusability

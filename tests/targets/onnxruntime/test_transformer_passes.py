@@ -16,7 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import run_on_graph
+from qdq.graphs.onnx import on_ir
 from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.biases import quantize_biases
 from qdq.targets.onnxruntime.passes.gemm import matmuls_to_gemm
@@ -100,7 +101,7 @@ def test_a_minus_inf_mask_before_softmax_becomes_an_add_of_a_mask_sized_where(fi
     model = mask_graph(fill_first)
     feeds = _feeds()
     before = _run(model, **feeds)
-    assert masks_to_adds(GraphIndex(model)) == 1
+    assert run_on_graph(model, masks_to_adds) == 1
     ops = collections.Counter(n.op_type for n in model.graph.node)
     assert ops["Where"] == 1 and ops["Add"] == 1
     (where,) = [n for n in model.graph.node if n.op_type == "Where"]
@@ -115,7 +116,7 @@ def test_a_minus_inf_mask_before_softmax_becomes_an_add_of_a_mask_sized_where(fi
 @pytest.mark.parametrize(("fill", "softmax"), [(-1e4, True), (-np.inf, False)])
 def test_other_wheres_stay(fill, softmax):
     model = mask_graph(True, fill=fill, softmax=softmax)
-    assert masks_to_adds(GraphIndex(model)) == 0
+    assert run_on_graph(model, masks_to_adds) == 0
     assert [n.op_type for n in model.graph.node].count("Add") == 0
 
 
@@ -178,7 +179,7 @@ def test_a_residual_layernorm_reads_its_add_through_a_reshape_and_is_not_fused(t
     before = _run(model, **feeds)
     assert _optimized_ops(model, tmp_path)["SkipLayerNormalization"] == 1  # what the pass prevents
 
-    assert keep_layernorms_apart(GraphIndex(model)) == 1
+    assert run_on_graph(model, keep_layernorms_apart) == 1
     model = _with_symbolic_shapes(model)  # ORT gets every shape it could use
     ops = _optimized_ops(model, tmp_path)
     assert ops["SkipLayerNormalization"] == 0 and ops["LayerNormalization"] == 1
@@ -203,10 +204,10 @@ def test_layernorms_of_other_inputs_or_shared_sums_stay(tmp_path):
     model = residual_graph()
     model.graph.node.append(helper.make_node("Relu", ["sum"], ["other"]))
     model.graph.output.append(helper.make_tensor_value_info("other", TensorProto.FLOAT, None))
-    assert keep_layernorms_apart(GraphIndex(model)) == 0
+    assert run_on_graph(model, keep_layernorms_apart) == 0
     norm = residual_graph()
     norm.graph.node[-1].input[0] = "hb"  # the LayerNorm reads the bias Add, which the residual Add also reads
-    assert keep_layernorms_apart(GraphIndex(norm)) == 0
+    assert run_on_graph(norm, keep_layernorms_apart) == 0
 
 
 def linear_graph(quantize_output: bool, k: int = 32, n: int = 24) -> onnx.ModelProto:
@@ -242,9 +243,8 @@ def test_a_linear_on_a_sequence_becomes_a_gemm_that_onnx_runtime_runs_as_qgemm(q
     model = linear_graph(quantize_output)
     x = np.random.default_rng(4).standard_normal((2, 5, 32)).astype(F32) * 2
     before = _run(model, x=x)
-    g = GraphIndex(model)
-    assert matmuls_to_gemm(model, g) == 1
-    assert quantize_biases(g, []) == 1  # int32 at s_x * s_w: the Gemm reads DQ(x) through the Reshape
+    # then int32 biases at s_x * s_w: the Gemm reads DQ(x) through the Reshape
+    assert on_ir(model, lambda m: (matmuls_to_gemm(m.graph, m), quantize_biases(m.graph, []))) == [(1, 1)]
     ops = [n.op_type for n in model.graph.node]
     assert "MatMul" not in ops and "Transpose" not in ops and ops.count("Gemm") == 1
     (gemm,) = [n for n in model.graph.node if n.op_type == "Gemm"]
@@ -277,12 +277,12 @@ def test_a_gemm_bias_of_zeros_is_dropped_and_others_stay(zero, tmp_path):
         b.CopyFrom(numpy_helper.from_array(np.zeros(24, F32), "b"))
     x = np.random.default_rng(4).standard_normal((2, 5, 32)).astype(F32) * 2
     before = _run(model, x=x)
-    g = GraphIndex(model)
-    matmuls_to_gemm(model, g)
-    assert drop_zero_biases(g) == int(zero)
+    _, dropped, _ = on_ir(
+        model, lambda m: (matmuls_to_gemm(m.graph, m), drop_zero_biases(m.graph), quantize_biases(m.graph, []))
+    )[0]
+    assert dropped == int(zero)
     (gemm,) = [n for n in model.graph.node if n.op_type == "Gemm"]
     assert (len(gemm.input) == 3) is not zero
-    quantize_biases(g, [])
     np.testing.assert_array_equal(_run(model, x=x), before)  # the same product (no bias, or the same one)
     (qgemm,) = [n for n in _optimized_nodes(model, tmp_path) if n.op_type == "QGemm"]
     assert (len(qgemm.input) > 6 and bool(qgemm.input[6])) is not zero  # QGemm's input 6: the int32 bias
@@ -294,7 +294,7 @@ def test_a_linear_reading_a_layout_op_alone_stays_a_matmul():
     model = linear_graph(True)
     model.graph.node[0].input[0] = "x_moved"
     model.graph.node.insert(0, helper.make_node("Transpose", ["x"], ["x_moved"], perm=[1, 0, 2]))
-    assert matmuls_to_gemm(model, GraphIndex(model)) == 0
+    assert on_ir(model, lambda m: matmuls_to_gemm(m.graph, m)) == [0]
 
 
 def scaled_query_graph(factor: float, step: float = 0.02) -> onnx.ModelProto:
@@ -333,7 +333,7 @@ def test_power_of_two_mul_folds_into_the_quantizer_exactly(factor):
     feeds = _query_feeds()
     before = _run(model, **feeds)
     q_before = _run(_with_output(model, "dq"), **feeds)
-    assert fold_scaled_inputs(GraphIndex(model)) == 1
+    assert run_on_graph(model, fold_scaled_inputs) == 1
     ops = collections.Counter(n.op_type for n in model.graph.node)
     assert ops["Mul"] == 0
     q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.output[0] == "q")
@@ -352,7 +352,7 @@ def test_other_multipliers_are_left(factor):
     from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
 
     model = scaled_query_graph(factor)
-    assert fold_scaled_inputs(GraphIndex(model)) == 0
+    assert run_on_graph(model, fold_scaled_inputs) == 0
     assert collections.Counter(n.op_type for n in model.graph.node)["Mul"] == 1
 
 
@@ -361,7 +361,7 @@ def test_a_mul_read_elsewhere_is_left():
 
     model = scaled_query_graph(0.125)
     model.graph.output.append(helper.make_tensor_value_info("scaled", TensorProto.FLOAT, [2, 3, 5, 8]))
-    assert fold_scaled_inputs(GraphIndex(model)) == 0
+    assert run_on_graph(model, fold_scaled_inputs) == 0
 
 
 def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
@@ -430,14 +430,13 @@ def test_packed_projection_becomes_one_gemm_per_quantized_part(bias, tmp_path):
     model = packed_qkv_graph(bias)
     x = (np.random.default_rng(6).standard_normal((2, 5, 8)) * 2).astype(F32)
     before = _run_all(model, False, x)
-    assert split_packed_projections(GraphIndex(model)) == 1
+    assert run_on_graph(model, split_packed_projections) == 1
     ops = collections.Counter(n.op_type for n in model.graph.node)
     assert ops["Gemm"] == 3 and ops["Slice"] == ops["Squeeze"] == 0 and ops["Transpose"] == 3
     for got, expected in zip(_run_all(model, False, x), before):  # reference kernels: the same codes
         np.testing.assert_array_equal(got, expected)
-    g = GraphIndex(model)  # the passes after it, as the rewrite runs them: uint8 activations, int32 biases
-    activations_to_uint8(g)
-    quantize_biases(g, [])
+    # the passes after it, as the rewrite runs them: uint8 activations, int32 biases
+    on_ir(model, lambda m: (activations_to_uint8(m.graph), quantize_biases(m.graph, [])))
     for got, expected, step in zip(_run_all(model, True, x), before, (0.04, 0.03, 0.02)):
         assert np.abs(got - expected).max() <= step * 1.001  # QGemm requantizes in float, int32 bias: <= 1 step
     fused = _optimized_ops(model, tmp_path)
@@ -452,7 +451,7 @@ def test_a_packed_projection_with_a_float_part_is_left():
     q.op_type, q.input[:] = "Relu", ["part2"]  # one part read by a float op: the cut stays
     del model.graph.node[[n.output[0] for n in model.graph.node].index("out2")]
     model.graph.output[2].name = "q2"
-    assert split_packed_projections(GraphIndex(model)) == 0
+    assert run_on_graph(model, split_packed_projections) == 0
 
 
 def bias_graph(reader: str) -> onnx.ModelProto:
@@ -503,7 +502,7 @@ def test_the_bias_of_a_gemm_before_a_gelu_or_residual_layernorm_becomes_a_float_
     if reader == "residual":
         feeds["skip"] = rng.standard_normal((2, 3, 16)).astype(F32)
     before = _run(model, **feeds)
-    assert biases_to_float_adds(GraphIndex(model)) == 1
+    assert run_on_graph(model, biases_to_float_adds) == 1
     gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
     assert len(gemm.input) == 2
     np.testing.assert_allclose(_run(model, **feeds), before, rtol=1e-6, atol=1e-6)  # the same float bias, after
@@ -526,4 +525,4 @@ def test_a_gemm_read_by_other_ops_keeps_its_bias():
     norm.op_type, norm.input[:] = "Relu", ["sum"]  # an add no LayerNorm reads (e.g. a CNN's): nothing fuses it
     for attribute in list(norm.attribute):
         norm.attribute.remove(attribute)
-    assert biases_to_float_adds(GraphIndex(model)) == 0
+    assert run_on_graph(model, biases_to_float_adds) == 0

@@ -35,14 +35,17 @@ and changes only the encoding, in passes (one module each, :mod:`qdq.targets.onn
 17. ``pads``: ``DQ -> Pad -> Q`` of one grid pads the integers (ORT runs no Pad between Q/DQ on int8 data itself;
     the same-padding before TensorFlow-style convs).
 
-The exporter's ``value_info`` is dropped (the rewrite retypes tensors); ONNX Runtime infers types itself.
+The passes run on onnx_ir (one round trip for the whole rewrite, :func:`qdq.graphs.onnx.on_ir`), between two
+tidy-ups by onnx_ir's own passes (identities bypassed, unused nodes and initializers removed). The exporter's
+``value_info`` is dropped (the rewrite retypes tensors); ONNX Runtime infers types itself.
 
 Then :mod:`~qdq.targets.onnxruntime.passes.float_convs` lists the Convs ORT still cannot fuse, with one warning
 per cause. The branches of each ``If`` are rewritten the same way, each as a graph of its own (ORT fuses Q/DQ
 groups inside them; a branch of ``quantize_onnx`` holds its Q/DQ constants); ``Loop`` bodies are not.
 
-Adding a pass: a module in ``passes/`` with one function ``pass(g: GraphIndex) -> int`` (edits made), called
-from :func:`rewrite_for_onnxruntime` at its place in the order, and its count added to the result.
+Adding a pass: a module in ``passes/`` with one function ``pass(graph: onnx_ir.Graph) -> int`` (edits made), written
+with onnx_ir's methods and :mod:`qdq.graphs.ir_graph`, called from :func:`_rewrite_graph` at its place in the order,
+and its count added to the result.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from qdq.graphs.onnx import GraphIndex, rewrite_branches, set_metadata, tidy
+from qdq.graphs.ir_graph import tidy
+from qdq.graphs.onnx import on_ir, set_metadata
 from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.bias_adds import fold_bias_adds
@@ -73,6 +77,7 @@ from qdq.targets.onnxruntime.passes.zero_masks import drop_masks_of_zeros, fold_
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 __all__ = ["DEFAULT_WEIGHTS", "rewrite_for_onnxruntime"]
 
@@ -99,42 +104,62 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
-    tidy(model)
-    g = GraphIndex(model)
-    counts = {
-        "pools": global_pools(g) + flatten_pools(g),
-        "weights": fold_weight_quantizers(g),
-        "gemms": matmuls_to_gemm(model, g),
-        "batchnorms": fold_batchnorms(g),
-        "bias_adds": fold_bias_adds(g),
-        "masks": fold_zero_masks(g) + drop_masks_of_zeros(g),
-        "duplicates": merge_duplicate_pairs(g),
-        "uint8": activations_to_uint8(g),
-        "masks_to_adds": masks_to_adds(g),
-        "scaled_inputs": fold_scaled_inputs(g),
-        "packed_projections": split_packed_projections(g),
-        "zero_biases": drop_zero_biases(g),
-        "float_biases": biases_to_float_adds(g),
-        "layernorms": keep_layernorms_apart(g),
-        "float_pools": float_pools_out_of_range(g),
-    }
-    counts["requantizations"] = remove_requantization(g)
-    counts["shapes"] = shapes_of_int8(g)
-    counts["pads"] = pads_on_int8(g)
-    float_convs = unfusable_conv_nodes(g)
-    counts["float_biases"] += bias_after_float_convs(g, float_convs)
-    widened: dict[str, float] = {}
-    counts["biases"] = quantize_biases(g, float_convs, widened)
-    counts["widened_weights"] = len(widened)
+    counts, widened = on_ir(model, _rewrite_model)[0]
     if widened:
         set_metadata(model, WIDENED_METADATA_KEY, json.dumps(widened, sort_keys=True))
-    tidy(model)
-    g = GraphIndex(model)
-    left = unfusable_conv_nodes(g)
-    counts["float_convs"] = len(left)
-    warn_float_convs(g, left)
-    counts["branches"] = rewrite_branches(model, lambda branch: rewrite_for_onnxruntime(branch, weights=encoding))
     counts["uint8_weights"] = encode_weights_uint8(model) if encoding == "uint8" else 0
     set_metadata(model, WEIGHTS_METADATA_KEY, encoding)
     del model.graph.value_info[:]  # the exporter's types are stale (int8 -> uint8)
     return counts
+
+
+def _rewrite_model(model: ir.Model) -> tuple[dict[str, int], dict[str, float]]:
+    tidy(model)
+    widened: dict[str, float] = {}
+    counts = _rewrite_graph(model.graph, model, widened)
+    tidy(model)
+    left = unfusable_conv_nodes(model.graph)
+    counts["float_convs"] = len(left)
+    warn_float_convs(left)
+    counts["widened_weights"] = len(widened)
+    return counts, widened
+
+
+def _rewrite_graph(graph: ir.Graph, model: ir.Model, widened: dict[str, float]) -> dict[str, int]:
+    """The passes on ``graph``, then on the branches of its ``If`` nodes (each as a graph of its own)."""
+    counts = {
+        "pools": global_pools(graph) + flatten_pools(graph),
+        "weights": fold_weight_quantizers(graph),
+        "gemms": matmuls_to_gemm(graph, model),
+        "batchnorms": fold_batchnorms(graph),
+        "bias_adds": fold_bias_adds(graph),
+        "masks": fold_zero_masks(graph) + drop_masks_of_zeros(graph),
+        "duplicates": merge_duplicate_pairs(graph),
+        "uint8": activations_to_uint8(graph),
+        "masks_to_adds": masks_to_adds(graph),
+        "scaled_inputs": fold_scaled_inputs(graph),
+        "packed_projections": split_packed_projections(graph),
+        "zero_biases": drop_zero_biases(graph),
+        "float_biases": biases_to_float_adds(graph),
+        "layernorms": keep_layernorms_apart(graph),
+        "float_pools": float_pools_out_of_range(graph),
+    }
+    counts["requantizations"] = remove_requantization(graph)
+    counts["shapes"] = shapes_of_int8(graph)
+    counts["pads"] = pads_on_int8(graph)
+    float_convs = unfusable_conv_nodes(graph)
+    counts["float_biases"] += bias_after_float_convs(graph, float_convs)
+    counts["biases"] = quantize_biases(graph, float_convs, widened)
+    counts["branches"] = 0
+    for node in list(graph):
+        for branch in _branches(node):
+            inner = _rewrite_graph(branch, model, widened)
+            warn_float_convs(unfusable_conv_nodes(branch))
+            counts["branches"] += 1 + inner["branches"]
+    return counts
+
+
+def _branches(node: ir.Node) -> list[ir.Graph]:
+    if node.op_type != "If":
+        return []
+    return [node.attributes[name].as_graph() for name in ("then_branch", "else_branch") if name in node.attributes]

@@ -1,22 +1,26 @@
-"""Helpers the ONNX Runtime passes share: a weight's DequantizeLinear, Q/DQ parameters, Q/DQ pairs, ranks."""
+"""Helpers the ONNX Runtime passes share (on onnx_ir): a weight's DequantizeLinear, Q/DQ parameters, Q/DQ pairs,
+a value's recorded dimensions."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute
-from qdq.graphs.onnx_types import recorded_dims
+from qdq.graphs.ir_graph import attr, const, const_input, readers
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = [
     "INT32_LIMIT",
+    "dims",
     "dq_params",
     "keeps_zero",
     "qdq_pairs",
     "quantize_weight",
-    "ranks",
+    "rank",
     "same_params",
     "weight_dq",
 ]
@@ -41,63 +45,71 @@ def quantize_weight(w: np.ndarray, scale: np.ndarray, dtype: np.dtype, axis: int
     return q.numpy().astype(dtype)
 
 
-def weight_dq(g: GraphIndex, conv: Any) -> tuple[Any, np.ndarray] | None:
+def weight_dq(conv: ir.Node) -> tuple[ir.Node, np.ndarray] | None:
     """The DequantizeLinear of ``conv``'s weight (input 1), read by ``conv`` alone, and the constant it reads; None
     when the weight is not such a DQ of a constant."""
-    dq = g.producer.get(conv.input[1])
-    if dq is None or dq.op_type != "DequantizeLinear" or not g.is_single_reader(conv, dq.output[0]):
+    w = conv.inputs[1] if len(conv.inputs) > 1 else None
+    dq = w.producer() if w is not None else None
+    if dq is None or dq.op_type != "DequantizeLinear" or w is None or w.is_graph_output() or readers(w) != [conv]:
         return None
-    weight = g.array(dq.input[0])
+    weight = const(dq.inputs[0])
     return None if weight is None else (dq, weight)
 
 
-def dq_params(g: GraphIndex, tensor: str) -> tuple[np.ndarray, int | None] | None:
-    dq = g.producer.get(tensor)
+def dq_params(value: ir.Value | None) -> tuple[np.ndarray, int] | None:
+    """The step and axis of the DequantizeLinear writing ``value``; None when no DQ with a constant step does."""
+    dq = value.producer() if value is not None else None
     if dq is None or dq.op_type != "DequantizeLinear":
         return None
-    scale = g.array(dq.input[1])
-    return None if scale is None else (scale, attribute(dq, "axis", 1))
+    scale = const_input(dq, 1)
+    return None if scale is None else (scale, attr(dq, "axis", 1))
 
 
-def same_params(g: GraphIndex, a: Any, b: Any) -> bool:
+def same_params(a: ir.Node, b: ir.Node) -> bool:
+    """Whether Q/DQ nodes ``a`` and ``b`` have equal constant scales, zero points (dtypes too) and axes."""
     per_tensor = False
     for i in (1, 2):
-        x, y = g.array(a.input[i]), g.array(b.input[i])
+        x, y = const_input(a, i), const_input(b, i)
         if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y):
             return False
         per_tensor = x.ndim == 0  # the zero point's (i = 2) when the loop ends
-    return per_tensor or attribute(a, "axis", 1) == attribute(b, "axis", 1)
+    return per_tensor or attr(a, "axis", 1) == attr(b, "axis", 1)
 
 
-def qdq_pairs(g: GraphIndex) -> Iterator[tuple[Any, list[Any]]]:
-    for q in g.graph.node:
+def qdq_pairs(graph: ir.Graph) -> Iterator[tuple[ir.Node, list[ir.Node]]]:
+    """Each QuantizeLinear of ``graph`` read only by DequantizeLinears, with those DQs."""
+    for q in list(graph):
         if q.op_type == "QuantizeLinear":
-            dqs = [u for u in g.consumers.get(q.output[0], []) if u.op_type == "DequantizeLinear"]
-            if dqs and len(dqs) == len(g.consumers.get(q.output[0], [])):
+            found = readers(q.outputs[0])
+            dqs = [u for u in found if u.op_type == "DequantizeLinear"]
+            if dqs and len(dqs) == len(found):
                 yield q, dqs
 
 
-def dims(g: GraphIndex) -> dict[str, list[int | None]]:
-    """The dimensions of each tensor whose shape the graph records (inputs, outputs, value_info); None where a
-    dimension is symbolic or unknown."""
-    return recorded_dims((*g.graph.input, *g.graph.output, *g.graph.value_info))
+def dims(value: ir.Value | None) -> list[int | None] | None:
+    """The dimensions recorded for ``value`` (None where one is symbolic or unknown); None when its shape is not
+    recorded."""
+    if value is None or value.shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in value.shape]
 
 
-def ranks(g: GraphIndex) -> dict[str, int]:
-    """Rank of each tensor whose type the graph records (inputs, outputs, value_info)."""
-    return {name: len(shape) for name, shape in dims(g).items()}
+def rank(value: ir.Value | None) -> int | None:
+    """The rank recorded for ``value``; None when not recorded."""
+    shape = dims(value)
+    return None if shape is None else len(shape)
 
 
-def keeps_zero(g: GraphIndex, node: Any) -> bool:
+def keeps_zero(node: ir.Node) -> bool:
     """A Relu, or a Clip whose constant bounds hold 0: the op maps 0 to 0."""
     if node.op_type == "Relu":
         return True
     if node.op_type != "Clip":
         return False
-    for index, attr, ok in ((1, "min", lambda v: v <= 0), (2, "max", lambda v: v >= 0)):
-        name = node.input[index] if len(node.input) > index else ""
-        value = g.const_input(node, index) if name else attribute(node, attr)
-        if name and value is None:
+    for index, name, ok in ((1, "min", lambda v: v <= 0), (2, "max", lambda v: v >= 0)):
+        given = len(node.inputs) > index and node.inputs[index] is not None
+        value = const_input(node, index) if given else attr(node, name)
+        if given and value is None:
             return False  # a bound computed at run time
         if value is not None and not ok(float(np.asarray(value).reshape(-1)[0])):
             return False

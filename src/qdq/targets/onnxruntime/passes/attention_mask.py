@@ -9,40 +9,41 @@ and a vectorized broadcasting ``Add`` on the scores. Exact for finite scores: ``
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import add_const, const, make_node, only_readers, remove
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["masks_to_adds"]
 
 
-def masks_to_adds(g: GraphIndex) -> int:
+def masks_to_adds(graph: ir.Graph) -> int:
     """Rewrite each ``Where`` of a ``-inf`` constant and scores read only by a ``Softmax`` (module doc)."""
-    from onnx import helper
-
     done = []
-    for where in list(g.graph.node):
-        if where.op_type != "Where" or not g.only_readers(where.output[0], ("Softmax",)):
+    for where in list(graph):
+        if where.op_type != "Where" or not only_readers(where.outputs[0], ("Softmax",)):
             continue
-        fills = [i for i in (1, 2) if _is_minus_inf(g, where.input[i])]
+        fills = [i for i in (1, 2) if _is_minus_inf(where.inputs[i])]
         if len(fills) != 1:
             continue
-        fill = fills[0]
-        scores = where.input[3 - fill]
-        zero = g.add_const(where.name + "_zero", np.zeros((), np.float32))
-        bias = g.unique(where.output[0] + "_mask_bias")
-        inputs = [where.input[0], where.input[fill], zero] if fill == 1 else [where.input[0], zero, where.input[2]]
-        mask = helper.make_node("Where", inputs, [bias], name=where.name + "/mask_bias")
-        add = helper.make_node("Add", [scores, bias], [where.output[0]], name=where.name + "/mask_Add")
-        g.insert(where, mask)
-        g.insert(where, add)
+        name, scores, inputs = where.name or "", where.inputs[3 - fills[0]], list(where.inputs)
+        inputs[3 - fills[0]] = add_const(graph, name + "_zero", np.zeros((), np.float32))
+        stem = where.outputs[0].name or "where"
+        mask = make_node(graph, "Where", inputs, stem + "_mask_bias", name=name + "/mask_bias")
+        add = make_node(graph, "Add", [scores, mask.outputs[0]], stem, name=name + "/mask_Add")
+        graph.insert_before(where, [mask, add])
+        where.outputs[0].replace_all_uses_with(add.outputs[0])
         done.append(where)
-    g.remove(done)
+    remove(graph, done)
     return len(done)
 
 
-def _is_minus_inf(g: GraphIndex, name: str) -> bool:
-    value = g.array(name)
-    if value is None or value.size != 1 or value.dtype != np.float32:
+def _is_minus_inf(value: ir.Value | None) -> bool:
+    array = const(value)
+    if array is None or array.size != 1 or array.dtype != np.float32:
         return False
-    return float(value.reshape(-1)[0]) == -np.inf
+    return float(array.reshape(-1)[0]) == -np.inf

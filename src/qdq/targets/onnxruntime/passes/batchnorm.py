@@ -7,32 +7,37 @@ does internally, exact up to float32 rounding of ``scale * k`` (one ulp), not bi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute, set_axis
+from qdq.graphs.ir_graph import add_const, attr, const, const_input, name_of, remove, single_reader
 from qdq.targets.onnxruntime.passes._graph import weight_dq
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["fold_batchnorms"]
 
 
-def _bn_factor(g: GraphIndex, bn: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    arrays = [g.array(name) for name in bn.input[1:5]]
+def _bn_factor(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:
+    arrays = [const(value) for value in bn.inputs[1:5]]
     constants = [a for a in arrays if a is not None]
-    if len(constants) != len(arrays) or len(bn.output) != 1:
+    if len(constants) != len(arrays) or len(bn.outputs) != 1:
         return None
     gamma, beta, mean, var = (a.astype(np.float64) for a in constants)
-    k = gamma / np.sqrt(var + float(attribute(bn, "epsilon", 1e-5)))
+    k = gamma / np.sqrt(var + float(attr(bn, "epsilon", 1e-5)))
     return k, beta - mean * k
 
 
-def _fold_bn(g: GraphIndex, conv: Any, bn: Any, dq: Any, wq: np.ndarray) -> bool:
-    factors = _bn_factor(g, bn)
+def _fold_bn(graph: ir.Graph, conv: ir.Node, bn: ir.Node, dq: ir.Node, wq: np.ndarray) -> bool:
+    import onnx_ir as ir
+
+    factors = _bn_factor(bn)
     if factors is None:
         return False
     k, shift = factors
-    scale, zp = g.array(dq.input[1]), g.array(dq.input[2])
+    scale, zp = const_input(dq, 1), const_input(dq, 2)
     if scale is None or zp is None:  # not constants: nothing to fold into
         return False
     channels = wq.shape[0]
@@ -46,30 +51,33 @@ def _fold_bn(g: GraphIndex, conv: Any, bn: Any, dq: Any, wq: np.ndarray) -> bool
     new_wq[k == 0] = 0  # a dead channel: zero weights at the old step (a zero step is no valid scale)
     old_scale = np.broadcast_to(scale.astype(np.float64), (channels,))
     new_scale = np.where(k == 0, old_scale, old_scale * np.abs(k)).astype(np.float32)
-    bias = g.array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(channels, np.float32)
+    has_bias = len(conv.inputs) > 2 and conv.inputs[2] is not None
+    bias = const_input(conv, 2) if has_bias else np.zeros(channels, np.float32)
     if bias is None:
         return False
     new_bias = (bias.astype(np.float64) * k + shift).astype(np.float32)
-    g.set_input(dq, 0, g.add_const(dq.input[0] + "_bnfold", new_wq))
-    g.set_input(dq, 1, g.add_const(dq.input[1] + "_bnfold", new_scale))
-    g.set_input(dq, 2, g.add_const(dq.input[2] + "_bnfold", np.zeros(channels, zp.dtype)))
-    set_axis(dq, 0)
-    g.set_input(conv, 2, g.add_const(conv.name + "_bias_bnfold", new_bias))  # appended to a conv without bias
-    g.set_output(conv, 0, bn.output[0])
+    for index, array in enumerate((new_wq, new_scale, np.zeros(channels, zp.dtype))):
+        dq.replace_input_with(index, add_const(graph, name_of(dq.inputs[index]) + "_bnfold", array))
+    dq.attributes["axis"] = ir.AttrInt64("axis", 0)
+    conv.resize_inputs(3)  # a conv without bias gets one
+    conv.replace_input_with(2, add_const(graph, f"{conv.name}_bias_bnfold", new_bias))
+    out, folded = bn.outputs[0], conv.outputs[0]
+    folded.name, folded.type, folded.shape = out.name, out.type, out.shape
+    out.replace_all_uses_with(folded, replace_graph_outputs=True)
     return True
 
 
-def fold_batchnorms(g: GraphIndex) -> int:
+def fold_batchnorms(graph: ir.Graph) -> int:
     """Fold ``Conv -> BatchNormalization`` when the Conv's weight is a dequantized int8 initializer."""
     done = []
-    for conv in list(g.graph.node):
+    for conv in list(graph):
         if conv.op_type != "Conv":
             continue
-        bn = g.single_reader(conv.output[0])
-        weight = weight_dq(g, conv)
+        bn = single_reader(conv.outputs[0])
+        weight = weight_dq(conv)
         if bn is None or bn.op_type != "BatchNormalization" or weight is None:
             continue
-        if _fold_bn(g, conv, bn, *weight):
+        if _fold_bn(graph, conv, bn, *weight):
             done.append(bn)
-    g.remove(done)
+    remove(graph, done)
     return len(done)

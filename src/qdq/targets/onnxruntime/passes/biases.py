@@ -14,12 +14,15 @@ move by at most one new step, which is below ``|bias| / s_x`` over 2**30 of its 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute
+from qdq.graphs.ir_graph import add_const, attr, const_input, make_node, name_of, source
 from qdq.targets.onnxruntime.passes._graph import INT32_LIMIT, dq_params, quantize_weight, weight_dq
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["BIAS_CODE_LIMIT", "WIDENED_METADATA_KEY", "bias_after_float_convs", "quantize_biases"]
 
@@ -29,66 +32,71 @@ BIAS_CODE_LIMIT = 2**30
 WIDENED_METADATA_KEY = "qdq.widened_weights"
 
 
-def _input_step(g: GraphIndex, node: Any) -> np.ndarray | None:
+def _input_step(node: ir.Node) -> np.ndarray | None:
     """The per-tensor step ``s_x`` of ``node``'s dequantized input (read directly or through a Reshape: pass 8's
     Gemm of an N-D input, which ORT fuses all the same), else None."""
-    source = g.source(node.input[0], through={"Reshape"})
-    x = dq_params(g, source.output[0]) if source is not None else None
+    producer = source(node.inputs[0], through={"Reshape"})
+    x = dq_params(producer.outputs[0]) if producer is not None else None
     return None if x is None or x[0].ndim != 0 else x[0]
 
 
-def _bias_scale(g: GraphIndex, node: Any) -> np.ndarray | None:
+def _bias_scale(node: ir.Node) -> np.ndarray | None:
     """``s_x * s_w`` per output channel, when input and weight are dequantized and the weight axis is 0."""
-    x = _input_step(g, node)
-    w = dq_params(g, node.input[1])
+    x = _input_step(node)
+    w = dq_params(node.inputs[1])
     if x is None or w is None:
         return None
-    if node.op_type == "Gemm" and (attribute(node, "transB", 0) != 1 or attribute(node, "transA", 0) != 0):
+    if node.op_type == "Gemm" and (attr(node, "transB", 0) != 1 or attr(node, "transA", 0) != 0):
         return None
     if w[0].ndim == 1 and w[1] != 0:
         return None
     return (x.astype(np.float32) * w[0].astype(np.float32)).astype(np.float32)
 
 
-def bias_after_float_convs(g: GraphIndex, float_convs: list[Any]) -> int:
+def bias_after_float_convs(graph: ir.Graph, float_convs: list[ir.Node]) -> int:
     """Each of ``float_convs`` (Convs ORT cannot fuse: they run in float) gets its bias as an ``Add`` after
     it. Left on the Conv, ORT's WeightBiasQuantization pass would round it to int32 at ``s_x * s_w`` (the Conv
     reads ``DQ(x)``), a loss with no int8 kernel to pay for it; ORT does not fold the Add back (the weight is
     a DQ output, not a constant)."""
-    from onnx import helper
-
     count = 0
     for conv in float_convs:
-        bias, weight = g.const_input(conv, 2), weight_dq(g, conv)
+        bias, weight = const_input(conv, 2), weight_dq(conv)
         if bias is None or bias.ndim != 1 or weight is None:
             continue
         rank = weight[1].ndim
-        shaped = g.add_const(conv.input[2] + "_broadcast", bias.reshape([1, -1] + [1] * (rank - 2)))
-        out = conv.output[0]
-        g.set_output(conv, 0, g.unique(out + "_without_bias"))
-        g.set_input(conv, 2, None)
-        add = helper.make_node("Add", [conv.output[0], shaped], [out], name=(conv.name or "conv") + "/bias_Add")
-        g.insert(conv, add, after=True)
+        shaped = add_const(
+            graph, name_of(conv.inputs[2], "bias") + "_broadcast", bias.reshape([1, -1] + [1] * (rank - 2))
+        )
+        out = conv.outputs[0]
+        name = f"{conv.name or 'conv'}/bias_Add"
+        add = make_node(graph, "Add", [None, shaped], f"{out.name}_without_bias", name=name)
+        biased = add.outputs[0]
+        out.replace_all_uses_with(biased, replace_graph_outputs=True)
+        add.replace_input_with(0, out)
+        out.name, biased.name = biased.name, out.name  # the Add writes what the Conv wrote, name and all
+        biased.type, biased.shape = out.type, out.shape
+        conv.resize_inputs(2)
+        graph.insert_after(conv, add)
         count += 1
     return count
 
 
-def quantize_biases(g: GraphIndex, float_convs: list[Any], widened: dict[str, float] | None = None) -> int:
+def quantize_biases(graph: ir.Graph, float_convs: list[ir.Node], widened: dict[str, float] | None = None) -> int:
     """int32 biases for the Convs ORT fuses and for Gemms; ``float_convs`` keep their exact float bias. A weight
     step too small for its bias is widened first (see the module doc); ``widened`` (when given) receives node name
     -> the largest factor one of its steps grew by."""
     count = 0
-    skip = {id(conv) for conv in float_convs}
-    for node in list(g.graph.node):
-        if node.op_type not in ("Conv", "Gemm") or id(node) in skip:
+    skip = set(float_convs)
+    for node in list(graph):
+        if node.op_type not in ("Conv", "Gemm") or node in skip:
             continue
-        bias = g.const_input(node, 2)
-        if bias is None or bias.ndim != 1 or _bias_scale(g, node) is None:
+        bias = const_input(node, 2)
+        if bias is None or bias.ndim != 1 or _bias_scale(node) is None:
             continue
-        factor = _fit_weight_steps(g, node, bias.astype(np.float32))
+        factor = _fit_weight_steps(graph, node, bias.astype(np.float32))
         if factor > 1.0 and widened is not None:
-            widened[node.name] = factor
-        scale = _bias_scale(g, node)
+            widened[str(node.name)] = factor
+        scale = _bias_scale(node)
         if scale is None:
             continue
         scale = np.broadcast_to(scale, bias.shape).astype(np.float32)
@@ -97,25 +105,27 @@ def quantize_biases(g: GraphIndex, float_convs: list[Any], widened: dict[str, fl
         if np.any(np.abs(q) > INT32_LIMIT) or np.any(scale <= 0):
             warnings.warn(f"{node.name}: bias does not fit int32 at scale s_x*s_w; left float.", stacklevel=2)
             continue
-        q_name = g.add_const(node.input[2] + "_int32", q.astype(np.int32))
-        s_name = g.add_const(node.input[2] + "_scale", scale)
-        z_name = g.add_const(node.input[2] + "_zero", np.zeros(bias.shape, np.int32))
-        out = g.unique(node.input[2] + "_dequantized")
-        g.insert(node, _make_dq(q_name, s_name, z_name, out, node.name + "/bias_DequantizeLinear"))
-        g.set_input(node, 2, out)
+        stem = name_of(node.inputs[2], "bias")
+        q_bias = add_const(graph, f"{stem}_int32", q.astype(np.int32))
+        step = add_const(graph, f"{stem}_scale", scale)
+        zero = add_const(graph, f"{stem}_zero", np.zeros(bias.shape, np.int32))
+        name = f"{node.name}/bias_DequantizeLinear"
+        dq = make_node(graph, "DequantizeLinear", [q_bias, step, zero], f"{stem}_dequantized", name=name, axis=0)
+        graph.insert_before(node, dq)
+        node.replace_input_with(2, dq.outputs[0])
         count += 1
     return count
 
 
-def _fit_weight_steps(g: GraphIndex, node: Any, bias: np.ndarray) -> float:
+def _fit_weight_steps(graph: ir.Graph, node: ir.Node, bias: np.ndarray) -> float:
     """Widen the weight steps of ``node`` whose bias codes at ``s_x * s_w`` would pass :data:`BIAS_CODE_LIMIT` (the
     step becomes ``|bias| / (s_x * BIAS_CODE_LIMIT)``, the int8 codes re-rounded on it); the largest factor a step
     grew by (1.0: none). A weight whose DQ other ops read too is left as it is."""
-    found, s_x = weight_dq(g, node), _input_step(g, node)
+    found, s_x = weight_dq(node), _input_step(node)
     if found is None or s_x is None or float(s_x) <= 0:
         return 1.0
     dq, codes = found
-    step = g.array(dq.input[1])
+    step = const_input(dq, 1)
     if step is None or codes.dtype != np.int8:
         return 1.0
     step = step.astype(np.float32)
@@ -124,10 +134,11 @@ def _fit_weight_steps(g: GraphIndex, node: Any, bias: np.ndarray) -> float:
     if not np.any(needed > step):
         return 1.0
     wider = np.maximum(step, needed).astype(np.float32)
-    axis = attribute(dq, "axis", 1)
+    axis = attr(dq, "axis", 1)
     values = codes.astype(np.float32) * (step.reshape(_channel_shape(codes.ndim, axis, step)))
-    g.set_input(dq, 0, g.add_const(dq.input[0] + "_widened", quantize_weight(values, wider, np.dtype(np.int8), axis)))
-    g.set_input(dq, 1, g.add_const(dq.input[1] + "_widened", wider))
+    widened = quantize_weight(values, wider, np.dtype(np.int8), axis)
+    dq.replace_input_with(0, add_const(graph, name_of(dq.inputs[0], "weight") + "_widened", widened))
+    dq.replace_input_with(1, add_const(graph, name_of(dq.inputs[1], "scale") + "_widened", wider))
     return float(np.max(wider / np.where(step > 0, step, wider)))
 
 
@@ -138,9 +149,3 @@ def _channel_shape(rank: int, axis: int, step: np.ndarray) -> list[int]:
     shape = [1] * rank
     shape[axis % rank] = -1
     return shape
-
-
-def _make_dq(x: str, scale: str, zp: str, out: str, name: str) -> Any:
-    from onnx import helper
-
-    return helper.make_node("DequantizeLinear", [x, scale, zp], [out], name=name, axis=0)

@@ -4,46 +4,49 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import remove, single_reader, source
 from qdq.graphs.onnx_tags import add_quantizer_names, quantizer_names
 from qdq.targets.onnxruntime.passes._graph import qdq_pairs, same_params
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["merge_duplicate_pairs", "remove_requantization"]
 
 
-def merge_duplicate_pairs(g: GraphIndex) -> int:
+def merge_duplicate_pairs(graph: ir.Graph) -> int:
     """Equal Q/DQ pairs reading the same tensor: keep the first."""
-    by_input: dict[str, list[tuple[Any, list[Any]]]] = defaultdict(list)
-    for q, dqs in qdq_pairs(g):
+    by_input: dict[ir.Value | None, list[tuple[ir.Node, ir.Node]]] = defaultdict(list)
+    for q, dqs in qdq_pairs(graph):
         if len(dqs) == 1:
-            by_input[q.input[0]].append((q, dqs))
-    doomed: list[Any] = []
-    for pairs in by_input.values():
-        keep_q, keep_dqs = pairs[0]
-        for q, dqs in pairs[1:]:
-            if same_params(g, keep_q, q) and dqs[0].output[0] not in g.outputs:
-                g.rewire(dqs[0].output[0], keep_dqs[0].output[0])
-                for kept in (keep_q, keep_dqs[0]):
+            by_input[q.inputs[0]].append((q, dqs[0]))
+    doomed: list[ir.Node] = []
+    for (keep_q, keep_dq), *others in by_input.values():
+        for q, dq in others:
+            if same_params(keep_q, q) and not dq.outputs[0].is_graph_output():
+                dq.outputs[0].replace_all_uses_with(keep_dq.outputs[0])
+                for kept in (keep_q, keep_dq):
                     add_quantizer_names(kept, quantizer_names(q))
-                doomed += [q, dqs[0]]
-    g.remove(doomed)
+                doomed += [q, dq]
+    remove(graph, doomed)
     return len(doomed) // 2
 
 
-def remove_requantization(g: GraphIndex) -> int:
+def remove_requantization(graph: ir.Graph) -> int:
     """``DQ -> Q`` with equal parameters returns the DQ's input: drop the Q (and the DQ if unused)."""
-    doomed: list[Any] = []
-    for q in list(g.graph.node):
-        dq = g.producer.get(q.input[0]) if q.op_type == "QuantizeLinear" else None
-        if dq is None or dq.op_type != "DequantizeLinear" or q.output[0] in g.outputs:
+    doomed: list[ir.Node] = []
+    for q in list(graph):
+        dq = source(q.inputs[0]) if q.op_type == "QuantizeLinear" else None
+        if dq is None or dq.op_type != "DequantizeLinear" or q.outputs[0].is_graph_output():
             continue
-        if not same_params(g, dq, q):
+        x = dq.inputs[0]
+        if x is None or not same_params(dq, q):
             continue
-        g.rewire(q.output[0], dq.input[0])
+        q.outputs[0].replace_all_uses_with(x)
         doomed.append(q)
-        if len(g.consumers.get(dq.output[0], [])) == 1 and dq.output[0] not in g.outputs:
+        if single_reader(dq.outputs[0]) is q:
             doomed.append(dq)
-    g.remove(doomed)
+    remove(graph, doomed)
     return len(doomed)

@@ -18,45 +18,46 @@ Runs after :mod:`.gemm` (whose ``Gemm`` may be followed by a ``Reshape`` back to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import const_input, make_node, only_readers, readers, single_reader
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["biases_to_float_adds"]
 
 
-def _fused_reader_input(g: GraphIndex, gemm: Any) -> str | None:
-    """The tensor a bias ``Add`` goes after: when only ``Gelu`` nodes read ``gemm``'s output (or its one
-    ``Reshape``), ``gemm``'s output itself (before the Reshape: no ``BiasGelu``); when only one ``Add`` whose sum a
-    ``LayerNormalization`` reads does, the tensor that ``Add`` reads; else None."""
-    tensor = gemm.output[0]
-    reshape = g.single_reader(tensor)
+def _bias_after(gemm: ir.Node) -> ir.Node | None:
+    """The node whose output a bias ``Add`` goes after: when only ``Gelu`` nodes read ``gemm``'s output (or its one
+    ``Reshape``'s), ``gemm`` itself (before the Reshape: no ``BiasGelu``); when only one ``Add`` whose sum a
+    ``LayerNormalization`` reads does, the node writing what that ``Add`` reads; else None."""
+    writer = gemm
+    reshape = single_reader(gemm.outputs[0])
     if reshape is not None and reshape.op_type == "Reshape":
-        tensor = reshape.output[0]
-    if g.only_readers(tensor, ("Gelu",)):
-        return gemm.output[0]
-    adds = g.only_readers(tensor, ("Add",))
+        writer = reshape
+    if only_readers(writer.outputs[0], ("Gelu",)):
+        return gemm
+    adds = only_readers(writer.outputs[0], ("Add",))
     if adds is None or len(adds) != 1:
         return None
-    norms = [r for r in g.consumers.get(adds[0].output[0], []) if r.op_type == "LayerNormalization"]
-    return tensor if norms else None
+    norms = [r for r in readers(adds[0].outputs[0]) if r.op_type == "LayerNormalization"]
+    return writer if norms else None
 
 
-def biases_to_float_adds(g: GraphIndex) -> int:
+def biases_to_float_adds(graph: ir.Graph) -> int:
     """Move each float bias of a Gemm read by a ``Gelu`` or a residual ``Add`` to an ``Add`` after it (module doc)."""
-    from onnx import helper
-
-    adds = []
-    for gemm in [n for n in g.graph.node if n.op_type == "Gemm" and len(n.input) > 2 and n.input[2]]:
-        bias = g.const_input(gemm, 2)
-        tensor = _fused_reader_input(g, gemm) if bias is not None and bias.ndim == 1 else None
-        if tensor is None:
+    count = 0
+    for gemm in [n for n in graph if n.op_type == "Gemm" and len(n.inputs) > 2 and n.inputs[2] is not None]:
+        bias = const_input(gemm, 2)
+        writer = _bias_after(gemm) if bias is not None and bias.ndim == 1 else None
+        if writer is None:
             continue
-        biased = g.unique(tensor + "_biased")
-        g.rewire(tensor, biased)
-        name = (gemm.name or "gemm") + "/bias_Add"
-        adds.append(helper.make_node("Add", [tensor, gemm.input[2]], [biased], name=name))
-        g.set_input(gemm, 2, None)
-    for add in adds:
-        g.insert(g.producer[add.input[0]], add, after=True)
-    return len(adds)
+        value, name = writer.outputs[0], (gemm.name or "gemm") + "/bias_Add"
+        add = make_node(graph, "Add", [None, gemm.inputs[2]], f"{value.name}_biased", name=name)
+        value.replace_all_uses_with(add.outputs[0])
+        add.replace_input_with(0, value)
+        graph.insert_after(writer, add)
+        gemm.resize_inputs(2)
+        count += 1
+    return count

@@ -17,140 +17,155 @@ The same product; the weight keeps its integers and scales (per-column scales mo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute, set_axis
-from qdq.graphs.onnx_types import default_opset
-from qdq.targets.onnxruntime.passes._graph import ranks
+from qdq.graphs.ir_graph import add_const, attr, const, const_input, make_node, readers, remove, single_reader, source
+from qdq.graphs.onnx_types import recorded_dims
+from qdq.targets.onnxruntime.passes._graph import rank
 
 if TYPE_CHECKING:
-    import onnx
+    import onnx_ir as ir
 
 __all__ = ["matmuls_to_gemm"]
 
 #: the first opset whose Shape takes ``start`` / ``end`` (the N-D form reads x's leading dimensions with it)
 _SHAPE_SLICE_OPSET = 15
 
+_Weight = tuple["ir.Node", np.ndarray, np.ndarray, "ir.Node | None"]
 
-def _inferred_ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Rank of every tensor ONNX shape inference can tell (on a copy; the model keeps its value_info)."""
+
+def _inferred_ranks(model: ir.Model) -> dict[str, int]:
+    """Rank of every tensor ONNX shape inference can tell (on a serialized copy; the model keeps its types)."""
     import onnx
+    import onnx_ir as ir
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(ir.serde.serialize_model(model)).graph
     except (onnx.shape_inference.InferenceError, RuntimeError):
         return {}
-    return ranks(GraphIndex(inferred))
+    return {
+        name: len(d) for name, d in recorded_dims((*inferred.input, *inferred.output, *inferred.value_info)).items()
+    }
 
 
-def _int8_weight_dq(g: GraphIndex, tensor: str, reader: Any) -> tuple[Any, np.ndarray, np.ndarray] | None:
-    """The DQ of a 2-D int8 constant producing ``tensor``, read only by ``reader``, the constant and the DQ's
+def _default_opset(graph: ir.Graph) -> int:
+    """The version of the default ONNX domain ``graph`` imports (1 where it records none: a branch)."""
+    return next((v for domain, v in graph.opset_imports.items() if domain in ("", "ai.onnx")), 1)
+
+
+def _int8_weight_dq(value: ir.Value | None, reader: ir.Node) -> tuple[ir.Node, np.ndarray, np.ndarray] | None:
+    """The DQ of a 2-D int8 constant producing ``value``, read only by ``reader``, the constant and the DQ's
     (constant) scale."""
-    dq = g.producer.get(tensor)
-    if dq is None or dq.op_type != "DequantizeLinear" or g.single_reader(dq.output[0]) is not reader:
+    dq = source(value)
+    if dq is None or dq.op_type != "DequantizeLinear" or single_reader(dq.outputs[0]) is not reader:
         return None
-    w, scale = g.const_input(dq, 0), g.const_input(dq, 1)
+    w, scale = const_input(dq, 0), const_input(dq, 1)
     if w is None or scale is None or w.ndim != 2 or w.dtype not in (np.int8, np.uint8):
         return None
     return dq, w, scale
 
 
-def _dense_weight(g: GraphIndex, matmul: Any) -> tuple[Any, np.ndarray, np.ndarray, bool] | None:
-    """``(DQ, integers, scale, stored_transposed)`` of ``matmul``'s weight, per tensor or per output column N:
-    ``DQ(W [K, N])`` (stored_transposed False) or ``Transpose(DQ(W [N, K]))`` (True)."""
-    found = _int8_weight_dq(g, matmul.input[1], matmul)
+def _dense_weight(matmul: ir.Node) -> _Weight | None:
+    """``(DQ, integers, scale, Transpose)`` of ``matmul``'s weight, per tensor or per output column N:
+    ``DQ(W [K, N])`` (no Transpose: None) or ``Transpose(DQ(W [N, K]))`` (stored transposed)."""
+    found = _int8_weight_dq(matmul.inputs[1], matmul)
     if found is not None:
         dq, w, scale = found
-        per_column = attribute(dq, "axis", 1) % 2 == 1
-        return (dq, w, scale, False) if scale.ndim == 0 or per_column else None
-    transpose = g.producer.get(matmul.input[1])
-    if transpose is None or transpose.op_type != "Transpose" or g.single_reader(transpose.output[0]) is not matmul:
+        per_column = attr(dq, "axis", 1) % 2 == 1
+        return (dq, w, scale, None) if scale.ndim == 0 or per_column else None
+    transpose = source(matmul.inputs[1])
+    if transpose is None or transpose.op_type != "Transpose" or single_reader(transpose.outputs[0]) is not matmul:
         return None
-    if list(attribute(transpose, "perm", [1, 0])) != [1, 0]:
+    if list(attr(transpose, "perm", [1, 0])) != [1, 0]:
         return None
-    found = _int8_weight_dq(g, transpose.input[0], transpose)
+    found = _int8_weight_dq(transpose.inputs[0], transpose)
     if found is None:
         return None
     dq, w, scale = found
-    per_row = attribute(dq, "axis", 1) % 2 == 0
-    return (dq, w, scale, True) if scale.ndim == 0 or per_row else None
+    per_row = attr(dq, "axis", 1) % 2 == 0
+    return (dq, w, scale, transpose) if scale.ndim == 0 or per_row else None
 
 
-def _bias_add(g: GraphIndex, matmul: Any, columns: int) -> tuple[Any, str] | None:
-    """The ``Add`` of a constant ``[N]`` bias that alone reads ``matmul``'s output, and the bias's name."""
-    add = g.single_reader(matmul.output[0])
+def _bias_add(matmul: ir.Node, columns: int) -> tuple[ir.Node, ir.Value] | None:
+    """The ``Add`` of a constant ``[N]`` bias that alone reads ``matmul``'s output, and the bias."""
+    add = single_reader(matmul.outputs[0])
     if add is None or add.op_type != "Add":
         return None
-    other = [name for name in add.input if name != matmul.output[0]]
-    bias = g.array(other[0]) if len(other) == 1 else None
+    other = [v for v in add.inputs if v is not None and v is not matmul.outputs[0]]
+    bias = const(other[0]) if len(other) == 1 else None
     return (add, other[0]) if bias is not None and bias.shape == (columns,) else None
 
 
-def _leading_shape_source(g: GraphIndex, tensor: str) -> str | None:
-    """A float tensor of ``tensor``'s shape whose leading dimensions the N-D form can read without stopping a
-    fusion, or None. ``tensor`` must be ``DQ(Q(x))``: reading ``Q(x)`` or ``DQ(Q(x))`` would keep that pair
+def _leading_shape_source(value: ir.Value) -> ir.Value | None:
+    """A float value of ``value``'s shape whose leading dimensions the N-D form can read without stopping a
+    fusion, or None. ``value`` must be ``DQ(Q(x))``: reading ``Q(x)`` or ``DQ(Q(x))`` would keep that pair
     from moving past the Reshape into ``QGemm``; reading ``x`` is free where ``x`` is not a layout op's output
     read by the Q alone (there ORT moves the Q back into the int8 kernel before it: the attention context)."""
-    dq = g.producer.get(tensor)
-    q = g.producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-    if q is None or q.op_type != "QuantizeLinear":
-        return None
-    source = g.producer.get(q.input[0])
-    moves_data = source is not None and source.op_type in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
-    return None if moves_data and len(g.consumers.get(q.input[0], [])) == 1 else q.input[0]
+    dq = value.producer()
+    q = source(dq.inputs[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    x = q.inputs[0] if q is not None and q.op_type == "QuantizeLinear" else None
+    made = source(x)
+    moves_data = made is not None and made.op_type in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
+    return None if x is None or (moves_data and len(readers(x)) == 1) else x
 
 
-def matmuls_to_gemm(model: onnx.ModelProto, g: GraphIndex) -> int:
-    """``MatMul(x, W) [+ bias]`` by a dequantized constant weight becomes a ``Gemm`` (see the module doc)."""
-    from onnx import helper
-
-    matmuls = [n for n in g.graph.node if n.op_type == "MatMul"]
-    known = _inferred_ranks(model) if matmuls else {}
-    reshape_ok = default_opset(model) >= _SHAPE_SLICE_OPSET
-    done, converted = [], 0
+def matmuls_to_gemm(graph: ir.Graph, model: ir.Model) -> int:
+    """``MatMul(x, W) [+ bias]`` by a dequantized constant weight becomes a ``Gemm`` (see the module doc), in
+    ``graph``: ``model``'s main graph or one of its branches. Ranks come from ONNX shape inference on ``model`` for
+    its main graph, from those recorded for a branch."""
+    matmuls = [n for n in graph if n.op_type == "MatMul"]
+    known = _inferred_ranks(model) if matmuls and graph is model.graph else None
+    reshape_ok = _default_opset(model.graph) >= _SHAPE_SLICE_OPSET
+    converted = 0
     for matmul in matmuls:
-        rank = known.get(matmul.input[0])
-        lead_from = _leading_shape_source(g, matmul.input[0]) if rank is not None and rank > 2 else None
-        found = _dense_weight(g, matmul) if rank == 2 or (lead_from is not None and reshape_ok) else None
-        if found is None:
+        x = matmul.inputs[0]
+        if x is None:
             continue
-        dq, w, scale, stored_transposed = found
-        if stored_transposed:
-            done.append(g.producer[matmul.input[1]])  # the Transpose: Gemm's transB reads W [N, K] as it is
-        else:
-            g.set_input(dq, 0, g.add_const(dq.input[0] + "_transposed", np.ascontiguousarray(w.T)))
-            if scale.ndim == 1:
-                set_axis(dq, 0)
-        rows, columns = (w.shape[1], w.shape[0]) if stored_transposed else w.shape
-        x, output = matmul.input[0], matmul.output[0]
-        bias = _bias_add(g, matmul, columns)
-        if bias is not None:
-            output = bias[0].output[0]
-            done.append(bias[0])
-        name = matmul.name or "matmul"
-        nodes = []
-        if lead_from is not None:  # rank > 2 (found: with the source of x's leading dimensions)
-            flat = g.unique(x + "_2d")
-            nodes.append(helper.make_node("Reshape", [x, g.add_const(name + "_rows", np.array([-1, rows]))],
-                                          [flat], name=name + "/Reshape_2d"))  # fmt: skip
-            x, gemm_out = flat, g.unique(output + "_2d")
-        else:
-            gemm_out = output
-        inputs = [x, dq.output[0]] + ([bias[1]] if bias is not None else [])
-        nodes.append(helper.make_node("Gemm", inputs, [gemm_out], name=name + "/Gemm", transB=1))
-        if lead_from is not None:
-            lead, shape = g.unique(output + "_leading"), g.unique(output + "_shape")
-            last = g.add_const(name + "_columns", np.array([columns]))
-            nodes += [
-                helper.make_node("Shape", [lead_from], [lead], name=name + "/Shape", start=0, end=-1),
-                helper.make_node("Concat", [lead, last], [shape], name=name + "/Concat", axis=0),
-                helper.make_node("Reshape", [gemm_out, shape], [output], name=name + "/Reshape_back"),
-            ]
-        for new in nodes:
-            g.insert(matmul, new)
-        done.append(matmul)
-        converted += 1
-    g.remove(done)
+        x_rank = rank(x) if known is None else known.get(x.name or "")
+        lead_from = _leading_shape_source(x) if x_rank is not None and x_rank > 2 else None
+        found = _dense_weight(matmul) if x_rank == 2 or (lead_from is not None and reshape_ok) else None
+        if found is not None:
+            _to_gemm(graph, matmul, x, found, lead_from)
+            converted += 1
     return converted
+
+
+def _to_gemm(graph: ir.Graph, matmul: ir.Node, x: ir.Value, weight: _Weight, lead_from: ir.Value | None) -> None:
+    """``matmul`` of ``x`` (and its bias Add) becomes a Gemm by ``weight`` [N, K]; with ``lead_from`` (rank > 2),
+    between a Reshape to 2-D and one back to ``lead_from``'s leading dimensions."""
+    import onnx_ir as ir
+
+    dq, w, scale, transpose = weight
+    done = [matmul] if transpose is None else [matmul, transpose]  # Gemm's transB reads W [N, K] as it is
+    if transpose is None:
+        dq.replace_input_with(0, add_const(graph, f"{dq.outputs[0].name}_transposed", np.ascontiguousarray(w.T)))
+        dq.outputs[0].shape = None
+        if scale.ndim == 1:
+            dq.attributes["axis"] = ir.AttrInt64("axis", 0)
+    rows, columns = w.shape if transpose is None else (w.shape[1], w.shape[0])
+    output, bias = matmul.outputs[0], _bias_add(matmul, columns)
+    if bias is not None:
+        output = bias[0].outputs[0]
+        done.append(bias[0])
+    name = matmul.name or "matmul"
+    stem = output.name or name
+    nodes = []
+    if lead_from is not None:
+        rows_shape = add_const(graph, name + "_rows", np.array([-1, rows]))
+        nodes.append(make_node(graph, "Reshape", [x, rows_shape], f"{x.name}_2d", name=name + "/Reshape_2d"))
+        x = nodes[-1].outputs[0]
+    inputs: list[ir.Value | None] = [x, dq.outputs[0], *([bias[1]] if bias is not None else [])]
+    nodes.append(make_node(graph, "Gemm", inputs, f"{stem}_2d", name=name + "/Gemm", transB=1))
+    if lead_from is not None:
+        gemm, last = nodes[-1], add_const(graph, name + "_columns", np.array([columns]))
+        lead = make_node(graph, "Shape", [lead_from], f"{stem}_leading", name=name + "/Shape", start=0, end=-1)
+        shape = make_node(graph, "Concat", [lead.outputs[0], last], f"{stem}_shape", name=name + "/Concat", axis=0)
+        back = make_node(graph, "Reshape", [gemm.outputs[0], shape.outputs[0]], stem, name=name + "/Reshape_back")
+        nodes += [lead, shape, back]
+    graph.insert_before(matmul, nodes)
+    new = nodes[-1].outputs[0]
+    output.replace_all_uses_with(new, replace_graph_outputs=True)
+    new.name, new.type, new.shape = output.name, output.type, output.shape  # output's place, for its readers
+    remove(graph, done)

@@ -17,52 +17,56 @@ looks for the ``Add -> LayerNormalization`` form.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute
+from qdq.graphs.ir_graph import add_const, attr, const_input, make_node, single_reader, source
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["keep_layernorms_apart"]
 
 
-def keep_layernorms_apart(g: GraphIndex) -> int:
+def keep_layernorms_apart(graph: ir.Graph) -> int:
     """Put a ``Reshape`` to 2-D between each residual ``Add`` and the LayerNorm reading it (module doc);
     returns how many LayerNorms now read a reshaped sum."""
     count = 0
-    for norm in [n for n in g.graph.node if _residual_norm(g, n)]:
-        _reshape_around(g, norm)
+    for norm in [n for n in graph if _residual_norm(n)]:
+        _reshape_around(graph, norm)
         count += 1
     return count
 
 
-def _residual_norm(g: GraphIndex, node: Any) -> bool:
-    if node.op_type != "LayerNormalization" or attribute(node, "axis", -1) != -1:
+def _residual_norm(node: ir.Node) -> bool:
+    if node.op_type != "LayerNormalization" or attr(node, "axis", -1) != -1:
         return False
-    if len([o for o in node.output if o]) != 1:  # Mean / InvStdDev outputs would change shape
+    if len([o for o in node.outputs if o.name]) != 1:  # Mean / InvStdDev outputs would change shape
         return False
-    add = g.producer.get(node.input[0])
-    scale = g.const_input(node, 1)
+    add = source(node.inputs[0])
+    scale = const_input(node, 1)
     return (
         add is not None
         and add.op_type == "Add"
-        and g.single_reader(node.input[0]) is node
+        and single_reader(node.inputs[0]) is node
         and (scale is not None and scale.ndim == 1)
     )
 
 
-def _reshape_around(g: GraphIndex, norm: Any) -> None:
-    from onnx import helper
-
-    total, out = norm.input[0], norm.output[0]
-    scale = g.const_input(norm, 1)
-    assert scale is not None  # _residual_norm: a constant 1-D scale
-    hidden = int(scale.shape[0])
+def _reshape_around(graph: ir.Graph, norm: ir.Node) -> None:
+    total, out, scale = norm.inputs[0], norm.outputs[0], const_input(norm, 1)
+    assert total is not None and scale is not None  # _residual_norm: an Add's sum, a constant 1-D scale
     stem = norm.name or "layernorm"
-    flat_shape = g.add_const(stem + "_rows", np.array([-1, hidden], np.int64))
-    shape, flat, normed = g.unique(total + "_shape"), g.unique(total + "_rows"), g.unique(out + "_rows")
-    g.insert(norm, helper.make_node("Shape", [total], [shape], name=stem + "/Shape"))
-    g.insert(norm, helper.make_node("Reshape", [total, flat_shape], [flat], name=stem + "/Reshape_rows"))
-    g.insert(norm, helper.make_node("Reshape", [normed, shape], [out], name=stem + "/Reshape_back"), after=True)
-    g.set_input(norm, 0, flat)
-    g.set_output(norm, 0, normed)
+    rows = add_const(graph, stem + "_rows", np.array([-1, int(scale.shape[0])], np.int64))
+    shape = make_node(graph, "Shape", [total], f"{total.name}_shape", name=stem + "/Shape")
+    flat = make_node(graph, "Reshape", [total, rows], f"{total.name}_rows", name=stem + "/Reshape_rows")
+    back = make_node(graph, "Reshape", [None, shape.outputs[0]], f"{out.name}_rows", name=stem + "/Reshape_back")
+    graph.insert_before(norm, [shape, flat])
+    graph.insert_after(norm, back)
+    norm.replace_input_with(0, flat.outputs[0])
+    normed = back.outputs[0]
+    out.replace_all_uses_with(normed, replace_graph_outputs=True)
+    back.replace_input_with(0, out)
+    out.name, normed.name = normed.name, out.name  # a graph output keeps its name, type and shape
+    normed.type, normed.shape, out.shape = out.type, out.shape, None

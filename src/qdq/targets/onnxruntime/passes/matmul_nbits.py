@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import const, source
 
 if TYPE_CHECKING:
     import onnx
@@ -30,15 +30,15 @@ INT8_ACTIVATIONS = 4
 def float_weight_matmuls(model: onnx.ModelProto) -> list[str]:
     """The MatMuls of ``model`` that run in float on a constant 2-D float weight: their activation is not a
     DequantizeLinear's output and their second input is a float initializer (not a dequantized int8 one)."""
-    g = GraphIndex(model)
+    import onnx_ir as ir
+
     found = []
-    for node in g.nodes:
+    for node in ir.serde.deserialize_model(model).graph:  # read only: nothing to serialize back
         if node.op_type != "MatMul" or not node.name:
             continue
-        source = g.source(node.input[0])
-        weight = g.array(node.input[1])
+        producer, weight = source(node.inputs[0]), const(node.inputs[1])
         floating = weight is not None and weight.ndim == 2 and weight.dtype.kind == "f"
-        if floating and (source is None or source.op_type != "DequantizeLinear"):
+        if floating and (producer is None or producer.op_type != "DequantizeLinear"):
             found.append(node.name)
     return found
 

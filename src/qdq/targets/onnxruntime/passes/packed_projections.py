@@ -21,35 +21,48 @@ axis, whose output only QuantizeLinear nodes read.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute
+from qdq.graphs.ir_graph import (
+    add_const,
+    attr,
+    const_input,
+    make_node,
+    only_readers,
+    readers,
+    remove,
+    single_reader,
+    source,
+)
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["split_packed_projections"]
 
 
-def _only_reader(g: GraphIndex, tensor: str, op_type: str) -> Any | None:
-    node = g.single_reader(tensor)
+def _only_reader(value: ir.Value, op_type: str) -> ir.Node | None:
+    node = single_reader(value)
     return node if node is not None and node.op_type == op_type else None
 
 
-def _reshaped_back(g: GraphIndex, gemm: Any) -> Any | None:
-    """The gemm pass's Reshape of ``gemm``'s 2-D output back to ``[..., N]``, or ``gemm`` for a 2-D Gemm."""
-    back = _only_reader(g, gemm.output[0], "Reshape")
-    if back is None:
+def _reshaped_back(gemm: ir.Node) -> ir.Node | None:
+    """The gemm pass's Reshape of ``gemm``'s 2-D output back to ``[..., N]`` (its shape a Concat it alone reads)."""
+    back = _only_reader(gemm.outputs[0], "Reshape")
+    concat = source(back.inputs[1]) if back is not None else None
+    if concat is None or concat.op_type != "Concat" or single_reader(concat.outputs[0]) is not back:
         return None
-    concat = g.producer.get(back.input[1])
-    return back if concat is not None and concat.op_type == "Concat" else None
+    return back
 
 
-def _slice_index(g: GraphIndex, node: Any, axis: int, length: int) -> int | None:
+def _slice_index(node: ir.Node, axis: int, length: int) -> int | None:
     """The one index ``node`` (a Slice) takes along ``axis`` (of size ``length``), else None."""
-    if node.op_type != "Slice" or len(node.input) < 4:
+    if node.op_type != "Slice" or len(node.inputs) < 4:
         return None
-    starts, ends, axes = (g.const_input(node, i) for i in (1, 2, 3))
-    steps = g.const_input(node, 4) if len(node.input) > 4 and node.input[4] else np.ones(1, np.int64)
+    starts, ends, axes = (const_input(node, i) for i in (1, 2, 3))
+    steps = const_input(node, 4) if len(node.inputs) > 4 and node.inputs[4] is not None else np.ones(1, np.int64)
     if starts is None or ends is None or axes is None or steps is None:
         return None
     if any(v.size != 1 for v in (starts, ends, axes, steps)):
@@ -61,123 +74,118 @@ def _slice_index(g: GraphIndex, node: Any, axis: int, length: int) -> int | None
     return start if min(end, length) == start + 1 or (end < 0 and end + length == start + 1) else None
 
 
-def _squeezed(g: GraphIndex, node: Any, axis: int) -> Any | None:
-    squeeze = _only_reader(g, node.output[0], "Squeeze")
-    if squeeze is None or len(squeeze.input) < 2:
+def _squeezed(node: ir.Node, axis: int) -> ir.Node | None:
+    squeeze = _only_reader(node.outputs[0], "Squeeze")
+    if squeeze is None or len(squeeze.inputs) < 2:
         return None
-    axes = g.const_input(squeeze, 1)
+    axes = const_input(squeeze, 1)
     if axes is None or [int(a) for a in axes.reshape(-1)] != [axis]:
         return None
-    return squeeze if g.only_readers(squeeze.output[0], ("QuantizeLinear",)) else None
+    return squeeze if only_readers(squeeze.outputs[0], ("QuantizeLinear",)) else None
 
 
 #: a Gemm's weight: its DQ, W [N, K], scale, zero point
-_Weight = tuple[Any, np.ndarray, np.ndarray, np.ndarray]
+_Weight = tuple["ir.Node", np.ndarray, np.ndarray, np.ndarray]
 
 
-def _weight(g: GraphIndex, gemm: Any) -> _Weight | None:
+def _weight(gemm: ir.Node) -> _Weight | None:
     """``(DQ, W [N, K], scale, zero point)`` of a ``transB=1`` Gemm's weight, per tensor or per row."""
-    if attribute(gemm, "transB", 0) != 1 or attribute(gemm, "transA", 0) != 0:
+    if attr(gemm, "transB", 0) != 1 or attr(gemm, "transA", 0) != 0:
         return None
-    dq = g.producer.get(gemm.input[1])
-    if dq is None or dq.op_type != "DequantizeLinear" or g.single_reader(dq.output[0]) is not gemm:
+    dq = source(gemm.inputs[1])
+    if dq is None or dq.op_type != "DequantizeLinear" or single_reader(dq.outputs[0]) is not gemm:
         return None
-    w, scale, zp = g.const_input(dq, 0), g.const_input(dq, 1), g.const_input(dq, 2)
+    w, scale, zp = const_input(dq, 0), const_input(dq, 1), const_input(dq, 2)
     if w is None or scale is None or zp is None or w.ndim != 2:
         return None
-    per_row = scale.ndim == 1 and scale.size == w.shape[0] and attribute(dq, "axis", 1) == 0
+    per_row = scale.ndim == 1 and scale.size == w.shape[0] and attr(dq, "axis", 1) == 0
     return (dq, w, scale, zp) if scale.size == 1 or per_row else None
 
 
-def _parts(g: GraphIndex, gemm: Any, columns: int) -> dict[str, Any] | None:
+def _parts(gemm: ir.Node, columns: int) -> dict[str, Any] | None:
     """The packed pattern after ``gemm`` (module doc): the nodes, the constant shape, perm, cut axis, branches."""
-    back = _reshaped_back(g, gemm)
+    back = _reshaped_back(gemm)
     if back is None:
         return None
-    reshape = _only_reader(g, back.output[0], "Reshape")
-    shape = g.const_input(reshape, 1) if reshape is not None else None
-    transpose = _only_reader(g, reshape.output[0], "Transpose") if reshape is not None else None
+    reshape = _only_reader(back.outputs[0], "Reshape")
+    shape = const_input(reshape, 1) if reshape is not None else None
+    transpose = _only_reader(reshape.outputs[0], "Transpose") if reshape is not None else None
     if shape is None or transpose is None or np.any(shape == 0):
         return None
     lead = len(shape) - next((n for n in range(1, len(shape) + 1) if np.prod(shape[-n:]) == columns), 0)
     parts = [int(d) for d in shape[lead:]]
     if lead == 0 or lead == len(shape) or np.prod(parts) != columns or min(parts) <= 0 or parts[0] < 2:
         return None
-    perm = [int(p) for p in attribute(transpose, "perm", [])]
-    if sorted(perm) != list(range(len(shape))) or transpose.output[0] in g.outputs:
+    perm = [int(p) for p in attr(transpose, "perm", [])]
+    if sorted(perm) != list(range(len(shape))) or transpose.outputs[0].is_graph_output():
         return None
     cut = perm.index(lead)
     branches: dict[int, Any] = {}
-    for node in g.consumers.get(transpose.output[0], []):
-        index = _slice_index(g, node, cut, parts[0])
-        squeeze = _squeezed(g, node, cut) if index is not None else None
+    for node in readers(transpose.outputs[0]):
+        index = _slice_index(node, cut, parts[0])
+        squeeze = _squeezed(node, cut) if index is not None else None
         if index is None or squeeze is None or index in branches:
             return None
         branches[index] = (node, squeeze)
     if not branches:
         return None
-    nodes = [back, g.producer[back.input[1]], reshape, transpose]
+    nodes = [back, source(back.inputs[1]), reshape, transpose]
     return {"shape": shape, "lead": lead, "parts": parts, "perm": perm, "branches": branches, "nodes": nodes}
 
 
-def _part_nodes(g: GraphIndex, gemm: Any, weight_of: _Weight, found: dict[str, Any], index: int, out: str) -> list[Any]:
-    """``Gemm`` of part ``index`` (its weight rows and bias entries), its Reshape and Transpose, producing ``out``;
-    ``weight_of``: the Gemm's weight (:func:`_weight`)."""
-    from onnx import helper
-
+def _part_nodes(
+    graph: ir.Graph, gemm: ir.Node, weight_of: _Weight, found: dict[str, Any], index: int, out: ir.Value
+) -> list[ir.Node]:
+    """``Gemm`` of part ``index`` (its weight rows and bias entries), its Reshape and Transpose, whose output then
+    replaces ``out``; ``weight_of``: the Gemm's weight (:func:`_weight`)."""
     dq, w, scale, zp = weight_of
     size = int(np.prod(found["parts"][1:]))
     rows = slice(index * size, (index + 1) * size)
     stem = f"{gemm.name or 'gemm'}/part{index}"
     per_row = scale.size > 1
-    weight = [g.add_const(dq.input[0] + f"_part{index}", np.ascontiguousarray(w[rows]))]
-    for i, values in ((1, scale), (2, zp)):
-        weight.append(g.add_const(dq.input[i] + f"_part{index}", values[rows]) if per_row else dq.input[i])
-    dequantized = g.unique(dq.output[0] + f"_part{index}")
-    new_dq = helper.make_node("DequantizeLinear", weight, [dequantized], name=f"{stem}/weight")
-    new_dq.attribute.extend(dq.attribute)
-    new_dq.metadata_props.extend(dq.metadata_props)
-    inputs = [gemm.input[0], new_dq.output[0]]
-    bias = g.const_input(gemm, 2)
+    weight = [
+        add_const(graph, f"{stem}/w", np.ascontiguousarray(w[rows])),
+        add_const(graph, f"{stem}/w_scale", scale[rows]) if per_row else dq.inputs[1],
+        add_const(graph, f"{stem}/w_zero_point", zp[rows]) if per_row else dq.inputs[2],
+    ]
+    new_dq = make_node(graph, "DequantizeLinear", weight, f"{stem}/weight", name=f"{stem}/weight", **dq.attributes)
+    new_dq.metadata_props.update(dq.metadata_props)
+    inputs = [gemm.inputs[0], new_dq.outputs[0]]
+    bias = const_input(gemm, 2)
     if bias is not None:
-        inputs.append(g.add_const(gemm.input[2] + f"_part{index}", bias.reshape(-1)[rows]))
-    product = g.unique(stem + "_2d")
-    nodes = [new_dq, helper.make_node("Gemm", inputs, [product], name=stem, transB=1)]
+        inputs.append(add_const(graph, f"{stem}/bias", bias.reshape(-1)[rows]))
+    nodes = [new_dq, make_node(graph, "Gemm", inputs, f"{stem}_2d", name=stem, transB=1)]
     lead, shape = found["lead"], found["shape"]
     perm = [p - (p > lead) for p in found["perm"] if p != lead]
-    target = g.add_const(stem + "_shape", np.concatenate([shape[:lead], shape[lead + 1 :]]).astype(np.int64))
-    shaped = out if perm == sorted(perm) else g.unique(stem + "_shaped")
-    nodes.append(helper.make_node("Reshape", [product, target], [shaped], name=stem + "/Reshape"))
-    if shaped != out:
-        nodes.append(helper.make_node("Transpose", [shaped], [out], name=stem + "/Transpose", perm=perm))
+    target = add_const(graph, f"{stem}_shape", np.concatenate([shape[:lead], shape[lead + 1 :]]).astype(np.int64))
+    nodes.append(make_node(graph, "Reshape", [nodes[-1].outputs[0], target], f"{stem}_shaped", name=f"{stem}/Reshape"))
+    if perm != sorted(perm):
+        nodes.append(
+            make_node(graph, "Transpose", [nodes[-1].outputs[0]], f"{stem}_out", name=f"{stem}/Transpose", perm=perm)
+        )
+    out.replace_all_uses_with(nodes[-1].outputs[0])
     return nodes
 
 
-def _split(g: GraphIndex, gemm: Any) -> bool:
+def _split(graph: ir.Graph, gemm: ir.Node) -> bool:
     """Split ``gemm`` when it is a packed projection; whether it was."""
-    weight = _weight(g, gemm)
-    bias = g.const_input(gemm, 2) if len(gemm.input) > 2 and gemm.input[2] else np.zeros(1, np.float32)
-    found = _parts(g, gemm, weight[1].shape[0]) if weight is not None and bias is not None else None
+    weight = _weight(gemm)
+    bias = const_input(gemm, 2) if len(gemm.inputs) > 2 and gemm.inputs[2] is not None else np.zeros(1, np.float32)
+    found = _parts(gemm, weight[1].shape[0]) if weight is not None and bias is not None else None
     if weight is None or found is None:
         return False
     doomed = [gemm, weight[0], *found["nodes"]]
     for index, (slice_node, squeeze) in sorted(found["branches"].items()):
-        for node in _part_nodes(g, gemm, weight, found, index, squeeze.output[0]):
-            g.insert(gemm, node)
+        graph.insert_before(gemm, _part_nodes(graph, gemm, weight, found, index, squeeze.outputs[0]))
         doomed += [slice_node, squeeze]
-    shape_of = g.producer.get(found["nodes"][1].input[0])  # the Shape feeding the reshape back's Concat
-    if shape_of is not None and shape_of.op_type == "Shape" and len(g.consumers.get(shape_of.output[0], [])) == 1:
+    concat = found["nodes"][1]
+    shape_of = source(concat.inputs[0])  # the Shape feeding the reshape back's Concat
+    if shape_of is not None and shape_of.op_type == "Shape" and single_reader(shape_of.outputs[0]) is concat:
         doomed.append(shape_of)
-    g.remove(doomed)
+    remove(graph, doomed)
     return True
 
 
-def split_packed_projections(g: GraphIndex) -> int:
+def split_packed_projections(graph: ir.Graph) -> int:
     """One ``Gemm`` per quantized part of each packed projection (module doc); returns how many were split."""
-    count, tried = 0, set()
-    while True:  # node references go stale when nodes are removed: look each Gemm up again after an edit
-        gemm = next((n for n in g.graph.node if n.op_type == "Gemm" and n.output[0] not in tried), None)
-        if gemm is None:
-            return count
-        tried.add(gemm.output[0])
-        count += _split(g, gemm)
+    return sum(_split(graph, gemm) for gemm in list(graph) if gemm.op_type == "Gemm")

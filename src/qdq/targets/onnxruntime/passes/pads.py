@@ -13,61 +13,63 @@ off the grid leaves the Pad as it was.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute
+from qdq.graphs.ir_graph import add_const, attr, const, remove, single_reader, source
 from qdq.targets.onnxruntime.passes._graph import same_params
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["pads_on_int8"]
 
 
-def pads_on_int8(g: GraphIndex) -> int:
+def pads_on_int8(graph: ir.Graph) -> int:
     """Move every ``DQ -> Pad -> Q`` of one grid onto the integers (module doc); returns how many Pads moved."""
-    moved: list[tuple[Any, Any, Any]] = []
-    for pad in list(g.graph.node):
-        found = _pad_between(g, pad) if pad.op_type == "Pad" else None
-        value = _integer_value(g, pad, found[0]) if found is not None else None
+    moved: list[tuple[ir.Node, ir.Node]] = []
+    for pad in list(graph):
+        found = _pad_between(pad) if pad.op_type == "Pad" else None
+        value = _integer_value(graph, pad, found[0]) if found is not None else None
         if found is None or value is None:
             continue
         dq, q = found
-        if len(pad.input) > 2 and pad.input[2]:
-            g.set_input(pad, 2, value)
-        g.set_input(pad, 0, dq.input[0])
-        g.rewire(q.output[0], pad.output[0])
-        moved.append((pad, dq, q))
-    pads = {id(pad) for pad, _, _ in moved}
-    idle = [dq for _, dq, _ in moved if dq.output[0] not in g.outputs
-            and all(id(reader) in pads for reader in g.consumers.get(dq.output[0], []))]  # fmt: skip
-    g.remove([q for _, _, q in moved] + list({id(dq): dq for dq in idle}.values()))
+        if len(pad.inputs) > 2 and pad.inputs[2] is not None:
+            pad.replace_input_with(2, value)
+        pad.replace_input_with(0, dq.inputs[0])
+        pad.outputs[0].type = q.outputs[0].type
+        q.outputs[0].replace_all_uses_with(pad.outputs[0])
+        moved.append((dq, q))
+    idle = [dq for dq, _ in moved if not dq.outputs[0].uses() and not dq.outputs[0].is_graph_output()]
+    remove(graph, [q for _, q in moved] + idle)
     return len(moved)
 
 
-def _pad_between(g: GraphIndex, pad: Any) -> tuple[Any, Any] | None:
+def _pad_between(pad: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """The per-tensor DQ that ``pad`` reads and the one Q that alone reads ``pad``'s output, on one grid; or None."""
-    dq = g.producer.get(pad.input[0])
-    q = g.single_reader(pad.output[0])
+    dq = source(pad.inputs[0])
+    q = single_reader(pad.outputs[0])
     if dq is None or dq.op_type != "DequantizeLinear" or q is None or q.op_type != "QuantizeLinear":
         return None
-    scale = g.array(dq.input[1])
-    if scale is None or scale.ndim != 0 or q.output[0] in g.outputs or not same_params(g, dq, q):
+    scale = const(dq.inputs[1])
+    if scale is None or scale.ndim != 0 or q.outputs[0].is_graph_output() or not same_params(dq, q):
         return None
     return dq, q
 
 
-def _integer_value(g: GraphIndex, pad: Any, dq: Any) -> str | None:
-    """The name of the pad value on the integer side: the zero point for ``reflect`` / ``edge`` / ``wrap`` (any
-    value of the integer type) and for constant padding by 0; the level of another constant on the grid; None for a
-    value off the grid or computed, or an unknown mode."""
-    mode = attribute(pad, "mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+def _integer_value(graph: ir.Graph, pad: ir.Node, dq: ir.Node) -> ir.Value | None:
+    """The pad value on the integer side: the zero point for ``reflect`` / ``edge`` / ``wrap`` (any value of the
+    integer type) and for constant padding by 0; the level of another constant on the grid; None for a value off
+    the grid or computed, or an unknown mode."""
+    mode = attr(pad, "mode", "constant")
     if mode not in ("constant", "reflect", "edge", "wrap"):
         return None
-    given = g.array(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros((), np.float32)
+    padding = pad.inputs[2] if len(pad.inputs) > 2 else None
+    given = np.zeros((), np.float32) if padding is None else const(padding)
     if mode != "constant":
-        return str(dq.input[2])
-    scale, zero = g.array(dq.input[1]), g.array(dq.input[2])
+        return dq.inputs[2]
+    scale, zero = const(dq.inputs[1]), const(dq.inputs[2])
     if given is None or given.size != 1 or scale is None or zero is None:
         return None
     steps = float(given.reshape(())) / float(scale)
@@ -76,5 +78,5 @@ def _integer_value(g: GraphIndex, pad: Any, dq: Any) -> str | None:
     if steps != round(steps) or not info.min <= level <= info.max:
         return None
     if level == int(zero):
-        return str(dq.input[2])
-    return g.add_const(f"{pad.output[0]}_value", np.asarray(level, zero.dtype))
+        return dq.inputs[2]
+    return add_const(graph, f"{pad.outputs[0].name}_value", np.asarray(level, zero.dtype))

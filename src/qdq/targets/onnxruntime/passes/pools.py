@@ -12,56 +12,59 @@ pool keeps a float output: the Q/DQ after it go (ORT then runs it float, and wha
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute
-from qdq.targets.onnxruntime.passes._graph import dims, ranks
+from qdq.graphs.ir_graph import add_const, attr, const_input, readers, remove, source
+from qdq.targets.onnxruntime.passes._graph import dims, rank
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["flatten_pools", "float_pools_out_of_range", "global_pools"]
 
 
-def _reduce_axes(g: GraphIndex, node: Any) -> list[int] | None:
+def _reduce_axes(node: ir.Node) -> list[int] | None:
     """The constant axes of a ReduceMean (input from opset 18, attribute before); None when unknown."""
-    axes = g.const_input(node, 1) if len(node.input) > 1 else attribute(node, "axes")
+    axes = const_input(node, 1) if len(node.inputs) > 1 else attr(node, "axes")
     return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
 
 
-def _is_spatial_mean(g: GraphIndex, node: Any, ranks: dict[str, int]) -> bool:
+def _is_spatial_mean(node: ir.Node) -> bool:
     """A ReduceMean over every spatial axis (2 to rank - 1) that keeps the reduced axes."""
-    rank = ranks.get(node.input[0]) if node.op_type == "ReduceMean" else None
-    axes = _reduce_axes(g, node) if rank is not None and rank >= 3 else None
-    if rank is None or axes is None or attribute(node, "keepdims", 1) != 1:
+    known = rank(node.inputs[0]) if node.op_type == "ReduceMean" else None
+    axes = _reduce_axes(node) if known is not None and known >= 3 else None
+    if known is None or axes is None or attr(node, "keepdims", 1) != 1:
         return False
-    return sorted(a % rank for a in axes) == list(range(2, rank))
+    return sorted(a % known for a in axes) == list(range(2, known))
 
 
-def global_pools(g: GraphIndex) -> int:
+def global_pools(graph: ir.Graph) -> int:
     """``ReduceMean(x, spatial axes, keepdims=1)`` becomes ``GlobalAveragePool(x)``."""
-    known = ranks(g)
     count = 0
-    for node in g.graph.node:
-        if not _is_spatial_mean(g, node, known):
+    for node in graph:
+        if not _is_spatial_mean(node):
             continue
         node.op_type = "GlobalAveragePool"
-        g.set_input(node, 1, None)
-        del node.attribute[:]
+        node.resize_inputs(1)
+        node.attributes.clear()
         count += 1
     return count
 
 
-def flatten_pools(g: GraphIndex) -> int:
+def flatten_pools(graph: ir.Graph) -> int:
     """``Flatten(axis=1)`` of a ``GlobalAveragePool`` becomes ``Reshape(x, [0, -1])``, which ORT moves its
     Q/DQ across (it does not look through Flatten, and the pool would stay float)."""
     count = 0
-    for node in g.graph.node:
-        source = g.producer.get(node.input[0]) if node.op_type == "Flatten" else None
-        if source is None or source.op_type != "GlobalAveragePool" or attribute(node, "axis", 1) != 1:
+    for node in graph:
+        pool = source(node.inputs[0]) if node.op_type == "Flatten" else None
+        if pool is None or pool.op_type != "GlobalAveragePool" or attr(node, "axis", 1) != 1:
             continue
         node.op_type = "Reshape"
-        del node.attribute[:]
-        g.set_input(node, len(node.input), g.add_const(node.name or "flatten", np.array([0, -1], np.int64)))
+        node.attributes.clear()
+        node.resize_inputs(2)
+        node.replace_input_with(1, add_const(graph, node.name or "flatten", np.array([0, -1], np.int64)))
         count += 1
     return count
 
@@ -85,44 +88,45 @@ def _in_range(ratio: float, positions: int | None) -> bool:
     return low <= ratio / positions < high
 
 
-def float_pools_out_of_range(g: GraphIndex) -> int:
+def float_pools_out_of_range(graph: ir.Graph) -> int:
     """The Q/DQ pairs after each ``DQ -> GlobalAveragePool -> Q`` whose scales ORT's kernel refuses go (module doc)."""
-    shapes, outputs = dims(g), {o.name for o in g.graph.output}
     count = 0
-    for pool in [n for n in g.graph.node if n.op_type == "GlobalAveragePool"]:
-        pairs = _pairs_after(g, pool)
-        if pairs is None or _runs_in_int8(g, pool, [q for q, _ in pairs], _positions(shapes.get(pool.input[0]))):
+    for pool in [n for n in graph if n.op_type == "GlobalAveragePool"]:
+        pairs = _pairs_after(pool)
+        if pairs is None or _runs_in_int8(pool, [q for q, _ in pairs], _positions(dims(pool.inputs[0]))):
             continue
+        mean = pool.outputs[0]
         for q, dqs in pairs:
             for dq in dqs:
-                if dq.output[0] in outputs:  # a graph output keeps its name: the mean, through an Identity
+                if dq.outputs[0].is_graph_output():  # a graph output keeps its name: the mean, through an Identity
                     dq.op_type = "Identity"
-                    g.set_input(dq, 1, None)
-                    g.set_input(dq, 0, pool.output[0])
+                    dq.resize_inputs(1)
+                    dq.replace_input_with(0, mean)
                 else:
-                    g.rewire(dq.output[0], pool.output[0])
-                    g.remove([dq])
-            g.remove([q])
+                    dq.outputs[0].replace_all_uses_with(mean)
+                    remove(graph, [dq])
+            remove(graph, [q])
         count += 1
     return count
 
 
-def _pairs_after(g: GraphIndex, pool: Any) -> list[tuple[Any, list[Any]]] | None:
+def _pairs_after(pool: ir.Node) -> list[tuple[ir.Node, list[ir.Node]]] | None:
     """The ``(Q, its DQs)`` that alone read ``pool``'s output, where a DQ feeds the pool; else None."""
-    dq = g.producer.get(pool.input[0])
-    quantizers = list(g.consumers.get(pool.output[0], []))
+    dq = source(pool.inputs[0])
+    quantizers = readers(pool.outputs[0])
     if dq is None or dq.op_type != "DequantizeLinear" or not quantizers:
         return None
-    pairs = [(q, list(g.consumers.get(q.output[0], []))) for q in quantizers]
+    pairs = [(q, readers(q.outputs[0])) for q in quantizers]
     if any(q.op_type != "QuantizeLinear" or any(r.op_type != "DequantizeLinear" for r in rs) for q, rs in pairs):
         return None  # another reader (not written by qdq's export): left as it is
     return pairs
 
 
-def _runs_in_int8(g: GraphIndex, pool: Any, quantizers: list[Any], positions: int | None) -> bool:
+def _runs_in_int8(pool: ir.Node, quantizers: list[ir.Node], positions: int | None) -> bool:
     """Does ORT's kernel take the pool's scales (or are they not constants, so not ours to judge)?"""
-    s_x = g.const_input(g.producer[pool.input[0]], 1)
-    scales = [g.const_input(q, 1) for q in quantizers]
+    dq = source(pool.inputs[0])
+    s_x = const_input(dq, 1) if dq is not None else None
+    scales = [const_input(q, 1) for q in quantizers]
     if s_x is None or any(s is None for s in scales):
         return True
     return all(_in_range(float(s_x) / float(s_y), positions) for s_y in scales if s_y is not None)

@@ -15,12 +15,16 @@ The Q records the factor (node metadata :data:`qdq.graphs.onnx_tags.INPUT_SCALE_
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, set_metadata
+from qdq.graphs.ir_graph import add_const, const, const_input, remove, single_reader, source
+from qdq.graphs.onnx import set_metadata
 from qdq.graphs.onnx_tags import INPUT_SCALE_KEY
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["fold_scaled_inputs", "power_of_two"]
 
@@ -35,9 +39,8 @@ def power_of_two(value: np.ndarray | None) -> float | None:
     return c
 
 
-def _scaled_step(g: GraphIndex, q: Any, c: float) -> np.ndarray | None:
-    """The Q's per-tensor step divided by ``c``, when that is exact and a normal float32; else None."""
-    step = g.const_input(q, 1)
+def _scaled_step(step: np.ndarray | None, c: float) -> np.ndarray | None:
+    """A per-tensor step divided by ``c``, when that is exact and a normal float32; else None."""
     if step is None or step.size != 1 or step.dtype != np.float32:
         return None
     scaled = (step / np.float32(c)).astype(np.float32)
@@ -45,31 +48,31 @@ def _scaled_step(g: GraphIndex, q: Any, c: float) -> np.ndarray | None:
     return scaled if ok and np.array_equal(scaled * np.float32(c), step) else None
 
 
-def _multiplier(g: GraphIndex, mul: Any) -> tuple[str, float] | None:
+def _multiplier(mul: ir.Node) -> tuple[ir.Value, float] | None:
     """``(x, c)`` of ``Mul(x, c)`` with ``c`` a power-of-two constant (either input order)."""
     for data, factor in ((0, 1), (1, 0)):
-        c = power_of_two(g.const_input(mul, factor))
-        if c is not None and g.array(mul.input[data]) is None:
-            return mul.input[data], c
+        x, c = mul.inputs[data], power_of_two(const_input(mul, factor))
+        if x is not None and c is not None and const(x) is None:
+            return x, c
     return None
 
 
-def fold_scaled_inputs(g: GraphIndex) -> int:
+def fold_scaled_inputs(graph: ir.Graph) -> int:
     """Fold each ``Mul`` by a power-of-two constant that only a per-tensor QuantizeLinear reads into that
     Q's scale (module doc); returns how many."""
     doomed = []
-    for q in list(g.graph.node):
-        mul = g.producer.get(q.input[0]) if q.op_type == "QuantizeLinear" else None
-        if mul is None or mul.op_type != "Mul" or not g.is_single_reader(q, mul.output[0]):
+    for q in list(graph):
+        mul = source(q.inputs[0]) if q.op_type == "QuantizeLinear" else None
+        if mul is None or mul.op_type != "Mul" or single_reader(mul.outputs[0]) is not q:
             continue
-        found = _multiplier(g, mul)
-        scaled = _scaled_step(g, q, found[1]) if found is not None else None
-        if found is None or scaled is None:
+        found, step = _multiplier(mul), q.inputs[1]
+        scaled = _scaled_step(const(step), found[1]) if found is not None else None
+        if found is None or step is None or scaled is None:
             continue
         x, c = found
-        g.set_input(q, 1, g.add_const(q.input[1] + "_input_scaled", scaled))  # the step's shape
-        g.set_input(q, 0, x)
+        q.replace_input_with(1, add_const(graph, f"{step.name}_input_scaled", scaled))  # the step's shape
+        q.replace_input_with(0, x)
         set_metadata(q, INPUT_SCALE_KEY, repr(c))
         doomed.append(mul)
-    g.remove(doomed)
+    remove(graph, doomed)
     return len(doomed)

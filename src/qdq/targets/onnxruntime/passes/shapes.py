@@ -11,34 +11,37 @@ shape. Quantizing and dequantizing keep a tensor's shape, so the ``Shape`` can r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from qdq.graphs.onnx import GraphIndex, sort_nodes
+from qdq.graphs.ir_graph import readers, remove
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["shapes_of_int8"]
 
 
-def _int8_twin(g: GraphIndex, tensor: str) -> str | None:
-    """A tensor of ``tensor``'s shape holding its int8 encoding, or None."""
-    producer = g.producer.get(tensor)
+def _int8_twin(graph: ir.Graph, value: ir.Value) -> ir.Value | None:
+    """A value of ``graph`` of ``value``'s shape holding its int8 encoding, or None."""
+    producer = value.producer()
     if producer is not None and producer.op_type == "DequantizeLinear":
-        return str(producer.input[0])
-    quantize = next((n for n in g.consumers.get(tensor, []) if n.op_type == "QuantizeLinear"), None)
-    return None if quantize is None else str(quantize.output[0])
+        return producer.inputs[0]
+    quantize = next((n for n in readers(value) if n.op_type == "QuantizeLinear" and n.graph is graph), None)
+    return None if quantize is None else quantize.outputs[0]
 
 
-def shapes_of_int8(g: GraphIndex) -> int:
+def shapes_of_int8(graph: ir.Graph) -> int:
     """Point every ``Shape`` of a quantized float tensor at its int8 encoding; returns how many were moved."""
-    moved: list[Any] = []
-    for node in g.graph.node:
-        twin = _int8_twin(g, node.input[0]) if node.op_type == "Shape" else None
+    moved = 0
+    for node in graph:
+        twin = _int8_twin(graph, node.inputs[0]) if node.op_type == "Shape" and node.inputs[0] is not None else None
         if twin is not None:
-            g.set_input(node, 0, twin)
-            moved.append(node)
+            node.replace_input_with(0, twin)
+            moved += 1
     if not moved:
         return 0
-    sort_nodes(g.model)  # a Shape that read the float tensor may come before the tensor's QuantizeLinear
-    idle = [n for n in g.graph.node if n.op_type == "DequantizeLinear" and not g.consumers.get(n.output[0])
-            and n.output[0] not in g.outputs]  # fmt: skip
-    g.remove(idle)
-    return len(moved)
+    graph.sort()  # a Shape that read the float tensor may come before the tensor's QuantizeLinear
+    idle = [n for n in graph if n.op_type == "DequantizeLinear" and not n.outputs[0].uses()
+            and not n.outputs[0].is_graph_output()]  # fmt: skip
+    remove(graph, idle)
+    return moved

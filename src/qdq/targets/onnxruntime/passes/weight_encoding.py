@@ -10,16 +10,17 @@ instead: a different model from the one trained.) The export records the encodin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import GraphIndex, attribute, tidy
+from qdq.graphs.ir_graph import add_const, attr, const, const_input, readers, readers_through, source, tidy
 from qdq.targets.onnxruntime.passes._graph import quantize_weight
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 __all__ = ["WEIGHTS_METADATA_KEY", "WEIGHT_ENCODINGS", "encode_weights_uint8", "recorded_weights", "resolve_weights"]
 
@@ -48,40 +49,40 @@ def _as_uint8(values: np.ndarray) -> np.ndarray:
     return (values.astype(np.int16) + 128).astype(np.uint8)
 
 
-def _weight_reader_only(g: GraphIndex, dq: Any) -> bool:
+def _weight_reader_only(dq: ir.Node) -> bool:
     """Every reader of the DQ's output is a weighted op, looking through layout ops (the dynamo exporter writes
     a Linear on a 3-D input as ``DQ -> Transpose -> MatMul``, which ORT folds into one int8 weight)."""
-    readers = g.readers(dq.output[0], through=_LAYOUT_OPS)
-    return bool(readers) and all(r is not None and r.op_type in _WEIGHT_READERS for r in readers)
+    found = readers_through(dq.outputs[0], _LAYOUT_OPS)
+    return bool(found) and all(r is not None and r.op_type in _WEIGHT_READERS for r in found)
 
 
-def _int8_zero_point(g: GraphIndex, node: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+def _int8_zero_point(node: ir.Node, shape: tuple[int, ...]) -> np.ndarray | None:
     """The node's int8 zero point (an omitted one is 0), or None when it is not a constant int8."""
-    if len(node.input) < 3 or not node.input[2]:
+    if len(node.inputs) < 3 or node.inputs[2] is None:
         return np.zeros(shape, np.int8)
-    zp = g.const_input(node, 2)
+    zp = const_input(node, 2)
     return zp if zp is not None and zp.dtype == np.int8 else None
 
 
-def _set_zero_point(node: Any, name: str) -> None:
-    while len(node.input) < 3:
-        node.input.append("")
-    node.input[2] = name
+def _set_zero_point(node: ir.Node, value: ir.Value) -> None:
+    if len(node.inputs) < 3:
+        node.resize_inputs(3)
+    node.replace_input_with(2, value)
 
 
-def _stored_weights(g: GraphIndex, dq: Any) -> tuple[np.ndarray, Any | None] | None:
+def _stored_weights(dq: ir.Node) -> tuple[np.ndarray, ir.Node | None] | None:
     """The int8 integers a weight DQ reads, and the QuantizeLinear making them (None: a stored initializer)."""
-    values = g.const_input(dq, 0)
+    values = const(dq.inputs[0])
     if values is not None:
         return (values, None) if values.dtype == np.int8 else None
-    q = g.producer.get(dq.input[0])
+    q = source(dq.inputs[0])
     if q is None or q.op_type != "QuantizeLinear":
         return None
-    w, scale = g.const_input(q, 0), g.const_input(q, 1)
-    zp = _int8_zero_point(g, q, np.shape(scale)) if w is not None and scale is not None else None
-    if w is None or scale is None or zp is None or np.any(zp != 0) or len(g.consumers.get(q.output[0], [])) != 1:
+    w, scale = const_input(q, 0), const_input(q, 1)
+    zp = _int8_zero_point(q, np.shape(scale)) if w is not None and scale is not None else None
+    if w is None or scale is None or zp is None or np.any(zp != 0) or len(readers(q.outputs[0])) != 1:
         return None
-    return quantize_weight(w, scale, np.dtype(np.int8), attribute(q, "axis", 1)), q
+    return quantize_weight(w, scale, np.dtype(np.int8), attr(q, "axis", 1)), q
 
 
 def encode_weights_uint8(model: onnx.ModelProto, *, only_saturating: bool = True) -> int:
@@ -96,36 +97,41 @@ def encode_weights_uint8(model: onnx.ModelProto, *, only_saturating: bool = True
     Returns:
         The number of weights re-encoded.
     """
+    from qdq.graphs.onnx import on_ir
+
+    # constants behind Identity nodes (TorchScript's shared zero points) become visible
+    return int(on_ir(model, tidy, lambda ir_model: _encode(ir_model.graph, only_saturating), tidy)[1])
+
+
+def _encode(graph: ir.Graph, only_saturating: bool) -> int:
+    import onnx_ir as ir
+
     from qdq.cpu import SAFE_WEIGHT_MAGNITUDE
 
-    tidy(model)  # constants behind Identity nodes (TorchScript's shared zero points) become visible
-    g = GraphIndex(model)
-    count, retyped = 0, set()
-    for dq in list(g.graph.node):
-        if dq.op_type != "DequantizeLinear" or not _weight_reader_only(g, dq):
+    count = 0
+    for dq in list(graph):
+        if dq.op_type != "DequantizeLinear" or not _weight_reader_only(dq):
             continue
-        found = _stored_weights(g, dq)
-        scale = g.const_input(dq, 1)
+        found = _stored_weights(dq)
+        scale = const_input(dq, 1)
         shape = () if scale is None else np.shape(scale)  # np.shape(None): ()
-        zp = _int8_zero_point(g, dq, shape) if found is not None else None
-        if found is None or zp is None:
+        zp = _int8_zero_point(dq, shape) if found is not None else None
+        weight = dq.inputs[0]
+        if found is None or zp is None or weight is None:
             continue
         values, q = found
         if only_saturating and np.abs(values.astype(np.int16)).max(initial=0) <= SAFE_WEIGHT_MAGNITUDE:
             continue
-        stem = dq.input[2] if len(dq.input) > 2 and dq.input[2] else "zero_point"  # an omitted zero point is 0
-        zp_name = g.add_const(stem + "_u8w", _as_uint8(zp))
+        given = dq.inputs[2] if len(dq.inputs) > 2 else None
+        stem = given.name if given is not None and given.name else "zero_point"  # an omitted zero point is 0
+        zero_point = add_const(graph, stem + "_u8w", _as_uint8(zp))
         if q is None:
-            dq.input[0] = g.add_const(dq.input[0] + "_u8", _as_uint8(values))
+            dq.replace_input_with(0, add_const(graph, f"{weight.name}_u8", _as_uint8(values)))
         else:
-            _set_zero_point(q, zp_name)
-            retyped.add(q.output[0])
-        _set_zero_point(dq, zp_name)
+            _set_zero_point(q, zero_point)
+            q.outputs[0].type = ir.TensorType(ir.DataType.UINT8)
+        _set_zero_point(dq, zero_point)
         count += 1
-    kept = [v for v in g.graph.value_info if v.name not in retyped]  # recorded as int8
-    del g.graph.value_info[:]
-    g.graph.value_info.extend(kept)
-    tidy(model)
     return count
 
 

@@ -3,25 +3,32 @@ compute; exact)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute
+from qdq.graphs.ir_graph import add_const, attr, const, const_input, name_of, remove
 from qdq.targets.onnxruntime.passes._graph import quantize_weight
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["fold_weight_quantizers"]
 
 
-def fold_weight_quantizers(g: GraphIndex) -> int:
+def fold_weight_quantizers(graph: ir.Graph) -> int:
     """``Q(initializer) -> DQ`` with zero point 0 becomes ``int8 initializer -> DQ``."""
     done = []
-    for q in list(g.graph.node):
+    for q in list(graph):
         if q.op_type != "QuantizeLinear":
             continue
-        w, scale, zp = g.array(q.input[0]), g.array(q.input[1]), g.const_input(q, 2)
-        if w is None or scale is None or zp is None or np.any(zp != 0) or q.output[0] in g.outputs:
+        w, scale, zp = const(q.inputs[0]), const_input(q, 1), const_input(q, 2)
+        if w is None or scale is None or zp is None or np.any(zp != 0) or q.outputs[0].is_graph_output():
             continue
-        name = g.add_const(q.input[0] + "_quantized", quantize_weight(w, scale, zp.dtype, attribute(q, "axis", 1)))
-        g.rewire(q.output[0], name)
+        stem = name_of(q.inputs[0], "weight") + "_quantized"
+        q.outputs[0].replace_all_uses_with(
+            add_const(graph, stem, quantize_weight(w, scale, zp.dtype, attr(q, "axis", 1)))
+        )
         done.append(q)
-    g.remove(done)
+    remove(graph, done)
     return len(done)

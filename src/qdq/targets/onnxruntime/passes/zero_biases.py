@@ -9,21 +9,26 @@ slice of the packed bias) and before :mod:`.float_biases` and :mod:`.biases`, wh
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import const_input
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["drop_zero_biases"]
 
 
-def drop_zero_biases(g: GraphIndex) -> int:
+def drop_zero_biases(graph: ir.Graph) -> int:
     """Remove each ``Gemm``'s constant all-zero bias input; returns how many were removed."""
     count = 0
-    for gemm in g.graph.node:
-        if gemm.op_type != "Gemm" or len(gemm.input) < 3 or not gemm.input[2]:
+    for gemm in graph:
+        if gemm.op_type != "Gemm" or len(gemm.inputs) < 3 or gemm.inputs[2] is None:
             continue
-        bias = g.const_input(gemm, 2)
+        bias = const_input(gemm, 2)
         if bias is not None and not np.any(bias):
-            g.set_input(gemm, 2, None)
+            gemm.resize_inputs(2)
             count += 1
     return count

@@ -1,0 +1,221 @@
+"""Reading and editing an ``onnx_ir`` graph: what every qdq pass on the IR needs beyond onnx_ir's own methods.
+
+onnx_ir keeps producers and uses current through every edit (``Value.producer()``, ``Value.uses()``,
+``Value.replace_all_uses_with``, ``Node.replace_input_with``, ``Graph.insert_before`` / ``remove``); reads inside
+the subgraphs of control flow are uses like any other. This module adds the questions qdq's passes ask of it, in
+qdq's terms: a value's constant as numpy, a node's attribute with its ONNX default, the single reader of a value,
+a producer looked for through data movement, fresh names, constants added, nodes removed with their reads.
+
+Imports neither torch nor (at import time) onnx_ir.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+
+__all__ = [
+    "add_const",
+    "attr",
+    "const",
+    "const_input",
+    "fresh_name",
+    "graphs_of",
+    "make_node",
+    "name_of",
+    "only_readers",
+    "readers",
+    "readers_through",
+    "remove",
+    "run_on_graph",
+    "single_reader",
+    "source",
+    "tidy",
+]
+
+_NAMES_KEY = "qdq.names"
+
+
+def const(value: ir.Value | None) -> np.ndarray | None:
+    """The value of ``value`` as a numpy array when it is an initializer or a ``Constant`` node's output (its
+    ``value`` attribute); None otherwise."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    node = value.producer()
+    if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        return None
+    tensor = node.attributes.get("value")
+    return None if tensor is None else tensor.as_tensor().numpy()
+
+
+def const_input(node: ir.Node, index: int) -> np.ndarray | None:
+    """Constant input ``index`` of ``node``; None when absent or not a constant."""
+    return const(node.inputs[index]) if len(node.inputs) > index else None
+
+
+def attr(node: ir.Node, name: str, default: Any = None) -> Any:
+    """The value of ``node``'s attribute ``name`` (an int, float, list, tensor...), or ``default``."""
+    found = node.attributes.get(name)
+    return default if found is None else found.value
+
+
+def name_of(value: ir.Value | None, default: str = "value") -> str:
+    """``value``'s name, or ``default`` when it has none (a stem for the names of what a pass derives from it)."""
+    return (value.name if value is not None else None) or default
+
+
+def readers(value: ir.Value) -> list[ir.Node]:
+    """The nodes reading ``value``, once per input slot (a node reading it twice appears twice); a read inside a
+    subgraph is its inner node's."""
+    return [use.node for use in value.uses()]
+
+
+def single_reader(value: ir.Value | None) -> ir.Node | None:
+    """The only node reading ``value``, when there is exactly one read and ``value`` is not a graph output."""
+    if value is None or value.is_graph_output():
+        return None
+    uses = list(value.uses())
+    return uses[0].node if len(uses) == 1 else None
+
+
+def only_readers(value: ir.Value, op_types: Iterable[str]) -> list[ir.Node] | None:
+    """The nodes reading ``value`` when there are some, each of one of ``op_types``, and ``value`` is not a graph
+    output; else None."""
+    found, allowed = readers(value), frozenset(op_types)
+    ok = found and not value.is_graph_output() and all(node.op_type in allowed for node in found)
+    return found if ok else None
+
+
+def source(value: ir.Value | None, through: Iterable[str] = ()) -> ir.Node | None:
+    """The node producing ``value``, looking back through ops in ``through`` along their first input (None: a graph
+    input or an initializer)."""
+    skip = frozenset(through)
+    node = value.producer() if value is not None else None
+    while node is not None and node.op_type in skip and node.inputs and node.inputs[0] is not None:
+        node = node.inputs[0].producer()
+    return node
+
+
+def readers_through(value: ir.Value, through: Iterable[str]) -> list[ir.Node | None]:
+    """The nodes reading ``value``, looking through ops in ``through``; None stands for a graph output."""
+    skip = frozenset(through)
+    found: list[ir.Node | None] = []
+    pending, seen = [value], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current.is_graph_output():
+            found.append(None)
+        for node in readers(current):
+            if node.op_type in skip:
+                pending.extend(node.outputs)
+            else:
+                found.append(node)
+    return found
+
+
+def graphs_of(graph: ir.Graph) -> Iterator[ir.Graph]:
+    """``graph`` and the subgraphs of its control flow, outer first."""
+    import onnx_ir as ir
+
+    yield graph
+    for node in graph:
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                yield from graphs_of(attribute.value)
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                for sub in attribute.value:
+                    yield from graphs_of(sub)
+
+
+def fresh_name(graph: ir.Graph, stem: str) -> str:
+    """A value name starting with ``stem`` (``<stem>__<n>``) that no value of ``graph`` and its subgraphs has. The
+    names in use are listed at the first call (in the graph's metadata, shared with its subgraphs: call it on the
+    main graph first) and every fresh name is added to them."""
+    taken: set[str] | None = graph.meta.get(_NAMES_KEY)
+    if taken is None:
+        taken = _names(graph)
+        for g in graphs_of(graph):
+            g.meta[_NAMES_KEY] = taken
+    n = len(taken)
+    name = f"{stem}__{n}"
+    while name in taken:
+        n += 1
+        name = f"{stem}__{n}"
+    taken.add(name)
+    return name
+
+
+def _names(graph: ir.Graph) -> set[str]:
+    names: set[str] = set()
+    for g in graphs_of(graph):
+        names.update(v.name for v in (*g.inputs, *g.outputs, *g.initializers.values()) if v.name)
+        names.update(v.name for node in g for v in (*node.outputs, *node.inputs) if v is not None and v.name)
+    return names
+
+
+def add_const(graph: ir.Graph, stem: str, array: np.ndarray) -> ir.Value:
+    """A new initializer of ``graph`` holding ``array`` (copied), named from ``stem``."""
+    import onnx_ir as ir
+
+    name = fresh_name(graph, stem)
+    data = np.array(array, copy=True, order="C")
+    tensor = ir.tensor(data, name=name)
+    value = ir.Value(name=name, const_value=tensor, type=ir.TensorType(tensor.dtype), shape=ir.Shape(data.shape))
+    graph.register_initializer(value)
+    return value
+
+
+def make_node(
+    graph: ir.Graph, op_type: str, inputs: list[ir.Value | None], stem: str, *, name: str = "", **attributes: Any
+) -> ir.Node:
+    """A node of ``op_type`` (not yet in ``graph``) reading ``inputs``, its one output named from ``stem``."""
+    import onnx_ir as ir
+
+    node = ir.node(op_type, inputs, attributes or None, name=name or None)
+    node.outputs[0].name = fresh_name(graph, stem)
+    return node
+
+
+def remove(graph: ir.Graph, nodes: Iterable[ir.Node]) -> None:
+    """Remove ``nodes`` (each once, whichever graph of the model holds it) with their reads; what they write
+    must be unread by the nodes kept."""
+    doomed = list({id(n): n for n in nodes}.values())
+    by_graph: dict[int, tuple[ir.Graph, list[ir.Node]]] = {}
+    for node in doomed:
+        owner = node.graph if node.graph is not None else graph
+        by_graph.setdefault(id(owner), (owner, []))[1].append(node)
+    for owner, owned in by_graph.values():
+        owner.remove(owned, safe=True)
+
+
+def tidy(model: ir.Model) -> None:
+    """Exact clean-ups: an ``Identity`` of an initializer (not a graph output) is bypassed, then onnx_ir's
+    ``RemoveUnusedNodesPass`` removes what nothing reads. (onnx_ir 1.1's ``IdentityEliminationPass`` raises on a
+    branch that returns an outer value through an ``Identity``: silero's decoder.)"""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    for node in list(model.graph):
+        x = node.inputs[0] if node.op_type == "Identity" and node.inputs else None
+        if x is not None and x.const_value is not None and not node.outputs[0].is_graph_output():
+            node.outputs[0].replace_all_uses_with(x)
+            model.graph.remove(node, safe=True)
+    RemoveUnusedNodesPass()(model)
+
+
+def run_on_graph(model: onnx.ModelProto, edit: Callable[..., Any], *args: Any) -> Any:
+    """Run ``edit(graph, *args)`` on ``model``'s main graph as onnx_ir, ``model`` updated in place (one round
+    trip, :func:`qdq.graphs.onnx.on_ir`); what ``edit`` returned. Tests and one-pass callers use it."""
+    from qdq.graphs.onnx import on_ir
+
+    return on_ir(model, lambda ir_model: edit(ir_model.graph, *args))[0]
