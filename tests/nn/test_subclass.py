@@ -15,13 +15,14 @@ import pickle
 import warnings
 
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import qdq
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import const, single_reader
 from qdq.nn import QuantMixin
 from qdq.nn.subclass import resolve
 from qdq.quantizer import TensorQuantizer, disabled_quantizers
@@ -206,12 +207,11 @@ def test_export_for_onnxruntime_runs_every_conv_as_qlinearconv(tmp_path):
 def _pads_on_one_grid(model: onnx.ModelProto) -> int:
     """How many Pads the file has, each checked to pad the integers: ``Q -> Pad -> DQ`` of one scale (the export
     writes ``DQ -> Pad -> Q``, the input quantizer read again after the pad; the rewrite moves the Pad)."""
-    g = GraphIndex(model)
-    pads = [node for node in g.nodes if node.op_type == "Pad"]
+    pads = [node for node in ir.serde.deserialize_model(model).graph if node.op_type == "Pad"]
     for pad in pads:
-        before, after = g.producer[pad.input[0]], g.single_reader(pad.output[0])
+        before, after = pad.inputs[0].producer(), single_reader(pad.outputs[0])
         assert (before.op_type, after.op_type) == ("QuantizeLinear", "DequantizeLinear")
-        assert g.array(before.input[1]) == g.array(after.input[1])
+        assert const(before.inputs[1]) == const(after.inputs[1])
     return len(pads)
 
 

@@ -8,7 +8,7 @@
 * :func:`rewrite_for_onnxruntime`: the ``"onnxruntime"`` target's rewrite of a Q/DQ graph
   (:mod:`qdq.targets.onnxruntime`).
 * :func:`annotate_quantizers` tags the Q/DQ nodes of a graph traced inside :func:`export_mode` with their
-  quantizers' names (the ONNX graph index every graph pass uses is :class:`qdq.graphs.onnx.GraphIndex`).
+  quantizers' names (:mod:`qdq.graphs.onnx_tags`).
 * :func:`export_mode` is the context manager behind it (quantizers emit Q/DQ while exporting).
 * :func:`write_calibration_cache` / :func:`read_calibration_cache` / :func:`calibration_scales`: TensorRT's text
   calibration cache, and :func:`strip_qdq`: the float graph of a Q/DQ graph, same tensor names (TensorRT implicit

@@ -39,6 +39,7 @@ from qdq.export.mode import QdqSpec, export_mode, quantizer_specs
 from qdq.graphs import onnx as graph
 from qdq.graphs import onnx_tags as tags
 from qdq.graphs import onnx_types
+from qdq.graphs.ir_graph import tidy
 from qdq.quantizer import TensorQuantizer
 from qdq.targets import Target, export_target
 from qdq.targets.marks import placed_options, placed_target
@@ -174,10 +175,12 @@ def _finish(
 
 def _placed_float_convs(convs: list[str]) -> str:
     """Why Convs stay float on ONNX Runtime in a model placed for it (the rewrite's own advice is to place it)."""
-    return (f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output has no quantizer. "
-            "The model was quantized for this target, so placement did not reach them: a module torch.fx cannot "
-            "trace computes them (quantize_model's warning names those; make them traceable, or use "
-            "qdq.nn.QuantAdd / QuantConcat there), or a quantizer was disabled by hand.")
+    return (
+        f"{len(convs)} Conv(s) will run in float on ONNX Runtime (e.g. {convs[0]}): their output has no quantizer. "
+        "The model was quantized for this target, so placement did not reach them: a module torch.fx cannot "
+        "trace computes them (quantize_model's warning names those; make them traceable, or use "
+        "qdq.nn.QuantAdd / QuantConcat there), or a quantizer was disabled by hand."
+    )
 
 
 def finish_onnx(
@@ -212,7 +215,7 @@ def finish_onnx(
             "or an output is not a tensor. Leave unused inputs out of the example."
         )
     graph.rename_io(proto, inputs, outputs)
-    graph.tidy(proto)
+    graph.on_ir(proto, tidy)
     if annotate is not None:
         annotate(proto)
     target.rewrite_onnx(proto, **target.export_options(target_options))
@@ -371,7 +374,11 @@ def _output_names(model: nn.Module, inputs: ModelInputs) -> list[str]:
 
 
 def _run_exporter(
-    model: nn.Module, inputs: ModelInputs, opset: int | None, axes: _Axes, dynamo: bool,
+    model: nn.Module,
+    inputs: ModelInputs,
+    opset: int | None,
+    axes: _Axes,
+    dynamo: bool,
     specs: Mapping[TensorQuantizer, QdqSpec],
 ) -> tuple[onnx.ModelProto, tuple[list[str], list[str]]]:
     """The model traced to ONNX by the chosen exporter. Where torch.export cannot trace it (a bug of torch's, such as

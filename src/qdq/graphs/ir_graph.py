@@ -27,6 +27,7 @@ __all__ = [
     "const_input",
     "fresh_name",
     "graphs_of",
+    "inferred_dims",
     "make_node",
     "name_of",
     "only_readers",
@@ -36,6 +37,7 @@ __all__ = [
     "run_on_graph",
     "single_reader",
     "source",
+    "subgraphs",
     "tidy",
 ]
 
@@ -62,9 +64,11 @@ def const_input(node: ir.Node, index: int) -> np.ndarray | None:
 
 
 def attr(node: ir.Node, name: str, default: Any = None) -> Any:
-    """The value of ``node``'s attribute ``name`` (an int, float, list, tensor...), or ``default``."""
+    """The value of ``node``'s attribute ``name`` (an int, float, string, list, tensor, graph), or ``default``."""
     found = node.attributes.get(name)
-    return default if found is None else found.value
+    if found is None:
+        return default
+    return list(found.value) if isinstance(found.value, tuple) else found.value
 
 
 def name_of(value: ir.Value | None, default: str = "value") -> str:
@@ -124,18 +128,25 @@ def readers_through(value: ir.Value, through: Iterable[str]) -> list[ir.Node | N
     return found
 
 
-def graphs_of(graph: ir.Graph) -> Iterator[ir.Graph]:
-    """``graph`` and the subgraphs of its control flow, outer first."""
+def subgraphs(node: ir.Node) -> list[ir.Graph]:
+    """The graphs of ``node``'s attributes (an ``If``'s branches, a ``Loop``'s body); empty for other nodes."""
     import onnx_ir as ir
 
+    found: list[ir.Graph] = []
+    for attribute in node.attributes.values():
+        if attribute.type == ir.AttributeType.GRAPH:
+            found.append(attribute.value)
+        elif attribute.type == ir.AttributeType.GRAPHS:
+            found.extend(attribute.value)
+    return found
+
+
+def graphs_of(graph: ir.Graph) -> Iterator[ir.Graph]:
+    """``graph`` and the subgraphs of its control flow, outer first."""
     yield graph
     for node in graph:
-        for attribute in node.attributes.values():
-            if attribute.type == ir.AttributeType.GRAPH:
-                yield from graphs_of(attribute.value)
-            elif attribute.type == ir.AttributeType.GRAPHS:
-                for sub in attribute.value:
-                    yield from graphs_of(sub)
+        for sub in subgraphs(node):
+            yield from graphs_of(sub)
 
 
 def fresh_name(graph: ir.Graph, stem: str) -> str:
@@ -197,6 +208,21 @@ def remove(graph: ir.Graph, nodes: Iterable[ir.Node]) -> None:
         by_graph.setdefault(id(owner), (owner, []))[1].append(node)
     for owner, owned in by_graph.values():
         owner.remove(owned, safe=True)
+
+
+def inferred_dims(model: ir.Model) -> dict[str, list[int | None]]:
+    """The dimensions of every value ONNX shape inference can tell (None for a symbolic one), inferred on a
+    serialized copy (the model keeps its recorded types); empty when inference fails."""
+    import onnx
+    import onnx_ir as ir
+
+    from qdq.graphs.onnx_types import recorded_dims
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(ir.serde.serialize_model(model)).graph
+    except (onnx.shape_inference.InferenceError, RuntimeError):
+        return {}
+    return recorded_dims((*inferred.input, *inferred.output, *inferred.value_info))
 
 
 def tidy(model: ir.Model) -> None:

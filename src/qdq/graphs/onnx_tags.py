@@ -4,7 +4,7 @@ After export each ``QuantizeLinear`` / ``DequantizeLinear`` node qdq emitted car
 comes from, as node metadata ``qdq.quantizer`` (and in its node name). :func:`qdq_sites` lists them; the
 calibration cache writer, the onnxruntime rewrite and the tests read that list.
 
-Imports neither torch nor (at import time) onnx.
+Imports neither torch nor (at import time) onnx or onnx_ir.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, remove_nodes, set_metadata
+from qdq.graphs.ir_graph import attr, const, name_of, remove, run_on_graph, source
+from qdq.graphs.onnx import on_ir
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 __all__ = [
     "INPUT_SCALE_KEY",
@@ -57,8 +59,9 @@ class QdqSite:
         quantizer: module name of the quantizer in the PyTorch model.
         input: name of the float tensor that is quantized (for a weight folded to int8, the int8 initializer).
         output: name of the dequantized float tensor.
-        quantize: the QuantizeLinear node, or None when the input is a pre-quantized initializer.
-        dequantize: the DequantizeLinear node.
+        quantize: the QuantizeLinear node (an ``onnx_ir.Node``), or None when the input is a pre-quantized
+            initializer.
+        dequantize: the DequantizeLinear node (an ``onnx_ir.Node``).
         step: float32 step, ONNX's ``y_scale`` (0-d or ``[C]``).
         zero_point: zero point (int8/uint8, same shape as ``step``).
         axis: channel axis of a per-channel scale, None per tensor.
@@ -81,46 +84,50 @@ class QdqSite:
     input_scale: float = 1.0
 
 
-def _array(tables: Mapping[str, Any], name: str) -> np.ndarray:
-    from onnx import numpy_helper
-
-    if name not in tables:
-        raise KeyError(f"Q/DQ parameter {name!r} is not a constant")
-    return numpy_helper.to_array(tables[name])
-
-
-def _axis(node: Any) -> int | None:
-    for attr in node.attribute:
-        if attr.name == "axis":
-            return int(attr.i)
-    return None
+def _array(value: ir.Value | None) -> np.ndarray:
+    found = const(value)
+    if found is None:
+        raise KeyError(f"Q/DQ parameter {name_of(value, '')!r} is not a constant")
+    return found
 
 
 def _meta(node: Any, key: str) -> str | None:
     if isinstance(node.metadata_props, dict):  # an onnx_ir node
         return node.metadata_props.get(key)
-    for prop in node.metadata_props:
+    for prop in node.metadata_props:  # an onnx.NodeProto
         if prop.key == key:
             return prop.value
     return None
 
 
-def _take_tags(model: onnx.ModelProto) -> None:
+def _take_tags(model: ir.Model) -> None:
     """Turn the TorchScript path's ``qdq::QuantizerTag`` marker nodes into metadata on their Q/DQ pair."""
-    index = GraphIndex(model)
-    markers = [n for n in model.graph.node if n.domain == TAG_DOMAIN]
+    markers = [n for n in model.graph if n.domain == TAG_DOMAIN]
     for marker in markers:
-        tag = next(a.s.decode() for a in marker.attribute if a.name == "quantizer")
-        dq = index.producer[marker.input[0]]
-        dq.output[0] = marker.output[0]  # the marker was the DQ output's only reader
-        set_metadata(dq, QUANTIZER_KEY, tag)
-        q = index.producer.get(dq.input[0])
+        tag, tagged = attr(marker, "quantizer"), marker.outputs[0]
+        dq = source(marker.inputs[0])
+        assert dq is not None  # the exporter writes each marker after the DequantizeLinear it tags
+        out = dq.outputs[0]
+        tagged.replace_all_uses_with(out, replace_graph_outputs=True)
+        remove(model.graph, [marker])
+        out.name, out.type, out.shape = tagged.name, tagged.type, tagged.shape  # the DQ writes the marker's tensor
+        dq.metadata_props[QUANTIZER_KEY] = tag
+        q = source(dq.inputs[0])
         if q is not None and q.op_type == "QuantizeLinear":
-            set_metadata(q, QUANTIZER_KEY, tag)
-    remove_nodes(model, markers)
-    imports = [o for o in model.opset_import if o.domain != TAG_DOMAIN]
-    del model.opset_import[:]
-    model.opset_import.extend(imports)
+            q.metadata_props[QUANTIZER_KEY] = tag
+    model.opset_imports.pop(TAG_DOMAIN, None)
+
+
+def _annotate(model: ir.Model) -> None:
+    _take_tags(model)
+    count: Counter[tuple[str, str]] = Counter()
+    for node in model.graph:
+        owner = node.metadata_props.get(QUANTIZER_KEY)
+        if owner is None or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        key = (owner, node.op_type)
+        node.name = f"{owner}/{node.op_type}" + (f"_{count[key]}" if count[key] else "")
+        count[key] += 1
 
 
 def annotate_quantizers(model: onnx.ModelProto) -> None:
@@ -129,61 +136,60 @@ def annotate_quantizers(model: onnx.ModelProto) -> None:
     Nodes are named ``<quantizer>/QuantizeLinear`` and ``<quantizer>/DequantizeLinear`` (``_1``, ``_2``...
     for a quantizer called more than once).
     """
-    _take_tags(model)
-    count: Counter[tuple[str, str]] = Counter()
-    for node in model.graph.node:
-        owner = _meta(node, QUANTIZER_KEY)
-        if owner is None or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        key = (owner, node.op_type)
-        node.name = f"{owner}/{node.op_type}" + (f"_{count[key]}" if count[key] else "")
-        count[key] += 1
+    on_ir(model, _annotate)
 
 
 def quantizer_names(node: Any) -> list[str]:
-    """Every quantizer a tagged Q or DQ node stands for (empty for an untagged node)."""
+    """Every quantizer a tagged Q or DQ node (onnx_ir or protobuf) stands for (empty for an untagged node)."""
     raw = _meta(node, MERGED_KEY) or _meta(node, QUANTIZER_KEY)
     return raw.split(",") if raw else []
 
 
-def add_quantizer_names(node: Any, names: Iterable[str]) -> None:
-    """Append ``names`` to the quantizers a tagged node stands for."""
+def add_quantizer_names(node: ir.Node, names: Iterable[str]) -> None:
+    """Append ``names`` to the quantizers a tagged onnx_ir node stands for."""
     merged = list(dict.fromkeys([*quantizer_names(node), *names]))
     if merged:
-        set_metadata(node, MERGED_KEY, ",".join(merged))
+        node.metadata_props[MERGED_KEY] = ",".join(merged)
 
 
 def record_merged(model: onnx.ModelProto, merged: Mapping[str, Iterable[str]]) -> None:
     """Add quantizer names to the ``qdq.quantizers`` list of the pairs tagged with each key of ``merged``."""
-    for node in model.graph.node:
-        owner = _meta(node, QUANTIZER_KEY)
-        if owner is not None and owner in merged:
-            add_quantizer_names(node, merged[owner])
+
+    def record(graph: ir.Graph) -> None:
+        for node in graph:
+            owner = node.metadata_props.get(QUANTIZER_KEY)
+            if owner is not None and owner in merged:
+                add_quantizer_names(node, merged[owner])
+
+    if merged:
+        run_on_graph(model, record)
 
 
 def qdq_sites(model: onnx.ModelProto) -> list[QdqSite]:
-    """Every quantizer occurrence in a graph exported by qdq, in graph order."""
-    index = GraphIndex(model)
-    tables = index.constants
+    """Every quantizer occurrence in a graph exported by qdq, in graph order. The sites' nodes are those of an
+    onnx_ir copy of ``model`` (its tensors shared, not copied)."""
+    import onnx_ir as ir
+
     sites = []
-    for node in model.graph.node:
-        if node.op_type != "DequantizeLinear" or _meta(node, QUANTIZER_KEY) is None:
+    for node in ir.serde.deserialize_model(model).graph:
+        quantizer = node.metadata_props.get(QUANTIZER_KEY)
+        if node.op_type != "DequantizeLinear" or quantizer is None:
             continue
-        q = index.producer.get(node.input[0])
+        q = source(node.inputs[0])
         q = q if q is not None and q.op_type == "QuantizeLinear" else None
-        scale = _array(tables, node.input[1])
+        scale = _array(node.inputs[1])
         sites.append(
             QdqSite(
-                quantizer=_meta(node, QUANTIZER_KEY) or "",
-                input=q.input[0] if q is not None else node.input[0],
-                output=node.output[0],
+                quantizer=quantizer,
+                input=name_of((q or node).inputs[0], ""),
+                output=name_of(node.outputs[0], ""),
                 quantize=q,
                 dequantize=node,
                 step=scale,
-                zero_point=_array(tables, node.input[2]),
-                axis=_axis(node) if scale.ndim == 1 else None,
+                zero_point=_array(node.inputs[2]),
+                axis=attr(node, "axis") if scale.ndim == 1 else None,
                 quantizers=tuple(quantizer_names(node)),
-                input_scale=float(_meta(q, INPUT_SCALE_KEY) or 1.0) if q is not None else 1.0,
+                input_scale=float(q.metadata_props.get(INPUT_SCALE_KEY) or 1.0) if q is not None else 1.0,
             )
         )
     return sites

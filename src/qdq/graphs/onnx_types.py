@@ -218,7 +218,8 @@ def float_slots(node: Any, opset: int, types: TensorTypes | None = None) -> Floa
 
     The parameter is the first type parameter of the schema's outputs that allows a float type (for
     ``QuantizeLinear``, whose output is an integer, the parameter of its input ``x``). Nodes outside the
-    default domain, or whose schema ONNX does not know, have no slots.
+    default domain, or whose schema ONNX does not know, have no slots. ``node``: an ``onnx.NodeProto`` or an
+    ``onnx_ir.Node``.
     """
     from onnx import defs
 
@@ -234,16 +235,25 @@ def float_slots(node: Any, opset: int, types: TensorTypes | None = None) -> Floa
     param = next((f.type_str for f in formals if allowed.get(f.type_str, frozenset()) & FLOAT_TYPES), None)
     if param is None:
         return _NO_SLOTS
+    inputs, outputs = _io_names(node)
     return FloatSlots(
         param=param,
-        inputs=tuple(i for i in _bound(schema.inputs, len(node.input), param) if node.input[i]),
-        outputs=tuple(i for i in _bound(schema.outputs, len(node.output), param) if node.output[i]),
+        inputs=tuple(i for i in _bound(schema.inputs, len(inputs), param) if inputs[i]),
+        outputs=tuple(i for i in _bound(schema.outputs, len(outputs), param) if outputs[i]),
         allowed=allowed[param],
     )
 
 
+def _io_names(node: Any) -> tuple[list[str], list[str]]:
+    """The input and output names of an ``onnx.NodeProto`` or an ``onnx_ir.Node`` (``""`` for an omitted one)."""
+    if hasattr(node, "inputs"):  # an onnx_ir node
+        return [(v.name or "") if v is not None else "" for v in node.inputs], [v.name or "" for v in node.outputs]
+    return list(node.input), list(node.output)
+
+
 def input_types(node: Any, opset: int) -> list[frozenset[int]]:
-    """For each actual input of ``node``, the element types its schema allows in ``opset`` (empty if unknown)."""
+    """For each actual input of ``node`` (an ``onnx.NodeProto`` or an ``onnx_ir.Node``), the element types its
+    schema allows in ``opset`` (empty if unknown)."""
     from onnx import defs
     from onnx.defs import OpSchema
 
@@ -251,12 +261,13 @@ def input_types(node: Any, opset: int) -> list[frozenset[int]]:
         schema = defs.get_schema(node.op_type, opset, "") if node.domain in ("", "ai.onnx") else None
     except Exception:  # an unknown op: nothing is known about its inputs
         schema = None
+    count = len(_io_names(node)[0])
     if schema is None or not schema.inputs:
-        return [frozenset()] * len(node.input)
+        return [frozenset()] * count
     allowed = {c.type_param_str: frozenset(filter(None, map(_type_enum, c.allowed_type_strs)))
                for c in schema.type_constraints}  # fmt: skip
     found: list[frozenset[int]] = []
-    for index in range(len(node.input)):
+    for index in range(count):
         formal = schema.inputs[min(index, len(schema.inputs) - 1)]
         if index >= len(schema.inputs) and formal.option != OpSchema.FormalParameterOption.Variadic:
             found.append(frozenset())

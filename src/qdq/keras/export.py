@@ -26,17 +26,21 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qdq.errors import QdqExportError
-from qdq.graphs.onnx_types import recorded_dims
+from qdq.graphs.ir_graph import add_const, attr, const_input, fresh_name, inferred_dims, remove, single_reader
+from qdq.graphs.onnx import on_ir
 from qdq.keras._backend import keras, tf, tf2onnx
 from qdq.keras.graph import check_graph_model
 from qdq.targets import Target, export_target
 from qdq.targets.marks import placed_target
 from qdq.targets.onnxruntime.passes.float_convs import float_convs_said
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["export_float_onnx", "export_onnx"]
 
@@ -90,9 +94,7 @@ def export_onnx(
     _check_calibrated(model)
     exported = fold_batchnorms(model) if fold_bn else model
     proto = _convert(exported, opset)
-    _weights_through_layout(proto)
-    _drop_identity_reshapes(proto)
-    _layout_before_q(proto)
+    on_ir(proto, _weights_through_layout, _drop_identity_reshapes, _layout_before_q)
     placed = placed_target(model) == chosen.name
     with float_convs_said(_placed_float_convs) if placed else contextlib.nullcontext():
         return finish_onnx(proto, path, chosen, opset=opset, target_options=target_options)
@@ -261,76 +263,63 @@ def _channel_axis(shape: tuple[int, ...], axis: int, ops: list[tuple[str, Any]])
     return None
 
 
-def _layout_chain(g: Any, dq: Any) -> tuple[list[Any], list[tuple[str, Any]]] | None:
+def _layout_chain(dq: ir.Node) -> tuple[list[ir.Node], list[tuple[str, Any]]] | None:
     """The Reshape/Transpose nodes after ``dq`` (single readers, constant shapes) and their numpy ops."""
-    from qdq.graphs.onnx import attribute as _attr
-
-    nodes, ops, tensor = [], [], dq.output[0]
+    nodes, ops, value = [], [], dq.outputs[0]
     while True:
-        reader = g.single_reader(tensor)
+        reader = single_reader(value)
         if reader is None or reader.op_type not in _LAYOUT_OPS:
             break
         if reader.op_type == "Reshape":
-            shape = g.const_input(reader, 1)
+            shape = const_input(reader, 1)
             if shape is None:
                 return None
             ops.append(("Reshape", [int(s) for s in shape]))
         else:
-            ops.append(("Transpose", list(_attr(reader, "perm"))))
+            ops.append(("Transpose", list(attr(reader, "perm"))))
         nodes.append(reader)
-        tensor = reader.output[0]
+        value = reader.outputs[0]
     return (nodes, ops) if nodes else None
 
 
-def _weights_through_layout(proto: Any) -> int:
+def _weights_through_layout(model: ir.Model) -> int:
     """Constant weight ``Q -> DQ -> Reshape/Transpose...`` -> one ``Q -> DQ`` of the re-laid-out kernel."""
-    from qdq.graphs.onnx import GraphIndex
-    from qdq.graphs.onnx import attribute as _attr
-    from qdq.graphs.onnx import set_axis as _set_axis
+    import onnx_ir as ir
 
-    g = GraphIndex(proto)
-    done = 0
-    for q_name in [n.name for n in g.nodes if n.op_type == "QuantizeLinear"]:
-        q = _node(g, q_name)  # looked up again: removing nodes rebuilds the node list
-        weight = g.const_input(q, 0)
-        dq = g.single_reader(q.output[0])
-        if weight is None or dq is None or dq.op_type != "DequantizeLinear":
-            continue
-        found = _layout_chain(g, dq)
-        if found is None:
+    graph, done = model.graph, 0
+    for q in [n for n in graph if n.op_type == "QuantizeLinear"]:
+        weight, dq = const_input(q, 0), single_reader(q.outputs[0])
+        found = (
+            _layout_chain(dq) if weight is not None and dq is not None and dq.op_type == "DequantizeLinear" else None
+        )
+        if weight is None or dq is None or found is None:
             continue
         nodes, ops = found
-        scale = g.const_input(q, 1)
-        axis = _attr(q, "axis", 1) if scale is not None and scale.ndim == 1 else None
+        scale = const_input(q, 1)
+        axis = attr(q, "axis", 1) if scale is not None and scale.ndim == 1 else None
         new_axis = None if axis is None else _channel_axis(weight.shape, axis % weight.ndim, ops)
         if axis is not None and new_axis is None:
             continue
         laid_out = weight
         for op, arg in ops:
             laid_out = laid_out.reshape(arg) if op == "Reshape" else laid_out.transpose(arg)
-        name = g.add_const("weight", np.ascontiguousarray(laid_out))
-        q.input[0] = name
+        q.replace_input_with(0, add_const(graph, "weight", np.ascontiguousarray(laid_out)))
         for node in (q, dq):
             _set_axis(node, new_axis)
-        g.rewire(nodes[-1].output[0], dq.output[0])
-        g.remove(nodes)
+        dq.outputs[0].shape = ir.Shape(laid_out.shape)
+        nodes[-1].outputs[0].replace_all_uses_with(dq.outputs[0])
+        remove(graph, nodes)
         done += 1
     return done
 
 
-def _node(g: Any, name: str) -> Any:
-    return next(node for node in g.nodes if node.name == name)
+def _set_axis(node: ir.Node, axis: int | None) -> None:
+    import onnx_ir as ir
 
-
-def _static_shapes(proto: Any) -> dict[str, list[int | None]]:
-    """Shape of every tensor shape inference can tell (None for a symbolic dimension)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
-    except (onnx.shape_inference.InferenceError, RuntimeError):
-        return {}
-    return recorded_dims((*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output))
+    if axis is None:
+        node.attributes.pop("axis", None)
+    else:
+        node.attributes["axis"] = ir.AttrInt64("axis", axis)
 
 
 def _keeps_shape(shape: list[int | None], target: np.ndarray) -> bool:
@@ -340,88 +329,73 @@ def _keeps_shape(shape: list[int | None], target: np.ndarray) -> bool:
     return all(t in (0, -1) or (d is not None and d == t) for d, t in zip(shape, target.tolist()))
 
 
-def _drop_identity_reshapes(proto: Any) -> int:
+def _drop_identity_reshapes(model: ir.Model) -> int:
     """Remove each Reshape whose constant target is its input's own shape (rewire its readers)."""
-    from qdq.graphs.onnx import GraphIndex
-
-    g = GraphIndex(proto)
-    reshapes = [n for n in g.nodes if n.op_type == "Reshape" and n.output[0] not in g.outputs]
-    shapes = _static_shapes(proto) if reshapes else {}
+    reshapes = [n for n in model.graph if n.op_type == "Reshape" and not n.outputs[0].is_graph_output()]
+    shapes = inferred_dims(model) if reshapes else {}
     done = []
     for node in reshapes:
-        target, shape = g.const_input(node, 1), shapes.get(node.input[0])
-        if target is not None and shape is not None and not _attr_allowzero(node) and _keeps_shape(shape, target):
-            g.rewire(node.output[0], node.input[0])
+        x, target = node.inputs[0], const_input(node, 1)
+        shape = shapes.get(x.name or "") if x is not None else None
+        if x is None or target is None or shape is None or attr(node, "allowzero", 0):
+            continue
+        if _keeps_shape(shape, target):
+            node.outputs[0].replace_all_uses_with(x)
             done.append(node)
-    g.remove(done)
+    remove(model.graph, done)
     return len(done)
 
 
-def _attr_allowzero(node: Any) -> bool:
-    from qdq.graphs.onnx import attribute as _attr
-
-    return bool(_attr(node, "allowzero", 0))
-
-
-def _layout_before_q(proto: Any) -> int:
+def _layout_before_q(model: ir.Model) -> int:
     """Per-tensor ``Q -> DQ -> Transpose/Reshape`` and ``Q -> Transpose -> DQ`` (tf2onnx's transpose optimizer
     pushes a Transpose through the Q alone) -> ``Transpose/Reshape -> Q -> DQ`` (exact: the same values, moved), so
     that a Conv reads its DQ directly."""
-    from qdq.graphs.onnx import GraphIndex
-
-    g = GraphIndex(proto)
-    moved = 0
-    for dq_name in [n.name for n in g.nodes if n.op_type == "DequantizeLinear"]:
-        dq = _node(g, dq_name)
-        scale = g.const_input(dq, 1)
-        if scale is None or scale.ndim != 0:
-            continue
-        pair = _layout_after_dq(g, dq) or _layout_inside(g, dq)
+    graph, moved = model.graph, 0
+    for dq in [n for n in graph if n.op_type == "DequantizeLinear"]:
+        scale = const_input(dq, 1)
+        pair = (_layout_after_dq(dq) or _layout_inside(dq)) if scale is not None and scale.ndim == 0 else None
         if pair is None:
             continue
         q, layout = pair
-        source, moved_name = q.input[0], g.unique("laid_out")
-        after = layout.input[0] == dq.output[0]
-        stale = {q.output[0], dq.output[0] if after else layout.output[0]}  # shapes of the other layout, or gone
-        kept = [v for v in g.graph.value_info if v.name not in stale]
-        del g.graph.value_info[:]
-        g.graph.value_info.extend(kept)
-        if after:  # Q -> DQ -> layout: the DQ takes the layout's output name
-            result = layout.output[0]
-            layout.input[0], layout.output[0] = source, moved_name
-            q.input[0], dq.output[0] = moved_name, result
+        source, laid_out = q.inputs[0], layout.outputs[0]
+        if layout.inputs[0] is dq.outputs[0]:  # Q -> DQ -> layout: the DQ writes the layout's output (its name)
+            name = laid_out.name
+            laid_out.replace_all_uses_with(dq.outputs[0], replace_graph_outputs=True)
+            laid_out.name, dq.outputs[0].name = fresh_name(graph, "laid_out"), name
         else:  # Q -> layout -> DQ
-            layout.input[0], layout.output[0] = source, moved_name
-            q.input[0], dq.input[0] = moved_name, q.output[0]
-        node = type(layout)()
-        node.CopyFrom(layout)
-        g.graph.node.remove(layout)
-        g.insert(q, node)
-        g.refresh()
+            dq.replace_input_with(0, q.outputs[0])
+            laid_out.name = fresh_name(graph, "laid_out")
+        layout.replace_input_with(0, source)
+        q.replace_input_with(0, laid_out)
+        laid_out.type = None  # a float tensor now
+        for value in (q.outputs[0], dq.outputs[0], laid_out):
+            value.shape = None  # of the other layout
+        graph.remove(layout)
+        graph.insert_before(q, layout)
         moved += 1
     return moved
 
 
-def _layout_after_dq(g: Any, dq: Any) -> tuple[Any, Any] | None:
+def _layout_after_dq(dq: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """``(Q, layout)`` of ``Q -> DQ -> layout``, the Q's output read by the DQ alone; else None."""
-    q = g.producer.get(dq.input[0])
-    layout = g.single_reader(dq.output[0])
+    q = dq.inputs[0].producer() if dq.inputs[0] is not None else None
+    layout = single_reader(dq.outputs[0])
     if q is None or q.op_type != "QuantizeLinear" or layout is None or layout.op_type not in _LAYOUT_OPS:
         return None
-    if not g.is_single_reader(dq, q.output[0]) or g.const_input(q, 0) is not None:
+    if single_reader(q.outputs[0]) is not dq or const_input(q, 0) is not None:
         return None
     return q, layout
 
 
-def _layout_inside(g: Any, dq: Any) -> tuple[Any, Any] | None:
+def _layout_inside(dq: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """``(Q, Transpose)`` of ``Q -> Transpose -> DQ``, each output read by the next op alone; else None. (A Reshape
     there is a transpose of 1x1 maps, which :func:`_drop_identity_reshapes` removes.)"""
-    layout = g.producer.get(dq.input[0])
-    if layout is None or layout.op_type != "Transpose" or not g.is_single_reader(dq, layout.output[0]):
+    layout = dq.inputs[0].producer() if dq.inputs[0] is not None else None
+    if layout is None or layout.op_type != "Transpose" or single_reader(layout.outputs[0]) is not dq:
         return None
-    q = g.producer.get(layout.input[0])
-    if q is None or q.op_type != "QuantizeLinear" or not g.is_single_reader(layout, q.output[0]):
+    q = layout.inputs[0].producer() if layout.inputs[0] is not None else None
+    if q is None or q.op_type != "QuantizeLinear" or single_reader(q.outputs[0]) is not layout:
         return None
-    if g.const_input(q, 0) is not None or q.input[1] != dq.input[1]:
+    if const_input(q, 0) is not None or q.inputs[1] is not dq.inputs[1]:
         return None
     return q, layout

@@ -20,7 +20,7 @@ names by a scheme of its own); the opset raised to 13 when lower (per-channel ``
 in the main graph or an ``If`` branch, folded into its result (silero-vad slices its LSTM weights at run time;
 onnxscript's constant folder also rewrites shapes, identities and reshapes whatever it is told, and folds no op of
 several outputs such as ``Split``); an ``Identity`` of an initializer (TorchScript's shared constants) bypassed
-(:func:`~qdq.graphs.onnx.tidy`); shapes inferred where ONNX can (dynamic axes stay symbolic), and a graph output
+(:func:`~qdq.graphs.ir_graph.tidy`); shapes inferred where ONNX can (dynamic axes stay symbolic), and a graph output
 declared with a rank the graph does not compute written with the computed shape (``output_shapes``: strict shape
 inference, which ``onnx.checker`` runs on every file qdq writes, refuses such a declaration).
 
@@ -40,13 +40,13 @@ import onnx
 from onnx import numpy_helper
 
 from qdq.errors import QdqConfigError
+from qdq.graphs.ir_graph import tidy
 from qdq.graphs.onnx import (
     all_nodes,
     clear_output_shapes,
     name_nodes,
     on_ir,
     restore_output_shapes,
-    tidy,
     unique_value_names_ir,
 )
 from qdq.onnx_in.subgraphs import if_branches
@@ -116,9 +116,9 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
     counts["constant_weights"] -= _constant_nodes(model.graph)
     counts["branch_constants"] = len(model.graph.initializer) - initializers - counts["constant_weights"]
     counts["opset"], counts["constants_folded"] = _raise_opset(model), _fold_constant_moves(model)
-    tidy(model)  # an Identity of an initializer (TorchScript's shared constants) is bypassed
     now = [folds.HARD_SWISHES] if (_opset(model) or 0) >= _HARD_SWISH_OPSET else []  # else: _fuse_hard_swishes
-    found = on_ir(model, *(rules.apply_to_model for rules in (folds.BATCHNORMS, *folds.SCALE_SHIFTS, *now)))
+    rules = (rules.apply_to_model for rules in (folds.BATCHNORMS, *folds.SCALE_SHIFTS, *now))
+    found = on_ir(model, tidy, *rules)[1:]  # tidy: TorchScript's shared constants behind an Identity bypassed
     counts["batchnorms_folded"], counts["scale_shifts_folded"] = found[0], 2 * found[1] + found[2]
     counts["hard_swishes"] = found[3] if now else _fuse_hard_swishes(model)
     if _opset(model) != opset:

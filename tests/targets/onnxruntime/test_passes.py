@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.graphs.ir_graph import run_on_graph
-from qdq.graphs.onnx import GraphIndex, on_ir
+from qdq.graphs.ir_graph import const, run_on_graph
+from qdq.graphs.onnx import on_ir
 from qdq.graphs.onnx_tags import add_quantizer_names, quantizer_names
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
 from qdq.targets.onnxruntime.passes.biases import bias_after_float_convs, quantize_biases
@@ -71,8 +72,10 @@ def node(model: onnx.ModelProto, op_type: str):
     return found
 
 
-def value(model: onnx.ModelProto, name: str) -> np.ndarray:
-    return GraphIndex(model).array(name)
+def value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """Constant ``name`` of the main graph (an initializer or a Constant's output) as numpy; None if not one."""
+    graph = ir.serde.deserialize_model(model).graph
+    return const(ir.convenience.create_value_mapping(graph, include_subgraphs=False).get(name))
 
 
 def tag(n, quantizer: str):
@@ -542,6 +545,6 @@ def test_an_unquantized_conv_output_is_warned_about():
 
 
 def test_merged_names_can_be_added_to_a_tagged_node():
-    n = tag(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), "a")
+    n = ir.node("QuantizeLinear", [], metadata_props={"qdq.quantizer": "a"})
     add_quantizer_names(n, ["b", "a", "c"])
     assert quantizer_names(n) == ["a", "b", "c"]

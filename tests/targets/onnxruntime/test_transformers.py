@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import qdq
-from qdq.graphs.onnx import GraphIndex
 from qdq.graphs.onnx_tags import qdq_sites
 from qdq.runtime.ort import fusion_report, inference_session, session_options
 
@@ -34,10 +33,10 @@ from transformer_models import random_biases
 pytestmark = pytest.mark.filterwarnings("ignore:torch.fx cannot trace")
 
 
-def optimized_graph(path: Path, tmp_path: Path) -> GraphIndex:
+def optimized_graph(path: Path, tmp_path: Path) -> onnx.GraphProto:
     optimized = tmp_path / "optimized.onnx"
     inference_session(path, session_options(threads=1, optimized_model_path=str(optimized)))
-    return GraphIndex(onnx.load(str(optimized)))
+    return onnx.load(str(optimized)).graph
 
 
 def bert():
@@ -79,9 +78,10 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
 
     # BERT's key and value biases folded at placement (attention_biases): their Gemms have no bias, the others do.
     # The ViT was traced before quantize_model: its attention modules are gone (nothing to probe), none folded.
-    exported = GraphIndex(onnx.load(str(path)))
-    float_biased = {n.name.removesuffix("/bias_Add") for n in exported.nodes if n.name.endswith("/bias_Add")}
-    gemms = [n for n in exported.nodes if n.op_type == "Gemm" and n.name not in float_biased]
+    exported = onnx.load(str(path))
+    nodes = exported.graph.node
+    float_biased = {n.name.removesuffix("/bias_Add") for n in nodes if n.name.endswith("/bias_Add")}
+    gemms = [n for n in nodes if n.op_type == "Gemm" and n.name not in float_biased]
     assert sum(len(n.input) < 3 or not n.input[2] for n in gemms) == (2 * layers if make is bert else 0)
 
     report = fusion_report(path, threads=1)
@@ -91,7 +91,7 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
     assert report.n_int8 == linears + packed + 2 * layers + (1 if make is vit else 0)  # + the patch-embedding conv
     assert report.count("QGemm") >= linears + packed - layers  # as QGemm (BERT's attention output: see gemm.py)
     g = optimized_graph(path, tmp_path)
-    ops = collections.Counter(n.op_type for n in g.nodes)
+    ops = collections.Counter(n.op_type for n in g.node)
     assert ops["Where"] <= 1  # the attention masks became Adds (one Where left on the mask's own size)
     assert ops["Split"] == 0  # no float cut of a packed projection's output
     # fc1's bias is a float Add before the Reshape back (float_biases): not QGemm's int32 bias, not ORT's BiasGelu
@@ -105,9 +105,9 @@ def test_transformer_runs_in_int8_kernels_and_agrees_per_quantizer(make, tmp_pat
 
     # the softmax scale (1/4 for BERT's head size 16, 1/8 for ViT's 64) folded into the query's QuantizeLinear:
     # no Mul after Q·Kᵀ (nor before the query's Q) in the file, and none in ORT's graph
-    assert not [n for n in exported.nodes if n.op_type == "Mul" and exported.producer.get(n.input[0]) is not None
-                and exported.producer[n.input[0]].op_type == "MatMul"]  # fmt: skip
-    scaled = [s for s in qdq_sites(exported.model) if s.input_scale != 1.0]
+    producer = {out: n.op_type for n in nodes for out in n.output}
+    assert not [n for n in nodes if n.op_type == "Mul" and producer.get(n.input[0]) == "MatMul"]
+    scaled = [s for s in qdq_sites(exported) if s.input_scale != 1.0]
     assert len(scaled) == layers and all(s.quantizer.endswith("query_quantizer") for s in scaled)
     assert ops["Mul"] == 0
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import qdq.cpu
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import const, readers
 from qdq.runtime.ort import inference_session, session_options
 from qdq.targets import get_target
 from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8
@@ -23,6 +24,12 @@ from qdq.targets.onnxruntime.rewrite import rewrite_for_onnxruntime
 
 X_SCALE, W_SCALE, Y_SCALE = 1 / 255, 0.01, 0.5
 CHANNELS = 8  # 3x3 kernel over 8 channels: 72 products per output, 36 pairs
+
+
+def array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """Constant ``name`` of the main graph (an initializer or a Constant's output) as numpy; None if not one."""
+    graph = ir.serde.deserialize_model(model).graph
+    return const(ir.convenience.create_value_mapping(graph, include_subgraphs=False).get(name))
 
 
 def saturating_conv(weight_value: int = 127, *, float_weight: bool = False) -> onnx.ModelProto:
@@ -99,30 +106,31 @@ def test_int8_weights_saturate_on_this_cpu():
 
 def test_encoding_keeps_every_dequantized_weight():
     model = saturating_conv()
-    before = GraphIndex(model).array("w_int").astype(np.int32)
+    before = array(model, "w_int").astype(np.int32)
     assert encode_weights_uint8(model) == 1
-    g = GraphIndex(model)
-    (dq,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and g.array(n.input[0]) is not None]
-    stored, zero = g.array(dq.input[0]), g.array(dq.input[2])
+    graph = ir.serde.deserialize_model(model).graph
+    (dq,) = [n for n in graph if n.op_type == "DequantizeLinear" and const(n.inputs[0]) is not None]
+    stored, zero = const(dq.inputs[0]), const(dq.inputs[2])
     assert stored.dtype == zero.dtype == np.uint8 and int(zero) == 128
     np.testing.assert_array_equal(stored.astype(np.int32) - 128, before)  # 127 -> 255 with zero point 128
-    assert g.array("w_zero") is None  # the int8 zero point is no longer used
+    assert array(model, "w_zero") is None  # the int8 zero point is no longer used
 
 
 def test_the_quantize_form_gets_a_uint8_zero_point_on_both_nodes():
     model = saturating_conv(float_weight=True)
     assert encode_weights_uint8(model) == 1
-    g = GraphIndex(model)
-    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "w_float")
-    (dq,) = g.consumers[q.output[0]]
-    assert q.input[2] == dq.input[2] and g.array(q.input[2]).dtype == np.uint8 and int(g.array(q.input[2])) == 128
+    graph = ir.serde.deserialize_model(model).graph
+    q = next(n for n in graph if n.op_type == "QuantizeLinear" and n.inputs[0].name == "w_float")
+    (dq,) = readers(q.outputs[0])
+    zero = const(q.inputs[2])
+    assert q.inputs[2] is dq.inputs[2] and zero.dtype == np.uint8 and int(zero) == 128
 
 
 def test_weights_within_64_levels_stay_int8():
     # |w| <= 64: a pair sums to at most 255 * 128 = 32640, which fits int16 (7-bit and 4-bit weights)
     model = saturating_conv(weight_value=64)
     assert encode_weights_uint8(model) == 0
-    assert GraphIndex(model).array("w_int").dtype == np.int8
+    assert array(model, "w_int").dtype == np.int8
     assert encode_weights_uint8(saturating_conv(weight_value=-65)) == 1
     assert encode_weights_uint8(saturating_conv(weight_value=64), only_saturating=False) == 1
 
@@ -130,9 +138,9 @@ def test_weights_within_64_levels_stay_int8():
 def test_activations_are_left_alone():
     model = saturating_conv()
     encode_weights_uint8(model)
-    g = GraphIndex(model)
-    assert g.array("x_zero").dtype == np.uint8 and int(g.array("x_zero")) == 0
-    assert g.array("y_zero").dtype == np.uint8 and int(g.array("y_zero")) == 0
+    x_zero, y_zero = array(model, "x_zero"), array(model, "y_zero")
+    assert x_zero.dtype == np.uint8 and int(x_zero) == 0
+    assert y_zero.dtype == np.uint8 and int(y_zero) == 0
 
 
 @pytest.mark.parametrize(("weights", "dtype"), [("int8", np.int8), ("uint8", np.uint8)])
@@ -140,9 +148,8 @@ def test_the_rewrite_option_sets_and_records_the_encoding(weights, dtype):
     model = saturating_conv()
     counts = rewrite_for_onnxruntime(model, weights=weights)
     assert counts["uint8_weights"] == int(weights == "uint8")
-    g = GraphIndex(model)
-    conv = next(n for n in model.graph.node if n.op_type == "Conv")
-    assert g.array(g.producer[conv.input[1]].input[0]).dtype == dtype
+    conv = next(n for n in ir.serde.deserialize_model(model).graph if n.op_type == "Conv")
+    assert const(conv.inputs[1].producer().inputs[0]).dtype == dtype
     assert {p.key: p.value for p in model.metadata_props}[WEIGHTS_METADATA_KEY] == weights
 
 
@@ -169,7 +176,7 @@ def test_runtime_session_reencodes_in_memory(tmp_path):
     session = inference_session(path, session_options(threads=1), uint8_weights=True)
     out = session.run(None, {"x": X})[0]
     assert out[0, 0, 1, 1] == CENTRE
-    assert GraphIndex(onnx.load(str(path))).array("w_int").dtype == np.int8  # the file is not changed
+    assert array(onnx.load(str(path)), "w_int").dtype == np.int8  # the file is not changed
 
 
 @pytest.mark.parametrize(

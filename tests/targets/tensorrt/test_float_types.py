@@ -22,7 +22,6 @@ from torchvision.models.vision_transformer import VisionTransformer
 import qdq
 from qdq.errors import QdqConfigError
 from qdq.export import export_onnx
-from qdq.graphs.onnx import GraphIndex
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import TensorTypes
 from qdq.quantizer import TensorQuantizer
@@ -60,12 +59,12 @@ def weight_mismatches(model: nn.Module, path) -> dict[str, int]:
     """Each weight stored as int8 codes in the file, dequantized (codes * scale, float32), against the PyTorch
     weight quantizer's output on the model's weight: elements that differ, by quantizer name."""
     proto = onnx.load(str(path))
-    index = GraphIndex(proto)
+    constants = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     modules = dict(model.named_modules())
     bad, seen = {}, 0
-    for dq in [n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in index.constants]:
+    for dq in [n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constants]:
         (name,) = quantizer_names(dq)
-        codes, scale = index.array(dq.input[0]), index.array(dq.input[1]).astype(np.float32)
+        codes, scale = constants[dq.input[0]], constants[dq.input[1]].astype(np.float32)
         quantizer = modules[name]
         weight = next(w for n, w, q in modules[name.rsplit(".", 1)[0]].quantized_weights() if q is quantizer)
         with torch.no_grad():

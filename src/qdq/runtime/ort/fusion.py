@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import GraphIndex, all_nodes, subgraphs
+from qdq.graphs.ir_graph import attr, const, graphs_of, name_of, subgraphs
+from qdq.graphs.onnx import all_nodes
 from qdq.runtime._text import markdown_table
 from qdq.runtime.coverage import Coverage, FloatLayer
 from qdq.runtime_registry import ORT_RUNTIME
@@ -33,7 +34,9 @@ from qdq.targets import FusionFacts
 from qdq.targets.registry import native_fact
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
+    import onnx_ir as ir
 
 __all__ = ["WEIGHTED_OPS", "FusionReport", "UnfusedQdq", "analyse_fusion", "ort_fusion_facts"]
 
@@ -190,115 +193,170 @@ def analyse_fusion(
 ) -> FusionReport:
     """Compare ORT's ``optimized`` graph of a model with its ``source`` graph (``facts``: ORT's fusion facts,
     by default :func:`ort_fusion_facts`)."""
+    import onnx_ir as ir
+
     facts = facts or ort_fusion_facts()
-    explainers = [(part, _Explainer(part, facts)) for part in _graphs(optimized)]
-    unfused = tuple(e.explain(node) for part, e in explainers for node in part.graph.node if node.op_type in (_Q, _DQ))
+    graph = ir.serde.deserialize_model(optimized).graph
+    explainers = [_Explainer(part, facts) for part in _graphs(graph)]
+    unfused = tuple(e.explain(node) for e in explainers for node in e.graph if node.op_type in (_Q, _DQ))
     floats = tuple(
-        FloatLayer(node.name, node.op_type, e.float_cause(node))
-        for part, e in explainers
-        for node in part.graph.node
+        FloatLayer(node.name or "", node.op_type, e.float_cause(node))
+        for e in explainers
+        for node in e.graph
         if node.op_type in facts.float_kernels
     )
     return FusionReport(
         model=model,
         optimization_level=optimization_level,
         source_ops=dict(Counter(node.op_type for node in all_nodes(source.graph))),
-        optimized_ops=dict(Counter(_key(node) for node in all_nodes(optimized.graph))),
+        optimized_ops=dict(Counter(_key(node) for node in _all_nodes(graph))),
         unfused=unfused,
         facts=facts,
         float_layers=floats,
     )
 
 
-def _graphs(model: onnx.ModelProto) -> list[onnx.ModelProto]:
-    """``model`` and each subgraph of its control flow (an ``If``'s branches, a ``Loop``'s body) as a model of its
-    own, read apart: what a subgraph reads from outside it is an input there."""
-    import onnx
-
-    inner = [graph for node in all_nodes(model.graph) for graph in subgraphs(node)]
-    return [model, *(onnx.ModelProto(ir_version=model.ir_version, graph=graph) for graph in inner)]
+def _all_nodes(graph: ir.Graph) -> list[ir.Node]:
+    """Every node of ``graph`` and of the subgraphs of its control flow, a graph's nodes before its subgraphs'."""
+    return [node for part in graphs_of(graph) for node in part]
 
 
-def _key(node: onnx.NodeProto) -> str:
+def _graphs(graph: ir.Graph) -> list[ir.Graph]:
+    """``graph`` and each subgraph of its control flow (an ``If``'s branches, a ``Loop``'s body), the subgraphs of a
+    graph's nodes after those of the graphs before it."""
+    return [graph, *(inner for part in graphs_of(graph) for node in part for inner in subgraphs(node))]
+
+
+def _key(node: ir.Node) -> str:
     return f"{node.domain or 'ai.onnx'}:{node.op_type}"
 
 
-def _label(node: onnx.NodeProto) -> str:
+def _label(node: ir.Node) -> str:
     return f"{node.op_type} (NCHWc)" if node.domain == "com.microsoft.nchwc" else node.op_type
 
 
-def _fused_activation(node: onnx.NodeProto) -> str | None:
+def _fused_activation(node: ir.Node) -> str | None:
     """The activation ORT folded into a FusedConv/FusedGemm after Q/DQ fusion had run, if any."""
-    for attr in node.attribute:
-        if attr.name == "activation" and attr.s:
-            return attr.s.decode()
-    return None
+    return attr(node, "activation") or None
 
 
 class _Explainer:
-    """Says why a Q/DQ node of ORT's optimized graph was not folded into an int8 kernel."""
+    """Says why a Q/DQ node of one graph of ORT's optimized model was not folded into an int8 kernel.
 
-    def __init__(self, model: onnx.ModelProto, facts: FusionFacts) -> None:
-        self.index = GraphIndex(model)
+    The graph is read apart, as a model of its own: what it reads from an enclosing graph is an input there (no
+    producer, not a constant), and a read inside one of its nodes' subgraphs is that node's (once per node).
+    """
+
+    def __init__(self, graph: ir.Graph, facts: FusionFacts) -> None:
+        self.graph = graph
         self.facts = facts
+        #: id of each graph nested in ``graph`` -> the node of ``graph`` holding it
+        self.holder = {id(inner): node for node in graph for sub in subgraphs(node) for inner in graphs_of(sub)}
 
-    def next_ops(self, tensor: str) -> list[onnx.NodeProto | None]:
-        """Ops reading ``tensor``, looking through layout ops; ``None`` stands for a graph output."""
-        return self.index.readers(tensor, through=self.facts.layout_ops)
+    # -- the graph read apart ----------------------------------------------------------------------
 
-    def prev_op(self, tensor: str) -> onnx.NodeProto | None:
-        """The op producing ``tensor``, looking through layout ops (None: input or constant)."""
-        return self.index.source(tensor, through=self.facts.layout_ops)
+    def producer(self, value: ir.Value | None) -> ir.Node | None:
+        """The node of this graph producing ``value`` (None: an input, a constant or an enclosing graph's value)."""
+        node = value.producer() if value is not None else None
+        return node if node is not None and node.graph is self.graph else None
 
-    def zero_point_type(self, node: onnx.NodeProto) -> str | None:
+    def const(self, value: ir.Value | None) -> np.ndarray | None:
+        """``value`` as a numpy array when it is an initializer or a ``Constant`` node's output of this graph."""
+        return const(value) if value is not None and value.graph is self.graph else None
+
+    def is_output(self, value: ir.Value) -> bool:
+        return value.is_graph_output() and value.graph is self.graph
+
+    def readers(self, value: ir.Value) -> list[ir.Node]:
+        """The nodes of this graph reading ``value``, once per input slot; a node whose subgraphs read it counts
+        once when it does not read it itself."""
+        found: list[ir.Node] = []
+        for use in value.uses():
+            node = self.holder.get(id(use.node.graph), use.node)
+            if node is use.node or (node not in found and value not in node.inputs):
+                found.append(node)
+        return found
+
+    def single_reader(self, value: ir.Value | None) -> ir.Node | None:
+        found = self.readers(value) if value is not None and not self.is_output(value) else []
+        return found[0] if len(found) == 1 else None
+
+    def next_ops(self, value: ir.Value, through: frozenset[str] | None = None) -> list[ir.Node | None]:
+        """Ops reading ``value``, looking through ``through`` (layout ops by default); ``None`` stands for a graph
+        output."""
+        skip = self.facts.layout_ops if through is None else through
+        found: list[ir.Node | None] = []
+        pending, seen = [value], set()
+        while pending:
+            current = pending.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if self.is_output(current):
+                found.append(None)
+            for node in self.readers(current):
+                if node.op_type in skip:
+                    pending.extend(node.outputs)
+                else:
+                    found.append(node)
+        return found
+
+    def prev_op(self, value: ir.Value | None) -> ir.Node | None:
+        """The op producing ``value``, looking through layout ops (None: input or constant)."""
+        node = self.producer(value)
+        while node is not None and node.op_type in self.facts.layout_ops and node.inputs:
+            node = self.producer(node.inputs[0])
+        return node
+
+    def zero_point_type(self, node: ir.Node) -> str | None:
         """Element type name of a Q/DQ node's zero point ("uint8", "int8"...), if it is a constant."""
-        if len(node.input) < 3 or not node.input[2]:
+        if len(node.inputs) < 3 or node.inputs[2] is None:
             return "uint8" if node.op_type == _Q else None
-        value = self.index.array(node.input[2])
+        value = self.const(node.inputs[2])
         return None if value is None else value.dtype.name
 
     # -- explaining ---------------------------------------------------------------------------------
 
-    def explain(self, node: onnx.NodeProto) -> UnfusedQdq:
+    def explain(self, node: ir.Node) -> UnfusedQdq:
         """Say why the Q or DQ ``node`` was not folded into an int8 kernel."""
         if node.op_type == _DQ:
             reason, boundary = self._explain_dq(node)
-            tensor = node.input[0]
+            tensor = node.inputs[0]
         else:
             reason, boundary = self._explain_q(node)
-            tensor = node.output[0]
-        return UnfusedQdq(node.name, node.op_type, tensor, reason, boundary, self._feeds_int8(node))
+            tensor = node.outputs[0]
+        return UnfusedQdq(node.name or "", node.op_type, name_of(tensor, ""), reason, boundary, self._feeds_int8(node))
 
-    def _feeds_int8(self, node: onnx.NodeProto) -> bool:
+    def _feeds_int8(self, node: ir.Node) -> bool:
         if node.op_type != _Q:
             return False
-        readers = self.index.readers(node.output[0], through=self.facts.layout_ops | self.facts.int8_data_movers)
+        readers = self.next_ops(node.outputs[0], self.facts.layout_ops | self.facts.int8_data_movers)
         values = [r for r in readers if r is None or r.op_type != "Shape"]  # a Shape reads no value
         return bool(values) and all(r is not None and r.op_type in self.facts.int8_kernels for r in values)
 
-    def _explain_dq(self, node: onnx.NodeProto) -> tuple[str, bool]:
-        readers = self.next_ops(node.output[0])
+    def _explain_dq(self, node: ir.Node) -> tuple[str, bool]:
+        readers = self.next_ops(node.outputs[0])
         ops = [r for r in readers if r is not None]
         if not ops:
             return "dequantizes a graph output (expected at the model's boundary)", True
         reasons = _unique(self.why_float(op) for op in ops)
         return "; ".join(reasons), False
 
-    def _explain_q(self, node: onnx.NodeProto) -> tuple[str, bool]:
-        source = self.prev_op(node.input[0])
+    def _explain_q(self, node: ir.Node) -> tuple[str, bool]:
+        source = self.prev_op(node.inputs[0])
         if source is None:
-            if node.input[0] in self.index.constants:
+            if self.const(node.inputs[0]) is not None:
                 return "quantizes a float constant (weights stored in float)", False
             return "quantizes a graph input (expected at the model's boundary)", True
         if source.op_type == _DQ:
             return "requantizes: a DQ→Q pair with no op between (scale or type change)", False
         return f"quantizes the output of {self.why_float(source)}", False
 
-    def why_float(self, op: onnx.NodeProto) -> str:
+    def why_float(self, op: ir.Node) -> str:
         """Explain why ``op`` (a reader of a DQ, or the source of a Q) runs in float: ``"float <op>: <cause>"``."""
         return f"float {_label(op)}: {self.float_cause(op)}"
 
-    def float_cause(self, op: onnx.NodeProto) -> str:
+    def float_cause(self, op: ir.Node) -> str:
         """Why ``op`` runs in float (one sentence, without the op's name)."""
         if op.op_type in self.facts.folded_activations:
             return ("ORT folds it into the int8 op before it only when the next Q's zero point is the type's minimum "
@@ -309,15 +367,15 @@ class _Explainer:
             return "ONNX Runtime's CPU provider has no int8 kernel for it"
         return self._why_not_fused(op)
 
-    def _why_not_fused(self, op: onnx.NodeProto) -> str:
+    def _why_not_fused(self, op: ir.Node) -> str:
         kernel = self.facts.int8_forms[op.op_type][0]
-        data = [op.input[i] for i in self.facts.dequantized_inputs(op.op_type, len(op.input)) if op.input[i]]
-        not_dq = [name for name in data if not self._is_dequantized(name)]
+        data = [x for i in self.facts.dequantized_inputs(op.op_type, len(op.inputs)) if (x := op.inputs[i]) is not None]
+        not_dq = [name_of(x, "") for x in data if not self._is_dequantized(x)]
         if not_dq:
             return f"input {', '.join(not_dq)} is not dequantized from int8"
-        quantizers = [n for n in self.next_ops(op.output[0]) if n is not None and n.op_type == _Q]
+        quantizers = [n for n in self.next_ops(op.outputs[0]) if n is not None and n.op_type == _Q]
         if not quantizers:
-            bits = self._clamp_bits(op.output[0])
+            bits = self._clamp_bits(op.outputs[0])
             if bits is not None:
                 return f"ONNX Runtime has no int{bits} kernel (its output is clamped to {bits} bits before its Q)"
             return "no QuantizeLinear on its output"
@@ -335,26 +393,26 @@ class _Explainer:
                     "(use uint8 activations)")  # fmt: skip
         return f"DQ→{op.op_type}→Q was not fused into {kernel} (unsupported attributes or types)"
 
-    def _clamp_bits(self, tensor: str) -> int | None:
+    def _clamp_bits(self, value: ir.Value) -> int | None:
         """The bits (< 8) of the grid a chain of clamps (Clip/Min/Max with constant bounds, after at most a constant
-        Add, the bias ORT moved out of the op, and a Relu) gives ``tensor`` before the QuantizeLinear that reads it,
+        Add, the bias ORT moved out of the op, and a Relu) gives ``value`` before the QuantizeLinear that reads it,
         or None when no such chain leads to a Q."""
-        node = self.index.single_reader(tensor)
-        if node is not None and node.op_type == "Add" and any(self.index.array(x) is not None for x in node.input):
-            node = self.index.single_reader(node.output[0])
+        node = self.single_reader(value)
+        if node is not None and node.op_type == "Add" and any(self.const(x) is not None for x in node.inputs):
+            node = self.single_reader(node.outputs[0])
         if node is not None and node.op_type == "Relu":
-            node = self.index.single_reader(node.output[0])
+            node = self.single_reader(node.outputs[0])
         bounds: dict[str, float] = {}
         while node is not None and node.op_type in _CLAMPS:
             slots = {"Clip": (("low", 1), ("high", 2)), "Max": (("low", 1),), "Min": (("high", 1),)}[node.op_type]
             for bound, index in slots:
-                value = self.index.array(node.input[index]) if len(node.input) > index and node.input[index] else None
-                if value is not None and value.size == 1:
-                    bounds[bound] = float(value.reshape(()))
-            node = self.index.single_reader(node.output[0])
+                found = self.const(node.inputs[index]) if len(node.inputs) > index else None
+                if found is not None and found.size == 1:
+                    bounds[bound] = float(found.reshape(()))
+            node = self.single_reader(node.outputs[0])
         if node is None or node.op_type != _Q:
             return None
-        scale = self.index.array(node.input[1])
+        scale = self.const(node.inputs[1])
         if "high" not in bounds or scale is None or scale.size != 1 or float(scale.reshape(())) <= 0:
             return None
         step = float(scale.reshape(()))
@@ -363,8 +421,8 @@ class _Explainer:
         bits = math.ceil(math.log2(levels)) if levels > 1 else None
         return bits if bits is not None and bits < 8 else None  # a full-range clamp (Relu6) is not a smaller grid
 
-    def _is_dequantized(self, tensor: str) -> bool:
-        source = self.prev_op(tensor)
+    def _is_dequantized(self, value: ir.Value) -> bool:
+        source = self.prev_op(value)
         return source is not None and source.op_type == _DQ
 
 

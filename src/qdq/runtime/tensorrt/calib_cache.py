@@ -38,13 +38,15 @@ from torch import nn
 
 from qdq.atomic import write_text_atomic
 from qdq.errors import QdqConfigError, QdqExportError, QdqTypeError
-from qdq.graphs.onnx import GraphIndex, atomic_save, remove_nodes, tidy
+from qdq.graphs.ir_graph import remove, source, tidy
+from qdq.graphs.onnx import atomic_save, on_ir
 from qdq.graphs.onnx_tags import QdqSite, qdq_sites
 from qdq.ops import quant_step
 from qdq.quantizer import TensorQuantizer
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 __all__ = ["calibration_scales", "read_calibration_cache", "strip_qdq", "write_calibration_cache"]
 
@@ -72,16 +74,23 @@ def _graph_sites(names: str | Path | onnx.ModelProto) -> dict[str, QdqSite]:
     import onnx
 
     model = names if isinstance(names, onnx.ModelProto) else onnx.load(str(names), load_external_data=False)
-    constants = GraphIndex(model).constants
     table: dict[str, QdqSite] = {}
     for site in qdq_sites(model):
-        if site.quantize is None or site.input in constants or site.step.ndim != 0:
+        if site.quantize is None or _constant(site.quantize.inputs[0]) or site.step.ndim != 0:
             continue  # a weight, or a per-channel quantizer
         for quantizer in site.quantizers:
             table.setdefault(quantizer, site)
     if not table:
         raise QdqExportError("the ONNX graph has no activation Q/DQ nodes tagged by qdq; export it with export_onnx.")
     return table
+
+
+def _constant(value: ir.Value | None) -> bool:
+    """Is ``value`` an initializer or a ``Constant`` node's tensor (its data not read)?"""
+    producer = value.producer() if value is not None else None
+    if producer is not None:
+        return producer.op_type == "Constant" and "value" in producer.attributes
+    return value is not None and value.const_value is not None
 
 
 _Found = dict[str, tuple[str, float]]  # quantizer name -> (tensor name, TensorRT scale)
@@ -200,23 +209,33 @@ def strip_qdq(source: str | Path | onnx.ModelProto, path: str | Path | None = No
     """
     import onnx
 
-    model = onnx.ModelProto()
-    model.CopyFrom(source if isinstance(source, onnx.ModelProto) else onnx.load(str(source)))
-    index = GraphIndex(model)
-    doomed, rename = [], {}
-    for dq in model.graph.node:
-        q = index.producer.get(dq.input[0]) if dq.op_type == "DequantizeLinear" else None
-        if q is not None and q.op_type == "QuantizeLinear":
-            rename[dq.output[0]] = q.input[0]
-            doomed += [q, dq]
-    remove_nodes(model, doomed)
-    for node in model.graph.node:
-        for i, name in enumerate(node.input):
-            node.input[i] = rename.get(name, name)
-    for old, new in rename.items():
-        if old in index.outputs:  # keep the output's name: an Identity
-            model.graph.node.append(onnx.helper.make_node("Identity", [new], [old]))
-    tidy(model)
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+    else:
+        model = onnx.load(str(source))
+    on_ir(model, _strip)
     if path is not None:
         atomic_save(model, Path(path))
     return model
+
+
+def _strip(model: ir.Model) -> None:
+    """Remove every ``Q -> DQ`` pair: its readers read the Q's input; a graph output keeps its name (an Identity)."""
+    import onnx_ir as ir
+
+    graph, doomed = model.graph, []
+    for dq in list(graph):
+        q = source(dq.inputs[0]) if dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear" or (x := q.inputs[0]) is None:
+            continue
+        out = dq.outputs[0]
+        if out.is_graph_output():  # the output keeps its name: written by an Identity
+            kept = ir.Value(name=out.name, type=out.type, shape=out.shape, doc_string=out.doc_string)
+            kept.metadata_props.update(out.metadata_props)
+            graph.outputs[graph.outputs.index(out)] = kept
+            graph.append(ir.node("Identity", [x], outputs=[kept], name=""))  # unnamed, as before
+        out.replace_all_uses_with(x)
+        doomed += [q, dq]
+    remove(graph, doomed)
+    tidy(model)

@@ -147,10 +147,10 @@ def _count(facts: GraphFacts, report: CheckReport) -> None:
         if node.op_type == "DequantizeLinear":
             if facts.q_of(node) is not None:
                 report.qdq_pairs += 1
-            elif facts.is_constant(node.input[0]):
+            elif facts.is_constant(node.inputs[0]):
                 report.weight_dqs += 1
-        elif node.op_type in WEIGHTED and len(node.input) > 1:
-            if all(facts.quantized_source(node.input[i])[0] is not None for i in (0, 1)):
+        elif node.op_type in WEIGHTED and len(node.inputs) > 1:
+            if all(facts.quantized_source(node.inputs[i])[0] is not None for i in (0, 1)):
                 report.int8_ops += 1
             else:
                 report.float_ops[facts.name(node)] = node.op_type

@@ -20,13 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import const
 from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.markdown import markdown_table
 from qdq.targets.tensorrt.float_ranges import Batch, feeds
 
 __all__ = ["GraphComparison", "compare_graphs", "weight_bytes"]
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 @dataclass
@@ -69,15 +71,18 @@ class GraphComparison:
         return head + ("\n\n" + markdown_table(["quantizer (5 worst)", "codes equal"], rows) if rows else "")
 
 
-def _session(model: Any) -> tuple[Any, dict[str, tuple[str, str, str]]]:
-    """An ORT session of ``model`` exposing every Q output; quantizer -> (Q input, Q scale, Q output) names."""
-    index = GraphIndex(model)
-    exposed: dict[str, tuple[str, str, str]] = {}
-    for node in model.graph.node:
+def _session(model: Any) -> tuple[Any, dict[str, tuple[str, np.ndarray | None, str]]]:
+    """An ORT session of ``model`` exposing every Q output; quantizer -> (Q input name, its constant step or None,
+    Q output name)."""
+    import onnx_ir as ir
+
+    exposed: dict[str, tuple[str, np.ndarray | None, str]] = {}
+    for node in ir.serde.deserialize_model(model).graph:
         names = quantizer_names(node) if node.op_type == "QuantizeLinear" else []
-        if names and node.input[0] not in index.constants:
-            exposed.setdefault(names[0], (node.input[0], node.input[1], node.output[0]))
-    tensors = [t for x, _, q in exposed.values() for t in (x, q) if t not in index.constants]
+        x = node.inputs[0] if names else None
+        if x is not None and x.name and const(x) is None:
+            exposed.setdefault(names[0], (x.name, const(node.inputs[1]), node.outputs[0].name or ""))
+    tensors = [t for x, _, q in exposed.values() for t in (x, q)]
     # ORT 1.32's NCHWc layout pass crashes the process on some FP16 graphs (a torchvision ViT): leave it out; the
     # factory runs a float16 Q/DQ graph without optimizations at all, as TensorRT computes it
     return ort_session(probe_model(model, tensors), disabled_optimizers=("NchwcTransformer",)), exposed
@@ -99,7 +104,6 @@ def compare_graphs(reference: Any, candidate: Any, batches: Iterable[Batch]) -> 
     cand_model = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
     ref, ref_sites = _session(ref_model)
     cand, cand_sites = _session(cand_model)
-    scales = GraphIndex(cand_model)
     output = ref.get_outputs()[0].name
     equal: dict[str, list[int]] = {}
     result = GraphComparison()
@@ -108,9 +112,8 @@ def compare_graphs(reference: Any, candidate: Any, batches: Iterable[Batch]) -> 
         got_ref, got = _run(ref, batch), _run(cand, batch)
         ref_outs.append(got_ref[output])
         cand_outs.append(got[cand.get_outputs()[0].name].astype(np.float32))
-        for name, (x, scale, q) in cand_sites.items():
+        for name, (x, step, q) in cand_sites.items():
             codes = got[q]
-            step = scales.array(scale)
             if step is not None:  # a constant step (TensorRT takes no other): the codes it gives, exactly
                 exact = np.array_equal(_oracle(got[x], step), codes.astype(np.float32))
                 result.q_exact[name] = result.q_exact.get(name, True) and exact
@@ -134,21 +137,23 @@ def weight_bytes(model: Any) -> dict[str, int]:
     Q/DQ), ``"quantized_weights"`` (what a Q or a weight DQ reads: float32 before conversion, int8 codes
     after) and ``"other"`` (scales, zero points, shapes)."""
     import onnx
+    import onnx_ir as ir
 
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-    index = GraphIndex(proto)
+    graph = ir.serde.deserialize_model(proto).graph
     sizes = {"float_layers": 0, "quantized_weights": 0, "other": 0}
-    for tensor in proto.graph.initializer:
-        readers = index.consumers.get(tensor.name, [])
-        values = index.array(tensor.name)
+    for value in graph.initializers.values():
+        # (op type, input slot) of each read; a read inside a subgraph counts as its control-flow node's (no Q/DQ)
+        reads = [(u.node.op_type if u.node.graph is graph else "", u.idx) for u in value.uses()]
+        values = const(value)
         nbytes = 0 if values is None else int(values.nbytes)
-        if any(r.op_type in ("QuantizeLinear", "DequantizeLinear") and r.input[0] == tensor.name for r in readers):
+        if any(op in _QDQ and slot == 0 for op, slot in reads):
             sizes["quantized_weights"] += nbytes
         elif (
             values is not None
             and values.dtype.kind == "f"
             and values.size > 1
-            and any(r.op_type not in ("QuantizeLinear", "DequantizeLinear") for r in readers)
+            and any(op not in _QDQ for op, _ in reads)
         ):
             sizes["float_layers"] += nbytes
         else:

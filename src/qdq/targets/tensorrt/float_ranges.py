@@ -24,14 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import const
 from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model, session_options
 from qdq.graphs.onnx_types import FLOAT_TYPES, TensorTypes, float_slots, type_name
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["Batch", "TensorRange", "feeds", "keep_fp32_reasons", "measure_ranges"]
 
@@ -121,28 +124,30 @@ def keep_fp32_reasons(
     ``low`` is ``TensorProto.FLOAT16`` or ``BFLOAT16``; ``ranges`` from :func:`measure_ranges` (None: the
     range rules are skipped). Q/DQ nodes are not classified here (their types follow their neighbours).
     """
-    types, index = TensorTypes.of(model), GraphIndex(model)
+    import onnx_ir as ir
+
+    types, graph = TensorTypes.of(model), ir.serde.deserialize_model(model).graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     fp32_ops, fp32_nodes = frozenset(fp32_ops), frozenset(fp32_nodes)
     type_max, min_normal = _LIMITS[low]
     reasons: dict[str, str] = {}
-    for node in model.graph.node:
+    for node in graph:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear", "Constant", "Cast"):
             continue
         slots = float_slots(node, opset)
-        if not slots.outputs or all(types.get(node.output[i]) != _FLOAT32 for i in slots.outputs):
+        if not slots.outputs or all(types.get(node.outputs[i].name or "") != _FLOAT32 for i in slots.outputs):
             continue
         reason = _static_reason(node, slots, low, opset, fp32_ops, fp32_nodes)
-        reason = reason or _initializer_reason(node, index, type_max, low)
+        reason = reason or _initializer_reason(node, type_max, low)
         if reason is None and ranges is not None:
-            reason = _range_reason(node, index, types, ranges, data_max, min_normal, low)
+            reason = _range_reason(node, types, ranges, data_max, min_normal, low)
         if reason is not None:
-            reasons[node.name] = reason
+            reasons[node.name or ""] = reason
     return reasons
 
 
 def _static_reason(
-    node: Any, slots: Any, low: int, opset: int, ops: frozenset[str], names: frozenset[str]
+    node: ir.Node, slots: Any, low: int, opset: int, ops: frozenset[str], names: frozenset[str]
 ) -> str | None:
     if node.op_type in ops:
         return f"op type {node.op_type} computes in FP32 (allow-list)"
@@ -153,28 +158,27 @@ def _static_reason(
     return None
 
 
-def _initializer_reason(node: Any, index: GraphIndex, type_max: float, low: int) -> str | None:
-    for name in node.input:
-        values = index.array(name) if name else None
-        if values is not None and values.dtype == np.float32 and values.size:
+def _initializer_reason(node: ir.Node, type_max: float, low: int) -> str | None:
+    for value in node.inputs:
+        values = const(value)
+        if value is not None and values is not None and values.dtype == np.float32 and values.size:
             peak = float(np.max(np.abs(values)))
             if peak > type_max:
-                return f"initializer {name!r} holds {peak:.4g}, beyond {type_name(low)}'s largest value"
+                return f"initializer {value.name!r} holds {peak:.4g}, beyond {type_name(low)}'s largest value"
     return None
 
 
 def _range_reason(
-    node: Any,
-    index: GraphIndex,
+    node: ir.Node,
     types: TensorTypes,
     ranges: Mapping[str, TensorRange],
     data_max: float,
     min_normal: float,
     low: int,
 ) -> str | None:
-    for kind, names in (("input", node.input), ("output", node.output)):
-        for name in names:
-            seen = ranges.get(name) if name and name not in index.constants else None
+    for kind, values in (("input", node.inputs), ("output", node.outputs)):
+        for name in [v.name for v in values if v is not None and v.name and const(v) is None]:
+            seen = ranges.get(name)
             if seen is None or types.get(name) not in FLOAT_TYPES:
                 continue
             if seen.absmax > data_max:

@@ -18,11 +18,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute, subgraphs, tidy
+from qdq.graphs.ir_graph import add_const, attr, const, graphs_of, make_node, readers, subgraphs, tidy
+from qdq.graphs.onnx import on_ir
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import (
     LOW_PRECISION,
@@ -34,6 +35,9 @@ from qdq.graphs.onnx_types import (
     type_name,
 )
 
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
 __all__ = ["TypeRewrite"]
 
 _FLOAT32 = 1
@@ -43,144 +47,165 @@ class TypeRewrite:
     """One pass over the nodes in order, giving each float tensor its final type and adding Casts.
 
     Args:
-        model: the float32 graph, its steps already rounded and its weights folded (:mod:`.float_scales`).
+        model: the float32 graph (an ``onnx.ModelProto``, rewritten in place by :meth:`run`: one onnx_ir round
+            trip), its steps already rounded and its weights folded (:mod:`.float_scales`).
         low: ``TensorProto.FLOAT16`` or ``BFLOAT16``.
-        reasons: node name -> why it stays FP32 (:func:`~.float_ranges.keep_fp32_reasons`); nodes reading an
-            unrepresentable quantizer are added with their reason.
+        reasons: node name -> why it stays FP32 (:func:`~.float_ranges.keep_fp32_reasons`); :meth:`run` adds control
+            flow, the nodes whose output a subgraph reads and those reading an unrepresentable quantizer.
         fp32_sites: quantizers whose steps have no low-precision value: their Q/DQ stay FP32.
     """
+
+    graph: ir.Graph  # the model's graph as onnx_ir, during :meth:`run`
+    _at: ir.Node  # the node being rewritten: the Casts it needs go before it
 
     def __init__(self, model: Any, low: int, reasons: dict[str, str], fp32_sites: set[str]) -> None:
         self.model, self.low = model, low
         self.reasons = dict(reasons)
         self.fp32_sites = fp32_sites
-        self.index = GraphIndex(model)
-        self.types = TensorTypes.of(model)
+        self.types = TensorTypes.of(model)  # tensor name -> type as exported
         self.opset = default_opset(model)
-        self.dtype: dict[str, int] = {}
-        self.variants: dict[tuple[str, int], str] = {}  # (tensor, type) -> a tensor of that type, same values
-        self.nodes: list[Any] = []
+        self.dtype: dict[ir.Value, int] = {}
+        self.variants: dict[tuple[ir.Value, int], ir.Value] = {}  # (value, type) -> a value of that type, same values
         self.converted = self.casts = 0
-        self._precisions: dict[int, int | None] = {}
-        # main-graph tensors a subgraph reads from the enclosing scope (the index lists them as its node's reads)
-        self.outer_reads = {name for name, readers in self.index.consumers.items()
-                            if any(subgraphs(r) and name not in r.input for r in readers)}  # fmt: skip
-        for node in model.graph.node:
+        self._precisions: dict[ir.Node, int | None] = {}
+        self.outer_reads: set[ir.Value] = set()  # main-graph values a subgraph reads from the enclosing scope
+        self._holder: dict[ir.Node, ir.Node] = {}  # a node of a subgraph -> the main-graph node holding it
+
+    def run(self, keep_io: bool) -> None:
+        on_ir(self.model, lambda model: self._run(model, keep_io))
+        del self.model.graph.value_info[:]  # the exporter's types are stale
+
+    def _scan(self, graph: ir.Graph) -> None:
+        """Control flow and what its subgraphs read from the main graph stay FP32."""
+        self._holder = {inner: node for node in graph for sub in subgraphs(node) for g in graphs_of(sub) for inner in g}
+        self.outer_reads = {v for node in graph for v in node.outputs if any(r.graph is not graph for r in readers(v))}
+        for node in graph:
             if subgraphs(node):
-                self.reasons.setdefault(node.name, f"{node.op_type}: its subgraphs compute in float32 as written")
-            elif any(name in self.outer_reads for name in node.output):
-                self.reasons.setdefault(node.name, "its output is read inside a subgraph, which stays float32")
+                self.reasons.setdefault(node.name or "", f"{node.op_type}: its subgraphs compute in float32 as written")
+            elif any(v in self.outer_reads for v in node.outputs):
+                self.reasons.setdefault(node.name or "", "its output is read inside a subgraph, which stays float32")
+
+    def _readers(self, value: ir.Value) -> list[ir.Node]:
+        """The main-graph nodes reading ``value`` (a read inside a subgraph is its control-flow node's)."""
+        return [self._holder.get(node, node) for node in readers(value)]
 
     # --- precision of each node
-    def precision(self, node: Any) -> int | None:
+    def precision(self, node: ir.Node) -> int | None:
         """The float type ``node`` computes in after conversion; None for a node without float outputs."""
-        if id(node) not in self._precisions:
-            self._precisions[id(node)] = self._decide(node)
-        return self._precisions[id(node)]
+        if node not in self._precisions:
+            self._precisions[node] = self._decide(node)
+        return self._precisions[node]
 
-    def _decide(self, node: Any) -> int | None:
+    def _decide(self, node: ir.Node) -> int | None:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear", "Constant"):
             return None
         if node.op_type == "Cast":
-            return None if attribute(node, "to", 0) != _FLOAT32 else self._cast_target(node)
+            return None if attr(node, "to", 0) != _FLOAT32 else self._cast_target(node)
         slots = float_slots(node, self.opset)
-        if not slots.outputs or all(self.types.get(node.output[i]) != _FLOAT32 for i in slots.outputs):
+        if not slots.outputs or all(self._type(node.outputs[i]) != _FLOAT32 for i in slots.outputs):
             return None
-        if node.name in self.reasons or self._reads_fp32_site(node):
+        if (node.name or "") in self.reasons or self._reads_fp32_site(node):
             return _FLOAT32
         return self.low
 
-    def _reads_fp32_site(self, node: Any) -> bool:
-        for name in node.input:
-            producer = self.index.producer.get(name)
+    def _reads_fp32_site(self, node: ir.Node) -> bool:
+        for producer in [v.producer() for v in node.inputs if v is not None]:
             owner = ",".join(quantizer_names(producer)) if producer is not None else ""
             if producer is not None and producer.op_type == "DequantizeLinear" and owner in self.fp32_sites:
-                self.reasons[node.name] = f"reads quantizer {owner}, whose step has no {type_name(self.low)} value"
+                why = f"reads quantizer {owner}, whose step has no {type_name(self.low)} value"
+                self.reasons[node.name or ""] = why
                 return True
         return False
 
-    def _cast_target(self, node: Any) -> int:
-        readers = self.index.consumers.get(node.output[0], [])
-        wanted = {self.precision(r) for r in readers} - {None}
-        return self.low if wanted == {self.low} and node.output[0] not in self.index.outputs else _FLOAT32
+    def _cast_target(self, node: ir.Node) -> int:
+        wanted = {self.precision(r) for r in self._readers(node.outputs[0])} - {None}
+        return self.low if wanted == {self.low} and not node.outputs[0].is_graph_output() else _FLOAT32
 
-    # --- tensors of the right type
-    def as_type(self, tensor: str, wanted: int) -> str:
-        if not tensor or (tensor, wanted) in self.variants:
-            return self.variants.get((tensor, wanted), tensor)
-        constant = self.index.array(tensor) if self.types.get(tensor) == _FLOAT32 else None
+    # --- values of the right type
+    def _type(self, value: ir.Value) -> int | None:
+        """``value``'s type as exported (None: unknown, or a value the rewrite added)."""
+        return self.types.get(value.name or "")
+
+    def _current(self, value: ir.Value) -> int | None:
+        return self.dtype.get(value, self._type(value))
+
+    def as_type(self, value: ir.Value, wanted: int) -> ir.Value:
+        """``value`` in type ``wanted``: itself, a converted constant, or a Cast before the node being rewritten."""
+        if (value, wanted) in self.variants:
+            return self.variants[(value, wanted)]
+        constant = const(value) if self._type(value) == _FLOAT32 else None
         if constant is not None:
-            return self._constant(tensor, constant, wanted)
-        current = self.dtype.get(tensor, self.types.get(tensor))
+            return self._constant(value, constant, wanted)
+        current = self._current(value)
         if current is None or current == wanted or current not in (_FLOAT32, self.low):
-            return tensor
-        from onnx import helper
-
-        name = self.index.unique(f"{tensor}_{type_name(wanted)}")
-        self.nodes.append(helper.make_node("Cast", [tensor], [name], to=wanted, name=f"{name}/Cast"))
+            return value
+        cast = make_node(self.graph, "Cast", [value], f"{value.name}_{type_name(wanted)}", to=wanted)
+        cast.name = f"{cast.outputs[0].name}/Cast"
+        self.graph.insert_before(self._at, cast)
         self.casts += 1
-        self.dtype[name] = wanted
-        self.variants[(tensor, wanted)] = name
-        return name
+        self.dtype[cast.outputs[0]] = wanted
+        self.variants[(value, wanted)] = cast.outputs[0]
+        return cast.outputs[0]
 
-    def _constant(self, tensor: str, values: np.ndarray, wanted: int) -> str:
+    def _constant(self, value: ir.Value, values: np.ndarray, wanted: int) -> ir.Value:
         if wanted == _FLOAT32:
-            return tensor
-        name = self.index.add_const(f"{tensor}_{type_name(wanted)}", _to_type(values, wanted))
-        self.variants[(tensor, wanted)] = name
-        return name
+            return value
+        converted = add_const(self.graph, f"{value.name}_{type_name(wanted)}", _to_type(values, wanted))
+        self.variants[(value, wanted)] = converted
+        return converted
 
     # --- the pass
-    def run(self, keep_io: bool) -> None:
-        for value in self.model.graph.input:
-            if value.type.tensor_type.elem_type == _FLOAT32 and not keep_io:
-                value.type.tensor_type.elem_type = self.low
-            self.dtype[value.name] = value.type.tensor_type.elem_type
-        for node in list(self.model.graph.node):
+    def _run(self, model: ir.Model, keep_io: bool) -> None:
+        import onnx_ir as ir
+
+        self.graph = model.graph
+        self._scan(model.graph)
+        for value in model.graph.inputs:
+            if value.dtype == _FLOAT32 and not keep_io:
+                value.type = ir.TensorType(ir.DataType(self.low))
+            self.dtype[value] = int(value.dtype or 0)
+        for node in list(model.graph):
+            self._at = node
             handler = {"QuantizeLinear": self._quantize, "DequantizeLinear": self._dequantize}.get(node.op_type)
             (handler or self._compute)(node)
         self._finish_outputs(keep_io)
-        del self.model.graph.node[:]
-        self.model.graph.node.extend(self.nodes)
-        del self.model.graph.value_info[:]
-        tidy(self.model)
+        tidy(model)
 
-    def _quantize(self, node: Any) -> None:
-        x = node.input[0]
+    def _quantize(self, node: ir.Node) -> None:
+        x, scale = node.inputs[0], node.inputs[1]
         owner = ",".join(quantizer_names(node))
-        wanted = _FLOAT32 if owner in self.fp32_sites else self.dtype.get(x, self.types.get(x) or _FLOAT32)
-        node.input[0] = self.as_type(x, wanted)
-        node.input[1] = self._scale(node.input[1], wanted)
-        self.nodes.append(node)
+        wanted = _FLOAT32 if owner in self.fp32_sites or x is None else self.dtype.get(x, self._type(x) or _FLOAT32)
+        if x is not None:
+            node.replace_input_with(0, self.as_type(x, wanted))
+        node.replace_input_with(1, self._scale(scale, wanted))
 
-    def _scale(self, name: str, wanted: int) -> str:
-        values = self.index.array(name)
-        return name if values is None else self._constant(name, values.astype(np.float32), wanted)
+    def _scale(self, value: ir.Value | None, wanted: int) -> ir.Value | None:
+        values = const(value)
+        return value if value is None or values is None else self._constant(value, values.astype(np.float32), wanted)
 
-    def _dequantize(self, node: Any) -> None:
-        import onnx
-
+    def _dequantize(self, node: ir.Node) -> None:
+        out, scale, last = node.outputs[0], node.inputs[1], node
         owner = ",".join(quantizer_names(node))
-        wanted = [self._wanted_by(r, node.output[0]) for r in self.index.consumers.get(node.output[0], [])]
+        wanted = [self._wanted_by(r) for r in self._readers(out)]
         kinds = {_FLOAT32} if owner in self.fp32_sites else ({w for w in wanted if w is not None} or {self.low})
-        if node.output[0] in self.index.outputs:
+        if out.is_graph_output():
             kinds.add(self.low if owner not in self.fp32_sites else _FLOAT32)
-        if node.output[0] in self.outer_reads:  # the tensor's own name stays float32 for the subgraph
+        if out in self.outer_reads:  # the value's own name stays float32 for the subgraph
             kinds.add(_FLOAT32)
-        first = _FLOAT32 if node.output[0] in self.outer_reads else self.low if self.low in kinds else _FLOAT32
-        scale = node.input[1]
+        first = _FLOAT32 if out in self.outer_reads else self.low if self.low in kinds else _FLOAT32
         for kind in sorted(kinds, key=lambda k: k != first):
-            copy = onnx.NodeProto()
-            copy.CopyFrom(node)
-            copy.input[1] = self._scale(scale, kind)
-            if kind != first:
-                copy.name = f"{node.name}_{type_name(kind)}"
-                copy.output[0] = self.index.unique(f"{node.output[0]}_{type_name(kind)}")
-                self.variants[(node.output[0], kind)] = copy.output[0]
-            self.dtype[copy.output[0]] = kind
-            self.nodes.append(copy)
+            copy = node
+            if kind != first:  # a copy of the DQ writing a value of its own, after the last one
+                copy = make_node(self.graph, node.op_type, list(node.inputs), f"{out.name}_{type_name(kind)}",
+                                 name=f"{node.name}_{type_name(kind)}", **node.attributes)  # fmt: skip
+                copy.metadata_props.update(node.metadata_props)
+                copy.doc_string = node.doc_string
+                self.graph.insert_after(last, copy)
+                self.variants[(out, kind)], last = copy.outputs[0], copy
+            copy.replace_input_with(1, self._scale(scale, kind))
+            self.dtype[copy.outputs[0]] = kind
 
-    def _wanted_by(self, reader: Any, tensor: str) -> int | None:
+    def _wanted_by(self, reader: ir.Node) -> int | None:
         precision = self.precision(reader)
         if precision is not None:
             return precision
@@ -189,79 +214,79 @@ class TypeRewrite:
         slots = float_slots(reader, self.opset)
         return None if slots.allows(self.low) else _FLOAT32
 
-    def _compute(self, node: Any) -> None:
+    def _compute(self, node: ir.Node) -> None:
+        import onnx_ir as ir
+
         precision = self.precision(node)
         slots = float_slots(node, self.opset)
         options = input_types(node, self.opset)
         shared = self._shared_input_type(node, slots) if precision is None else None
-        for i, name in enumerate(node.input):
-            if not name:
+        for i, value in enumerate(node.inputs):
+            if value is None:
                 continue
             if precision is not None and i in slots.inputs:
-                node.input[i] = self.as_type(name, precision)
+                node.replace_input_with(i, self.as_type(value, precision))
             elif shared is not None and i in slots.inputs:
-                node.input[i] = self.as_type(name, shared)
-            elif precision == self.low and self.low in options[i] and self.index.array(name) is not None:
-                node.input[i] = self.as_type(name, self.low)  # a constant of another parameter (BN's scale...)
-            elif i in slots.inputs and slots.allows(self.dtype.get(name, self.types.get(name) or 0)):
+                node.replace_input_with(i, self.as_type(value, shared))
+            elif precision == self.low and self.low in options[i] and const(value) is not None:
+                node.replace_input_with(i, self.as_type(value, self.low))  # a constant of another parameter (BN's)
+            elif i in slots.inputs and slots.allows(self._current(value) or 0):
                 continue
-            elif self.types.get(name) is not None:
-                node.input[i] = self.as_type(name, self.types.get(name) or _FLOAT32)
+            elif self._type(value) is not None:
+                node.replace_input_with(i, self.as_type(value, self._type(value) or _FLOAT32))
         if node.op_type == "Cast" and precision is not None:
-            for attr in node.attribute:
-                if attr.name == "to":
-                    attr.i = precision
+            node.attributes["to"] = ir.AttrInt64("to", precision)
         if node.op_type == "ConstantOfShape" and precision is not None:
             _retype_fill(node, precision)
-        for i, name in enumerate(node.output):
-            original = self.types.get(name)
-            self.dtype[name] = precision if precision is not None and i in slots.outputs else (original or 0)
+        for i, value in enumerate(node.outputs):
+            original = self._type(value)
+            self.dtype[value] = precision if precision is not None and i in slots.outputs else (original or 0)
         if node.op_type == "Cast" and precision is not None:
-            self.dtype[node.output[0]] = precision
+            self.dtype[node.outputs[0]] = precision
         self.converted += precision == self.low and node.op_type != "Cast"
-        self.nodes.append(node)
 
-    def _shared_input_type(self, node: Any, slots: Any) -> int | None:
+    def _shared_input_type(self, node: ir.Node, slots: Any) -> int | None:
         """The one float type the inputs of a node without float outputs read (a comparison: ``Greater(x, 0.5)``
         reads ``x`` in float16 and its constant must follow): the type of its computed inputs when they agree, else
         float32; None for a node with fewer than two such inputs."""
         if len(slots.inputs) < 2:
             return None
-        computed = {self.dtype.get(node.input[i], self.types.get(node.input[i])) for i in slots.inputs
-                    if i < len(node.input) and node.input[i] and self.index.array(node.input[i]) is None}  # fmt: skip
+        values = [node.inputs[i] for i in slots.inputs if i < len(node.inputs)]
+        computed = {self._current(v) for v in values if v is not None and const(v) is None}
         return computed.pop() if len(computed) == 1 and computed <= {_FLOAT32, self.low} else _FLOAT32
 
     def _finish_outputs(self, keep_io: bool) -> None:
-        from onnx import helper
+        import onnx_ir as ir
 
-        for value in self.model.graph.output:
-            current = self.dtype.get(value.name)
-            if value.type.tensor_type.elem_type != _FLOAT32 or current in (None, _FLOAT32):
+        for i, value in enumerate(self.graph.outputs):
+            current = self.dtype.get(value)
+            if value.dtype != _FLOAT32 or current in (None, _FLOAT32):
                 continue
             if not keep_io:
-                value.type.tensor_type.elem_type = current
+                value.type = ir.TensorType(ir.DataType(current))
                 continue
-            inner = self.index.unique(f"{value.name}_{type_name(current)}")
-            for node in self.nodes:
-                node.output[:] = [inner if o == value.name else o for o in node.output]
-                node.input[:] = [inner if i == value.name else i for i in node.input]
-            self.nodes.append(helper.make_node("Cast", [inner], [value.name], to=_FLOAT32, name=f"{value.name}/Cast"))
+            cast = make_node(self.graph, "Cast", [value], f"{value.name}_{type_name(current)}",
+                             name=f"{value.name}/Cast", to=_FLOAT32)  # fmt: skip
+            output = cast.outputs[0]  # the graph's output as declared: its name, float32, shape and annotations
+            value.name, output.name = output.name, value.name
+            output.type, output.shape = ir.TensorType(ir.DataType.FLOAT), value.shape
+            output.doc_string = value.doc_string
+            output.metadata_props.update(value.metadata_props)
+            self.graph.outputs[i] = output
+            self.graph.append(cast)
             self.casts += 1
 
 
-def _retype_fill(node: Any, elem_type: int) -> None:
+def _retype_fill(node: ir.Node, elem_type: int) -> None:
     """A ``ConstantOfShape``'s fill value in ``elem_type`` (its output type is its ``value``'s type)."""
-    from onnx import numpy_helper
+    import onnx_ir as ir
 
-    for attr in node.attribute:
-        if attr.name == "value" and attr.t.data_type == _FLOAT32:
-            attr.t.CopyFrom(numpy_helper.from_array(_to_type(numpy_helper.to_array(attr.t), elem_type), attr.t.name))
-            return
-    if not any(attr.name == "value" for attr in node.attribute):  # no value: float32 zeros by the ONNX spec
-        from onnx import helper
-
-        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(_to_type(np.zeros(1, np.float32),
-                                                                                              elem_type))))
+    fill = node.attributes.get("value")
+    if fill is not None and fill.as_tensor().dtype != ir.DataType.FLOAT:
+        return
+    values = fill.as_tensor().numpy() if fill is not None else np.zeros(1, np.float32)  # none: float32 zeros (spec)
+    name = fill.as_tensor().name if fill is not None else None
+    node.attributes["value"] = ir.AttrTensor("value", ir.tensor(_to_type(values, elem_type), name=name))
 
 
 def _to_type(values: np.ndarray, elem_type: int) -> np.ndarray:

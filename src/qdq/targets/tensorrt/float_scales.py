@@ -13,13 +13,17 @@ to FP16 before quantization; a weight Transpose after its DQ (dynamo's Linear) i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex, attribute, set_axis, tidy
+from qdq.graphs.ir_graph import add_const, attr, const, const_input, name_of, only_readers, remove, single_reader, tidy
+from qdq.graphs.onnx import on_ir
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import numpy_float_type, parse_float_type
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["fold_weights", "round_graph_scales", "round_scales"]
 
@@ -44,55 +48,66 @@ def round_graph_scales(model: Any, float_type: str) -> tuple[dict[str, float], l
 
     A quantizer one of whose steps rounds to 0 or infinity keeps all its steps (it is "unrepresentable": the
     conversion keeps its Q/DQ and their readers in FP32)."""
-    from onnx import numpy_helper
+    return on_ir(model, lambda ir_model: _round_scales(ir_model.graph, numpy_float_type(float_type)))[0]
 
-    kind = numpy_float_type(float_type)
-    index = GraphIndex(model)
+
+def _round_scales(graph: ir.Graph, kind: Any) -> tuple[dict[str, float], list[str]]:
     changes: dict[str, float] = {}
     unrepresentable: list[str] = []
-    done: set[str] = set()
-    for node in [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]:
-        name = node.input[1]
-        scale = index.array(name)
-        owner = ",".join(quantizer_names(node)) or node.name
-        if scale is None or name in done:
+    done: set[ir.Value] = set()
+    for node in [n for n in graph if n.op_type in ("QuantizeLinear", "DequantizeLinear")]:
+        value, scale = node.inputs[1], const_input(node, 1)
+        owner = ",".join(quantizer_names(node)) or node.name or ""
+        if value is None or scale is None or value in done:
             continue
         with np.errstate(over="ignore"):  # a step beyond the type's range is unrepresentable: said below
             rounded = scale.astype(np.float32).astype(kind).astype(np.float32)
         if not np.all(np.isfinite(rounded) & (rounded > 0)):
             unrepresentable.append(owner)
             continue
-        done.add(name)
+        done.add(value)
         change = float(np.max(np.abs(rounded.astype(np.float64) - scale) / scale))
         changes[owner] = max(change, changes.get(owner, 0.0))
-        index.constants[name].CopyFrom(numpy_helper.from_array(rounded.reshape(scale.shape), name))
+        _set_const(value, rounded.reshape(scale.shape))
     return changes, unrepresentable
+
+
+def _set_const(value: ir.Value, array: np.ndarray) -> None:
+    """Store ``array`` as the constant ``value`` holds: an initializer's tensor or a ``Constant`` node's."""
+    import onnx_ir as ir
+
+    tensor = ir.tensor(array, name=value.name)
+    if value.const_value is not None:
+        value.const_value = tensor
+    elif (constant := value.producer()) is not None:
+        constant.attributes["value"] = ir.AttrTensor("value", tensor)
 
 
 def fold_weights(model: Any) -> int:
     """Store each Q/DQ-quantized constant weight as int8 codes read by its DQ; fold a Transpose after it."""
-    from onnx import numpy_helper
+    return on_ir(model, _fold_weights)[0]
 
-    index = GraphIndex(model)
-    doomed: list[Any] = []
+
+def _fold_weights(model: ir.Model) -> int:
+    graph = model.graph
+    doomed: list[ir.Node] = []
     folded = 0
-    for q in list(model.graph.node):
-        weight = index.array(q.input[0]) if q.op_type == "QuantizeLinear" else None
-        readers = index.consumers.get(q.output[0], []) if weight is not None else []
-        if weight is None or not readers or any(r.op_type != "DequantizeLinear" for r in readers):
+    for q in [n for n in graph if n.op_type == "QuantizeLinear"]:
+        weight = const(q.inputs[0])
+        dqs = only_readers(q.outputs[0], ["DequantizeLinear"]) if weight is not None else None
+        if weight is None or dqs is None or any(dq.graph is not graph for dq in dqs):
             continue
-        scale, zero = index.const_input(q, 1), index.const_input(q, 2)
+        scale, zero = const_input(q, 1), const_input(q, 2)
         if scale is None or zero is None or zero.dtype != np.int8:
             continue
-        codes = _codes(weight.astype(np.float32), scale.astype(np.float32), zero, attribute(q, "axis", 1))
-        name = index.unique(f"{q.input[0]}_int8")
-        model.graph.initializer.append(numpy_helper.from_array(codes, name))
-        for dq in readers:
-            dq.input[0] = name
-            _fold_transpose(index, dq, codes, doomed)
+        codes = _codes(weight.astype(np.float32), scale.astype(np.float32), zero, attr(q, "axis", 1))
+        stored = add_const(graph, f"{name_of(q.inputs[0])}_int8", codes)
+        for dq in dqs:
+            dq.replace_input_with(0, stored)
+            _fold_transpose(graph, dq, codes, doomed)
         doomed.append(q)
         folded += 1
-    index.remove(doomed)
+    remove(graph, doomed)
     tidy(model)
     return folded
 
@@ -107,21 +122,20 @@ def _codes(weight: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int) -
     return np.clip(q, -128, 127).astype(np.int8)
 
 
-def _fold_transpose(index: GraphIndex, dq: Any, codes: np.ndarray, doomed: list[Any]) -> None:
+def _fold_transpose(graph: ir.Graph, dq: ir.Node, codes: np.ndarray, doomed: list[ir.Node]) -> None:
     """DQ(int8) -> Transpose(perm) -> weighted ops becomes DQ(transposed int8), axis mapped through perm."""
-    from onnx import numpy_helper
+    import onnx_ir as ir
 
-    readers = index.consumers.get(dq.output[0], [])
-    if len(readers) != 1 or readers[0].op_type != "Transpose" or dq.output[0] in index.outputs:
+    transpose = single_reader(dq.outputs[0])
+    if transpose is None or transpose.op_type != "Transpose" or transpose.graph is not graph:
         return
-    transpose = readers[0]
-    perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
-    after = index.consumers.get(transpose.output[0], [])
-    if perm is None or not after or any(r.op_type not in ("MatMul", "Gemm") for r in after):
+    perm = attr(transpose, "perm")
+    if perm is None or only_readers(transpose.outputs[0], ("MatMul", "Gemm")) is None:
         return
-    name = index.unique(f"{dq.input[0]}_t")
-    index.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(codes.transpose(perm)), name))
-    dq.input[0] = name
-    set_axis(dq, perm.index(attribute(dq, "axis", 1) % codes.ndim))
-    dq.output[0] = transpose.output[0]
+    transposed = np.ascontiguousarray(codes.transpose(perm))
+    dq.replace_input_with(0, add_const(graph, f"{name_of(dq.inputs[0])}_t", transposed))
+    dq.attributes["axis"] = ir.AttrInt64("axis", list(perm).index(attr(dq, "axis", 1) % codes.ndim))
+    out, written = transpose.outputs[0], dq.outputs[0]
+    out.replace_all_uses_with(written)
+    written.name, written.type, written.shape = out.name, out.type, out.shape  # what the Transpose wrote
     doomed.append(transpose)

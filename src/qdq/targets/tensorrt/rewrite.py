@@ -101,7 +101,7 @@ def step_type(options: Mapping[str, Any]) -> str:
 def _owners(nodes: Iterable[Any]) -> list[str]:
     names: dict[str, None] = {}
     for node in nodes:
-        for name in quantizer_names(node) or [node.name or node.output[0]]:
+        for name in quantizer_names(node) or [node.name or node.outputs[0].name]:
             names[name] = None
     return list(names)
 
@@ -139,7 +139,7 @@ def _warn_partly_quantized(f: GraphFacts) -> int:
         return 0
     described = []
     for node, float_input in found:
-        other = f.quantized_source(node.input[1 - float_input], LAYOUT | {"Cast", "CastLike"})[0]
+        other = f.quantized_source(node.inputs[1 - float_input], LAYOUT | {"Cast", "CastLike"})[0]
         owners = quantizer_names(other) if other is not None else []
         described.append(f"{f.name(node)} ({', '.join(owners) or 'quantized'}; input {float_input} float)")
     warnings.warn(

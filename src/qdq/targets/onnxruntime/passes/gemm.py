@@ -21,8 +21,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.ir_graph import add_const, attr, const, const_input, make_node, readers, remove, single_reader, source
-from qdq.graphs.onnx_types import recorded_dims
+from qdq.graphs.ir_graph import (
+    add_const,
+    attr,
+    const,
+    const_input,
+    inferred_dims,
+    make_node,
+    readers,
+    remove,
+    single_reader,
+    source,
+)
 from qdq.targets.onnxruntime.passes._graph import rank
 
 if TYPE_CHECKING:
@@ -34,20 +44,6 @@ __all__ = ["matmuls_to_gemm"]
 _SHAPE_SLICE_OPSET = 15
 
 _Weight = tuple["ir.Node", np.ndarray, np.ndarray, "ir.Node | None"]
-
-
-def _inferred_ranks(model: ir.Model) -> dict[str, int]:
-    """Rank of every tensor ONNX shape inference can tell (on a serialized copy; the model keeps its types)."""
-    import onnx
-    import onnx_ir as ir
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(ir.serde.serialize_model(model)).graph
-    except (onnx.shape_inference.InferenceError, RuntimeError):
-        return {}
-    return {
-        name: len(d) for name, d in recorded_dims((*inferred.input, *inferred.output, *inferred.value_info)).items()
-    }
 
 
 def _default_opset(graph: ir.Graph) -> int:
@@ -116,7 +112,7 @@ def matmuls_to_gemm(graph: ir.Graph, model: ir.Model) -> int:
     ``graph``: ``model``'s main graph or one of its branches. Ranks come from ONNX shape inference on ``model`` for
     its main graph, from those recorded for a branch."""
     matmuls = [n for n in graph if n.op_type == "MatMul"]
-    known = _inferred_ranks(model) if matmuls and graph is model.graph else None
+    known = {name: len(d) for name, d in inferred_dims(model).items()} if matmuls and graph is model.graph else None
     reshape_ok = _default_opset(model.graph) >= _SHAPE_SLICE_OPSET
     converted = 0
     for matmul in matmuls:

@@ -1,7 +1,9 @@
 """What every TensorRT rule reads: the graph's facts (:class:`GraphFacts`), and what a rule is and reports.
 
-A rule (:class:`Rule`) is a function of a :class:`GraphFacts` yielding :class:`Violation` s; the rule families
-(:mod:`.qdq_nodes`, :mod:`.schemes`, :mod:`.fusion`, :mod:`.strong_typing`) each list theirs in ``RULES``.
+The facts hold the model's main graph as ``onnx_ir`` (read, never edited) and its tensor types; the rules walk its
+nodes and follow values to their producers and readers. A rule (:class:`Rule`) is a function of a
+:class:`GraphFacts` yielding :class:`Violation` s; the rule families (:mod:`.qdq_nodes`, :mod:`.schemes`,
+:mod:`.fusion`, :mod:`.strong_typing`) each list theirs in ``RULES``.
 """
 
 from __future__ import annotations
@@ -9,12 +11,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.onnx import GraphIndex
+from qdq.graphs.ir_graph import attr, const, graphs_of, source
 from qdq.graphs.onnx_types import TensorTypes, default_opset
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["DQ", "FP32_NODES_KEY", "LAYOUT", "WEIGHTED", "GraphFacts", "Q", "Rule", "Violation", "brief", "same_values"]
 
@@ -49,9 +55,12 @@ class Rule:
 
 @dataclass
 class GraphFacts:
-    """What every rule reads: the graph index, tensor types, the opset and the FP32 allow-list."""
+    """What every rule reads: the main graph (``onnx_ir``), tensor types, the opset and the FP32 allow-list.
 
-    index: GraphIndex
+    Types, ranks and shapes are ONNX inference's on the model (:class:`TensorTypes`, by value name).
+    """
+
+    graph: ir.Graph
     types: TensorTypes
     opset: int
     fp32_ops: frozenset[str]
@@ -59,72 +68,121 @@ class GraphFacts:
 
     @classmethod
     def of(cls, model: Any, fp32_ops: Iterable[str]) -> GraphFacts:
+        """The facts of ``model`` (an ``onnx.ModelProto``, read once into onnx_ir, its tensors shared)."""
+        import onnx_ir
+
         meta = {p.key: p.value for p in model.metadata_props}
         try:
             recorded = json.loads(meta.get(FP32_NODES_KEY, "{}"))
         except json.JSONDecodeError:
             recorded = {}
-        return cls(GraphIndex(model), TensorTypes.of(model), default_opset(model), frozenset(fp32_ops),
+        graph = onnx_ir.serde.deserialize_model(model).graph
+        return cls(graph, TensorTypes.of(model), default_opset(model), frozenset(fp32_ops),
                    {str(k): str(v) for k, v in dict(recorded).items()})  # fmt: skip
 
     @property
-    def nodes(self) -> Any:
-        return self.index.nodes
+    def nodes(self) -> ir.Graph:
+        """The main graph, whose iteration gives its nodes in order."""
+        return self.graph
 
-    def name(self, node: Any) -> str:
-        return node.name or f"{node.op_type}({', '.join(node.output)})"
+    def name(self, node: ir.Node) -> str:
+        return node.name or f"{node.op_type}({', '.join(v.name or '' for v in node.outputs)})"
 
-    def value(self, tensor: str) -> np.ndarray | None:
-        """The value of a constant tensor (an initializer or Constant, possibly behind Identity nodes)."""
-        node = self.index.producer.get(tensor)
-        while node is not None and node.op_type == "Identity" and tensor not in self.index.constants:
-            tensor, node = node.input[0], self.index.producer.get(node.input[0])
-        return self.index.array(tensor)
+    def type_of(self, value: ir.Value | None) -> int | None:
+        """The element type of ``value`` (None when unknown or absent)."""
+        return self.types.get(value.name) if value is not None and value.name else None
 
-    def scale(self, node: Any) -> np.ndarray | None:
-        return self.value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    def dims(self, value: ir.Value | None) -> list[int | None] | None:
+        """The dimensions of ``value`` (None where one is unknown); None without a known shape."""
+        return self.types.dims.get(value.name) if value is not None and value.name else None
 
-    def zero_point(self, node: Any) -> np.ndarray | None:
-        return self.value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    def value(self, value: ir.Value | None) -> np.ndarray | None:
+        """The array of a constant (an initializer or Constant, possibly behind Identity nodes)."""
+        while value is not None and value.const_value is None:
+            node = value.producer()
+            if node is None or node.op_type != "Identity" or not node.inputs:
+                break
+            value = node.inputs[0]
+        return const(value)
 
-    def axis(self, node: Any) -> int:
-        value = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        rank = self.types.ranks.get(node.input[0])
-        return value + rank if value < 0 and rank is not None else value
+    def scale(self, node: ir.Node) -> np.ndarray | None:
+        return self.value(node.inputs[1]) if len(node.inputs) > 1 else None
 
-    def is_constant(self, tensor: str) -> bool:
-        """Is ``tensor`` known when TensorRT builds the engine (a constant, or computed from constants only)?
+    def zero_point(self, node: ir.Node) -> np.ndarray | None:
+        return self.value(node.inputs[2]) if len(node.inputs) > 2 else None
+
+    def axis(self, node: ir.Node) -> int:
+        value = attr(node, "axis", 1)
+        dims = self.dims(node.inputs[0])
+        return value + len(dims) if value < 0 and dims is not None else value
+
+    def is_constant(self, value: ir.Value | None) -> bool:
+        """Is ``value`` known when TensorRT builds the engine (a constant, or computed from constants only)?
 
         TensorRT folds such subgraphs at build time: a weight clipped by ``Min``/``Max`` before its Q (qdq's
         sub-8-bit weights) is still a weight.
         """
-        pending, seen = [tensor], set()
+        pending, seen = [value], set()
         while pending:
-            name = pending.pop()
-            if name in seen or name in self.index.constants:
+            current = pending.pop()
+            if current in seen or (current is not None and current.const_value is not None):
                 continue
-            seen.add(name)
-            producer = self.index.producer.get(name)
+            seen.add(current)
+            producer = source(current)
             if producer is None or producer.op_type in (Q, DQ):
                 return False
-            pending.extend(i for i in producer.input if i)
+            pending.extend(v for v in producer.inputs if v is not None)
         return True
 
-    def q_of(self, dq: Any) -> Any | None:
-        producer = self.index.producer.get(dq.input[0])
+    def q_of(self, dq: ir.Node) -> ir.Node | None:
+        producer = source(dq.inputs[0])
         return producer if producer is not None and producer.op_type == Q else None
 
-    def quantized_source(self, tensor: str, through: frozenset[str] = LAYOUT) -> tuple[Any | None, list[Any]]:
-        """The DequantizeLinear ``tensor`` comes from, looking back through ``through``, and the ops passed."""
-        passed: list[Any] = []
-        node = self.index.producer.get(tensor)
-        while node is not None and node.op_type in through and node.input:
+    def quantized_source(
+        self, value: ir.Value | None, through: frozenset[str] = LAYOUT
+    ) -> tuple[ir.Node | None, list[ir.Node]]:
+        """The DequantizeLinear ``value`` comes from, looking back through ``through``, and the ops passed."""
+        passed: list[ir.Node] = []
+        node = source(value)
+        while node is not None and node.op_type in through and node.inputs:
             passed.append(node)
-            node = self.index.producer.get(node.input[0])
+            node = source(node.inputs[0])
         return (node, passed) if node is not None and node.op_type == DQ else (None, passed)
+
+    def readers(self, value: ir.Value) -> list[ir.Node]:
+        """The main-graph nodes reading ``value``, once per input slot; a node whose subgraphs (an ``If``'s
+        branches, a ``Loop``'s body) read it counts once for them, unless it reads it itself."""
+        direct = [use.node for use in value.uses() if use.node.graph is self.graph]
+        found: list[ir.Node] = []
+        for use in value.uses():
+            node = self._holders.get(use.node.graph, use.node)
+            if node is use.node or not any(n is node for n in (*direct, *found)):
+                found.append(node)
+        return found
+
+    def is_output(self, value: ir.Value) -> bool:
+        """Is ``value`` an output of the main graph?"""
+        return value.is_graph_output() and value.graph is self.graph
+
+    def read_once(self, value: ir.Value) -> bool:
+        """Does exactly one main-graph node read ``value``, once, ``value`` not a graph output?"""
+        return len(self.readers(value)) == 1 and not self.is_output(value)
 
     def per_channel(self, scale: np.ndarray | None) -> bool:
         return scale is not None and scale.ndim == 1 and scale.size > 1
+
+    @cached_property
+    def _holders(self) -> dict[ir.Graph | None, ir.Node]:
+        """Each subgraph of the model, nested ones included -> the main-graph node holding it."""
+        import onnx_ir as ir
+
+        found: dict[ir.Graph | None, ir.Node] = {}
+        for node in self.graph:
+            for attribute in node.attributes.values():
+                if attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                    held = attribute.value if attribute.type == ir.AttributeType.GRAPHS else [attribute.value]
+                    found.update((sub, node) for graph in held for sub in graphs_of(graph))
+        return found
 
 
 def same_values(a: np.ndarray | None, b: np.ndarray | None) -> bool:

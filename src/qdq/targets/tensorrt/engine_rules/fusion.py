@@ -20,8 +20,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+from qdq.graphs.ir_graph import name_of, source
 from qdq.targets.tensorrt.engine_rules.facts import (
     DQ,
     LAYOUT,
@@ -34,6 +35,9 @@ from qdq.targets.tensorrt.engine_rules.facts import (
     same_values,
 )
 
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
 __all__ = ["RULES", "casts_after_dqs", "partly_quantized_ops"]
 
 #: Ops that run on int8 data between a DQ and a Q with one scale (they commute with quantization).
@@ -43,6 +47,8 @@ _INTEGER_OPS = frozenset({"QLinearConv", "ConvInteger", "QLinearMatMul", "MatMul
                           "QLinearMul", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
                           "QLinearGlobalAveragePool", "QLinearAveragePool", "DynamicQuantizeLinear",
                           "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention"})  # fmt: skip
+#: Activations TensorRT fuses after an add, before its Q.
+_ADD_ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu"})
 
 
 def _weighted_op_inputs(f: GraphFacts) -> Iterator[Violation]:
@@ -57,36 +63,36 @@ def _weighted_op_inputs(f: GraphFacts) -> Iterator[Violation]:
         yield Violation(
             "weighted-op-inputs",
             f.name(node),
-            f"input {float_input} ({node.input[float_input]!r}) is "
+            f"input {float_input} ({name_of(node.inputs[float_input], '')!r}) is "
             "float while the other is dequantized: TensorRT runs it in float; quantize both",
         )
 
 
-def casts_after_dqs(f: GraphFacts) -> list[tuple[Any, int, Any, Any]]:
+def casts_after_dqs(f: GraphFacts) -> list[tuple[ir.Node, int, ir.Node, ir.Node]]:
     """``(op, input index, DQ, Cast)`` for each Conv/Gemm/MatMul input that reaches its DequantizeLinear through
     a Cast (what a float16 model's export writes: float32 Q/DQ, then a Cast to the model's type)."""
     found = []
     for node in f.nodes:
-        if node.op_type not in WEIGHTED or len(node.input) < 2:
+        if node.op_type not in WEIGHTED or len(node.inputs) < 2:
             continue
         for index in (0, 1):
-            if f.quantized_source(node.input[index])[0] is not None:
+            if f.quantized_source(node.inputs[index])[0] is not None:
                 continue
-            dq, passed = f.quantized_source(node.input[index], LAYOUT | {"Cast", "CastLike"})
+            dq, passed = f.quantized_source(node.inputs[index], LAYOUT | {"Cast", "CastLike"})
             if dq is not None:
                 found.append((node, index, dq, next(p for p in passed if p.op_type in ("Cast", "CastLike"))))
     return found
 
 
-def partly_quantized_ops(f: GraphFacts) -> list[tuple[Any, int]]:
+def partly_quantized_ops(f: GraphFacts) -> list[tuple[ir.Node, int]]:
     """``(node, index of its float input)`` of each Conv/Gemm/MatMul with one of its two inputs dequantized
     (directly, through layout ops or a Cast) and the other float: TensorRT runs such an op in float."""
     found = []
     for node in f.nodes:
-        if node.op_type not in WEIGHTED or len(node.input) < 2:
+        if node.op_type not in WEIGHTED or len(node.inputs) < 2:
             continue
         through = LAYOUT | {"Cast", "CastLike"}
-        quantized = [f.quantized_source(node.input[i], through)[0] is not None for i in (0, 1)]
+        quantized = [f.quantized_source(node.inputs[i], through)[0] is not None for i in (0, 1)]
         if any(quantized) and not all(quantized):
             found.append((node, quantized.index(False)))
     return found
@@ -94,14 +100,14 @@ def partly_quantized_ops(f: GraphFacts) -> list[tuple[Any, int]]:
 
 def _residual_add(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
-        if node.op_type != "Add" or len(node.input) != 2:
+        if node.op_type != "Add" or len(node.inputs) != 2:
             continue
-        if any(f.is_constant(name) for name in node.input):
+        if any(f.is_constant(value) for value in node.inputs):
             continue  # a bias written apart from its op (MatMul + Add): TensorRT fuses it into the op
-        fused = [_quantized_weighted_producer(f, name) for name in node.input]
-        if not any(fused) or not _quantized_downstream(f, node.output[0]):
+        fused = [_quantized_weighted_producer(f, value) for value in node.inputs]
+        if not any(fused) or not _quantized_downstream(f, node.outputs[0]):
             continue
-        if any(f.quantized_source(name, frozenset())[0] is not None for name in node.input):
+        if any(f.quantized_source(value, frozenset())[0] is not None for value in node.inputs):
             continue
         op = next(p for p in fused if p is not None)
         yield Violation(
@@ -117,11 +123,11 @@ def _fused_scales(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type == "Concat":
             yield from _concat_scales(f, node)
-        elif node.op_type in _DATA_MOVERS and node.input:
-            dq = f.index.producer.get(node.input[0])
+        elif node.op_type in _DATA_MOVERS and node.inputs:
+            dq = source(node.inputs[0])
             if dq is None or dq.op_type != DQ:
                 continue
-            for q in f.index.consumers.get(node.output[0], []):
+            for q in f.readers(node.outputs[0]):
                 if q.op_type == Q and not same_values(f.scale(q), f.scale(dq)):
                     yield Violation(
                         "fused-scales",
@@ -142,12 +148,12 @@ def _integer_ops(f: GraphFacts) -> Iterator[Violation]:
             )
 
 
-def _concat_scales(f: GraphFacts, node: Any) -> Iterator[Violation]:
-    dqs = [f.index.producer.get(name) for name in node.input]
-    if not dqs or not all(d is not None and d.op_type == DQ for d in dqs):
+def _concat_scales(f: GraphFacts, node: ir.Node) -> Iterator[Violation]:
+    dqs = [d for d in map(source, node.inputs) if d is not None and d.op_type == DQ]
+    if not dqs or len(dqs) < len(node.inputs):
         return
     scales = [f.scale(d) for d in dqs]
-    scales += [f.scale(q) for q in f.index.consumers.get(node.output[0], []) if q.op_type == Q]
+    scales += [f.scale(q) for q in f.readers(node.outputs[0]) if q.op_type == Q]
     if any(not same_values(scales[0], s) for s in scales[1:]):
         listed = ", ".join(brief(s) for s in scales)
         yield Violation(
@@ -158,24 +164,34 @@ def _concat_scales(f: GraphFacts, node: Any) -> Iterator[Violation]:
         )
 
 
-def _quantized_weighted_producer(f: GraphFacts, tensor: str) -> Any | None:
-    """The quantized weighted op producing ``tensor`` (directly or through BatchNormalization), each tensor on the
+def _quantized_weighted_producer(f: GraphFacts, value: ir.Value | None) -> ir.Node | None:
+    """The quantized weighted op producing ``value`` (directly or through BatchNormalization), each value on the
     way read by one node (an op whose output other nodes read too cannot take the Add into its kernel), else None."""
     node = None
-    while len(f.index.consumers.get(tensor, [])) == 1 and tensor not in f.index.outputs:
-        node = f.index.producer.get(tensor)
+    while value is not None and f.read_once(value):
+        node = value.producer()
         if node is None or node.op_type != "BatchNormalization":
             break
-        tensor, node = node.input[0], None
-    if node is None or node.op_type not in WEIGHTED or len(node.input) < 2:
+        value, node = node.inputs[0], None
+    if node is None or node.op_type not in WEIGHTED or len(node.inputs) < 2:
         return None
-    return node if all(f.quantized_source(node.input[i])[0] is not None for i in (0, 1)) else None
+    return node if all(f.quantized_source(node.inputs[i])[0] is not None for i in (0, 1)) else None
 
 
-def _quantized_downstream(f: GraphFacts, tensor: str) -> bool:
-    """Does ``tensor`` reach a QuantizeLinear through activations TensorRT fuses after an add?"""
-    readers = f.index.readers(tensor, through=frozenset({"Relu", "Clip", "LeakyRelu"}))
-    return any(r is not None and r.op_type == Q for r in readers)
+def _quantized_downstream(f: GraphFacts, value: ir.Value) -> bool:
+    """Does ``value`` reach a QuantizeLinear through activations TensorRT fuses after an add?"""
+    pending, seen = [value], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for reader in f.readers(current):
+            if reader.op_type == Q:
+                return True
+            if reader.op_type in _ADD_ACTIVATIONS:
+                pending.extend(reader.outputs)
+    return False
 
 
 RULES = (

@@ -19,12 +19,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qdq.graphs.ir_graph import attr, name_of, source
 from qdq.graphs.onnx_types import type_name
 from qdq.targets.tensorrt.engine_rules.facts import DQ, GraphFacts, Q, Rule, Violation, brief, same_values
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["RULES", "uint8_nodes"]
 
@@ -35,10 +39,10 @@ _UINT8 = 2
 def _qdq_pairs(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
         if node.op_type == Q:
-            readers = f.index.consumers.get(node.output[0], [])
-            if node.output[0] in f.index.outputs:
+            readers, output = f.readers(node.outputs[0]), f.is_output(node.outputs[0])
+            if output:
                 yield Violation("qdq-pair", f.name(node), "its quantized output is a graph output; follow it by a DQ")
-            if not readers and node.output[0] not in f.index.outputs:
+            if not readers and not output:
                 yield Violation("qdq-pair", f.name(node), "nothing reads it: a Q without its DQ")
             for reader in readers:
                 if reader.op_type != DQ:
@@ -48,7 +52,7 @@ def _qdq_pairs(f: GraphFacts) -> Iterator[Violation]:
                         f"its quantized output is read by {reader.op_type} {f.name(reader)}, not by a DequantizeLinear",
                     )
         elif node.op_type == DQ:
-            producer = f.index.producer.get(node.input[0])
+            producer = source(node.inputs[0])
             if producer is not None and producer.op_type not in (Q, "Constant"):
                 yield Violation(
                     "qdq-pair",
@@ -84,7 +88,7 @@ def _int8_type(f: GraphFacts) -> Iterator[Violation]:
         quantized = _quantized_type(f, node)
         if quantized is None:
             continue
-        if quantized == _UINT8 and len(node.input) < 3:
+        if quantized == _UINT8 and len(node.inputs) < 3:
             yield Violation(
                 "int8-type",
                 f.name(node),
@@ -99,7 +103,7 @@ def _int8_type(f: GraphFacts) -> Iterator[Violation]:
             )
 
 
-def uint8_nodes(f: GraphFacts) -> list[Any]:
+def uint8_nodes(f: GraphFacts) -> list[ir.Node]:
     """The Q/DQ nodes that quantize to UINT8 (which TensorRT does not support)."""
     return [n for n in f.nodes if n.op_type in (Q, DQ) and _quantized_type(f, n) == _UINT8]
 
@@ -118,15 +122,14 @@ def _scale(f: GraphFacts) -> Iterator[Violation]:
         yield from _scale_problems(f, node)
 
 
-def _scale_problems(f: GraphFacts, node: Any) -> Iterator[Violation]:
+def _scale_problems(f: GraphFacts, node: ir.Node) -> Iterator[Violation]:
     name, scale, zero = f.name(node), f.scale(node), f.zero_point(node)
     if scale is None:
-        yield Violation(
-            "scale", name, f"scale {node.input[1]!r} is not a constant; TensorRT needs a build-time constant"
-        )
+        scale_name = name_of(node.inputs[1], "")
+        yield Violation("scale", name, f"scale {scale_name!r} is not a constant; TensorRT needs a build-time constant")
         return
-    if len(node.input) > 2 and node.input[2] and zero is None:
-        yield Violation("scale", name, f"zero point {node.input[2]!r} is not a constant")
+    if len(node.inputs) > 2 and node.inputs[2] is not None and zero is None:
+        yield Violation("scale", name, f"zero point {node.inputs[2].name!r} is not a constant")
     values = scale.astype(np.float64)
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
         yield Violation("scale", name, f"scale {brief(scale)} must be positive and finite")
@@ -144,7 +147,7 @@ def _scale_problems(f: GraphFacts, node: Any) -> Iterator[Violation]:
     if f.per_channel(scale):
         if f.opset < 13:
             yield Violation("scale", name, f"per-channel scale needs opset >= 13 (the axis attribute); opset {f.opset}")
-        dims = f.types.dims.get(node.input[0])
+        dims = f.dims(node.inputs[0])
         axis = f.axis(node)
         if dims is not None and not 0 <= axis < len(dims):
             yield Violation("scale", name, f"axis {axis} is outside the input's rank {len(dims)}")
@@ -152,13 +155,13 @@ def _scale_problems(f: GraphFacts, node: Any) -> Iterator[Violation]:
             yield Violation("scale", name, f"{scale.size} scales for {dims[axis]} channels on axis {axis}")
 
 
-def _quantized_type(f: GraphFacts, node: Any) -> int | None:
+def _quantized_type(f: GraphFacts, node: ir.Node) -> int | None:
     """The integer (or FP8/FP4) type a Q produces or a DQ reads."""
-    if len(node.input) > 2 and node.input[2]:
-        return f.types.get(node.input[2])
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        return f.type_of(node.inputs[2])
     if node.op_type == Q:
-        return next((a.i for a in node.attribute if a.name == "output_dtype" and a.i), _UINT8)
-    return f.types.get(node.input[0])
+        return attr(node, "output_dtype", 0) or _UINT8
+    return f.type_of(node.inputs[0])
 
 
 RULES = (

@@ -13,22 +13,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+from qdq.graphs.ir_graph import attr, name_of
 from qdq.targets.tensorrt.engine_rules.facts import WEIGHTED, GraphFacts, Q, Rule, Violation
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["RULES"]
 
 
 def _activation_per_tensor(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
-        if node.op_type != Q or f.is_constant(node.input[0]):
+        if node.op_type != Q or f.is_constant(node.inputs[0]):
             continue
         if f.per_channel(f.scale(node)):
             yield Violation(
                 "activation-per-tensor",
                 f.name(node),
-                f"quantizes activation {node.input[0]!r} per channel "
+                f"quantizes activation {name_of(node.inputs[0], '')!r} per channel "
                 f"(axis {f.axis(node)}); TensorRT quantizes activations per tensor",
             )
 
@@ -38,7 +42,7 @@ def _weight_axis(f: GraphFacts) -> Iterator[Violation]:
         if node.op_type not in WEIGHTED:
             continue
         for index in _weight_inputs(f, node):
-            dq, passed = f.quantized_source(node.input[index])
+            dq, passed = f.quantized_source(node.inputs[index])
             if dq is None or not f.per_channel(f.scale(dq)):
                 continue
             expected = _expected_axis(f, node, index)
@@ -52,33 +56,32 @@ def _weight_axis(f: GraphFacts) -> Iterator[Violation]:
                 )
 
 
-def _weight_inputs(f: GraphFacts, node: Any) -> list[int]:
+def _weight_inputs(f: GraphFacts, node: ir.Node) -> list[int]:
     """Indices of the inputs of a weighted op that hold its weight (a constant behind its DQ)."""
     if node.op_type in ("Conv", "ConvTranspose", "Gemm"):
-        return [1] if len(node.input) > 1 else []
+        return [1] if len(node.inputs) > 1 else []
     found = []
     for index in (0, 1):
-        dq, _ = f.quantized_source(node.input[index])
+        dq, _ = f.quantized_source(node.inputs[index])
         q = f.q_of(dq) if dq is not None else None
-        source = q.input[0] if q is not None else (dq.input[0] if dq else None)
+        source = q.inputs[0] if q is not None else (dq.inputs[0] if dq else None)
         if source is not None and f.is_constant(source):
             found.append(index)
     return found
 
 
-def _expected_axis(f: GraphFacts, node: Any, index: int) -> int | None:
-    rank = f.types.ranks.get(node.input[index])
+def _expected_axis(f: GraphFacts, node: ir.Node, index: int) -> int | None:
+    dims = f.dims(node.inputs[index])
     if node.op_type in ("Conv", "ConvTranspose"):
         return 0
     if node.op_type == "Gemm":
-        trans = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans else 1
-    if rank is None:
+        return 0 if attr(node, "transB", 0) else 1
+    if dims is None:
         return None
-    return rank - 1 if index == 1 else rank - 2
+    return len(dims) - 1 if index == 1 else len(dims) - 2
 
 
-def _axis_reason(node: Any) -> str:
+def _axis_reason(node: ir.Node) -> str:
     return {
         "Conv": "output channels",
         "ConvTranspose": "TensorRT's deconvolution takes per-input-channel scales",
@@ -87,7 +90,7 @@ def _axis_reason(node: Any) -> str:
     }[node.op_type]
 
 
-def _axis_before(passed: list[Any], axis: int | None) -> int | None:
+def _axis_before(passed: list[ir.Node], axis: int | None) -> int | None:
     """The axis at the DQ that becomes ``axis`` at the op after the layout ops ``passed`` (nearest op first)."""
     for node in passed:
         if axis is None:
@@ -96,7 +99,7 @@ def _axis_before(passed: list[Any], axis: int | None) -> int | None:
             continue
         if node.op_type != "Transpose":
             return None  # a reshape: the channel axis cannot be followed
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        perm = attr(node, "perm")
         if perm is None:
             return None
         axis = perm[axis]

@@ -18,10 +18,14 @@ from the network inputs and the operators' types):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+from qdq.graphs.ir_graph import attr
 from qdq.graphs.onnx_types import FLOAT_TYPES, LOW_PRECISION, float_slots, type_name
 from qdq.targets.tensorrt.engine_rules.facts import DQ, GraphFacts, Q, Rule, Violation
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 __all__ = ["RULES", "compute_precisions", "fp32_allowed"]
 
@@ -34,8 +38,8 @@ def _type_consistent(f: GraphFacts) -> Iterator[Violation]:
         slots = float_slots(node, f.opset)
         if slots.param is None:
             continue
-        bound = [node.input[i] for i in slots.inputs] + [node.output[i] for i in slots.outputs]
-        types = {name: f.types.get(name) for name in bound}
+        bound = [node.inputs[i] for i in slots.inputs] + [node.outputs[i] for i in slots.outputs]
+        types = {value.name: f.type_of(value) for value in bound if value is not None}
         known = {t for t in types.values() if t is not None}
         if len(known) > 1:
             found = True
@@ -59,9 +63,9 @@ def _type_consistent(f: GraphFacts) -> Iterator[Violation]:
 
 def _q_input_type(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
-        if node.op_type != Q or len(node.input) < 2:
+        if node.op_type != Q or len(node.inputs) < 2:
             continue
-        x, scale = f.types.get(node.input[0]), f.types.get(node.input[1])
+        x, scale = f.type_of(node.inputs[0]), f.type_of(node.inputs[1])
         if x is not None and scale is not None and x != scale:
             yield Violation(
                 "q-input-type",
@@ -72,11 +76,10 @@ def _q_input_type(f: GraphFacts) -> Iterator[Violation]:
 
 def _dq_output_type(f: GraphFacts) -> Iterator[Violation]:
     for node in f.nodes:
-        if node.op_type != DQ or len(node.input) < 2:
+        if node.op_type != DQ or len(node.inputs) < 2:
             continue
-        scale = f.types.get(node.input[1])
-        requested = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
-        out = requested or f.types.get(node.output[0])
+        scale = f.type_of(node.inputs[1])
+        out = attr(node, "output_dtype", 0) or f.type_of(node.outputs[0])
         if scale is not None and out is not None and out != scale:
             yield Violation(
                 "dq-output-type",
@@ -106,14 +109,14 @@ def compute_precisions(f: GraphFacts) -> dict[int, int]:
     for node in f.nodes:
         if node.op_type in _NOT_COMPUTE or node.domain not in ("", "ai.onnx"):
             continue
-        types = [f.types.get(name) for name in node.output if name]
+        types = [f.type_of(value) for value in node.outputs]
         float_out = next((t for t in types if t in FLOAT_TYPES), None)
         if float_out is not None:
             found[id(node)] = float_out
     return found
 
 
-def fp32_allowed(f: GraphFacts, node: Any) -> bool:
+def fp32_allowed(f: GraphFacts, node: ir.Node) -> bool:
     """Is ``node`` allowed to compute in FP32 in a low-precision graph (allow-listed op or recorded node)?"""
     return node.op_type in f.fp32_ops or node.name in f.fp32_nodes
 
