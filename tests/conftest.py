@@ -90,9 +90,9 @@ def _tensorrt_rules(request):
 
     A private MonkeyPatch: the test's own ``monkeypatch`` fixture keeps its usual setup and teardown order."""
     from qdq.export import onnx_export
-    from tensorrt_rules import checked_finish_onnx, exempt_rules
+    from tensorrt_rules import exempt_rules, failing_rule_warning
 
-    checked = checked_finish_onnx(onnx_export.finish_onnx, exempt_rules(request.node))
+    checked = failing_rule_warning(onnx_export._warn_broken_rules, exempt_rules(request.node))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(onnx_export, "finish_onnx", checked)
+        patch.setattr(onnx_export, "_warn_broken_rules", checked)
         yield

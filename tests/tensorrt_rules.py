@@ -1,10 +1,11 @@
 """Every ``"tensorrt"``-target ONNX file the test suite exports is checked against TensorRT's rules.
 
-:func:`checked_finish_onnx` wraps :func:`qdq.export.onnx_export.finish_onnx` (the common end of every qdq
-export, PyTorch and Keras): after the file is written, a ``"tensorrt"`` export goes through
-:func:`qdq.targets.tensorrt.check.check_tensorrt` and the test fails on any violation. A test that exports a graph
-TensorRT cannot take on purpose names the rules it breaks with
-``@pytest.mark.trt_rules_exempt("rule", ..., reason="...")``; any other broken rule still fails it.
+The export already checks each file it writes against its target's rules (``Target.rule_check``; TensorRT's:
+:func:`qdq.targets.tensorrt.check.check_tensorrt`) and warns once when some are broken
+(``qdq.export.onnx_export._warn_broken_rules``). :func:`failing_rule_warning` wraps that step so that the test fails
+on any violation instead, from the same report. A test that exports a graph TensorRT cannot take on purpose names
+the rules it breaks with ``@pytest.mark.trt_rules_exempt("rule", ..., reason="...")``; its export then warns as
+it does for a user, and any other broken rule still fails it.
 """
 
 from __future__ import annotations
@@ -16,23 +17,22 @@ from typing import Any
 import pytest
 
 
-def checked_finish_onnx(finish: Callable[..., Any], exempt: Iterable[str]) -> Callable[..., Any]:
-    """``finish_onnx`` followed by the TensorRT rule check of a ``"tensorrt"`` export."""
+def failing_rule_warning(warn: Callable[..., None], exempt: Iterable[str]) -> Callable[..., None]:
+    """The export's rule check (``warn``: ``_warn_broken_rules(model, target, path)``), failing the test on a
+    violation of a rule not in ``exempt``."""
     allowed = frozenset(exempt)
 
-    @functools.wraps(finish)
-    def finish_and_check(proto: Any, path: Any, target: Any, **kwargs: Any) -> Any:
-        from qdq.targets.tensorrt.check import check_tensorrt
+    @functools.wraps(warn)
+    def check(model: Any, target: Any, path: Any) -> None:
+        if target.rule_check is None:
+            return
+        report = target.rule_check(model)
+        if any(v.rule not in allowed for v in report.violations):
+            pytest.fail(f"the {target.name} export {path} breaks its runtime's rules:\n{report}", pytrace=False)
+        if report.violations:
+            warn(model, target, path)  # the exempt rules: the user's warning (checked once more, as a user's is)
 
-        written = finish(proto, path, target, **kwargs)
-        if getattr(target, "name", None) == "tensorrt":
-            report = check_tensorrt(written)
-            broken = [v for v in report.violations if v.rule not in allowed]
-            if broken:
-                pytest.fail(f"the tensorrt export {written} breaks TensorRT's rules:\n{report}", pytrace=False)
-        return written
-
-    return finish_and_check
+    return check
 
 
 def exempt_rules(node: Any) -> set[str]:

@@ -169,21 +169,24 @@ def test_check_refuses_non_onnx(tmp_path):
         check_tensorrt(junk)
 
 
-def test_suite_hook_fails_a_tensorrt_export_that_breaks_a_rule(tmp_path):
-    """tests/conftest.py checks every "tensorrt" export; a broken one fails the test unless exempted."""
+def test_suite_hook_fails_a_tensorrt_export_that_breaks_a_rule():
+    """tests/conftest.py turns the export's rule warning into a failure; an exempt rule warns as for a user."""
     from types import SimpleNamespace
 
-    from tensorrt_rules import checked_finish_onnx
+    from tensorrt_rules import failing_rule_warning
 
     nodes, inits = base_parts()
     broken = BREAKERS["zero-point"](nodes, inits)
+    warned = []
 
-    def finish(proto, path, target, **kwargs):
-        onnx.save(proto, path)
-        return path
+    def warn(model, target, path):
+        warned.append(path)
 
-    path = tmp_path / "m.onnx"
+    tensorrt = SimpleNamespace(name="tensorrt", rule_check=check_tensorrt)
     with pytest.raises(pytest.fail.Exception, match="zero-point"):
-        checked_finish_onnx(finish, exempt=())(broken, path, SimpleNamespace(name="tensorrt"))
-    assert checked_finish_onnx(finish, exempt={"zero-point"})(broken, path, SimpleNamespace(name="tensorrt")) == path
-    assert checked_finish_onnx(finish, exempt=())(broken, path, SimpleNamespace(name="onnxruntime")) == path
+        failing_rule_warning(warn, exempt=())(broken, tensorrt, "m.onnx")
+    assert warned == []
+    failing_rule_warning(warn, exempt={"zero-point"})(broken, tensorrt, "m.onnx")
+    assert warned == ["m.onnx"]
+    failing_rule_warning(warn, exempt=())(broken, SimpleNamespace(name="onnxruntime", rule_check=None), "m.onnx")
+    assert warned == ["m.onnx"]  # a target that states no rules is not checked
