@@ -108,9 +108,12 @@ def source(value: ir.Value | None, through: Iterable[str] = ()) -> ir.Node | Non
     return node
 
 
-def readers_through(value: ir.Value, through: Iterable[str]) -> list[ir.Node | None]:
-    """The nodes reading ``value``, looking through ops in ``through``; None stands for a graph output."""
-    skip = frozenset(through)
+def readers_through(
+    value: ir.Value, through: Iterable[str], reads: Callable[[ir.Value], list[ir.Node | None]] | None = None
+) -> list[ir.Node | None]:
+    """The nodes reading ``value``, looking through ops in ``through``; None stands for a graph output. ``reads``:
+    the readers of one value, None for a graph output (default: every node reading it, in subgraphs too)."""
+    skip, read = frozenset(through), reads or _reads
     found: list[ir.Node | None] = []
     pending, seen = [value], set()
     while pending:
@@ -118,14 +121,16 @@ def readers_through(value: ir.Value, through: Iterable[str]) -> list[ir.Node | N
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if current.is_graph_output():
-            found.append(None)
-        for node in readers(current):
-            if node.op_type in skip:
+        for node in read(current):
+            if node is not None and node.op_type in skip:
                 pending.extend(node.outputs)
             else:
                 found.append(node)
     return found
+
+
+def _reads(value: ir.Value) -> list[ir.Node | None]:
+    return [*([None] if value.is_graph_output() else []), *readers(value)]
 
 
 def subgraphs(node: ir.Node) -> list[ir.Graph]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.ir_graph import attr, const, graphs_of, name_of, subgraphs
+from qdq.graphs.ir_graph import attr, const, graphs_of, name_of, readers_through, subgraphs
 from qdq.graphs.onnx import all_nodes
 from qdq.runtime._text import markdown_table
 from qdq.runtime.coverage import Coverage, FloatLayer
@@ -285,21 +285,7 @@ class _Explainer:
         """Ops reading ``value``, looking through ``through`` (layout ops by default); ``None`` stands for a graph
         output."""
         skip = self.facts.layout_ops if through is None else through
-        found: list[ir.Node | None] = []
-        pending, seen = [value], set()
-        while pending:
-            current = pending.pop()
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            if self.is_output(current):
-                found.append(None)
-            for node in self.readers(current):
-                if node.op_type in skip:
-                    pending.extend(node.outputs)
-                else:
-                    found.append(node)
-        return found
+        return readers_through(value, skip, lambda v: [*([None] if self.is_output(v) else []), *self.readers(v)])
 
     def prev_op(self, value: ir.Value | None) -> ir.Node | None:
         """The op producing ``value``, looking through layout ops (None: input or constant)."""
