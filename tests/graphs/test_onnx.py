@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdq.graphs.onnx import unique_value_names
+from qdq.graphs.onnx import on_ir, unique_value_names
 
 
 def test_unique_value_names_renames_what_branches_define_again_on_onnx_ir():
@@ -37,7 +37,7 @@ def test_unique_value_names_renames_what_branches_define_again_on_onnx_ir():
         )
     )
     helper.set_model_props(model, {"b": "2", "a": "1"})
-    assert unique_value_names(model) == 2
+    assert on_ir(model, unique_value_names) == [2]
     branches = {a.name: a.g for a in model.graph.node[1].attribute}
     assert [list(n.output) for n in branches["then_branch"].node] == [["c__2"], ["t"]]  # else_branch comes first
     assert list(branches["then_branch"].node[1].input) == ["c__2"] and list(branches["then_branch"].node[0].input) == [

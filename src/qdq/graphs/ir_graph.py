@@ -34,6 +34,7 @@ __all__ = [
     "readers",
     "readers_through",
     "remove",
+    "reserve_names",
     "run_on_graph",
     "single_reader",
     "source",
@@ -158,11 +159,8 @@ def fresh_name(graph: ir.Graph, stem: str) -> str:
     """A value name starting with ``stem`` (``<stem>__<n>``) that no value of ``graph`` and its subgraphs has. The
     names in use are listed at the first call (in the graph's metadata, shared with its subgraphs: call it on the
     main graph first) and every fresh name is added to them."""
-    taken: set[str] | None = graph.meta.get(_NAMES_KEY)
-    if taken is None:
-        taken = _names(graph)
-        for g in graphs_of(graph):
-            g.meta[_NAMES_KEY] = taken
+    reserve_names(graph)
+    taken: set[str] = graph.meta[_NAMES_KEY]
     n = len(taken)
     name = f"{stem}__{n}"
     while name in taken:
@@ -170,6 +168,15 @@ def fresh_name(graph: ir.Graph, stem: str) -> str:
         name = f"{stem}__{n}"
     taken.add(name)
     return name
+
+
+def reserve_names(graph: ir.Graph) -> None:
+    """List the value names in use in ``graph`` and its subgraphs for :func:`fresh_name`, once, shared with the
+    subgraphs: called on a main graph first, a fresh name a branch asks for avoids the main graph's names too."""
+    if _NAMES_KEY not in graph.meta:
+        taken = _names(graph)
+        for g in graphs_of(graph):
+            g.meta[_NAMES_KEY] = taken
 
 
 def _names(graph: ir.Graph) -> set[str]:

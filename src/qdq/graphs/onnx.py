@@ -3,8 +3,8 @@
 :func:`on_ir` runs edits on a model as an ``onnx_ir.Model`` (onnx_ir passes, onnxscript rule sets, qdq's passes
 written on onnx_ir with :mod:`qdq.graphs.ir_graph`) in one round trip, the model updated in place: every graph
 edit in qdq goes through it. What stays on protobuf here is what wraps a model rather than edits its graph:
-names (:func:`name_nodes`, :func:`rename_io`, :func:`unique_value_names`), declared output shapes, metadata,
-atomic saving with external data, and the walk of every node (:func:`all_nodes`) for readers of a protobuf.
+names (:func:`name_nodes`, :func:`rename_io`; :func:`unique_value_names` is an onnx_ir edit), declared output shapes,
+metadata, atomic saving with external data, and the walk of every node (:func:`all_nodes`) for protobuf readers.
 
 The Q/DQ nodes qdq exported, tagged with their quantizers, are read back by :mod:`qdq.graphs.onnx_tags`.
 
@@ -37,7 +37,6 @@ __all__ = [
     "set_metadata",
     "subgraphs",
     "unique_value_names",
-    "unique_value_names_ir",
 ]
 
 
@@ -83,17 +82,12 @@ def all_nodes(graph: Any) -> list[Any]:
     return [*graph.node, *(n for node in graph.node for inner in subgraphs(node) for n in all_nodes(inner))]
 
 
-def unique_value_names(model: onnx.ModelProto) -> int:
-    """Make every tensor name the model defines defined once: a name a subgraph (an ``If`` branch, a ``Loop`` body)
+def unique_value_names(model: ir.Model) -> int:
+    """Make every value name the model defines defined once: a name a subgraph (an ``If`` branch, a ``Loop`` body)
     defines (its inputs, initializers, node outputs) that an enclosing or earlier graph defines too is renamed
-    ``<name>__<n>`` in that subgraph, reads of nested subgraphs included (an onnx_ir value renamed). ONNX allows
-    sibling branches to reuse a name; qdq reads every graph of a model as one (the ONNX front end's view,
-    calibration's outputs, constants moved to the main graph). Returns how many names changed."""
-    return int(on_ir(model, unique_value_names_ir)[0])
-
-
-def unique_value_names_ir(model: ir.Model) -> int:
-    """:func:`unique_value_names` on an ``onnx_ir.Model``."""
+    ``<name>__<n>`` in that subgraph, wherever it is read. ONNX allows sibling branches to reuse a name; qdq reads
+    every graph of a model as one (the ONNX front end's view, calibration's outputs, constants moved to the main
+    graph). Returns how many names changed."""
     import onnx_ir
 
     nodes = list(onnx_ir.traversal.RecursiveGraphIterator(model.graph))

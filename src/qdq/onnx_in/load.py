@@ -47,7 +47,7 @@ from qdq.graphs.onnx import (
     name_nodes,
     on_ir,
     restore_output_shapes,
-    unique_value_names_ir,
+    unique_value_names,
 )
 from qdq.onnx_in.subgraphs import if_branches
 
@@ -108,7 +108,7 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
     counts = {"initializer_inputs": len(graph.input), "named_nodes": name_nodes(model), "renamed_tensors": 0,
               "constant_weights": _constant_nodes(graph)}  # fmt: skip
     initializers = len(graph.initializer)
-    counts["renamed_tensors"] = on_ir(model, unique_value_names_ir, RemoveInitializersFromInputsPass(),
+    counts["renamed_tensors"] = on_ir(model, unique_value_names, RemoveInitializersFromInputsPass(),
                                       LiftConstantsToInitializersPass(size_limit=0),
                                       LiftSubgraphInitializersToMainGraphPass())[0]  # fmt: skip
     model.ir_version = max(model.ir_version, 4)  # the first without initializers among the inputs
