@@ -70,7 +70,7 @@ from qdq.targets.onnxruntime.passes.pools import flatten_pools, float_pools_out_
 from qdq.targets.onnxruntime.passes.scaled_inputs import fold_scaled_inputs
 from qdq.targets.onnxruntime.passes.shapes import shapes_of_int8
 from qdq.targets.onnxruntime.passes.uint8_activations import activations_to_uint8
-from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, encode_weights_uint8, resolve_weights
+from qdq.targets.onnxruntime.passes.weight_encoding import WEIGHTS_METADATA_KEY, resolve_weights, weights_to_uint8
 from qdq.targets.onnxruntime.passes.weights import fold_weight_quantizers
 from qdq.targets.onnxruntime.passes.zero_biases import drop_zero_biases
 from qdq.targets.onnxruntime.passes.zero_masks import drop_masks_of_zeros, fold_zero_masks
@@ -104,19 +104,19 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
-    counts, widened = on_ir(model, _rewrite_model)[0]
+    counts, widened = on_ir(model, lambda ir_model: _rewrite_model(ir_model, encoding))[0]
     if widened:
         set_metadata(model, WIDENED_METADATA_KEY, json.dumps(widened, sort_keys=True))
-    counts["uint8_weights"] = encode_weights_uint8(model) if encoding == "uint8" else 0
     set_metadata(model, WEIGHTS_METADATA_KEY, encoding)
     del model.graph.value_info[:]  # the exporter's types are stale (int8 -> uint8)
     return counts
 
 
-def _rewrite_model(model: ir.Model) -> tuple[dict[str, int], dict[str, float]]:
+def _rewrite_model(model: ir.Model, encoding: str) -> tuple[dict[str, int], dict[str, float]]:
     tidy(model)
     widened: dict[str, float] = {}
     counts = _rewrite_graph(model.graph, model, widened)
+    counts["uint8_weights"] = weights_to_uint8(model.graph) if encoding == "uint8" else 0
     tidy(model)
     left = unfusable_conv_nodes(model.graph)
     counts["float_convs"] = len(left)

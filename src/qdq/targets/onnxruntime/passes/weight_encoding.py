@@ -15,14 +15,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.ir_graph import add_const, attr, const, const_input, readers, readers_through, source, tidy
+from qdq.graphs.ir_graph import add_const, attr, const, const_input, name_of, readers, readers_through, source, tidy
 from qdq.targets.onnxruntime.passes._graph import quantize_weight
 
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-__all__ = ["WEIGHTS_METADATA_KEY", "WEIGHT_ENCODINGS", "encode_weights_uint8", "recorded_weights", "resolve_weights"]
+__all__ = [
+    "WEIGHTS_METADATA_KEY",
+    "WEIGHT_ENCODINGS",
+    "encode_weights_uint8",
+    "recorded_weights",
+    "resolve_weights",
+    "weights_to_uint8",
+]
 
 #: model metadata key recording how the export stored the weights (``"int8"`` or ``"uint8"``)
 WEIGHTS_METADATA_KEY = "qdq.weights"
@@ -100,10 +107,11 @@ def encode_weights_uint8(model: onnx.ModelProto, *, only_saturating: bool = True
     from qdq.graphs.onnx import on_ir
 
     # constants behind Identity nodes (TorchScript's shared zero points) become visible
-    return int(on_ir(model, tidy, lambda ir_model: _encode(ir_model.graph, only_saturating), tidy)[1])
+    return int(on_ir(model, tidy, lambda ir_model: weights_to_uint8(ir_model.graph, only_saturating), tidy)[1])
 
 
-def _encode(graph: ir.Graph, only_saturating: bool) -> int:
+def weights_to_uint8(graph: ir.Graph, only_saturating: bool = True) -> int:
+    """:func:`encode_weights_uint8` as a pass on ``graph`` (the weights it no longer reads left for a tidy)."""
     import onnx_ir as ir
 
     from qdq.cpu import SAFE_WEIGHT_MAGNITUDE
@@ -122,9 +130,8 @@ def _encode(graph: ir.Graph, only_saturating: bool) -> int:
         values, q = found
         if only_saturating and np.abs(values.astype(np.int16)).max(initial=0) <= SAFE_WEIGHT_MAGNITUDE:
             continue
-        given = dq.inputs[2] if len(dq.inputs) > 2 else None
-        stem = given.name if given is not None and given.name else "zero_point"  # an omitted zero point is 0
-        zero_point = add_const(graph, stem + "_u8w", _as_uint8(zp))
+        given = dq.inputs[2] if len(dq.inputs) > 2 else None  # an omitted zero point is 0
+        zero_point = add_const(graph, name_of(given, "zero_point") + "_u8w", _as_uint8(zp))
         if q is None:
             dq.replace_input_with(0, add_const(graph, f"{weight.name}_u8", _as_uint8(values)))
         else:
