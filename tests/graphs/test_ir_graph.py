@@ -17,6 +17,7 @@ from qdq.graphs.ir_graph import (
     graphs_of,
     inferred_dims,
     make_node,
+    mark_main,
     name_of,
     only_readers,
     readers,
@@ -139,6 +140,7 @@ def test_reads_inside_a_branch_are_the_inner_nodes():
 
 def test_fresh_names_are_unique_across_the_model_and_never_reused():
     model, v = on_ir(branched())
+    mark_main(model)  # as qdq.graphs.onnx.on_ir does
     main = model.graph
     then_graph = next(g for g in subgraphs(main.node(0)) if g.name == "then")
     defined = {"x", "flag", "w", "y", "m__8", "s", "t", "e"}
@@ -149,6 +151,15 @@ def test_fresh_names_are_unique_across_the_model_and_never_reused():
     assert fresh_name(then_graph, "m") == "m__11"  # the branch shares the main graph's list
     assert fresh_name(main, "t") == "t__11"
     assert set(ir.convenience.create_value_mapping(main)) == defined  # naming adds no value
+
+
+def test_a_branch_asking_first_avoids_the_main_graph_names():
+    model, _ = on_ir(branched())
+    mark_main(model)
+    then_graph, else_graph = sorted(subgraphs(model.graph.node(0)), key=lambda g: g.name != "then")
+    # 8 names in use: a branch listing only its own (x, w... read; m__8, s, t written) would start lower and collide
+    first = fresh_name(then_graph, "m")
+    assert first == "m__9" and fresh_name(else_graph, "m") == "m__10"  # one list, whichever graph asks
 
 
 def test_add_const_and_make_node():

@@ -29,12 +29,12 @@ __all__ = [
     "graphs_of",
     "inferred_dims",
     "make_node",
+    "mark_main",
     "name_of",
     "only_readers",
     "readers",
     "readers_through",
     "remove",
-    "reserve_names",
     "run_on_graph",
     "single_reader",
     "source",
@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _NAMES_KEY = "qdq.names"
+_MAIN_KEY = "qdq.main_graph"
 
 
 def const(value: ir.Value | None) -> np.ndarray | None:
@@ -156,11 +157,13 @@ def graphs_of(graph: ir.Graph) -> Iterator[ir.Graph]:
 
 
 def fresh_name(graph: ir.Graph, stem: str) -> str:
-    """A value name starting with ``stem`` (``<stem>__<n>``) that no value of ``graph`` and its subgraphs has. The
-    names in use are listed at the first call (in the graph's metadata, shared with its subgraphs: call it on the
-    main graph first) and every fresh name is added to them."""
-    reserve_names(graph)
-    taken: set[str] = graph.meta[_NAMES_KEY]
+    """A value name starting with ``stem`` (``<stem>__<n>``) that no value of the model ``graph`` belongs to has
+    (its main graph and every subgraph, when :func:`mark_main` ran: :func:`qdq.graphs.onnx.on_ir` runs it; else
+    ``graph`` and its subgraphs). The names in use are listed at the first call and every fresh name is added."""
+    main = graph.meta.get(_MAIN_KEY, graph)
+    if _NAMES_KEY not in main.meta:
+        main.meta[_NAMES_KEY] = _names(main)
+    taken: set[str] = main.meta[_NAMES_KEY]
     n = len(taken)
     name = f"{stem}__{n}"
     while name in taken:
@@ -170,13 +173,10 @@ def fresh_name(graph: ir.Graph, stem: str) -> str:
     return name
 
 
-def reserve_names(graph: ir.Graph) -> None:
-    """List the value names in use in ``graph`` and its subgraphs for :func:`fresh_name`, once, shared with the
-    subgraphs: called on a main graph first, a fresh name a branch asks for avoids the main graph's names too."""
-    if _NAMES_KEY not in graph.meta:
-        taken = _names(graph)
-        for g in graphs_of(graph):
-            g.meta[_NAMES_KEY] = taken
+def mark_main(model: ir.Model) -> None:
+    """Point every subgraph of ``model`` at its main graph, whose names :func:`fresh_name` keeps for all of them."""
+    for graph in graphs_of(model.graph):
+        graph.meta[_MAIN_KEY] = model.graph
 
 
 def _names(graph: ir.Graph) -> set[str]:

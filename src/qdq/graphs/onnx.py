@@ -60,7 +60,10 @@ def on_ir(model: onnx.ModelProto, *edits: Callable[[ir.Model], Any]) -> list[Any
     ``value_info`` entry per initializer, the metadata's order)."""
     import onnx_ir
 
+    from qdq.graphs.ir_graph import mark_main
+
     ir_model = onnx_ir.serde.deserialize_model(model)  # its tensors shared, not copied
+    mark_main(ir_model)  # fresh names unique across the model's graphs
     results = []
     for edit in edits:  # a loop, not a comprehension: the edits' warnings keep their stack level on every Python
         results.append(edit(ir_model))

@@ -61,7 +61,7 @@ class Value:
         return f"Value({self.name!r})"
 
 
-def _may_weigh(op: Op) -> bool:
+def may_weigh(op: Op) -> bool:
     """Does ``op`` run an int8 kernel of its own or may it hide one: a weighted op, attention, or a call the front end
     cannot see into that holds parameters (attrs ``holds_weights``: a PyTorch module torch.fx keeps as a call)?"""
     return op.type in vocab.WEIGHTED or op.type == vocab.ATTENTION or bool(op.attrs.get("holds_weights"))
@@ -310,13 +310,13 @@ class GraphView:
         while stack:  # iterative, post-order: a deep network would overflow Python's recursion
             top = stack[-1]
             readers = [op for op, _ in top.readers]
-            pending = [v for op in readers if not _may_weigh(op) for v in op.outputs if v.name not in memo]
+            pending = [v for op in readers if not may_weigh(op) for v in op.outputs if v.name not in memo]
             if pending and top.name not in entered:
                 entered.add(top.name)
                 stack += pending
                 continue
             stack.pop()
-            memo[top.name] = any(_may_weigh(op) or any(memo.get(v.name, False) for v in op.outputs)
+            memo[top.name] = any(may_weigh(op) or any(memo.get(v.name, False) for v in op.outputs)
                                  for op in readers)  # fmt: skip
         return bool(memo[value.name])
 
@@ -325,7 +325,7 @@ class GraphView:
         outputs without passing through another weighted op (box decoding, score sigmoids, the concatenation of
         coordinates with scores, a state output)? Never in the graph of a submodule traced alone
         (:attr:`whole_model` False): what reads its outputs is not in the view."""
-        if not self.whole_model or _may_weigh(op) or not op.outputs:
+        if not self.whole_model or may_weigh(op) or not op.outputs:
             return False
         return not any(self.feeds_weighted(v) for v in op.outputs)
 

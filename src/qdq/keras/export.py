@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qdq.errors import QdqExportError
-from qdq.graphs.ir_graph import add_const, attr, const_input, fresh_name, inferred_dims, remove, single_reader
+from qdq.graphs.ir_graph import add_const, attr, const_input, fresh_name, inferred_dims, remove, single_reader, source
 from qdq.graphs.onnx import on_ir
 from qdq.keras._backend import keras, tf, tf2onnx
 from qdq.keras.graph import check_graph_model
@@ -357,7 +357,8 @@ def _layout_before_q(model: ir.Model) -> int:
         if pair is None:
             continue
         q, layout = pair
-        source, laid_out = q.inputs[0], layout.outputs[0]
+        x, laid_out = q.inputs[0], layout.outputs[0]
+        shape = laid_out.shape  # every value of the chain has the layout's shape once it is moved
         if layout.inputs[0] is dq.outputs[0]:  # Q -> DQ -> layout: the DQ writes the layout's output (its name)
             name = laid_out.name
             laid_out.replace_all_uses_with(dq.outputs[0], replace_graph_outputs=True)
@@ -365,11 +366,11 @@ def _layout_before_q(model: ir.Model) -> int:
         else:  # Q -> layout -> DQ
             dq.replace_input_with(0, q.outputs[0])
             laid_out.name = fresh_name(graph, "laid_out")
-        layout.replace_input_with(0, source)
+        layout.replace_input_with(0, x)
         q.replace_input_with(0, laid_out)
-        laid_out.type = None  # a float tensor now
+        laid_out.type = x.type if x is not None else None  # a float tensor now
         for value in (q.outputs[0], dq.outputs[0], laid_out):
-            value.shape = None  # of the other layout
+            value.shape = shape
         graph.remove(layout)
         graph.insert_before(q, layout)
         moved += 1
@@ -378,8 +379,7 @@ def _layout_before_q(model: ir.Model) -> int:
 
 def _layout_after_dq(dq: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """``(Q, layout)`` of ``Q -> DQ -> layout``, the Q's output read by the DQ alone; else None."""
-    q = dq.inputs[0].producer() if dq.inputs[0] is not None else None
-    layout = single_reader(dq.outputs[0])
+    q, layout = source(dq.inputs[0]), single_reader(dq.outputs[0])
     if q is None or q.op_type != "QuantizeLinear" or layout is None or layout.op_type not in _LAYOUT_OPS:
         return None
     if single_reader(q.outputs[0]) is not dq or const_input(q, 0) is not None:
@@ -390,10 +390,10 @@ def _layout_after_dq(dq: ir.Node) -> tuple[ir.Node, ir.Node] | None:
 def _layout_inside(dq: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """``(Q, Transpose)`` of ``Q -> Transpose -> DQ``, each output read by the next op alone; else None. (A Reshape
     there is a transpose of 1x1 maps, which :func:`_drop_identity_reshapes` removes.)"""
-    layout = dq.inputs[0].producer() if dq.inputs[0] is not None else None
+    layout = source(dq.inputs[0])
     if layout is None or layout.op_type != "Transpose" or single_reader(layout.outputs[0]) is not dq:
         return None
-    q = layout.inputs[0].producer() if layout.inputs[0] is not None else None
+    q = source(layout.inputs[0])
     if q is None or q.op_type != "QuantizeLinear" or single_reader(q.outputs[0]) is not layout:
         return None
     if const_input(q, 0) is not None or q.inputs[1] is not dq.inputs[1]:

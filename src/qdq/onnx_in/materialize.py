@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from qdq.graphs.ir_graph import add_const, const, fresh_name, make_node, remove, reserve_names
+from qdq.graphs.ir_graph import add_const, const, fresh_name, make_node, remove
 from qdq.graphs.onnx import on_ir
 from qdq.graphs.onnx_tags import QUANTIZER_KEY
 from qdq.graphs.ops import ATTENTION
@@ -88,7 +88,6 @@ class _Writer:
     def __init__(self, graph: ir.Graph) -> None:
         import onnx_ir
 
-        reserve_names(graph)  # the model's names, listed from the main graph before a branch asks for one
         self.graphs = _graphs(graph, ())
         self.position = {node: index for _, nodes in self.graphs.values() for index, node in enumerate(nodes)}
         self.values = onnx_ir.convenience.create_value_mapping(graph)  # every graph's, by name (unique once prepared)

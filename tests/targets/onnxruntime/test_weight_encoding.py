@@ -153,6 +153,40 @@ def test_the_rewrite_option_sets_and_records_the_encoding(weights, dtype):
     assert {p.key: p.value for p in model.metadata_props}[WEIGHTS_METADATA_KEY] == weights
 
 
+def test_weights_inside_if_branches_are_encoded_and_new_names_stay_unique():
+    """Both branches of an ``If`` hold the saturating conv, their initializers of one name each: the rewrite
+    re-encodes the weights of both, and what it names anew is named once in the whole model."""
+    body = saturating_conv().graph
+    branches = []
+    for name in ("then", "else"):
+        branch = onnx.GraphProto()
+        branch.CopyFrom(body)
+        branch.name = name
+        del branch.input[:]  # reads the main graph's x
+        branches.append(branch)
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
+    graph = helper.make_graph(
+        [node], "branched",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CHANNELS, 4, 4]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    assert rewrite_for_onnxruntime(model, weights="uint8")["branches"] == 2
+    ir_model = ir.serde.deserialize_model(model)
+    convs = [n for n in ir_model.graph.all_nodes() if n.op_type == "Conv"]
+    assert len(convs) == 2 and all(const(c.inputs[1].producer().inputs[0]).dtype == np.uint8 for c in convs)
+    added = [v.name for g in ir_model.graphs() for v in g.initializers.values() if "__" in (v.name or "")]
+    assert len(added) >= 4 and len(added) == len(set(added))  # two weights, two zero points at least
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for cond in (True, False):
+        got = session.run(None, {"x": X, "cond": np.array(cond)})[0]
+        assert got[0, 0, 1, 1] == CENTRE  # exact: uint8 weights never saturate
+
+
 def test_auto_follows_this_cpu(monkeypatch):
     for saturates, expected in ((True, "uint8"), (False, "int8")):
         monkeypatch.setattr(qdq.cpu, "int8_dot_saturates", lambda s=saturates: s)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from qdq.graphs.ops import ACTIVATIONS, ATTENTION, FEATURE_NORMS, IDENTITIES, LAYOUT, NORMS, WEIGHTED
+from qdq.graphs.ops import ACTIVATIONS, FEATURE_NORMS, IDENTITIES, LAYOUT, NORMS
+from qdq.graphs.view import may_weigh
 from qdq.targets.rules import PlacementRule
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def _feature_map(view: GraphView, value: Value, memo: dict[str, bool]) -> bool:
     while stack:  # iterative, post-order: a deep network would overflow Python's recursion
         top = stack[-1]
         op = top.producer
-        weighs = op is not None and (op.type in WEIGHTED or op.type == ATTENTION or op.attrs.get("holds_weights"))
+        weighs = op is not None and may_weigh(op)
         if op is None or weighs or view.output_quantizer(top) is not None:
             memo[top.name] = op is not None or not top.constant
             stack.pop()

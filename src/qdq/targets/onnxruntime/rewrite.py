@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from qdq.graphs.ir_graph import tidy
+from qdq.graphs.ir_graph import graphs_of, subgraphs, tidy
 from qdq.graphs.onnx import on_ir, set_metadata
 from qdq.targets.onnxruntime.passes.attention_mask import masks_to_adds
 from qdq.targets.onnxruntime.passes.batchnorm import fold_batchnorms
@@ -104,7 +104,8 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
         ORT cannot fuse (warned).
     """
     encoding = resolve_weights(weights)
-    counts, widened = on_ir(model, lambda ir_model: _rewrite_model(ir_model, encoding))[0]
+    counts, widened, left = on_ir(model, lambda ir_model: _rewrite_model(ir_model, encoding))[0]
+    warn_float_convs(left)
     if widened:
         set_metadata(model, WIDENED_METADATA_KEY, json.dumps(widened, sort_keys=True))
     set_metadata(model, WEIGHTS_METADATA_KEY, encoding)
@@ -112,17 +113,16 @@ def rewrite_for_onnxruntime(model: onnx.ModelProto, *, weights: str = DEFAULT_WE
     return counts
 
 
-def _rewrite_model(model: ir.Model, encoding: str) -> tuple[dict[str, int], dict[str, float]]:
+def _rewrite_model(model: ir.Model, encoding: str) -> tuple[dict[str, int], dict[str, float], list[ir.Node]]:
+    """The rewrite on ``model``: counts, the widened weight steps, and the Convs left float in any of its graphs."""
     tidy(model)
     widened: dict[str, float] = {}
     counts = _rewrite_graph(model.graph, model, widened)
     counts["uint8_weights"] = weights_to_uint8(model.graph) if encoding == "uint8" else 0
     tidy(model)
-    left = unfusable_conv_nodes(model.graph)
-    counts["float_convs"] = len(left)
-    warn_float_convs(left)
+    counts["float_convs"] = len(unfusable_conv_nodes(model.graph))
     counts["widened_weights"] = len(widened)
-    return counts, widened
+    return counts, widened, [conv for graph in graphs_of(model.graph) for conv in unfusable_conv_nodes(graph)]
 
 
 def _rewrite_graph(graph: ir.Graph, model: ir.Model, widened: dict[str, float]) -> dict[str, int]:
@@ -151,15 +151,7 @@ def _rewrite_graph(graph: ir.Graph, model: ir.Model, widened: dict[str, float]) 
     counts["float_biases"] += bias_after_float_convs(graph, float_convs)
     counts["biases"] = quantize_biases(graph, float_convs, widened)
     counts["branches"] = 0
-    for node in list(graph):
-        for branch in _branches(node):
-            inner = _rewrite_graph(branch, model, widened)
-            warn_float_convs(unfusable_conv_nodes(branch))
-            counts["branches"] += 1 + inner["branches"]
+    for node in [n for n in graph if n.op_type == "If"]:
+        for branch in subgraphs(node):
+            counts["branches"] += 1 + _rewrite_graph(branch, model, widened)["branches"]
     return counts
-
-
-def _branches(node: ir.Node) -> list[ir.Graph]:
-    if node.op_type != "If":
-        return []
-    return [node.attributes[name].as_graph() for name in ("then_branch", "else_branch") if name in node.attributes]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.ir_graph import const_input, run_on_graph, single_reader
+from qdq.graphs.ir_graph import const_input, single_reader
 from qdq.targets.onnxruntime.fusion import ONNXRUNTIME_FUSION
 from qdq.targets.onnxruntime.passes._graph import dq_params
 
@@ -53,7 +53,9 @@ def unfusable_convs(model: onnx.ModelProto) -> list[str]:
     """Convs ONNX Runtime cannot run as ``QLinearConv``: an input or the weight is not dequantized, or the
     output is not read by exactly one QuantizeLinear (through at most one activation ORT folds, Relu/Clip,
     which it removes only when the Q's zero point is the type's minimum, i.e. uint8 with zero point 0)."""
-    return [str(conv.name) for conv in run_on_graph(model, unfusable_conv_nodes)]
+    import onnx_ir as ir
+
+    return [str(conv.name) for conv in unfusable_conv_nodes(ir.serde.deserialize_model(model).graph)]
 
 
 def clamped_before_q(conv: ir.Node) -> bool:
@@ -115,7 +117,7 @@ def warn_float_convs(convs: list[ir.Node]) -> None:
             f"{len(clamped)} Conv(s) will run in float on ONNX Runtime (e.g. {clamped[0]}): their output is "
             "clamped to a sub-8-bit range before its QuantizeLinear, and ORT has no kernel for sub-8-bit "
             "activations. The numbers are those of the quantized model; only the int8 speed-up is lost.",
-            stacklevel=6,
+            stacklevel=4,
         )
     if unquantized:
         message = (
@@ -125,4 +127,4 @@ def warn_float_convs(convs: list[ir.Node]) -> None:
             "qdq.QuantConfig(target='onnxruntime')), or for Keras qdq.keras.quantize_model(model, "
             "target='onnxruntime')."
         )
-        warnings.warn(UnquantizedConvWarning(message, unquantized), stacklevel=6)
+        warnings.warn(UnquantizedConvWarning(message, unquantized), stacklevel=4)

@@ -15,7 +15,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.ir_graph import add_const, attr, const, const_input, name_of, readers, readers_through, source, tidy
+from qdq.graphs.ir_graph import (
+    add_const,
+    attr,
+    const,
+    const_input,
+    graphs_of,
+    name_of,
+    readers,
+    readers_through,
+    source,
+    tidy,
+)
 from qdq.targets.onnxruntime.passes._graph import quantize_weight
 
 if TYPE_CHECKING:
@@ -111,13 +122,14 @@ def encode_weights_uint8(model: onnx.ModelProto, *, only_saturating: bool = True
 
 
 def weights_to_uint8(graph: ir.Graph, only_saturating: bool = True) -> int:
-    """:func:`encode_weights_uint8` as a pass on ``graph`` (the weights it no longer reads left for a tidy)."""
+    """:func:`encode_weights_uint8` as a pass on ``graph`` and its ``If`` branches (each new constant in the graph of
+    the DQ reading it; the weights no longer read left for a tidy)."""
     import onnx_ir as ir
 
     from qdq.cpu import SAFE_WEIGHT_MAGNITUDE
 
     count = 0
-    for dq in list(graph):
+    for dq in [node for g in graphs_of(graph) for node in g]:
         if dq.op_type != "DequantizeLinear" or not _weight_reader_only(dq):
             continue
         found = _stored_weights(dq)
@@ -131,9 +143,9 @@ def weights_to_uint8(graph: ir.Graph, only_saturating: bool = True) -> int:
         if only_saturating and np.abs(values.astype(np.int16)).max(initial=0) <= SAFE_WEIGHT_MAGNITUDE:
             continue
         given = dq.inputs[2] if len(dq.inputs) > 2 else None  # an omitted zero point is 0
-        zero_point = add_const(graph, name_of(given, "zero_point") + "_u8w", _as_uint8(zp))
+        zero_point = add_const(dq.graph or graph, name_of(given, "zero_point") + "_u8w", _as_uint8(zp))
         if q is None:
-            dq.replace_input_with(0, add_const(graph, f"{weight.name}_u8", _as_uint8(values)))
+            dq.replace_input_with(0, add_const(dq.graph or graph, f"{weight.name}_u8", _as_uint8(values)))
         else:
             _set_zero_point(q, zero_point)
             q.outputs[0].type = ir.TensorType(ir.DataType.UINT8)

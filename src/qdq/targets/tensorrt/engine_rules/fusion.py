@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from qdq.graphs.ir_graph import name_of, source
+from qdq.graphs.ir_graph import name_of, readers_through, source
 from qdq.targets.tensorrt.engine_rules.facts import (
     DQ,
     LAYOUT,
@@ -180,18 +180,8 @@ def _quantized_weighted_producer(f: GraphFacts, value: ir.Value | None) -> ir.No
 
 def _quantized_downstream(f: GraphFacts, value: ir.Value) -> bool:
     """Does ``value`` reach a QuantizeLinear through activations TensorRT fuses after an add?"""
-    pending, seen = [value], set()
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for reader in f.readers(current):
-            if reader.op_type == Q:
-                return True
-            if reader.op_type in _ADD_ACTIVATIONS:
-                pending.extend(reader.outputs)
-    return False
+    found = readers_through(value, _ADD_ACTIVATIONS, lambda v: list(f.readers(v)))
+    return any(reader is not None and reader.op_type == Q for reader in found)
 
 
 RULES = (
