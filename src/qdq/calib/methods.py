@@ -333,7 +333,7 @@ _BUILTINS: dict[str, CalibrationMethod] = {
                           options={"percentile": DEFAULT_PERCENTILE}, labelled=("percentile",),
                           accepts=_computes("percentile"), description="a percentile of the magnitudes"),
         CalibrationMethod("auto", "histogram", select=LazyCallable("qdq.workflow.auto_calibration", "select_amax"),
-                          collects=True, options={"bias_correction": True},
+                          collects=True, options={"bias_correction": True, "equalize": True},
                           description="the method whose quantized model stays closest to the float model on "
                           "calibration batches held out from setting the ranges (qdq.workflow.auto_calibration)"),
     )

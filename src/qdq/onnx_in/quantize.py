@@ -25,7 +25,6 @@ import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from qdq.markdown import markdown_table
 from qdq.onnx_in import auto as auto_ranges
 from qdq.onnx_in.bias_correction import BiasShift, correct_biases
 from qdq.onnx_in.calibrate import Statistics, collect, kept_parts, weight_ranges
+from qdq.onnx_in.equalize import equalize as equalize_pairs
 from qdq.onnx_in.materialize import quantizer_names
 from qdq.onnx_in.prepared import Placement, PreparedModel, ranges_by_value, values_ranges
 from qdq.onnx_in.stem import Placing, float_stem
@@ -48,13 +48,16 @@ from qdq.targets import DEFAULT_TARGET, Target, resolve_target
 from qdq.targets.onnxruntime.passes.biases import WIDENED_METADATA_KEY
 from qdq.tensor_quant import low_precision_amax
 from qdq.workflow.auto_calibration import AUTO, AutoResult, held_out
+from qdq.workflow.collection import first_batches
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
+from qdq.workflow.equalization import Scaling, equalization_summary
 from qdq.workflow.progress import Progress
 
 __all__ = ["OnnxQuantizeResult", "quantize_onnx"]
 
 _TRT_FLOAT_BATCHES = 4  # calibration batches kept for the TensorRT 11 float16 conversion's value ranges
 _BIAS_BATCHES = 8  # calibration batches kept for bias correction (the first ones)
+_EQUALIZATION_BATCHES = 32  # calibration batches equalization measures: a list's first ones (first_batches)
 
 
 @dataclass
@@ -83,6 +86,8 @@ class OnnxQuantizeResult:
             (the ``onnxruntime`` target's rewrite; the op stays int8).
         auto: with ``method="auto"``, what every candidate method scored and which was chosen
             (:class:`qdq.workflow.auto_calibration.AutoResult`).
+        equalized: the convolution pairs cross-layer equalization rescaled
+            (:class:`qdq.workflow.equalization.Scaling`: pass them back with ``value_ranges``).
     """
 
     path: Path
@@ -102,6 +107,7 @@ class OnnxQuantizeResult:
     bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
     widened_weights: dict[str, float] = field(default_factory=dict, repr=False)
     auto: AutoResult | None = field(default=None, repr=False)
+    equalized: list[Scaling] = field(default_factory=list, repr=False)
 
     def report(self) -> str:
         """A Markdown summary: what runs in int8, what stays float and why."""
@@ -110,6 +116,8 @@ class OnnxQuantizeResult:
                  f"{self.seconds.get('calibration', 0.0):.1f} s.", ""]  # fmt: skip
         if self.auto is not None:
             lines += [self.auto.summary() + ".", "", self.auto.table(), ""]
+        if self.equalized:
+            lines += [equalization_summary(self.equalized), ""]
         applied = [shift for shift in self.bias_shifts if shift.applied]
         if applied:
             worst = max(applied, key=lambda s: s.relative)
@@ -153,6 +161,8 @@ def quantize_onnx(
     float_values: Sequence[str] = (),
     bias_correction: bool = True,
     bias_shifts: Sequence[BiasShift] | None = None,
+    equalize: bool | None = None,
+    equalized: Sequence[Scaling] | None = None,
     **method_options: Any,
 ) -> OnnxQuantizeResult:
     """Quantize the FP32 ONNX ``model`` for ``target`` and write the Q/DQ file at ``path``.
@@ -190,6 +200,11 @@ def quantize_onnx(
             the file's biases.
         bias_shifts: the shifts of an earlier call with the same ranges (``result.bias_shifts``, with
             ``value_ranges``): applied again to the layers still quantized, without measuring.
+        equalize: rescale the channels between two int8 convolutions through their ReLU-like activation where that
+            predicts less output noise (:mod:`qdq.workflow.equalization`; one more float pass over up to 8
+            batches). Default: with ``method="auto"``.
+        equalized: the scalings of an earlier call (``result.equalized``, with its ``value_ranges``): written again
+            to the pairs still found, without measuring.
         method_options: the method's options (``percentile=99.9``).
 
     Returns:
@@ -206,13 +221,15 @@ def quantize_onnx(
         raise QdqConfigError(f"quantize_onnx: method {method!r} chooses its ranges with a pass over a PyTorch model; "
                              f"for an ONNX file use 'auto' or a method computed from statistics.")  # fmt: skip
     source = PreparedModel.load(model)
-    data, kept = _keep_first(calibration_data, max(_TRT_FLOAT_BATCHES, _BIAS_BATCHES))
+    data, first, kept = _first_batches(calibration_data)
     minima = _minima(kept, [i.name for i in source.model.graph.input])
     nonnegative = [name for name, low in minima.items() if low >= 0]
     placement = source.place(chosen, keep_float, float_values, nonnegative, copy=source is model,
                              batches=kept)  # a model loaded here is written itself
     proto, view = placement.model, placement.view
     calibrating = time.perf_counter()
+    scalings = _equalized(placement, first if value_ranges is None and (
+        calibration_method.model_level if equalize is None else equalize) else [], threads, progress, equalized)
     ranges = values_ranges(view, value_ranges)
     batches, calibration = 0, CalibrationReport()
     weights = weight_ranges(proto, view, weight_method)
@@ -226,6 +243,7 @@ def quantize_onnx(
         if calibration_method.model_level:
             fit = kept_parts(proto, kept[:_BIAS_BATCHES], held_out) if bias_correction else fit
             ranges, auto = auto_ranges.select(proto, view, statistics, weights, threads=threads, progress=progress)
+            auto.equalized = scalings
         else:
             ranges = statistics.ranges(method, **method_options)
         batches = statistics.batches
@@ -257,11 +275,29 @@ def quantize_onnx(
         prepared=dict(source.changes), batches=batches, seconds=seconds, calibration=calibration,
         changes=list(view.changes),
         ranges={names[k]: v for k, v in ranges.items() if k in names}, value_ranges=by_value, bias_shifts=shifts,
-        widened_weights=_widened_weights(proto), auto=auto,
+        widened_weights=_widened_weights(proto), auto=auto, equalized=scalings,
     )  # fmt: skip
 
 
 _Ranges = dict[int, np.ndarray]  # by quantizer id
+
+
+def _first_batches(data: Iterable[Any] | None) -> tuple[Iterable[Any], list[Any], list[Any]]:
+    """``data`` to read once, its first batches for equalization, and the first of those kept for bias correction
+    and the float16 conversion (:func:`qdq.workflow.collection.first_batches`)."""
+    if data is None:
+        raise QdqConfigError("quantize_onnx needs calibration data; qdq never calibrates on random data.")
+    data, first = first_batches(data, _EQUALIZATION_BATCHES)
+    return data, first, first[: max(_TRT_FLOAT_BATCHES, _BIAS_BATCHES)]
+
+
+def _equalized(placement: Placement, batches: Sequence[Any], threads: int | None, progress: Progress,
+               known: Sequence[Scaling] | None) -> list[Scaling]:  # fmt: skip
+    """Cross-layer equalization of the placement's graph, in place (:mod:`qdq.onnx_in.equalize`): measured on
+    ``batches`` (none: not measured), or ``known``'s scalings written again."""
+    if known is None and not batches:
+        return []
+    return equalize_pairs(placement.model, placement.view, batches, threads=threads, progress=progress, known=known)
 
 
 def _stem(auto: AutoResult, source: PreparedModel, placement: Placement, placing: Placing, ranges: _Ranges,
@@ -300,22 +336,6 @@ def _minima(batches: Sequence[Any], inputs: Sequence[str]) -> dict[str, float]:
             if name in named:
                 found[name] = min(found.get(name, math.inf), float(np.min(np.asarray(named[name]))))
     return found
-
-
-def _keep_first(data: Iterable[Any], count: int) -> tuple[Iterable[Any], list[Any]]:
-    """``data`` to iterate once, and its first ``count`` batches kept (a one-shot iterable is consumed once)."""
-    if data is None:
-        raise QdqConfigError("quantize_onnx needs calibration data; qdq never calibrates on random data.")
-    if isinstance(data, list | tuple):
-        return data, list(data[:count])
-    iterator = iter(data)
-    first = list(islice(iterator, count))
-
-    def chained() -> Iterable[Any]:
-        yield from first
-        yield from iterator
-
-    return chained(), first
 
 
 def _int8_ops(view: Any) -> dict[str, int]:

@@ -19,6 +19,7 @@ from qdq.tuning.budget import Batch, Budget, Outputs
 from qdq.tuning.engine import Engine
 from qdq.tuning.result import Trial
 from qdq.tuning.sources import made_by
+from qdq.workflow.equalization import Scaling
 from qdq.workflow.progress import Progress
 
 __all__ = ["Evaluator", "joined"]
@@ -50,8 +51,9 @@ class Evaluator:
         self.fp32 = Trial("FP32", (), fp32_scores[0], fp32_scores[1], path=source)
         self.value_ranges: dict[str, np.ndarray] | None = None  # set by the one calibration, reused after it
         self.bias_shifts: list[BiasShift] | None = None  # the same: a layer's bias shift depends on its own ranges only
+        self.equalized: list[Scaling] | None = None  # the same: the weights those ranges were calibrated with
         base = self.quantize((), calibration=calibration)
-        self.value_ranges, self.bias_shifts = base[1], base[2]
+        self.value_ranges, self.bias_shifts, self.equalized = base[1], base[2], base[4]
         if base[3]:  # the stem auto left float stays float in every later file (their ranges are those of this one)
             self.options = {**options, "keep_float": [*options.get("keep_float", ()), *base[3]]}
         self.units = self.prepared.units(engine.target, self.options.get("keep_float", ()))
@@ -84,20 +86,21 @@ class Evaluator:
             return self.run(loaded, split)
 
     def quantize(self, floated: tuple[tuple[str, ...], ...], calibration: Iterable[Batch] | None = None
-                 ) -> tuple[Path, dict[str, np.ndarray], list[BiasShift], list[str]]:  # fmt: skip
+                 ) -> tuple[Path, dict[str, np.ndarray], list[BiasShift], list[str], list[Scaling]]:  # fmt: skip
         """The prepared model placed with the tensors of ``floated`` float, written into the work folder: calibrated
-        on ``calibration`` the first time, with that calibration's ranges and bias shifts after it; the ops the
-        calibration's ``auto`` kept float as the model's stem (:mod:`qdq.workflow.stem`)."""
+        on ``calibration`` the first time, with that calibration's ranges, bias shifts and equalization after it; the
+        ops the calibration's ``auto`` kept float as the model's stem (:mod:`qdq.workflow.stem`)."""
         out = self.work / f"config_{self.files}.onnx"
         self.files += 1
         values = sorted({name for unit in floated for name in unit})
         with float_graph_export():  # the convs a configuration leaves float are its point, not a mistake
             result = quantize_onnx(self.prepared, calibration if calibration is not None else [self.tuning[0]], out,
                                    target=self.engine.target, method=self.method, float_values=values,
-                                   value_ranges=self.value_ranges, bias_shifts=self.bias_shifts, progress=False,
+                                   value_ranges=self.value_ranges, bias_shifts=self.bias_shifts,
+                                   equalized=self.equalized, progress=False,
                                    threads=self.engine.threads, **self.options)  # fmt: skip
         stem = result.auto.stem.ops if result.auto is not None and result.auto.stem is not None else []
-        return result.path, result.value_ranges, result.bias_shifts, list(stem)
+        return result.path, result.value_ranges, result.bias_shifts, list(stem), result.equalized
 
     def score(self, split: list[Batch], outputs: Outputs) -> float:
         self.evaluations += 1

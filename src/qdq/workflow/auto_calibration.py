@@ -5,6 +5,10 @@ No calibration method is right for every model: max keeps the outliers a detecto
 wastes the grid of a recognizer whose activations have a long sparse tail; percentile is the reverse on a sentence
 encoder; entropy destroys a sparse tail where the signal lives. The choice is made by measuring, without labels:
 
+0. **Equalization** (:mod:`qdq.workflow.equalization`): where two quantized convolutions have a ReLU-like
+   activation between them, the channels of that activation are rescaled (the first convolution's output channels
+   up, the second's input channels down: the same float function) where a noise model of the second predicts it
+   pays, from the activation's per-channel peaks on the first batches (``AutoResult.equalized``).
 1. **Statistics**, one pass: the float model runs over the calibration batches and every activation quantizer
    collects its statistics (histograms). Samples are **held out** (:func:`held_out`): the last quarter of every
    batch the front end can split (dimension 0 of its inputs is their samples' axis), one whole batch in
@@ -67,9 +71,10 @@ from qdq.quantizer import TensorQuantizer
 from qdq.utils.modes import eval_mode
 from qdq.workflow.bias_correction import BiasShift, correct_biases, undo
 from qdq.workflow.calibration import load_amax
-from qdq.workflow.collection import ForwardFn, collect_split, default_forward, named_quantizers
+from qdq.workflow.collection import ForwardFn, collect_split, default_forward, first_batches, named_quantizers
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
-from qdq.workflow.distributed import all_reduce_sum, unwrap
+from qdq.workflow.distributed import all_reduce_sum, unwrap, world_size
+from qdq.workflow.equalization import Scaling, equalize_modules
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
 from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
@@ -107,6 +112,8 @@ TIE_DB = 0.1
 DESTRUCTIVE_MARGIN_DB = 3.0
 #: how a candidate scored with its biases corrected is labelled: ``"<method> + bias correction"``
 BIAS_CORRECTION = "bias correction"
+#: calibration batches equalization measures: a list's first ones (an iterator's first 8)
+EQUALIZATION_BATCHES = 32
 
 
 def held_out(index: int, taken: int, samples: int | None = None) -> int:
@@ -159,6 +166,8 @@ class AutoResult:
         bias_shifts: the bias correction measured for its score (the ONNX front end: the file applies these
             shifts instead of measuring them again; each layer's shift depends on its own input and weight ranges
             only, measured on the calibration batches not held out); empty where none was measured.
+        equalized: the convolution pairs rescaled before the statistics were collected
+            (:mod:`qdq.workflow.equalization`).
     """
 
     chosen: str
@@ -172,6 +181,7 @@ class AutoResult:
     stem: StemChoice | None = None
     bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
     bias_base: float | None = None
+    equalized: list[Scaling] = field(default_factory=list, repr=False)
 
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
@@ -183,6 +193,7 @@ class AutoResult:
         corrected = {True: ", with bias correction", False: ", without bias correction", None: ""}[self.bias_correction]
         refined = f"; refined: {self.refinement.summary()}" if self.refinement is not None else ""
         stem = f"; {self.stem.summary()}" if self.stem is not None else ""
+        stem += f"; {len(self.equalized)} convolution pair(s) equalized" if self.equalized else ""
         bias = ""
         if self.bias_correction is not None and self.bias_base is not None:
             bias = (f"; bias correction {'kept' if self.bias_correction else 'not kept'}: "
@@ -268,6 +279,7 @@ def select_amax(
     progress: Progress = True,
     strict: bool = True,
     bias_correction: bool = True,
+    equalize: bool = True,
 ) -> AutoResult:
     """``auto`` on a PyTorch model: collect the statistics (holding batches out), score every candidate, load the
     chosen method's ranges from every batch's statistics, refine them, leave the stem float where that pays, and
@@ -283,6 +295,10 @@ def select_amax(
         bias_correction: measure each quantized Conv and Linear layer's mean output shift on the calibration
             batches not held out and subtract it from its bias (:mod:`qdq.workflow.bias_correction`), kept when the
             held-out score rises by :data:`TIE_DB` (``qdq.calibrate(model, data, bias_correction=False)``: never).
+        equalize: first rescale the channels between two quantized convolutions through their ReLU-like activation
+            where that predicts less output noise (:mod:`qdq.workflow.equalization`; the modules' parameters change in
+            place; a float pass over the first batches; not across several processes, whose data would scale each
+            rank's copy differently).
 
     Returns:
         An :class:`AutoResult`; the model is left with the chosen method's ranges (each quantizer's
@@ -291,6 +307,11 @@ def select_amax(
     started = time.perf_counter()
     forward = forward_fn or default_forward
     module = unwrap(model)
+    equalized: list[Scaling] = []
+    if equalize and world_size() < 2:
+        data, first = first_batches(data, EQUALIZATION_BATCHES)
+        view, _ = _traced(model)
+        equalized = equalize_modules(model, view, first, forward, progress) if view is not None else []
     held = collect_split(model, data, held_out, num_batches=num_batches, calibrator="histogram", forward_fn=forward,
                          progress=progress)  # fmt: skip
     statistics = time.perf_counter()
@@ -327,7 +348,7 @@ def select_amax(
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
                         corrected, refinement=refinement, stem=stem,
-                        bias_base=before if corrected is not None else None)  # fmt: skip
+                        bias_base=before if corrected is not None else None, equalized=equalized)  # fmt: skip
     _log.info("%s", result.summary())
     return result
 

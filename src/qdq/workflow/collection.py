@@ -44,6 +44,7 @@ __all__ = [
     "collect_split",
     "collect_stats",
     "default_forward",
+    "first_batches",
     "local_batches",
     "named_quantizers",
     "split_batch",
@@ -102,6 +103,21 @@ def local_batches(data: Iterable[Any], num_batches: int | None) -> Iterator[Any]
             raise
         _log.warning("rank %d has no calibration batch; it will receive the other ranks' statistics.", rank())
         return iter(())
+
+
+def first_batches(data: Iterable[Any], count: int) -> tuple[Iterable[Any], list[Any]]:
+    """``data`` to read again as it was, and its first batches: a list's first ``count``; a re-iterable's first
+    ``min(count, 8)`` (a ``DataLoader``: it is iterated again from its start); a one-shot iterator's first
+    ``min(count, 8)``, kept and chained before the rest of it."""
+    if isinstance(data, list | tuple):
+        return data, list(data[:count])
+    if iter(data) is not data:
+        return data, list(itertools.islice(data, min(count, _KEPT_FROM_ITERATORS)))
+    first = list(itertools.islice(data, min(count, _KEPT_FROM_ITERATORS)))
+    return itertools.chain(first, data), first
+
+
+_KEPT_FROM_ITERATORS = 8  # the batches first_batches keeps in memory from data that is not a list
 
 
 def batch_total(data: Iterable[Any], num_batches: int | None) -> int | None:

@@ -1,0 +1,98 @@
+"""Cross-layer equalization in the ONNX front end (:mod:`qdq.workflow.equalization`): the pairs of the placed view
+measured on the first calibration batches in one float run of the graph, and each scaling written into the
+initializers of the two convolutions, in place, before their ranges are calibrated."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from qdq.graphs.view import GraphView
+from qdq.onnx_in.calibrate import _feed, ort_session, probe_model
+from qdq.workflow.equalization import (
+    ChannelStats,
+    Pair,
+    Scaling,
+    equalization_pairs,
+    plan_scaling,
+    scaled_first,
+    scaled_second,
+)
+from qdq.workflow.progress import Progress, counter
+
+__all__ = ["equalize"]
+
+
+def equalize(model: onnx.ModelProto, view: GraphView, batches: Sequence[Any], *, threads: int | None = None,
+             progress: Progress = True, known: Sequence[Scaling] | None = None) -> list[Scaling]:  # fmt: skip
+    """Equalize every pair of ``view`` (the placed view of ``model``) whose scaling predicts a gain, measured on
+    ``batches``; ``model``'s initializers are rescaled in place. ``known``: the scalings of an earlier call on the
+    same file (``result.equalized``), written again to the pairs still found, without measuring. Returns the
+    scalings written."""
+    inits = {t.name: t for t in model.graph.initializer}
+    pairs = [pair for pair in equalization_pairs(view) if _weights_in(pair, inits)]
+    if known is not None:
+        by_ops = {(s.first, s.second): s for s in known}
+        return [_write(model, pair, by_ops[key], inits) for pair in pairs
+                if (key := (pair.first.name, pair.second.name)) in by_ops]  # fmt: skip
+    if not pairs or not batches:
+        return []
+    stats = _measure(model, pairs, batches, threads, progress)
+    scalings = []
+    for pair in pairs:
+        weight = numpy_helper.to_array(inits[pair.second.inputs[1].name])
+        quantizer = view.quantizer_at(pair.second, 0)
+        levels = 255 if quantizer is not None and quantizer.unsigned else 127
+        scaling = plan_scaling(pair, stats[pair.value], weight, int(pair.second.attrs.get("group", 1)), levels)
+        if scaling is not None:
+            scalings.append(_write(model, pair, scaling, inits))
+    return scalings
+
+
+def _weights_in(pair: Pair, inits: Mapping[str, onnx.TensorProto]) -> bool:
+    """Are both weights (and ``first``'s bias) float32 initializers of the main graph (a branch's are, once
+    prepared)?"""
+    names = [pair.first.inputs[1].name, pair.second.inputs[1].name, *(v.name for v in pair.first.inputs[2:3])]
+    return all(name in inits and inits[name].data_type == onnx.TensorProto.FLOAT for name in names)
+
+
+def _measure(model: onnx.ModelProto, pairs: Sequence[Pair], batches: Sequence[Any], threads: int | None,
+             progress: Progress) -> dict[str, ChannelStats]:  # fmt: skip
+    """Each pair's activation, per channel (axis 1: ONNX's ``[N, C, ...]``), over ``batches`` of the float graph."""
+    stats = {pair.value: ChannelStats(axis=1) for pair in pairs}
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    names = sorted(stats)
+    bar = counter(progress, "equalization", len(batches))
+    with tempfile.TemporaryDirectory(prefix="qdq-equalize-") as folder:
+        session = ort_session(probe_model(model, names), Path(folder), threads)
+        for number, batch in enumerate(batches):
+            for name, tensor in zip(names, session.run(names, _feed(batch, inputs, number)), strict=True):
+                stats[name].update(np.asarray(tensor))
+            bar.update()
+    bar.close()
+    return stats
+
+
+def _write(model: onnx.ModelProto, pair: Pair, scaling: Scaling, inits: Mapping[str, onnx.TensorProto]) -> Scaling:
+    """``scaling`` written into the pair's initializers; returns it."""
+    weight = numpy_helper.to_array(inits[pair.first.inputs[1].name])
+    bias = numpy_helper.to_array(inits[pair.first.inputs[2].name]) if len(pair.first.inputs) > 2 else None
+    weight, bias = scaled_first(weight, bias, scaling.scales)
+    _replace(inits[pair.first.inputs[1].name], weight)
+    if bias is not None:
+        _replace(inits[pair.first.inputs[2].name], bias)
+    second = inits[pair.second.inputs[1].name]
+    groups = int(pair.second.attrs.get("group", 1))
+    _replace(second, scaled_second(numpy_helper.to_array(second), groups, scaling.scales))
+    return scaling
+
+
+def _replace(tensor: onnx.TensorProto, array: np.ndarray) -> None:
+    tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), tensor.name))
