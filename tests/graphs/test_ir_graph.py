@@ -14,7 +14,9 @@ from qdq.graphs.ir_graph import (
     const,
     const_input,
     fresh_name,
+    graph_readers,
     graphs_of,
+    holders,
     inferred_dims,
     make_node,
     mark_main,
@@ -136,6 +138,17 @@ def test_reads_inside_a_branch_are_the_inner_nodes():
     assert single_reader(v["w"]) is then_graph.node(0)  # the main graph's initializer, read in the branch
     assert single_reader(v["x"]) is None and names(only_readers(v["w"], {"Mul"})) == ["mul"]
     assert names(readers(v["flag"])) == ["if"]
+
+
+def test_graph_readers_credit_a_branch_read_to_its_if_once():
+    model, v = on_ir(branched())
+    held = holders(model.graph)
+    (if_node,) = model.graph
+    assert sorted(held) == sorted(id(g) for g in subgraphs(if_node))  # both branches belong to the If
+    assert names(graph_readers(v["x"], held)) == ["if"]  # three reads in two branches: the If, once
+    assert names(graph_readers(v["flag"], held)) == ["if"]  # its own read: once, not again for its branches
+    then_graph = next(g for g in subgraphs(if_node) if g.name == "then")
+    assert names(graph_readers(v["m__8"], holders(then_graph))) == ["neg"]  # as the branch sees its own value
 
 
 def test_fresh_names_are_unique_across_the_model_and_never_reused():

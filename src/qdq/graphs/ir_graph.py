@@ -11,7 +11,7 @@ Imports neither torch nor (at import time) onnx_ir.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +26,9 @@ __all__ = [
     "const",
     "const_input",
     "fresh_name",
+    "graph_readers",
     "graphs_of",
+    "holders",
     "inferred_dims",
     "make_node",
     "mark_main",
@@ -154,6 +156,24 @@ def graphs_of(graph: ir.Graph) -> Iterator[ir.Graph]:
     for node in graph:
         for sub in subgraphs(node):
             yield from graphs_of(sub)
+
+
+def holders(graph: ir.Graph) -> dict[int, ir.Node]:
+    """``id`` of each subgraph under ``graph``'s nodes (an ``If``'s branches, a ``Loop``'s body, nested ones
+    included) -> the node of ``graph`` holding it: the arguments of :func:`graph_readers`."""
+    return {id(inner): node for node in graph for sub in subgraphs(node) for inner in graphs_of(sub)}
+
+
+def graph_readers(value: ir.Value, held: Mapping[int, ir.Node]) -> list[ir.Node]:
+    """The nodes of one graph reading ``value``, once per input slot, as a runtime sees that graph: a read inside a
+    subgraph is the read of the node holding it (``held``: :func:`holders` of the graph), counted once, and not at
+    all when that node reads ``value`` itself."""
+    found: list[ir.Node] = []
+    for use in value.uses():
+        node = held.get(id(use.node.graph), use.node)
+        if node is use.node or (not any(n is node for n in found) and all(v is not value for v in node.inputs)):
+            found.append(node)
+    return found
 
 
 def fresh_name(graph: ir.Graph, stem: str) -> str:

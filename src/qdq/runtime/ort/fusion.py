@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qdq.errors import QdqConfigError
-from qdq.graphs.ir_graph import attr, const, graphs_of, name_of, readers_through, subgraphs
+from qdq.graphs.ir_graph import attr, const, graph_readers, graphs_of, holders, name_of, readers_through, subgraphs
 from qdq.graphs.onnx import all_nodes
 from qdq.runtime._text import markdown_table
 from qdq.runtime.coverage import Coverage, FloatLayer
@@ -251,7 +251,7 @@ class _Explainer:
         self.graph = graph
         self.facts = facts
         #: id of each graph nested in ``graph`` -> the node of ``graph`` holding it
-        self.holder = {id(inner): node for node in graph for sub in subgraphs(node) for inner in graphs_of(sub)}
+        self.holder = holders(graph)
 
     # -- the graph read apart ----------------------------------------------------------------------
 
@@ -270,12 +270,7 @@ class _Explainer:
     def readers(self, value: ir.Value) -> list[ir.Node]:
         """The nodes of this graph reading ``value``, once per input slot; a node whose subgraphs read it counts
         once when it does not read it itself."""
-        found: list[ir.Node] = []
-        for use in value.uses():
-            node = self.holder.get(id(use.node.graph), use.node)
-            if node is use.node or (node not in found and value not in node.inputs):
-                found.append(node)
-        return found
+        return graph_readers(value, self.holder)
 
     def single_reader(self, value: ir.Value | None) -> ir.Node | None:
         found = self.readers(value) if value is not None and not self.is_output(value) else []

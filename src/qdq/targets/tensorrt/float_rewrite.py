@@ -22,7 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.ir_graph import add_const, attr, const, graphs_of, make_node, readers, subgraphs, tidy
+from qdq.graphs.ir_graph import (
+    add_const,
+    attr,
+    const,
+    graph_readers,
+    holders,
+    make_node,
+    readers,
+    subgraphs,
+    tidy,
+)
 from qdq.graphs.onnx import on_ir
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import (
@@ -69,7 +79,7 @@ class TypeRewrite:
         self.converted = self.casts = 0
         self._precisions: dict[ir.Node, int | None] = {}
         self.outer_reads: set[ir.Value] = set()  # main-graph values a subgraph reads from the enclosing scope
-        self._holder: dict[ir.Node, ir.Node] = {}  # a node of a subgraph -> the main-graph node holding it
+        self._holder: dict[int, ir.Node] = {}  # a subgraph's id -> the main-graph node holding it
 
     def run(self, keep_io: bool) -> None:
         on_ir(self.model, lambda model: self._run(model, keep_io))
@@ -77,7 +87,7 @@ class TypeRewrite:
 
     def _scan(self, graph: ir.Graph) -> None:
         """Control flow and what its subgraphs read from the main graph stay FP32."""
-        self._holder = {inner: node for node in graph for sub in subgraphs(node) for g in graphs_of(sub) for inner in g}
+        self._holder = holders(graph)
         self.outer_reads = {v for node in graph for v in node.outputs if any(r.graph is not graph for r in readers(v))}
         for node in graph:
             if subgraphs(node):
@@ -87,7 +97,7 @@ class TypeRewrite:
 
     def _readers(self, value: ir.Value) -> list[ir.Node]:
         """The main-graph nodes reading ``value`` (a read inside a subgraph is its control-flow node's)."""
-        return [self._holder.get(node, node) for node in readers(value)]
+        return graph_readers(value, self._holder)
 
     # --- precision of each node
     def precision(self, node: ir.Node) -> int | None:

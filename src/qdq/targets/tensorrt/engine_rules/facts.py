@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.ir_graph import attr, const, graphs_of, source
+from qdq.graphs.ir_graph import attr, const, graph_readers, holders, source
 from qdq.graphs.onnx_types import TensorTypes, default_opset
 
 if TYPE_CHECKING:
@@ -152,13 +152,7 @@ class GraphFacts:
     def readers(self, value: ir.Value) -> list[ir.Node]:
         """The main-graph nodes reading ``value``, once per input slot; a node whose subgraphs (an ``If``'s
         branches, a ``Loop``'s body) read it counts once for them, unless it reads it itself."""
-        direct = [use.node for use in value.uses() if use.node.graph is self.graph]
-        found: list[ir.Node] = []
-        for use in value.uses():
-            node = self._holders.get(use.node.graph, use.node)
-            if node is use.node or not any(n is node for n in (*direct, *found)):
-                found.append(node)
-        return found
+        return graph_readers(value, self._holders)
 
     def is_output(self, value: ir.Value) -> bool:
         """Is ``value`` an output of the main graph?"""
@@ -172,17 +166,9 @@ class GraphFacts:
         return scale is not None and scale.ndim == 1 and scale.size > 1
 
     @cached_property
-    def _holders(self) -> dict[ir.Graph | None, ir.Node]:
-        """Each subgraph of the model, nested ones included -> the main-graph node holding it."""
-        import onnx_ir as ir
-
-        found: dict[ir.Graph | None, ir.Node] = {}
-        for node in self.graph:
-            for attribute in node.attributes.values():
-                if attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
-                    held = attribute.value if attribute.type == ir.AttributeType.GRAPHS else [attribute.value]
-                    found.update((sub, node) for graph in held for sub in graphs_of(graph))
-        return found
+    def _holders(self) -> dict[int, ir.Node]:
+        """Each subgraph of the model, nested ones included, by ``id`` -> the main-graph node holding it."""
+        return holders(self.graph)
 
 
 def same_values(a: np.ndarray | None, b: np.ndarray | None) -> bool:
