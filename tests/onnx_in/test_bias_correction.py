@@ -56,8 +56,9 @@ def _conv_model(path, weight, bias, pads=(1, 0, 2, 1), stride=2, share_bias=Fals
 
 def _weights(seed=0):
     rng = np.random.default_rng(seed)
-    weight = rng.normal(size=(4, 3, 3, 3)).astype(np.float32) * np.array([1, 0.1, 3, 0.5], np.float32)[:, None, None,
-                                                                                                          None]
+    weight = (
+        rng.normal(size=(4, 3, 3, 3)).astype(np.float32) * np.array([1, 0.1, 3, 0.5], np.float32)[:, None, None, None]
+    )
     return weight, rng.normal(size=4).astype(np.float32)
 
 
@@ -238,3 +239,47 @@ def test_a_dead_channel_is_reported_as_constant_and_its_exact_shift_applied(tmp_
     np.testing.assert_allclose(shifts["conv2"].shift[0], (w_q * _fq(np.float32(0.37), amax_r) - w2[0, 1] * 0.37).item(),
                                rtol=1e-5)  # fmt: skip
     assert "constant channels (no output spread)" in result.report()
+
+
+def _conv_in_if(path, weight, bias):
+    """``y = If(flip) {then: Conv(x, w, b), else: Conv(x, w_else, b_else)}`` (the conv of ``_conv_model``): the
+    layers inside the branches, their weights the main graph's."""
+
+    def branch(name, w, b):
+        conv = helper.make_node("Conv", ["x", w, b], [f"{name}_y"], name=f"{name}_conv", pads=[1, 0, 2, 1],
+                                strides=[2, 2])  # fmt: skip
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [None, 4, None, None])
+        return helper.make_graph([conv], name, [], [out])
+
+    node = helper.make_node("If", ["flip"], ["y"], name="if", then_branch=branch("then", "w", "b"),
+                            else_branch=branch("else", "w_else", "b_else"))  # fmt: skip
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 9, 9]),
+              helper.make_tensor_value_info("flip", TensorProto.BOOL, [])]  # fmt: skip
+    inits = [numpy_helper.from_array(a, n) for a, n in ((weight, "w"), (bias, "b"), (weight * 2, "w_else"),
+                                                         (bias * 2, "b_else"))]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4, None, None])]
+    graph = helper.make_graph([node], "g", inputs, outputs, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_convs_inside_if_branches_are_corrected_as_in_the_main_graph(tmp_path):
+    """Each branch's conv reads the graph input ``x``: both are measured on it (a conv of the branch no batch takes
+    too: its input is reached) and corrected by the oracle of the same conv in a main graph."""
+    weight, bias = _weights()
+    data = [{**batch, "flip": np.array(True)} for batch in _data(batch=40)]
+    result = qdq.quantize_onnx(_conv_in_if(tmp_path / "f.onnx", weight, bias), data, tmp_path / "q.onnx",
+                               target="tensorrt", method="percentile", percentile=99.0, progress=False)  # fmt: skip
+    amax_x = float(result.ranges[next(k for k in result.ranges if "input" in k)])
+    x = np.concatenate([d["x"] for d in data]).astype(np.float64)
+    written = onnx.load(str(result.path))
+    inits = {t.name: numpy_helper.to_array(t) for t in written.graph.initializer}
+    assert sorted(s.op for s in result.bias_shifts) == ["else_conv", "then_conv"]
+    branches = {a.name: a.g for a in written.graph.node[-1].attribute}
+    for branch, w, b in (("then_branch", weight, bias), ("else_branch", weight * 2, bias * 2)):
+        w_q = _fq(w, np.abs(w).reshape(4, -1).max(1)[:, None, None, None])
+        error = _conv2d(_fq(x, amax_x), w_q, (1, 0, 2, 1), 2) - _conv2d(x, w, (1, 0, 2, 1), 2)
+        shift = _measured(error.mean((2, 3)))
+        assert np.abs(shift).max() > 1e-2
+        conv = next(n for n in branches[branch].node if n.op_type == "Conv")
+        np.testing.assert_allclose(inits[conv.input[2]], b - shift, rtol=0, atol=4e-5)

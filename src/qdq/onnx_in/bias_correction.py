@@ -3,7 +3,9 @@
 Quantizing a layer's input and weights shifts the mean of its output a little per channel (rounding is not zero
 mean once clipped, an int8 weight grid sums to a slightly different gain); a deep network adds those shifts up.
 For each Conv, Gemm, and MatMul whose product goes into an ``Add`` of a 1-D constant (a linear layer), with its
-input and weights quantized, this module measures on calibration batches, in the *float* model::
+input and weights quantized, in the main graph or inside an ``If`` branch (its input returned through the ``If``
+for the probe; a batch that takes the other branch adds nothing), this module measures on calibration batches, in the
+*float* model::
 
     shift[c] = mean over batch and positions of ( layer(Q(x), Q(W))[c] - layer(x, W)[c] )
 
@@ -48,8 +50,10 @@ import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
+from qdq.graphs.onnx import all_nodes
 from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model
 from qdq.graphs.view import GraphView, Op
+from qdq.onnx_in.subgraphs import Nested, expose, graph_at
 from qdq.onnx_in.view import weight_axis
 from qdq.tensor_quant import fake_tensor_quant
 from qdq.workflow.bias_correction import CONSTANT_SPREAD, SIGNIFICANCE, BiasShift, measured
@@ -170,7 +174,7 @@ def correct_biases(
     weight ranges): each layer found there gets its shift again and nothing runs.
     """
     inits = {t.name: t for t in model.graph.initializer}
-    uses = Counter(name for node in model.graph.node for name in node.input)
+    uses = Counter(name for node in all_nodes(model.graph) for name in node.input)  # a branch's reads count too
     layers = [layer for op in view.ops if (layer := _layer(model, view, ranges, op, inits, threads)) is not None
               and uses[layer.bias] == 1]  # fmt: skip
     if known is not None:
@@ -182,14 +186,15 @@ def correct_biases(
     wanted = sorted({layer.input for layer in layers})
     bar = counter(progress, "bias correction", len(batches))
     with tempfile.TemporaryDirectory(prefix="qdq-bias-") as folder, torch.no_grad():
-        session = ort_session(probe_model(model, wanted), threads=threads, folder=Path(folder))
+        session = ort_session(probe_model(model, wanted, expose), threads=threads, folder=Path(folder))
         for batch in batches:
             outputs = outputs_of(session, {name: np.asarray(batch[name]) for name in inputs})
             for layer in layers:
-                layer.observe(torch.from_numpy(np.asarray(outputs[layer.input], np.float32)))
+                if outputs[layer.input].size:  # empty: an If branch this batch did not take
+                    layer.observe(torch.from_numpy(np.asarray(outputs[layer.input], np.float32)))
             bar.update()
     bar.close()
-    return [_subtract(layer.shift(), inits[layer.bias]) for layer in layers]
+    return [_subtract(layer.shift(), inits[layer.bias]) for layer in layers if layer.samples]
 
 
 def _subtract(shift: BiasShift, tensor: onnx.TensorProto) -> BiasShift:
@@ -203,13 +208,14 @@ def _subtract(shift: BiasShift, tensor: onnx.TensorProto) -> BiasShift:
 def _layer(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray], op: Op,
            inits: Mapping[str, onnx.TensorProto], threads: int | None) -> _Layer | None:  # fmt: skip
     """The layer to correct at ``op``, or None (not a quantized layer with its own bias)."""
-    if op.type not in ("Conv", "Gemm", "MatMul") or not isinstance(op.ref, int) or len(op.inputs) < 2:
+    path, position = (op.ref.path, op.ref.ref) if isinstance(op.ref, Nested) else ((), op.ref)
+    if op.type not in ("Conv", "Gemm", "MatMul") or not isinstance(position, int) or len(op.inputs) < 2:
         return None
     activation, weight = view.quantizer_at(op, 0), view.quantizer_at(op, 1)
     if activation is None or weight is None or not weight.per_channel or op.inputs[1].name not in inits:
         return None
     w = torch.from_numpy(numpy_helper.to_array(inits[op.inputs[1].name]).astype(np.float32))
-    node = model.graph.node[op.ref]
+    node = graph_at(model, path).node[position]  # a layer inside an If branch too: its weights are the main graph's
     found = _bias_and_shape(view, op, node, tuple(w.shape), inits)
     if found is None or found[0] not in inits:
         return None
@@ -246,7 +252,7 @@ def _bias_and_shape(view: GraphView, op: Op, node: onnx.NodeProto, weight: tuple
             return None
         return node.input[2], _Shape(), not attrs.get("transB", 0)
     add = view.single_reader(op.outputs[0])
-    if add is None or add.type != "Add" or not isinstance(add.ref, int):
+    if add is None or add.type != "Add" or not isinstance(add.ref, int | Nested):
         return None
     other = next((v for v in add.inputs if v is not op.outputs[0]), None)
     if other is None or other.name not in inits or len(inits[other.name].dims) != 1:
