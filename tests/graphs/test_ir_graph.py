@@ -16,6 +16,7 @@ from qdq.graphs.ir_graph import (
     fresh_name,
     graph_readers,
     graphs_of,
+    hand_over,
     holders,
     inferred_dims,
     make_node,
@@ -29,6 +30,7 @@ from qdq.graphs.ir_graph import (
     single_reader,
     source,
     subgraphs,
+    take_place,
     tidy,
 )
 
@@ -279,3 +281,21 @@ def test_run_on_graph_edits_the_protobuf_in_place_and_returns_what_the_edit_retu
     assert [o.name for o in model.graph.output] == ["y", "t"] and [t.name for t in model.graph.initializer] == [
         "unused"]  # fmt: skip
     assert run_on_graph(model, bypass, "Relu") == 0 and len(model.graph.node) == 4
+
+
+def test_take_place_and_hand_over_keep_a_graph_outputs_name_type_and_shape():
+    model, v = on_ir(graph())  # t = Transpose(x): a graph output, read by the Relu too
+    main, t = model.graph, v["t"]
+    neg = make_node(main, "Neg", [v["x"]], "t_other", name="neg")  # another node computing t
+    main.insert_before(main.node(0), neg)
+    take_place(t, neg.outputs[0])
+    assert neg.outputs[0].name == "t" and neg.outputs[0].shape == ir.Shape([1, 1, 2, 2])
+    assert [o.name for o in main.outputs] == ["y", "t"] and main.outputs[1] is neg.outputs[0]
+    assert names(readers(neg.outputs[0])) == ["relu"] and not list(t.uses())
+    sigmoid = make_node(main, "Sigmoid", [None], "after", name="sigmoid")  # then a node after it takes its place
+    main.insert_after(neg, sigmoid)
+    fresh = sigmoid.outputs[0].name
+    out = hand_over(neg.outputs[0], sigmoid)
+    assert out is sigmoid.outputs[0] and out.name == "t" and neg.outputs[0].name == fresh
+    assert main.outputs[1] is out and names(readers(out)) == ["relu"] and names(readers(neg.outputs[0])) == ["sigmoid"]
+    assert out.shape == ir.Shape([1, 1, 2, 2])

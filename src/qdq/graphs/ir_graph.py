@@ -28,6 +28,7 @@ __all__ = [
     "fresh_name",
     "graph_readers",
     "graphs_of",
+    "hand_over",
     "holders",
     "inferred_dims",
     "make_node",
@@ -41,6 +42,7 @@ __all__ = [
     "single_reader",
     "source",
     "subgraphs",
+    "take_place",
     "tidy",
 ]
 
@@ -174,6 +176,26 @@ def graph_readers(value: ir.Value, held: Mapping[int, ir.Node]) -> list[ir.Node]
         if node is use.node or (not any(n is node for n in found) and all(v is not value for v in node.inputs)):
             found.append(node)
     return found
+
+
+def take_place(old: ir.Value, new: ir.Value) -> None:
+    """``new`` replaces ``old`` for every reader and as a graph output, with ``old``'s name, type and shape (a node
+    that computes ``old`` another way; ``old`` is read by nothing after)."""
+    name, kind, shape = old.name, old.type, old.shape
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    new.name, new.type, new.shape = name, kind, shape
+
+
+def hand_over(value: ir.Value, node: ir.Node, index: int = 0) -> ir.Value:
+    """``node``, put after what writes ``value``, reads it at ``index``, and its first output takes ``value``'s place:
+    every other reader, a graph output slot, the name, type and shape (``value`` takes the output's former name).
+    Returns that output."""
+    out = node.outputs[0]
+    value.replace_all_uses_with(out, replace_graph_outputs=True)
+    node.replace_input_with(index, value)
+    value.name, out.name = out.name, value.name
+    out.type, out.shape = value.type, value.shape
+    return out
 
 
 def fresh_name(graph: ir.Graph, stem: str) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qdq.graphs.ir_graph import attr, const, name_of, remove, run_on_graph, source
+from qdq.graphs.ir_graph import attr, const, name_of, remove, run_on_graph, source, take_place
 from qdq.graphs.onnx import on_ir
 
 if TYPE_CHECKING:
@@ -108,9 +108,8 @@ def _take_tags(model: ir.Model) -> None:
         dq = source(marker.inputs[0])
         assert dq is not None  # the exporter writes each marker after the DequantizeLinear it tags
         out = dq.outputs[0]
-        tagged.replace_all_uses_with(out, replace_graph_outputs=True)
+        take_place(tagged, out)  # the DQ writes the marker's tensor
         remove(model.graph, [marker])
-        out.name, out.type, out.shape = tagged.name, tagged.type, tagged.shape  # the DQ writes the marker's tensor
         dq.metadata_props[QUANTIZER_KEY] = tag
         q = source(dq.inputs[0])
         if q is not None and q.op_type == "QuantizeLinear":

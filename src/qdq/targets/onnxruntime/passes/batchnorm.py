@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.ir_graph import add_const, attr, const, const_input, name_of, remove, single_reader
+from qdq.graphs.ir_graph import add_const, attr, const, const_input, name_of, remove, single_reader, take_place
 from qdq.targets.onnxruntime.passes._graph import weight_dq
 
 if TYPE_CHECKING:
@@ -61,9 +61,7 @@ def _fold_bn(graph: ir.Graph, conv: ir.Node, bn: ir.Node, dq: ir.Node, wq: np.nd
     dq.attributes["axis"] = ir.AttrInt64("axis", 0)
     conv.resize_inputs(3)  # a conv without bias gets one
     conv.replace_input_with(2, add_const(graph, f"{conv.name}_bias_bnfold", new_bias))
-    out, folded = bn.outputs[0], conv.outputs[0]
-    folded.name, folded.type, folded.shape = out.name, out.type, out.shape
-    out.replace_all_uses_with(folded, replace_graph_outputs=True)
+    take_place(bn.outputs[0], conv.outputs[0])
     return True
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.ir_graph import add_const, attr, const_input, make_node, name_of, source
+from qdq.graphs.ir_graph import add_const, attr, const_input, hand_over, make_node, name_of, source
 from qdq.targets.onnxruntime.passes._graph import INT32_LIMIT, dq_params, quantize_weight, weight_dq
 
 if TYPE_CHECKING:
@@ -70,11 +70,7 @@ def bias_after_float_convs(graph: ir.Graph, float_convs: list[ir.Node]) -> int:
         out = conv.outputs[0]
         name = f"{conv.name or 'conv'}/bias_Add"
         add = make_node(graph, "Add", [None, shaped], f"{out.name}_without_bias", name=name)
-        biased = add.outputs[0]
-        out.replace_all_uses_with(biased, replace_graph_outputs=True)
-        add.replace_input_with(0, out)
-        out.name, biased.name = biased.name, out.name  # the Add writes what the Conv wrote, name and all
-        biased.type, biased.shape = out.type, out.shape
+        hand_over(out, add)  # the Add writes what the Conv wrote, name and all
         conv.resize_inputs(2)
         graph.insert_after(conv, add)
         count += 1

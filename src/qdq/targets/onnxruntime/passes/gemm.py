@@ -32,6 +32,7 @@ from qdq.graphs.ir_graph import (
     remove,
     single_reader,
     source,
+    take_place,
 )
 from qdq.targets.onnxruntime.passes._graph import rank
 
@@ -161,7 +162,5 @@ def _to_gemm(graph: ir.Graph, matmul: ir.Node, x: ir.Value, weight: _Weight, lea
         back = make_node(graph, "Reshape", [gemm.outputs[0], shape.outputs[0]], stem, name=name + "/Reshape_back")
         nodes += [lead, shape, back]
     graph.insert_before(matmul, nodes)
-    new = nodes[-1].outputs[0]
-    output.replace_all_uses_with(new, replace_graph_outputs=True)
-    new.name, new.type, new.shape = output.name, output.type, output.shape  # output's place, for its readers
+    take_place(output, nodes[-1].outputs[0])
     remove(graph, done)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qdq.graphs.ir_graph import add_const, attr, const_input, make_node, single_reader, source
+from qdq.graphs.ir_graph import add_const, attr, const_input, hand_over, make_node, single_reader, source
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -65,8 +65,5 @@ def _reshape_around(graph: ir.Graph, norm: ir.Node) -> None:
     graph.insert_before(norm, [shape, flat])
     graph.insert_after(norm, back)
     norm.replace_input_with(0, flat.outputs[0])
-    normed = back.outputs[0]
-    out.replace_all_uses_with(normed, replace_graph_outputs=True)
-    back.replace_input_with(0, out)
-    out.name, normed.name = normed.name, out.name  # a graph output keeps its name, type and shape
-    normed.type, normed.shape, out.shape = out.type, out.shape, None
+    hand_over(out, back)  # a graph output keeps its name, type and shape
+    out.shape = None  # the norm now writes the rows
