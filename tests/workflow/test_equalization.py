@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import qdq
+from equalization_models import images, torch_pair
 from onnx_models import export
 from qdq.quantizer import disabled_quantizers
 from qdq.workflow.auto_calibration import select_amax
@@ -65,31 +66,9 @@ def test_channel_stats_over_batches_and_an_empty_one():
     np.testing.assert_allclose(stats.mean_square, [10 / 4, 20 / 4])
 
 
-def _torch_pair(activation: str = "ReLU6") -> nn.Sequential:
-    """Conv (8 channels, channel c's weights 2**c / 16) -> BatchNorm (eval, its own affine) -> activation -> 1x1 Conv
-    whose input channel c is divided by 2**c: each channel counts as much in the output (as in
-    tests/onnx_in/test_equalize.py)."""
-    generator = torch.Generator().manual_seed(0)
-    spread = 2.0 ** torch.arange(8) / 16
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), getattr(nn, activation)(),
-                          nn.Conv2d(8, 4, 1))  # fmt: skip
-    with torch.no_grad():
-        model[0].weight.copy_(torch.randn(8, 3, 3, 3, generator=generator) * spread.view(-1, 1, 1, 1))
-        model[0].bias.zero_()
-        model[1].weight.copy_(1 + 0.1 * torch.randn(8, generator=generator))
-        model[1].bias.copy_(0.1 * spread)
-        model[3].weight.copy_(torch.randn(4, 8, 1, 1, generator=generator) / spread.view(1, -1, 1, 1))
-    return model.eval()
-
-
-def _images(count: int, seed: int) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(8, 3, 8, 8, generator=generator) for _ in range(count)]
-
-
 def test_the_pytorch_door_scales_the_norm_and_the_next_conv_to_the_oracle_and_keeps_the_function():
-    model = _torch_pair("ReLU")
-    data, unseen = _images(4, 1), _images(2, 2)
+    model = torch_pair("ReLU")
+    data, unseen = images(4, 1), images(2, 2)
     with torch.no_grad():
         peaks = torch.cat([model[:3](x) for x in data]).amax(dim=(0, 2, 3)).numpy().astype(np.float64)
         expected = [model(x) for x in unseen]
@@ -112,8 +91,8 @@ def test_the_pytorch_door_scales_the_norm_and_the_next_conv_to_the_oracle_and_ke
 
 
 def test_both_doors_equalize_the_same_model_alike(tmp_path):
-    model = _torch_pair("ReLU6")
-    data = _images(4, 1)
+    model = torch_pair("ReLU6")
+    data = images(4, 1)
     path = tmp_path / "pair.onnx"
     export(model, data[0], path, names=("x", "y"))
     onnx_door = qdq.quantize_onnx(path, [{"x": x.numpy()} for x in data], tmp_path / "q.onnx", target="tensorrt",
@@ -128,11 +107,11 @@ def test_a_module_called_twice_is_not_equalized():
     class Twice(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.pair = _torch_pair("ReLU")
+            self.pair = torch_pair("ReLU")
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             first = self.pair[2](self.pair[1](self.pair[0](x)))
             return self.pair[3](first) + self.pair[3](first)  # the second conv runs twice
 
     quantized = qdq.quantize_model(Twice().eval(), qdq.QuantConfig(target="tensorrt"))
-    assert select_amax(quantized, _images(4, 1), progress=False).equalized == []
+    assert select_amax(quantized, images(4, 1), progress=False).equalized == []

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import qdq
+from equalization_models import images, torch_pair
 from qdq.errors import QdqConfigError
 from qdq.workflow.calibration import calibrate
 from qdq.workflow.fine_tuning import qat
@@ -58,6 +59,19 @@ def test_ptq_real_scores_float_first():
     assert {r.label for r in result.results} == {"max", "percentile 99.0"}
     with pytest.raises(QdqConfigError, match="unknown calibration method"):
         ptq(model, _loader(), _accuracy, methods=("kl",), progress=False)
+
+
+@pytest.mark.parametrize("best", ["max", "auto"])
+def test_ptq_keeps_a_model_level_methods_parameter_changes_only_where_it_wins(best):
+    """``auto`` equalizes and corrects biases in place: the methods scored after it, and the model ptq returns when
+    another wins, have the parameters as given; when it wins, its own."""
+    model = qdq.quantize_model(torch_pair("ReLU"), qdq.QuantConfig(target="tensorrt"))
+    given = {name: tensor.clone() for name, tensor in model.named_parameters()}
+    scores = iter([0.0, 2.0, 1.0] if best == "auto" else [0.0, 1.0, 2.0])  # float, auto, max
+    result = ptq(model, images(4, 1), lambda m: next(scores), methods=("auto", "max"), progress=False)
+    assert result.best.label == best and result.results[0].quantizer_methods  # auto ran
+    changed = [name for name, tensor in model.named_parameters() if not torch.equal(tensor, given[name])]
+    assert changed if best == "auto" else not changed
 
 
 def _calibrated():

@@ -19,7 +19,7 @@ from torch import nn
 
 from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method, method_label
 from qdq.markdown import markdown_table
-from qdq.quantizer import disabled_quantizers
+from qdq.quantizer import TensorQuantizer, disabled_quantizers
 from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, check_reiterable, collect_stats, named_quantizers
 from qdq.workflow.diagnostics import CalibrationReport, calibration_report, warn_clipping
@@ -186,16 +186,23 @@ def ptq(
                       progress=progress)  # fmt: skip
         statistics[kind] = {name: q._calibrator for name, q in named_quantizers(unwrap(model), weights=False)}
     results: list[MethodResult[torch.Tensor]] = []
+    changed: dict[int, dict[str, torch.Tensor]] = {}  # result index -> the parameters its model-level method set
     for method, options in progress_bar(grid, progress, f"PTQ: scoring {len(grid)} calibrations"):
         _use(model, statistics[ptq_statistics(method)])
+        given = _state(model) if method.select is not None else None  # auto equalizes and corrects biases in place
         _load(model, method, options, calib_data, num_batches, weight_method, forward_fn, progress)
         score = float(eval_fn(model))
         used = {name: q.amax_method for name, q in named_quantizers(model, weights=False)}
         results.append(MethodResult(method.name, options, score, snapshot_amax(model), calibration_report(model),
                                     used))  # fmt: skip
+        if given is not None:  # the next methods' ranges are the statistics of the model as given
+            changed[len(results) - 1] = _state(model)
+            unwrap(model).load_state_dict(given, strict=False)
         _log.info("PTQ %s: %.3f", results[-1].label, score)
     best_at = max(range(len(results)), key=lambda i: results[i].score)  # first of equals: the grid's order
     best = results[best_at]
+    if best_at in changed:
+        unwrap(model).load_state_dict(changed[best_at], strict=False)
     restore_amax(model, best.amax, best.quantizer_methods)
     _use(model, statistics[ptq_statistics(grid[best_at][0])])
     warn_clipping(model, stacklevel=2)
@@ -206,6 +213,15 @@ def ptq_statistics(method: CalibrationMethod) -> str:
     """The calibrator whose pass serves ``method`` in :func:`ptq`: :data:`PTQ_STATISTICS` (the histogram) when it
     reads those statistics, else the first it reads."""
     return PTQ_STATISTICS if method.reads(PTQ_STATISTICS) else method.calibrator
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the model's parameters and buffers, its quantizers' left out (each method's ranges are snapshot
+    apart): what a model-level method may change in place (weights equalized, biases or BatchNorm means corrected)."""
+    root = unwrap(model)
+    quantizers = tuple(f"{name}." for name, module in root.named_modules() if isinstance(module, TensorQuantizer))
+    return {name: tensor.detach().clone() for name, tensor in root.state_dict().items()
+            if not name.startswith(quantizers)}  # fmt: skip
 
 
 def _use(model: nn.Module, calibrators: dict[str, Any]) -> None:
