@@ -132,3 +132,18 @@ def test_an_earlier_calls_scalings_are_written_again_without_measuring(tmp_path)
                               value_ranges=first.value_ranges, bias_shifts=first.bias_shifts,
                               equalized=first.equalized, keep_float=first.auto.stem.ops)  # fmt: skip
     np.testing.assert_array_equal(_run(again.path, unseen), _run(first.path, unseen))
+
+
+def test_scalings_written_again_reach_a_pair_the_new_placement_leaves_float(tmp_path):
+    """tune's reuse: the ranges of the first call were calibrated on the scaled activation, so a later file that
+    keeps ``conv1`` float still takes the scaling (its float function is the same)."""
+    source, w1, _ = _pair_model(tmp_path / "pair.onnx")
+    calibration = _data(4, seed=1)
+    first = qdq.quantize_onnx(source, calibration, tmp_path / "a.onnx", target="onnxruntime", progress=False)
+    again = qdq.quantize_onnx(source, calibration[:1], tmp_path / "b.onnx", target="onnxruntime", progress=False,
+                              value_ranges=first.value_ranges, equalized=first.equalized,
+                              keep_float=["conv1"])  # fmt: skip
+    assert [(s.first, s.second) for s in again.equalized] == [("conv1", "conv2")]
+    written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(again.path)).graph.initializer}
+    scales = first.equalized[0].scales.reshape(-1, 1, 1, 1)
+    np.testing.assert_allclose(written["w1"], w1 * scales, rtol=1e-6)  # conv1 float: its weight as scaled

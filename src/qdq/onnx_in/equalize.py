@@ -36,7 +36,7 @@ def equalize(model: onnx.ModelProto, view: GraphView, batches: Sequence[Any], *,
     same file (``result.equalized``), written again to the pairs still found, without measuring. Returns the
     scalings written."""
     inits = {t.name: t for t in model.graph.initializer}
-    pairs = [pair for pair in equalization_pairs(view) if _weights_in(pair, inits)]
+    pairs = [pair for pair in equalization_pairs(view, placed=known is None) if _weights_in(pair, inits)]
     if known is not None:
         by_ops = {(s.first, s.second): s for s in known}
         return [_write(model, pair, by_ops[key], inits) for pair in pairs

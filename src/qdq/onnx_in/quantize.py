@@ -201,10 +201,10 @@ def quantize_onnx(
         bias_shifts: the shifts of an earlier call with the same ranges (``result.bias_shifts``, with
             ``value_ranges``): applied again to the layers still quantized, without measuring.
         equalize: rescale the channels between two int8 convolutions through their ReLU-like activation where that
-            predicts less output noise (:mod:`qdq.workflow.equalization`; one more float pass over up to 8
-            batches). Default: with ``method="auto"``.
-        equalized: the scalings of an earlier call (``result.equalized``, with its ``value_ranges``): written again
-            to the pairs still found, without measuring.
+            predicts less output noise (:mod:`qdq.workflow.equalization`; one more float pass over the first 32
+            batches of a list, 8 of an iterator). Default: with ``method="auto"``.
+        equalized: the scalings of an earlier call on the same file (``result.equalized``, with its
+            ``value_ranges``): written again to the same pairs, float ones included, without measuring.
         method_options: the method's options (``percentile=99.9``).
 
     Returns:

@@ -46,6 +46,7 @@ from torch import nn
 from qdq.graphs.view import GraphView, Op
 from qdq.markdown import markdown_table
 from qdq.quantizer import disabled_quantizers
+from qdq.utils.modes import eval_mode
 from qdq.workflow.collection import ForwardFn
 from qdq.workflow.distributed import unwrap
 from qdq.workflow.progress import Progress, counter
@@ -95,11 +96,13 @@ class Scaling:
     predicted_db: float
 
 
-def equalization_pairs(view: GraphView) -> list[Pair]:
+def equalization_pairs(view: GraphView, *, placed: bool = True) -> list[Pair]:
     """Every ``Conv -> [BatchNorm ->] activation -> Conv`` of ``view`` where both convolutions run int8 with weights
     of their own,
     the activation is positively homogeneous (:data:`HOMOGENEOUS`), each tensor between them has that one reader and
-    no quantizer, and ``second`` reads the activation through a quantizer of its own."""
+    no quantizer, and ``second`` reads the activation through a quantizer of its own. ``placed=False``: the pairs
+    the graph joins so, whatever is quantized (an earlier call's scalings written again into a placement that leaves
+    some of them float: the ranges it reuses were calibrated on the scaled tensors)."""
     pairs = []
     for activation in view.ops_of(*HOMOGENEOUS):
         if activation.type == "Clip" and not (activation.attrs.get("min") == 0 and activation.attrs.get("max", 1) > 0):
@@ -112,18 +115,20 @@ def equalization_pairs(view: GraphView) -> list[Pair]:
             continue
         if norm is not None and view.single_reader(norm.outputs[0]) is not activation:
             continue
-        if _equalizable(view, first, activation, second):
+        if _equalizable(view, first, activation, second, placed):
             pairs.append(Pair(first, activation, second, norm))
     return pairs
 
 
-def _equalizable(view: GraphView, first: Op, activation: Op, second: Op) -> bool:
+def _equalizable(view: GraphView, first: Op, activation: Op, second: Op, placed: bool) -> bool:
     convs = first.type == second.type == "Conv" and 1 in first.weights and 1 in second.weights
     if not convs or second.inputs[0] is not activation.outputs[0]:
         return False
     owned = [first.inputs[1], second.inputs[1], *first.inputs[2:3]]  # a weight or bias another op reads stays
     if any(len(value.readers) != 1 or not value.constant for value in owned):
         return False
+    if not placed:
+        return True
     quantizer = view.quantizer_at(second, 0)
     unquantized_between = view.output_quantizer(first.outputs[0]) is None and not view.reads_quantized(activation, 0)
     return (quantizer is not None and len(quantizer.sites) == 1 and unquantized_between
@@ -242,7 +247,7 @@ def equalize_modules(model: nn.Module, view: GraphView, batches: Sequence[Any], 
     hooks = [_module(root, pair.second).register_forward_pre_hook(_observer(stats[pair.value])) for pair in pairs]
     bar = counter(progress, "equalization", len(batches))
     try:
-        with disabled_quantizers(root), torch.no_grad():
+        with disabled_quantizers(root), eval_mode(model), torch.no_grad():
             for batch in batches:
                 forward(model, batch)
                 bar.update()
@@ -282,7 +287,8 @@ def _modules(root: nn.Module, pair: Pair, calls: Counter[str]) -> tuple[nn.Modul
 
 def _observer(stats: ChannelStats) -> Any:
     def observe(_module: nn.Module, args: tuple[Any, ...]) -> None:
-        stats.update(args[0].detach().float().cpu().numpy())
+        if args and isinstance(args[0], torch.Tensor):  # the conv's input, given positionally as torch.fx traced it
+            stats.update(args[0].detach().float().cpu().numpy())
 
     return observe
 
