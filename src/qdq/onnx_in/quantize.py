@@ -228,7 +228,7 @@ def quantize_onnx(
                              batches=kept)  # a model loaded here is written itself
     proto, view = placement.model, placement.view
     calibrating = time.perf_counter()
-    scalings = _equalized(placement, first if value_ranges is None and (
+    scalings = _equalized(placement, first[:num_batches] if value_ranges is None and (
         calibration_method.model_level if equalize is None else equalize) else [], threads, progress, equalized)
     ranges = values_ranges(view, value_ranges)
     batches, calibration = 0, CalibrationReport()

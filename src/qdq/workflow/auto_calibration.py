@@ -309,7 +309,7 @@ def select_amax(
     module = unwrap(model)
     equalized: list[Scaling] = []
     if equalize and world_size() < 2:
-        data, first = first_batches(data, EQUALIZATION_BATCHES)
+        data, first = first_batches(data, min(EQUALIZATION_BATCHES, num_batches or EQUALIZATION_BATCHES))
         view, _ = _traced(model)
         equalized = equalize_modules(model, view, first, forward, progress) if view is not None else []
     held = collect_split(model, data, held_out, num_batches=num_batches, calibrator="histogram", forward_fn=forward,
