@@ -28,6 +28,7 @@ from qdq.errors import QdqConfigError
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 __all__ = [
     "FLOAT_TYPES",
@@ -213,13 +214,12 @@ def _type_enum(type_str: str) -> int | None:
     return TensorProto.DataType.Value(name) if name in TensorProto.DataType.keys() else None  # noqa: SIM118 (a protobuf enum)
 
 
-def float_slots(node: Any, opset: int, types: TensorTypes | None = None) -> FloatSlots:
+def float_slots(node: ir.Node, opset: int) -> FloatSlots:
     """The float type parameter of ``node`` in ``opset`` and the inputs and outputs bound to it.
 
     The parameter is the first type parameter of the schema's outputs that allows a float type (for
     ``QuantizeLinear``, whose output is an integer, the parameter of its input ``x``). Nodes outside the
-    default domain, or whose schema ONNX does not know, have no slots. ``node``: an ``onnx.NodeProto`` or an
-    ``onnx_ir.Node``.
+    default domain, or whose schema ONNX does not know, have no slots.
     """
     from onnx import defs
 
@@ -235,25 +235,17 @@ def float_slots(node: Any, opset: int, types: TensorTypes | None = None) -> Floa
     param = next((f.type_str for f in formals if allowed.get(f.type_str, frozenset()) & FLOAT_TYPES), None)
     if param is None:
         return _NO_SLOTS
-    inputs, outputs = _io_names(node)
+    inputs, outputs = node.inputs, node.outputs
     return FloatSlots(
         param=param,
-        inputs=tuple(i for i in _bound(schema.inputs, len(inputs), param) if inputs[i]),
-        outputs=tuple(i for i in _bound(schema.outputs, len(outputs), param) if outputs[i]),
+        inputs=tuple(i for i in _bound(schema.inputs, len(inputs), param) if (v := inputs[i]) is not None and v.name),
+        outputs=tuple(i for i in _bound(schema.outputs, len(outputs), param) if outputs[i].name),
         allowed=allowed[param],
     )
 
 
-def _io_names(node: Any) -> tuple[list[str], list[str]]:
-    """The input and output names of an ``onnx.NodeProto`` or an ``onnx_ir.Node`` (``""`` for an omitted one)."""
-    if hasattr(node, "inputs"):  # an onnx_ir node
-        return [(v.name or "") if v is not None else "" for v in node.inputs], [v.name or "" for v in node.outputs]
-    return list(node.input), list(node.output)
-
-
-def input_types(node: Any, opset: int) -> list[frozenset[int]]:
-    """For each actual input of ``node`` (an ``onnx.NodeProto`` or an ``onnx_ir.Node``), the element types its
-    schema allows in ``opset`` (empty if unknown)."""
+def input_types(node: ir.Node, opset: int) -> list[frozenset[int]]:
+    """For each actual input of ``node``, the element types its schema allows in ``opset`` (empty if unknown)."""
     from onnx import defs
     from onnx.defs import OpSchema
 
@@ -261,7 +253,7 @@ def input_types(node: Any, opset: int) -> list[frozenset[int]]:
         schema = defs.get_schema(node.op_type, opset, "") if node.domain in ("", "ai.onnx") else None
     except Exception:  # an unknown op: nothing is known about its inputs
         schema = None
-    count = len(_io_names(node)[0])
+    count = len(node.inputs)
     if schema is None or not schema.inputs:
         return [frozenset()] * count
     allowed = {c.type_param_str: frozenset(filter(None, map(_type_enum, c.allowed_type_strs)))
