@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qdq
 from qdq.runtime import load_runtime
-from qdq.workflow.equalization import SCALE_CAP, scaled_second
+from qdq.workflow.equalization import KEEP_DB, SCALE_CAP, Scaling, scaled_second
 
 
 def _pair_model(path, activation="Relu", groups=1, share_weight=False, seed=0):
@@ -64,6 +64,17 @@ def _activation(x, w1, b1, activation):
 def _run(path, feeds):
     with load_runtime(path, "onnxruntime") as runtime:
         return np.concatenate([runtime.run(f)[0] for f in feeds])
+
+
+def _dequantized_weight(path, conv):
+    """The int8 weight of node ``conv`` in the written file, dequantized, and its per-channel step."""
+    graph = onnx.load(str(path)).graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    dq = producer[next(n for n in graph.node if n.name == conv).input[1]]
+    step = inits[dq.input[1]].reshape(-1, 1, 1, 1)
+    zero = inits[dq.input[2]].astype(np.float32).reshape(-1, 1, 1, 1) if len(dq.input) > 2 else 0.0
+    return (inits[dq.input[0]].astype(np.float32) - zero) * step, step
 
 
 def _sqnr(reference, out):
@@ -147,3 +158,22 @@ def test_scalings_written_again_reach_a_pair_the_new_placement_leaves_float(tmp_
     written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(again.path)).graph.initializer}
     scales = first.equalized[0].scales.reshape(-1, 1, 1, 1)
     np.testing.assert_allclose(written["w1"], w1 * scales, rtol=1e-6)  # conv1 float: its weight as scaled
+
+
+def test_a_scaling_the_held_out_samples_reject_is_undone(tmp_path, monkeypatch):
+    """A harmful scaling (forced: every other channel 64x up, the rest 64x down) scores lower on the held-out
+    samples than the weights as they were: the file keeps its weights, and the scores say why."""
+    import qdq.onnx_in.equalize as equalize
+
+    def harmful(pair, stats, weight, groups, levels):
+        scales = np.where(np.arange(stats.peak.size) % 2, 64.0, 1 / 64).astype(np.float32)
+        return Scaling(pair.first.name, pair.second.name, 0.5, scales, -20.0)
+
+    monkeypatch.setattr(equalize, "plan_scaling", harmful)
+    source, w1, _ = _pair_model(tmp_path / "pair.onnx")
+    result = qdq.quantize_onnx(source, _data(8, seed=1), tmp_path / "q.onnx", target="onnxruntime", progress=False)
+    with_it, without = result.auto.equalization
+    assert with_it < without + KEEP_DB and result.equalized == [] and result.auto.equalized == []
+    assert "equalization not kept" in result.auto.summary()
+    weight, step = _dequantized_weight(result.path, "conv1")
+    assert np.all(np.abs(weight - w1) <= step / 2 + 1e-7)  # conv1's int8 weight is w1's, not w1 scaled

@@ -115,3 +115,25 @@ def test_a_module_called_twice_is_not_equalized():
 
     quantized = qdq.quantize_model(Twice().eval(), qdq.QuantConfig(target="tensorrt"))
     assert select_amax(quantized, images(4, 1), progress=False).equalized == []
+
+
+def test_the_pytorch_door_undoes_a_scaling_the_held_out_samples_reject(monkeypatch):
+    """A harmful scaling (forced, as in tests/onnx_in/test_equalize.py): the parameters go back to what they were, and
+    so do the two convs' weight ranges (per channel, max)."""
+    import qdq.workflow.equalization as equalization
+
+    def harmful(pair, stats, weight, groups, levels):
+        scales = np.where(np.arange(stats.peak.size) % 2, 64.0, 1 / 64).astype(np.float32)
+        return equalization.Scaling(pair.first.name, pair.second.name, 0.5, scales, -20.0)
+
+    monkeypatch.setattr(equalization, "plan_scaling", harmful)
+    model = torch_pair("ReLU")
+    given = {name: tensor.detach().clone() for name, tensor in model.named_parameters()}
+    quantized = qdq.quantize_model(model, qdq.QuantConfig(target="tensorrt"))
+    result = select_amax(quantized, images(8, 1), progress=False, bias_correction=False)
+    with_it, without = result.equalization
+    assert with_it < without + equalization.KEEP_DB and result.equalized == []
+    for name, tensor in quantized.named_parameters():
+        torch.testing.assert_close(tensor, given[name], rtol=0, atol=0)
+    peaks = given["3.weight"].abs().amax(dim=(1, 2, 3))
+    torch.testing.assert_close(quantized[3].weight_quantizer.amax.reshape(-1), peaks)

@@ -14,19 +14,24 @@ import onnx
 from onnx import numpy_helper
 
 from qdq.graphs.view import GraphView
-from qdq.onnx_in.calibrate import _feed, ort_session, probe_model
+from qdq.onnx_in.auto import Quantized
+from qdq.onnx_in.calibrate import _feed, ort_session, probe_model, weight_ranges
+from qdq.workflow.auto_calibration import candidate
 from qdq.workflow.equalization import (
     ChannelStats,
     Pair,
     Scaling,
     equalization_pairs,
+    kept,
+    levels_of,
     plan_scaling,
     scaled_first,
     scaled_second,
+    stats_of,
 )
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["equalize"]
+__all__ = ["equalize", "settle"]
 
 
 def equalize(model: onnx.ModelProto, view: GraphView, batches: Sequence[Any], *, threads: int | None = None,
@@ -43,29 +48,76 @@ def equalize(model: onnx.ModelProto, view: GraphView, batches: Sequence[Any], *,
                 if (key := (pair.first.name, pair.second.name)) in by_ops]  # fmt: skip
     if not pairs or not batches:
         return []
-    stats = _measure(model, pairs, batches, threads, progress)
+    stats = _measure(model, view, pairs, batches, threads, progress)
     scalings = []
     for pair in pairs:
         weight = numpy_helper.to_array(inits[pair.second.inputs[1].name])
-        quantizer = view.quantizer_at(pair.second, 0)
-        levels = 255 if quantizer is not None and quantizer.unsigned else 127
-        scaling = plan_scaling(pair, stats[pair.value], weight, int(pair.second.attrs.get("group", 1)), levels)
+        scaling = plan_scaling(pair, stats[pair.value], weight, int(pair.second.attrs.get("group", 1)),
+                               levels_of(view, pair))  # fmt: skip
         if scaling is not None:
+            scaling.histogram = stats[pair.value].histogram
+            scaling.originals = {name: numpy_helper.to_array(inits[name]).copy() for name in _weights(pair)}
             scalings.append(_write(model, pair, scaling, inits))
     return scalings
+
+
+def settle(model: onnx.ModelProto, view: GraphView, scalings: list[Scaling], ranges: dict[int, np.ndarray],
+           weights: dict[int, np.ndarray], scored: Sequence[Any], chosen: str, weight_method: str,
+           threads: int | None = None) -> tuple[list[Scaling], dict[int, np.ndarray], dict[int, np.ndarray],
+                                                tuple[float, float] | None]:  # fmt: skip
+    """Equalization kept where the held-out samples say so (:func:`qdq.workflow.equalization.kept`): ``model`` at
+    its ``ranges`` (activations) and ``weights`` against its weights as they were, each pair's activation at the
+    range the ``chosen`` method gives its own statistics. Where it is not kept, ``model``'s weights are put back in
+    place. Returns the scalings kept, the activation and weight ranges to write, and both scores (None: not
+    scored)."""
+    quantizers = [_reader(view, s) for s in scalings]
+    if not scalings or not scored or any(q is None or s.histogram is None for q, s in zip(quantizers, scalings)):
+        return scalings, ranges, weights, None
+    method, options = candidate(chosen)
+    amaxes = [method.compute_amax(s.histogram, **method.resolve_options(options)) for s in scalings]
+    if any(amax is None for amax in amaxes):
+        return scalings, ranges, weights, None
+    plain = onnx.ModelProto()
+    plain.CopyFrom(model)
+    _restore(plain, scalings)
+    plain_ranges = {**ranges, **{id(q): np.asarray(amax, np.float32) for q, amax in zip(quantizers, amaxes)}}
+    scores = (Quantized(model, view, {**ranges, **weights}, threads).meter(list(scored)).score(),
+              Quantized(plain, view, {**plain_ranges, **weight_ranges(plain, view, weight_method)},
+                        threads).meter(list(scored)).score())  # fmt: skip
+    if kept(*scores):
+        return scalings, ranges, weights, scores
+    _restore(model, scalings)
+    return [], plain_ranges, weight_ranges(model, view, weight_method), scores
+
+
+def _reader(view: GraphView, scaling: Scaling) -> Any:
+    """The quantizer through which ``scaling``'s second conv reads the activation (None: not in ``view``)."""
+    op = next((op for op in view.ops if op.name == scaling.second), None)
+    return None if op is None else view.quantizer_at(op, 0)
+
+
+def _weights(pair: Pair) -> list[str]:
+    return [pair.first.inputs[1].name, pair.second.inputs[1].name, *(v.name for v in pair.first.inputs[2:3])]
+
+
+def _restore(model: onnx.ModelProto, scalings: Sequence[Scaling]) -> None:
+    """The scalings' weights as they were, in ``model``'s initializers."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for scaling in scalings:
+        for name, array in scaling.originals.items():
+            _replace(inits[name], array)
 
 
 def _weights_in(pair: Pair, inits: Mapping[str, onnx.TensorProto]) -> bool:
     """Are both weights (and ``first``'s bias) float32 initializers of the main graph (a branch's are, once
     prepared)?"""
-    names = [pair.first.inputs[1].name, pair.second.inputs[1].name, *(v.name for v in pair.first.inputs[2:3])]
-    return all(name in inits and inits[name].data_type == onnx.TensorProto.FLOAT for name in names)
+    return all(name in inits and inits[name].data_type == onnx.TensorProto.FLOAT for name in _weights(pair))
 
 
-def _measure(model: onnx.ModelProto, pairs: Sequence[Pair], batches: Sequence[Any], threads: int | None,
-             progress: Progress) -> dict[str, ChannelStats]:  # fmt: skip
+def _measure(model: onnx.ModelProto, view: GraphView, pairs: Sequence[Pair], batches: Sequence[Any],
+             threads: int | None, progress: Progress) -> dict[str, ChannelStats]:  # fmt: skip
     """Each pair's activation, per channel (axis 1: ONNX's ``[N, C, ...]``), over ``batches`` of the float graph."""
-    stats = {pair.value: ChannelStats(axis=1) for pair in pairs}
+    stats = {pair.value: stats_of(view, pair) for pair in pairs}
     initializers = {t.name for t in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in initializers]
     names = sorted(stats)

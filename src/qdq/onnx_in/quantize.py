@@ -40,6 +40,7 @@ from qdq.onnx_in import auto as auto_ranges
 from qdq.onnx_in.bias_correction import BiasShift, correct_biases
 from qdq.onnx_in.calibrate import Statistics, collect, kept_parts, weight_ranges
 from qdq.onnx_in.equalize import equalize as equalize_pairs
+from qdq.onnx_in.equalize import settle
 from qdq.onnx_in.materialize import quantizer_names
 from qdq.onnx_in.prepared import Placement, PreparedModel, ranges_by_value, values_ranges
 from qdq.onnx_in.stem import Placing, float_stem
@@ -243,7 +244,6 @@ def quantize_onnx(
         if calibration_method.model_level:
             fit = kept_parts(proto, kept[:_BIAS_BATCHES], held_out) if bias_correction else fit
             ranges, auto = auto_ranges.select(proto, view, statistics, weights, threads=threads, progress=progress)
-            auto.equalized = scalings
         else:
             ranges = statistics.ranges(method, **method_options)
         batches = statistics.batches
@@ -253,6 +253,7 @@ def quantize_onnx(
             placing = Placing(keep_float, float_values, nonnegative, kept, weight_method, threads, progress)
             placement, ranges, weights = _stem(auto, source, placement, placing, ranges, statistics, weights)
             view = placement.view
+            scalings, ranges, weights = _settled(auto, placement, scalings, ranges, weights, statistics, placing)
     by_value = ranges_by_value(view, ranges)
     ranges.update(weights)
     _on_step_grid(view, ranges, chosen.step_float_type(target_options))
@@ -298,6 +299,17 @@ def _equalized(placement: Placement, batches: Sequence[Any], threads: int | None
     if known is None and not batches:
         return []
     return equalize_pairs(placement.model, placement.view, batches, threads=threads, progress=progress, known=known)
+
+
+def _settled(auto: AutoResult, placement: Placement, scalings: list[Scaling], ranges: _Ranges, weights: _Ranges,
+             statistics: Statistics, placing: Placing) -> tuple[list[Scaling], _Ranges, _Ranges]:  # fmt: skip
+    """``auto``'s held-out check of the equalization (:func:`qdq.onnx_in.equalize.settle`, recorded in
+    ``auto.equalized`` and ``auto.equalization``): the scalings kept, the activation and weight ranges to write."""
+    kept, ranges, weights, auto.equalization = settle(placement.model, placement.view, scalings, ranges, weights,
+                                                      statistics.scored, auto.chosen, placing.weight_method,
+                                                      placing.threads)  # fmt: skip
+    auto.equalized = kept
+    return kept, ranges, weights
 
 
 def _stem(auto: AutoResult, source: PreparedModel, placement: Placement, placing: Placing, ranges: _Ranges,

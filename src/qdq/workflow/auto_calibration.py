@@ -64,6 +64,7 @@ import torch
 from torch import nn
 
 from qdq.calib.methods import CALIBRATION_METHODS, CalibrationMethod, get_method
+from qdq.calib.weights import calibrate_weights
 from qdq.graphs.fx_view import trace_view
 from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
@@ -74,7 +75,7 @@ from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, collect_split, default_forward, first_batches, named_quantizers
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
 from qdq.workflow.distributed import all_reduce_sum, unwrap, world_size
-from qdq.workflow.equalization import Scaling, equalize_modules
+from qdq.workflow.equalization import Scaling, equalize_modules, kept, swap_tensors
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
 from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
@@ -167,7 +168,9 @@ class AutoResult:
             shifts instead of measuring them again; each layer's shift depends on its own input and weight ranges
             only, measured on the calibration batches not held out); empty where none was measured.
         equalized: the convolution pairs rescaled before the statistics were collected
-            (:mod:`qdq.workflow.equalization`).
+            (:mod:`qdq.workflow.equalization`), where that was kept.
+        equalization: the held-out scores (dB) of the model with those pairs rescaled and with its weights as they
+            were, each at its own ranges; None where it was not scored (no pair predicted a gain).
     """
 
     chosen: str
@@ -182,6 +185,7 @@ class AutoResult:
     bias_shifts: list[BiasShift] = field(default_factory=list, repr=False)
     bias_base: float | None = None
     equalized: list[Scaling] = field(default_factory=list, repr=False)
+    equalization: tuple[float, float] | None = None
 
     def summary(self) -> str:
         """One line: the choice, its score and the runner-up's."""
@@ -193,7 +197,10 @@ class AutoResult:
         corrected = {True: ", with bias correction", False: ", without bias correction", None: ""}[self.bias_correction]
         refined = f"; refined: {self.refinement.summary()}" if self.refinement is not None else ""
         stem = f"; {self.stem.summary()}" if self.stem is not None else ""
-        stem += f"; {len(self.equalized)} convolution pair(s) equalized" if self.equalized else ""
+        if self.equalization is not None:
+            scored = f"{self.equalization[0]:.1f} dB with it, {self.equalization[1]:.1f} dB without"
+            stem += (f"; {len(self.equalized)} convolution pair(s) equalized ({scored})" if self.equalized
+                     else f"; equalization not kept ({scored})")  # fmt: skip
         bias = ""
         if self.bias_correction is not None and self.bias_base is not None:
             bias = (f"; bias correction {'kept' if self.bias_correction else 'not kept'}: "
@@ -308,7 +315,7 @@ def select_amax(
     forward = forward_fn or default_forward
     module = unwrap(model)
     equalized: list[Scaling] = []
-    if equalize and world_size() < 2:
+    if equalize and weight_method is not None and world_size() < 2:  # the weights' ranges are recomputed after it
         data, first = first_batches(data, min(EQUALIZATION_BATCHES, num_batches or EQUALIZATION_BATCHES))
         view, _ = _traced(model)
         equalized = equalize_modules(model, view, first, forward, progress) if view is not None else []
@@ -343,17 +350,54 @@ def select_amax(
     view, untraced = _traced(model)
     stem = _float_stem(model, view, untraced, parts, forward)
     before = stem.scores[stem.levels] if stem.scores else _score(model, scored, forward)  # the model as it is now
+    equalized, before, equalization = _settled(model, equalized, scored, forward, before, chosen, weight_method)
     corrected = (_bias_correction(model, held.fit, scored, forward, before, scores, chosen, _norms_after(model, view))
                  if bias_correction else None)  # fmt: skip
     result = AutoResult(chosen, scores, clipping, len(scored), bool(held.batches),
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
                         corrected, refinement=refinement, stem=stem,
-                        bias_base=before if corrected is not None else None, equalized=equalized)  # fmt: skip
+                        bias_base=before if corrected is not None else None, equalized=equalized,
+                        equalization=equalization)  # fmt: skip
     _log.info("%s", result.summary())
     return result
 
 
 Scored = list[tuple[Any, Any]]  # held-out batches, each with the float model's output on it
+
+
+def _settled(model: nn.Module, scalings: list[Scaling], scored: Scored, forward: ForwardFn, before: float,
+             chosen: str, weight_method: str | None) -> tuple[list[Scaling], float, tuple[float, float] | None]:
+    """Equalization kept where the held-out samples say so (:func:`qdq.workflow.equalization.kept`): the model as it
+    is now (``before``) against its parameters as they were, each pair's activation at the range the chosen
+    method gives its own statistics, the two convolutions' weight ranges computed again. Returns the scalings kept,
+    the model's score and both scores (None where nothing was scored)."""
+    method, options = candidate(chosen)
+    root = unwrap(model)
+    activations: list[tuple[TensorQuantizer, Any]] = [
+        (s.handles["quantizer"], s.histogram) for s in scalings
+        if isinstance(s.handles.get("quantizer"), TensorQuantizer) and s.histogram is not None
+    ]  # fmt: skip
+    if not scalings or weight_method is None or len(activations) < len(scalings):
+        return scalings, before, None
+    ranges = [method.compute_amax(h, **method.resolve_options(options)) for _, h in activations]
+    if any(amax is None for amax in ranges):
+        return scalings, before, None
+    modules = [root.get_submodule(path) for s in scalings for path in s.handles["modules"]]
+    weights = [getattr(module, "weight_quantizer", None) for module in modules]
+    quantizers = [q for q, _ in activations] + [w for w in weights if isinstance(w, TensorQuantizer)]
+    saved = [(q, None if q.amax is None else q.amax.detach().clone(), q.amax_method) for q in quantizers]
+    equalized = swap_tensors(model, {key: value for s in scalings for key, value in s.originals.items()})
+    for (quantizer, _), amax in zip(activations, ranges, strict=True):
+        quantizer.amax, quantizer.amax_method = amax, f"{AUTO}: {chosen}"
+    for module in modules:
+        calibrate_weights(module, method=weight_method)
+    plain = _score(model, scored, forward)
+    if not kept(before, plain):
+        return [], plain, (before, plain)
+    swap_tensors(model, equalized)
+    for quantizer, amax, label in saved:
+        quantizer.amax, quantizer.amax_method = amax, label
+    return scalings, before, (before, plain)
 
 
 def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], chosen: str,

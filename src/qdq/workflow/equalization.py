@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from qdq.calib.registry import make_calibrator
 from qdq.graphs.view import GraphView, Op
 from qdq.markdown import markdown_table
 from qdq.quantizer import disabled_quantizers
@@ -51,14 +52,16 @@ from qdq.workflow.collection import ForwardFn
 from qdq.workflow.distributed import unwrap
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["ALPHAS", "MIN_GAIN_DB", "SCALE_CAP", "ChannelStats", "Pair", "Scaling", "equalization_pairs",
-           "equalization_summary", "equalization_table", "equalize_modules", "levels_of", "plan_scaling",
-           "predicted_noise", "scaled_first", "scaled_second"]  # fmt: skip
+__all__ = ["ALPHAS", "KEEP_DB", "MIN_GAIN_DB", "SCALE_CAP", "ChannelStats", "Pair", "Scaling", "equalization_pairs",
+           "equalization_summary", "equalization_table", "equalize_modules", "kept", "levels_of", "plan_scaling",
+           "predicted_noise", "scaled_first", "scaled_second", "stats_of", "swap_tensors"]  # fmt: skip
 
 #: the migration strengths tried (0: no scaling, the baseline)
 ALPHAS = (0.25, 0.5)
 #: the predicted drop of ``second``'s output noise (dB) a scaling must reach to be applied
 MIN_GAIN_DB = 1.0
+#: the held-out gain (dB) the equalized model must show over the model as it was to be kept (``auto``'s ``TIE_DB``)
+KEEP_DB = 0.1
 #: a channel's scale is at most ``SCALE_CAP ** alpha``
 SCALE_CAP = 32.0
 #: activations ``f`` with ``f(s x) = s f(x)`` for ``s > 0`` (``Clip`` only from 0: module doc)
@@ -87,13 +90,24 @@ class Pair:
 class Scaling:
     """One pair's equalization: the ops' names, the ``alpha`` chosen, the scale of each channel (``first``'s output
     channels multiplied by it, ``second``'s input channels divided) and the predicted drop of ``second``'s output
-    noise (dB, negative)."""
+    noise (dB, negative). ``originals``: the weights as they were, by the front end's name (to undo it exactly);
+    ``histogram``: the calibrator of the activation as it was (its range where the scaling is undone)."""
 
     first: str
     second: str
     alpha: float
     scales: np.ndarray = field(repr=False)
     predicted_db: float
+    originals: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    histogram: Any = field(default=None, repr=False, compare=False)
+    handles: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the front end's objects
+
+
+def kept(equalized_db: float, plain_db: float) -> bool:
+    """Is equalization kept: does the model score at least :data:`KEEP_DB` higher on the held-out samples with it
+    than with its weights as they were (each with its own ranges)? A score that is not finite loses."""
+    finite = [value if math.isfinite(value) else -math.inf for value in (equalized_db, plain_db)]
+    return finite[0] >= finite[1] + KEEP_DB
 
 
 def equalization_pairs(view: GraphView, *, placed: bool = True) -> list[Pair]:
@@ -138,8 +152,9 @@ def _equalizable(view: GraphView, first: Op, activation: Op, second: Op, placed:
 class ChannelStats:
     """The per-channel peak ``max |x|`` and mean square of a tensor over batches (channels on ``axis``)."""
 
-    def __init__(self, axis: int = 1) -> None:
+    def __init__(self, axis: int = 1, histogram: Any = None) -> None:
         self.axis = axis
+        self.histogram = histogram  # a calibrator the tensor is also collected into, or None
         self.peak: np.ndarray | None = None
         self._squares: np.ndarray | None = None
         self._count = 0
@@ -153,6 +168,8 @@ class ChannelStats:
         self.peak = peak if self.peak is None else np.maximum(self.peak, peak)
         self._squares = squares if self._squares is None else self._squares + squares
         self._count += channels.shape[1]
+        if self.histogram is not None:
+            self.histogram.collect(torch.from_numpy(np.ascontiguousarray(tensor, np.float32)))
 
     @property
     def mean_square(self) -> np.ndarray | None:
@@ -243,7 +260,7 @@ def equalize_modules(model: nn.Module, view: GraphView, batches: Sequence[Any], 
     pairs = [pair for pair in equalization_pairs(view) if _modules(root, pair, calls) is not None]
     if not pairs or not batches:
         return []
-    stats = {pair.value: ChannelStats(axis=1) for pair in pairs}
+    stats = {pair.value: stats_of(view, pair) for pair in pairs}
     hooks = [_module(root, pair.second).register_forward_pre_hook(_observer(stats[pair.value])) for pair in pairs]
     bar = counter(progress, "equalization", len(batches))
     try:
@@ -261,9 +278,41 @@ def equalize_modules(model: nn.Module, view: GraphView, batches: Sequence[Any], 
         weight = cast(torch.Tensor, _tensor(second, "weight")).detach().cpu().numpy()
         scaling = plan_scaling(pair, stats[pair.value], weight, _groups(second), levels_of(view, pair))
         if scaling is not None:
+            _record(scaling, root, view, pair, stats[pair.value])
             _write(first, norm, second, scaling.scales)
             scalings.append(scaling)
     return scalings
+
+
+def stats_of(view: GraphView, pair: Pair) -> ChannelStats:
+    """The statistics a pair's activation is measured into: per channel, and a histogram of it as it is (with the
+    grid's sign) for the range it keeps where the scaling is undone."""
+    return ChannelStats(axis=1, histogram=make_calibrator("histogram", unsigned=levels_of(view, pair) > 127))
+
+
+def _record(scaling: Scaling, root: nn.Module, view: GraphView, pair: Pair, stats: ChannelStats) -> None:
+    """What undoing ``scaling`` needs (the PyTorch door): the parameters it changes as they were, the activation's
+    histogram, the quantizer reading it, the two modules whose weight ranges change."""
+    paths = [str(op.ref.target) for op in (pair.norm or pair.first, pair.second)]
+    scaling.originals = {f"{path}.{name}": tensor.detach().clone() for path in paths for name in ("weight", "bias")
+                         if (tensor := _tensor(root.get_submodule(path), name)) is not None}  # fmt: skip
+    scaling.histogram = stats.histogram
+    quantizer = view.quantizer_at(pair.second, 0)
+    scaling.handles = {"quantizer": view.handle_of(quantizer.sites[0]) if quantizer is not None else None,
+                       "modules": [str(op.ref.target) for op in (pair.first, pair.second)]}  # fmt: skip
+
+
+def swap_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Write ``tensors`` (by ``"<module path>.<parameter>"``) into ``model``'s parameters, in place; returns the
+    values they replaced (swap them back to undo)."""
+    root, replaced = unwrap(model), {}
+    for key, value in tensors.items():
+        path, _, name = key.rpartition(".")
+        target = cast(torch.Tensor, _tensor(root.get_submodule(path), name))
+        replaced[key] = target.detach().clone()
+        with torch.no_grad():
+            target.copy_(value)
+    return replaced
 
 
 def _module(root: nn.Module, op: Op) -> nn.Module:
