@@ -8,7 +8,9 @@ encoder; entropy destroys a sparse tail where the signal lives. The choice is ma
 0. **Equalization** (:mod:`qdq.workflow.equalization`): where two quantized convolutions have a ReLU-like
    activation between them, the channels of that activation are rescaled (the first convolution's output channels
    up, the second's input channels down: the same float function) where a noise model of the second predicts it
-   pays, from the activation's per-channel peaks on the first batches (``AutoResult.equalized``).
+   pays, from the activation's per-channel peaks on the first batches; kept once the stem is settled only where the
+   held-out score is :data:`~qdq.workflow.equalization.KEEP_DB` higher with it than with the weights as they were
+   (``AutoResult.equalized``, ``AutoResult.equalization``).
 1. **Statistics**, one pass: the float model runs over the calibration batches and every activation quantizer
    collects its statistics (histograms). Samples are **held out** (:func:`held_out`): the last quarter of every
    batch the front end can split (dimension 0 of its inputs is their samples' axis), one whole batch in

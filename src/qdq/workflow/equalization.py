@@ -18,7 +18,10 @@ each output channel. :func:`plan_scaling` keeps the ``alpha`` of :data:`ALPHAS` 
 the activation's step (``max_c s_c m_c / levels``) through ``second``'s weights, plus that of each output channel's
 weight step (``max |W_kc / s_c| / 127``) through the activation's per-channel mean square (:func:`predicted_noise`).
 Larger ``alpha`` predicts more than it gives once a range method clips the activation: every channel then reaches
-the clipped top.
+the clipped top. The noise model is local; ``auto`` then scores the whole model on its held-out samples with the
+pairs rescaled and with the weights as they were (each pair's activation at the range its own histogram gives, the
+two convolutions' weight ranges computed again) and keeps the scalings only where they score :data:`KEEP_DB`
+higher (:func:`kept`), undoing them exactly otherwise (``Scaling.originals``).
 
 ``Clip(0, b)`` stays ``Clip(0, b)``: channel ``c`` scaled would be clipped at ``s_c b``. Every scaled peak
 ``s_c m_c`` is at most ``M <= b`` and the quantizer reading the activation saturates at its range, which is at most
