@@ -65,11 +65,11 @@ def settle(model: onnx.ModelProto, view: GraphView, scalings: list[Scaling], ran
            weights: dict[int, np.ndarray], scored: Sequence[Any], chosen: str, weight_method: str,
            threads: int | None = None) -> tuple[list[Scaling], dict[int, np.ndarray], dict[int, np.ndarray],
                                                 tuple[float, float] | None]:  # fmt: skip
-    """Equalization kept where the held-out samples say so (:func:`qdq.workflow.equalization.kept`): ``model`` at
-    its ``ranges`` (activations) and ``weights`` against its weights as they were, each pair's activation at the
-    range the ``chosen`` method gives its own statistics. Where it is not kept, ``model``'s weights are put back in
-    place. Returns the scalings kept, the activation and weight ranges to write, and both scores (None: not
-    scored)."""
+    """Equalization kept unless the held-out samples clearly score it lower (:func:`qdq.workflow.equalization.kept`):
+    ``model`` at its ``ranges`` (activations) and ``weights`` against its weights as they were, each pair's
+    activation at the range the ``chosen`` method gives its own statistics. Where it is not kept, ``model``'s weights
+    are put back in place. Returns the scalings kept, the activation and weight ranges to write, and both scores
+    (None: not scored)."""
     quantizers = [_reader(view, s) for s in scalings]
     if not scalings or not scored or any(q is None or s.histogram is None for q, s in zip(quantizers, scalings)):
         return scalings, ranges, weights, None

@@ -8,9 +8,9 @@ encoder; entropy destroys a sparse tail where the signal lives. The choice is ma
 0. **Equalization** (:mod:`qdq.workflow.equalization`): where two quantized convolutions have a ReLU-like
    activation between them, the channels of that activation are rescaled (the first convolution's output channels
    up, the second's input channels down: the same float function) where a noise model of the second predicts it
-   pays, from the activation's per-channel peaks on the first batches; kept once the stem is settled only where the
-   held-out score is :data:`~qdq.workflow.equalization.KEEP_DB` higher with it than with the weights as they were
-   (``AutoResult.equalized``, ``AutoResult.equalization``).
+   pays, from the activation's per-channel peaks on the first batches; undone once the stem is settled where the
+   held-out score is :data:`~qdq.workflow.equalization.UNDO_DB` or more lower with it than with the weights as they
+   were (``AutoResult.equalized``, ``AutoResult.equalization``).
 1. **Statistics**, one pass: the float model runs over the calibration batches and every activation quantizer
    collects its statistics (histograms). Samples are **held out** (:func:`held_out`): the last quarter of every
    batch the front end can split (dimension 0 of its inputs is their samples' axis), one whole batch in
@@ -369,12 +369,12 @@ Scored = list[tuple[Any, Any]]  # held-out batches, each with the float model's 
 
 def _settled(model: nn.Module, scalings: list[Scaling], scored: Scored, forward: ForwardFn, before: float,
              chosen: str, weight_method: str | None) -> tuple[list[Scaling], float, tuple[float, float] | None]:
-    """Equalization kept where the held-out samples say so (:func:`qdq.workflow.equalization.kept`): the model as it
-    is now (``before``) against its parameters as they were, each pair's activation at the range the chosen
+    """Equalization kept unless the held-out samples clearly score it lower (:func:`qdq.workflow.equalization.kept`):
+    the model as it is now against its parameters as they were, each pair's activation at the range the chosen
     method gives its own statistics, the two convolutions' weight ranges computed again. Returns the scalings kept,
     the model's score and both scores (None where nothing was scored)."""
     method, options = candidate(chosen)
-    root = unwrap(model)
+    root = unwrap(model)  # ``before``: the model's score as the stem measured it, kept as bias correction's baseline
     activations: list[tuple[TensorQuantizer, Any]] = [
         (s.handles["quantizer"], s.histogram) for s in scalings
         if isinstance(s.handles.get("quantizer"), TensorQuantizer) and s.histogram is not None
@@ -385,6 +385,7 @@ def _settled(model: nn.Module, scalings: list[Scaling], scored: Scored, forward:
     if any(amax is None for amax in ranges):
         return scalings, before, None
     modules = [root.get_submodule(path) for s in scalings for path in s.handles["modules"]]
+    with_it = _score(model, scored, forward)  # the same measure as without: the whole of the held-out samples
     weights = [getattr(module, "weight_quantizer", None) for module in modules]
     quantizers = [q for q, _ in activations] + [w for w in weights if isinstance(w, TensorQuantizer)]
     saved = [(q, None if q.amax is None else q.amax.detach().clone(), q.amax_method) for q in quantizers]
@@ -394,12 +395,12 @@ def _settled(model: nn.Module, scalings: list[Scaling], scored: Scored, forward:
     for module in modules:
         calibrate_weights(module, method=weight_method)
     plain = _score(model, scored, forward)
-    if not kept(before, plain):
-        return [], plain, (before, plain)
+    if not kept(with_it, plain):
+        return [], plain, (with_it, plain)
     swap_tensors(model, equalized)
     for quantizer, amax, label in saved:
         quantizer.amax, quantizer.amax_method = amax, label
-    return scalings, before, (before, plain)
+    return scalings, before, (with_it, plain)
 
 
 def _refine(model: nn.Module, amaxes: Mapping[str, Mapping[str, torch.Tensor]], chosen: str,
