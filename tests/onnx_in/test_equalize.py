@@ -177,3 +177,35 @@ def test_a_scaling_the_held_out_samples_reject_is_undone(tmp_path, monkeypatch):
     assert "equalization not kept" in result.auto.summary()
     weight, step = _dequantized_weight(result.path, "conv1")
     assert np.all(np.abs(weight - w1) <= step / 2 + 1e-7)  # conv1's int8 weight is w1's, not w1 scaled
+
+
+def test_undoing_a_chain_of_pairs_restores_the_conv_both_pairs_changed(tmp_path):
+    """x -> conv1 -> Relu -> conv2 -> Relu -> conv3: conv2 is the second of one pair and the first of the next;
+    undone, each weight is the file's own again (the earliest original), not a half-undone one."""
+    from qdq.onnx_in.equalize import _restore, equalize
+    from qdq.onnx_in.prepared import PreparedModel
+    from qdq.targets import resolve_target
+
+    rng = np.random.default_rng(3)
+    spread = (2.0 ** np.arange(8)).astype(np.float32)
+    weights = {"w1": rng.normal(size=(8, 3, 3, 3)) * spread[:, None, None, None] / 16,
+               "w2": rng.normal(size=(8, 8, 1, 1)) / spread[None, :, None, None] * spread[:, None, None, None],
+               "w3": rng.normal(size=(4, 8, 1, 1)) / spread[None, :, None, None]}  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h1"], ["a1"], name="relu1"),
+             helper.make_node("Conv", ["a1", "w2"], ["h2"], name="conv2"),
+             helper.make_node("Relu", ["h2"], ["a2"], name="relu2"),
+             helper.make_node("Conv", ["a2", "w3"], ["y"], name="conv3")]  # fmt: skip
+    inits = [numpy_helper.from_array(w.astype(np.float32), n) for n, w in weights.items()]
+    ends = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", c, 8, 8]) for n, c in (("x", 3), ("y", 4))]
+    graph = helper.make_graph(nodes, "chain", ends[:1], ends[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "chain.onnx"))
+    placement = PreparedModel.load(tmp_path / "chain.onnx").place(resolve_target("onnxruntime"))
+    scalings = equalize(placement.model, placement.view, _data(2, seed=1), progress=False)
+    assert [s.second for s in scalings] == ["conv2", "conv3"]
+    _restore(placement.model, scalings)
+    restored = {t.name: numpy_helper.to_array(t) for t in placement.model.graph.initializer}
+    for name, weight in weights.items():
+        np.testing.assert_array_equal(restored[name], weight.astype(np.float32))

@@ -70,13 +70,14 @@ def settle(model: onnx.ModelProto, view: GraphView, scalings: list[Scaling], ran
     activation at the range the ``chosen`` method gives its own statistics. Where it is not kept, ``model``'s weights
     are put back in place. Returns the scalings kept, the activation and weight ranges to write, and both scores
     (None: not scored)."""
-    quantizers = [_reader(view, s) for s in scalings]
-    if not scalings or not scored or any(q is None or s.histogram is None for q, s in zip(quantizers, scalings)):
+    read = [(q, s.histogram) for s in scalings if (q := _reader(view, s)) is not None and s.histogram is not None]
+    if not read or not scored:  # every pair's reader left float by the stem: nothing int8 to score
         return scalings, ranges, weights, None
     method, options = candidate(chosen)
-    amaxes = [method.compute_amax(s.histogram, **method.resolve_options(options)) for s in scalings]
+    amaxes = [method.compute_amax(histogram, **method.resolve_options(options)) for _, histogram in read]
     if any(amax is None for amax in amaxes):
         return scalings, ranges, weights, None
+    quantizers = [q for q, _ in read]
     plain = onnx.ModelProto()
     plain.CopyFrom(model)
     _restore(plain, scalings)
@@ -103,7 +104,7 @@ def _weights(pair: Pair) -> list[str]:
 def _restore(model: onnx.ModelProto, scalings: Sequence[Scaling]) -> None:
     """The scalings' weights as they were, in ``model``'s initializers."""
     inits = {t.name: t for t in model.graph.initializer}
-    for scaling in scalings:
+    for scaling in reversed(scalings):  # a conv of two pairs (one's second, the next's first): the earliest original
         for name, array in scaling.originals.items():
             _replace(inits[name], array)
 

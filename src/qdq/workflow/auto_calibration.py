@@ -203,6 +203,8 @@ class AutoResult:
             scored = f"{self.equalization[0]:.1f} dB with it, {self.equalization[1]:.1f} dB without"
             stem += (f"; {len(self.equalized)} convolution pair(s) equalized ({scored})" if self.equalized
                      else f"; equalization not kept ({scored})")  # fmt: skip
+        elif self.equalized:
+            stem += f"; {len(self.equalized)} convolution pair(s) equalized"
         bias = ""
         if self.bias_correction is not None and self.bias_base is not None:
             bias = (f"; bias correction {'kept' if self.bias_correction else 'not kept'}: "
@@ -389,7 +391,9 @@ def _settled(model: nn.Module, scalings: list[Scaling], scored: Scored, forward:
     weights = [getattr(module, "weight_quantizer", None) for module in modules]
     quantizers = [q for q, _ in activations] + [w for w in weights if isinstance(w, TensorQuantizer)]
     saved = [(q, None if q.amax is None else q.amax.detach().clone(), q.amax_method) for q in quantizers]
-    equalized = swap_tensors(model, {key: value for s in scalings for key, value in s.originals.items()})
+    # a parameter two pairs changed (a conv without a BatchNorm, second of one pair and first of the next): the
+    # earliest original wins
+    equalized = swap_tensors(model, {key: value for s in reversed(scalings) for key, value in s.originals.items()})
     for (quantizer, _), amax in zip(activations, ranges, strict=True):
         quantizer.amax, quantizer.amax_method = amax, f"{AUTO}: {chosen}"
     for module in modules:
