@@ -32,7 +32,7 @@ from qdq.onnx_in.subgraphs import expose
 from qdq.onnx_in.view import keep_unreached_float, weight_axis
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["Statistics", "collect", "kept_parts", "ort_session", "weight_ranges"]
+__all__ = ["Statistics", "batch_feed", "collect", "kept_parts", "ort_session", "weight_ranges"]
 
 #: with ``held_out``, :func:`collect` keeps at most this many of the first batches when none is held out
 MAX_KEPT = 8
@@ -116,7 +116,7 @@ def collect(
         bar = counter(progress, "calibration", min(filter(None, (num_batches, total)), default=0))
         seen, reached = 0, set()
         for batch in _batches(data, num_batches):
-            feed = _feed(batch, inputs, seen)
+            feed = batch_feed(batch, inputs, seen)
             samples = _samples(feed, batched)
             aside = held_out(seen, len(kept), samples) if held_out is not None else 0
             for part, into in zip(_split(feed, aside, samples), (calibrators, apart)):
@@ -193,7 +193,7 @@ def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOut
     inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     batched, parts = _batched_inputs(model, inputs), []
     for index, batch in enumerate(batches):
-        feed = _feed(batch, inputs, index)
+        feed = batch_feed(batch, inputs, index)
         samples = _samples(feed, batched)
         part, _ = _split(feed, held_out(index, 0, samples), samples)
         parts += [part] if part is not None else []
@@ -236,7 +236,7 @@ def _batches(data: Iterable[Any], limit: int | None) -> Iterable[Any]:
         yield batch
 
 
-def _feed(batch: Any, inputs: list[str], number: int) -> dict[str, np.ndarray]:
+def batch_feed(batch: Any, inputs: list[str], number: int) -> dict[str, np.ndarray]:
     if not isinstance(batch, Mapping):
         if len(inputs) == 1 and hasattr(batch, "shape"):
             return {inputs[0]: np.asarray(batch)}

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized
-from qdq.onnx_in.calibrate import _feed, ort_session, probe_model, weight_ranges
+from qdq.onnx_in.calibrate import batch_feed, ort_session, probe_model, weight_ranges
 from qdq.workflow.auto_calibration import candidate
 from qdq.workflow.equalization import (
     ChannelStats,
@@ -126,7 +126,7 @@ def _measure(model: onnx.ModelProto, view: GraphView, pairs: Sequence[Pair], bat
     with tempfile.TemporaryDirectory(prefix="qdq-equalize-") as folder:
         session = ort_session(probe_model(model, names), Path(folder), threads)
         for number, batch in enumerate(batches):
-            for name, tensor in zip(names, session.run(names, _feed(batch, inputs, number)), strict=True):
+            for name, tensor in zip(names, session.run(names, batch_feed(batch, inputs, number)), strict=True):
                 stats[name].update(np.asarray(tensor))
             bar.update()
     bar.close()

@@ -51,14 +51,13 @@ from qdq.tensor_quant import low_precision_amax
 from qdq.workflow.auto_calibration import AUTO, AutoResult, held_out
 from qdq.workflow.collection import first_batches
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
-from qdq.workflow.equalization import Scaling, equalization_summary
+from qdq.workflow.equalization import MEASURED_BATCHES, Scaling, equalization_summary
 from qdq.workflow.progress import Progress
 
 __all__ = ["OnnxQuantizeResult", "quantize_onnx"]
 
 _TRT_FLOAT_BATCHES = 4  # calibration batches kept for the TensorRT 11 float16 conversion's value ranges
 _BIAS_BATCHES = 8  # calibration batches kept for bias correction (the first ones)
-_EQUALIZATION_BATCHES = 32  # calibration batches equalization measures: a list's first ones (first_batches)
 
 
 @dataclass
@@ -288,7 +287,7 @@ def _first_batches(data: Iterable[Any] | None) -> tuple[Iterable[Any], list[Any]
     and the float16 conversion (:func:`qdq.workflow.collection.first_batches`)."""
     if data is None:
         raise QdqConfigError("quantize_onnx needs calibration data; qdq never calibrates on random data.")
-    data, first = first_batches(data, _EQUALIZATION_BATCHES)
+    data, first = first_batches(data, MEASURED_BATCHES)
     return data, first, first[: max(_TRT_FLOAT_BATCHES, _BIAS_BATCHES)]
 
 

@@ -77,7 +77,7 @@ from qdq.workflow.calibration import load_amax
 from qdq.workflow.collection import ForwardFn, collect_split, default_forward, first_batches, named_quantizers
 from qdq.workflow.diagnostics import CLIPPED_ENERGY_LIMIT, diagnose_statistics
 from qdq.workflow.distributed import all_reduce_sum, unwrap, world_size
-from qdq.workflow.equalization import Scaling, equalize_modules, kept, swap_tensors
+from qdq.workflow.equalization import MEASURED_BATCHES, Scaling, equalize_modules, kept, swap_tensors
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
 from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
@@ -115,8 +115,6 @@ TIE_DB = 0.1
 DESTRUCTIVE_MARGIN_DB = 3.0
 #: how a candidate scored with its biases corrected is labelled: ``"<method> + bias correction"``
 BIAS_CORRECTION = "bias correction"
-#: calibration batches equalization measures: a list's first ones (an iterator's first 8)
-EQUALIZATION_BATCHES = 32
 
 
 def held_out(index: int, taken: int, samples: int | None = None) -> int:
@@ -320,7 +318,7 @@ def select_amax(
     module = unwrap(model)
     equalized: list[Scaling] = []
     if equalize and weight_method is not None and world_size() < 2:  # the weights' ranges are recomputed after it
-        data, first = first_batches(data, min(EQUALIZATION_BATCHES, num_batches or EQUALIZATION_BATCHES))
+        data, first = first_batches(data, min(MEASURED_BATCHES, num_batches or MEASURED_BATCHES))
         view, _ = _traced(model)
         equalized = equalize_modules(model, view, first, forward, progress) if view is not None else []
     held = collect_split(model, data, held_out, num_batches=num_batches, calibrator="histogram", forward_fn=forward,

@@ -57,6 +57,7 @@ from qdq.workflow.progress import Progress, counter
 
 __all__ = [
     "ALPHAS",
+    "MEASURED_BATCHES",
     "MIN_GAIN_DB",
     "SCALE_CAP",
     "UNDO_DB",
@@ -86,6 +87,9 @@ MIN_GAIN_DB = 1.0
 #: scalings 1.0 dB lower in the ONNX door, 0.8 dB in the PyTorch door, while its two evaluation sets of 256 images
 #: gain 1.2-1.3 dB; RESULTS.md, zoo)
 UNDO_DB = 2.0
+#: the calibration batches the activations are measured on: a list's first ones (an iterator's first 8:
+#: :func:`qdq.workflow.collection.first_batches`)
+MEASURED_BATCHES = 32
 #: a channel's scale is at most ``SCALE_CAP ** alpha``
 SCALE_CAP = 32.0
 #: activations ``f`` with ``f(s x) = s f(x)`` for ``s > 0`` (``Clip`` only from 0: module doc)
@@ -136,11 +140,10 @@ def kept(equalized_db: float, plain_db: float) -> bool:
 
 def equalization_pairs(view: GraphView, *, placed: bool = True) -> list[Pair]:
     """Every ``Conv -> [BatchNorm ->] activation -> Conv`` of ``view`` where both convolutions run int8 with weights
-    of their own,
-    the activation is positively homogeneous (:data:`HOMOGENEOUS`), each tensor between them has that one reader and
-    no quantizer, and ``second`` reads the activation through a quantizer of its own. ``placed=False``: the pairs
-    the graph joins so, whatever is quantized (an earlier call's scalings written again into a placement that leaves
-    some of them float: the ranges it reuses were calibrated on the scaled tensors)."""
+    of their own, the activation is positively homogeneous (:data:`HOMOGENEOUS`), each tensor between them has that
+    one reader and no quantizer, and ``second`` reads the activation through a quantizer of its own.
+    ``placed=False``: the pairs the graph joins so, whatever is quantized (an earlier call's scalings written again
+    into a placement that leaves some of them float: the ranges it reuses were calibrated on the scaled tensors)."""
     pairs = []
     for activation in view.ops_of(*HOMOGENEOUS):
         if activation.type == "Clip" and not (activation.attrs.get("min") == 0 and activation.attrs.get("max", 1) > 0):
@@ -187,8 +190,9 @@ class ChannelStats:
         """Add one batch (an empty tensor, from an ``If`` branch the batch did not take, adds nothing)."""
         if tensor.size == 0:
             return
-        channels = np.moveaxis(np.asarray(tensor, np.float64), self.axis, 0).reshape(tensor.shape[self.axis], -1)
-        peak, squares = np.abs(channels).max(axis=1), np.square(channels).sum(axis=1)
+        channels = np.moveaxis(np.asarray(tensor, np.float32), self.axis, 0).reshape(tensor.shape[self.axis], -1)
+        peak = np.maximum(channels.max(axis=1), -channels.min(axis=1)).astype(np.float64)  # no |x| copy
+        squares = np.einsum("ij,ij->i", channels, channels).astype(np.float64)  # no x**2 copy
         self.peak = peak if self.peak is None else np.maximum(self.peak, peak)
         self._squares = squares if self._squares is None else self._squares + squares
         self._count += channels.shape[1]
