@@ -34,7 +34,8 @@ if qd.is_distributed():
     model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 # qd.shard: a DistributedSampler, the same number of batches on every rank (DDP needs it); qat calls set_epoch.
 result = qdq.qat(model, qd.shard(dataset, batch_size=32, shuffle=True), None, epochs=1, lr=0.1, progress=False)
+model = qd.unwrap(model)  # drop the DDP wrapper: it holds the process group that shutdown_distributed destroys
 if qd.is_main_process():  # files on rank 0 only
-    torch.save(qd.unwrap(model).state_dict(), "quantized.pt")
+    torch.save(model.state_dict(), "quantized.pt")
     print(f"QAT loss (mean over ranks): {result.epochs[-1]['loss']:.4f}; wrote quantized.pt")
 qd.shutdown_distributed()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import hashlib
 import itertools
 import math
@@ -155,11 +156,15 @@ def _local_gpu() -> int:
 def shutdown_distributed() -> None:
     """Wait for every rank, then destroy the default process group (no-op without one); call it on every rank.
 
-    The barrier keeps a rank from tearing its connections down while another still uses them.
+    The barrier keeps a rank from tearing its connections down while another still uses them. Drop the
+    ``DistributedDataParallel`` wrappers first (``model = unwrap(model)``): a wrapper holds the group, and a group
+    still alive when the interpreter exits can abort the process while its gloo threads are torn down
+    ("terminate called without an active exception"); the garbage collection here frees what is left of it.
     """
     if is_distributed():
         barrier("shutting down")
         dist.destroy_process_group()
+        gc.collect()
 
 
 def _group_timeout() -> str:
