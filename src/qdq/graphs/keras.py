@@ -13,7 +13,7 @@ This module reads Keras layers by their attributes and imports neither Keras nor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -159,10 +159,13 @@ class LayerPlan:
 
 
 # ------------------------------------------------------------------------------------------- the view
-def build_view(model: Any, plans: Mapping[str, LayerPlan], target: Any) -> GraphView:
+def build_view(model: Any, plans: Mapping[str, LayerPlan], target: Any,
+               inner: Callable[[Any], Any] | None = None) -> GraphView:  # fmt: skip
     """The view of ``model``'s layer graph, with the quantizers of ``plans`` (by layer name) as existing ones.
 
-    Each op's ``ref`` is its layer, or ``(layer, "activation")`` for a weighted layer's own activation."""
+    Each op's ``ref`` is its layer, or ``(layer, "activation")`` for a weighted layer's own activation. ``inner``
+    gives the layer whose kind an op takes (a quantized model's wrapper: the layer it wraps); values and refs stay
+    the model's own layers."""
     view = GraphView("keras", target)
     outputs = {tensor._keras_history.operation.name for tensor in model.outputs}
     handles: dict[Any, object] = {}
@@ -170,7 +173,7 @@ def build_view(model: Any, plans: Mapping[str, LayerPlan], target: Any) -> Graph
         if type(layer).__name__ == "InputLayer":
             view.value(layer.name).graph_output = layer.name in outputs
             continue
-        op = _add_layer(view, layer)
+        op = _add_layer(view, layer, inner(layer) if inner is not None else layer)
         view.value(layer.name).graph_output = layer.name in outputs
         plan = plans.get(layer.name)
         if plan is not None:
@@ -178,11 +181,11 @@ def build_view(model: Any, plans: Mapping[str, LayerPlan], target: Any) -> Graph
     return view
 
 
-def _add_layer(view: GraphView, layer: Any) -> Op:
-    """The layer's op (and its own activation's op after it); returns the layer's first op."""
+def _add_layer(view: GraphView, layer: Any, kind: Any) -> Op:
+    """The layer's op (and its own activation's op after it), of the kind of layer ``kind``; returns the first."""
     inputs = [view.value(parent.name) for parent in producers(layer)]
-    op_type, attrs = _layer_op(layer)
-    activation = activation_name(layer) if op_type in ops.WEIGHTED else "linear"
+    op_type, attrs = _layer_op(kind)
+    activation = activation_name(kind) if op_type in ops.WEIGHTED else "linear"
     output = view.value(layer.name) if activation == "linear" else view.value(f"{layer.name}:linear", boundary=False)
     weights = [view.value(f"{layer.name}.kernel", constant=True)] if op_type in ops.WEIGHTED else []
     op = view.add_op(layer.name, op_type, inputs + weights, [output], attrs=attrs,

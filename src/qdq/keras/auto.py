@@ -4,6 +4,7 @@ outputs, the default of :func:`qdq.keras.calibrate`.
 The PyTorch front end's ``auto`` (:mod:`qdq.workflow.auto_calibration`: the held-out rule, the candidates, the
 fidelity, the choice and the result are that module's) on the Keras front end's own statistics:
 
+0. cross-layer equalization (:mod:`qdq.keras.equalize`) on the first calibration batches, checked at the end (6);
 1. one pass of :func:`qdq.keras.collect_stats` with histograms holds samples out by the shared rule
    (:func:`~qdq.workflow.auto_calibration.held_out`: the last quarter of each batch, along dimension 0 of its
    inputs, of 8 batches at most; a batch that cannot be split, one whole batch in four): their statistics apart,
@@ -19,9 +20,12 @@ fidelity, the choice and the result are that module's) on the Keras front end's 
    (:func:`~qdq.workflow.auto_calibration.destructive`, on the Keras calibrators);
 5. the quantizers whose candidates disagree most may each take another candidate's range where the held-out
    fidelity measurably rises (:mod:`qdq.workflow.refinement`);
-6. each quantizer's method's ranges are set from every sample's statistics, the result is recorded on the model
-   (:func:`qdq.keras.auto_result`), and a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose
-   chosen range the diagnostics call destructive (never chosen silently).
+6. each quantizer's method's ranges are set from every sample's statistics; the equalization is undone where the
+   held-out samples score the model :data:`~qdq.workflow.equalization.UNDO_DB` or more lower with it than with its
+   kernels as they were (each pair's activation at the range the chosen method gives its own histogram:
+   :func:`~qdq.workflow.equalization.kept`); the result is recorded on the model (:func:`qdq.keras.auto_result`),
+   and a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose chosen range the diagnostics call
+   destructive (never chosen silently).
 """
 
 from __future__ import annotations
@@ -34,9 +38,14 @@ from typing import Any
 import numpy as np
 
 from qdq.errors import QdqCalibrationWarning
-from qdq.keras.calibration import CalibrationStats, collect_stats, record_auto, set_ranges
+from qdq.keras.calibration import batches_of, collect_stats, inputs_of, record_auto, set_ranges
+from qdq.keras.equalize import assign, restore
+from qdq.keras.equalize import equalize as equalize_pairs
+from qdq.workflow import equalization
 from qdq.workflow.auto_calibration import AutoResult, candidate, candidates, choose, destructive, held_out
+from qdq.workflow.collection import first_batches
 from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
+from qdq.workflow.equalization import MEASURED_BATCHES, Scaling
 from qdq.workflow.fidelity import FidelityMeter
 from qdq.workflow.refinement import Halves, candidate_score, halves, refine, samples_of
 from qdq.workflow.stem import StemChoice
@@ -56,6 +65,7 @@ def select(
     num_batches: int | None = None,
     num_bins: int | None = None,
     warn: bool = True,
+    equalize: bool = True,
 ) -> tuple[dict[str, float], AutoResult]:
     """``auto`` on a quantized Keras model: set the chosen method's ranges; return them and what every candidate
     scored (see the module docstring). ``data`` is read once.
@@ -66,23 +76,30 @@ def select(
         num_batches: use at most this many batches.
         num_bins: histogram bins (default: :data:`qdq.calib.histogram.DEFAULT_NUM_BINS`).
         warn: warn (:class:`~qdq.errors.QdqCalibrationWarning`) when the chosen ranges clip destructively.
+        equalize: first rescale the channels between two quantized convolutions through their ReLU-like activation
+            where that predicts less output noise (:mod:`qdq.keras.equalize`; the kernels change in place).
 
     Returns:
         ``({"<wrapper>/input_<i>": amax}, AutoResult)``; the result is also :func:`qdq.keras.auto_result(model)
         <qdq.keras.auto_result>`.
     """
-    ranges, result, text = run(model, data, num_batches=num_batches, num_bins=num_bins)
+    ranges, result, text = run(model, data, num_batches=num_batches, num_bins=num_bins, equalize=equalize)
     if warn and text is not None:
         warnings.warn(text, QdqCalibrationWarning, stacklevel=3)
     return ranges, result
 
 
 def run(
-    model: Any, data: Iterable[Any], *, num_batches: int | None = None, num_bins: int | None = None
+    model: Any, data: Iterable[Any], *, num_batches: int | None = None, num_bins: int | None = None,
+    equalize: bool = True,
 ) -> tuple[dict[str, float], AutoResult, str | None]:
     """:func:`select` without the warning: the ranges set, the result, and the clipping warning's text (None when
     the chosen ranges clip nothing destructively)."""
     started = time.perf_counter()
+    scalings: list[Scaling] = []
+    if equalize:
+        data, first = first_batches(batches_of(data), min(MEASURED_BATCHES, num_batches or MEASURED_BATCHES))
+        scalings = equalize_pairs(model, [inputs_of(batch) for batch in first])
     stats = collect_stats(model, data, "histogram", num_batches=num_batches, num_bins=num_bins, held_out=held_out)
     statistics = time.perf_counter()
     named = stats.histograms()  # "<wrapper>/input_<i>" -> the calibrator of the batches not held out
@@ -111,18 +128,49 @@ def run(
     final = {label: stats.ranges(method.name, **options)
              for label in {chosen, *selection.values()} for method, options in [candidate(label)]}  # fmt: skip
     ranges = set_ranges(model, {name: final[selection.get(name, chosen)][name] for name in final[chosen]})
+    histograms = {**stats.histograms(), **{s.handles["quantizer"]: s.histogram for s in scalings}}
+    scalings, equalization_scores = _settled(model, scalings, stats.scored, ranges, chosen)
+    if scalings:  # kept: the statistics are those of the rescaled activations
+        histograms = stats.histograms()
     result = AutoResult(chosen, scores, clipping, len(stats.scored), was_held_out,
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
-                        refinement=refinement, stem=StemChoice(skipped=STEM_REFUSED))  # fmt: skip
+                        refinement=refinement, stem=StemChoice(skipped=STEM_REFUSED), equalized=scalings,
+                        equalization=equalization_scores)  # fmt: skip
     record_auto(model, result)
-    return ranges, result, clipping_warning(stats, ranges, f"auto: {chosen}")
+    return ranges, result, clipping_warning(histograms, ranges, f"auto: {chosen}")
 
 
-def clipping_warning(stats: CalibrationStats, ranges: Mapping[str, float], label: str) -> str | None:
+def _settled(model: Any, scalings: list[Scaling], scored: Sequence[tuple[Any, list[np.ndarray]]],
+             ranges: dict[str, float], chosen: str) -> tuple[list[Scaling], tuple[float, float] | None]:
+    """Equalization kept unless the held-out samples clearly score it lower (:func:`~qdq.workflow.equalization.kept`):
+    the model as it is against its kernels as they were, each pair's activation at the range the chosen method gives
+    its own histogram (the kernels' ranges follow them). ``ranges`` is updated where it is undone. Returns the
+    scalings kept and both scores (None where nothing was scored)."""
+    if not scalings or not scored:
+        return scalings, None
+    method, options = candidate(chosen)
+    plain_ranges = {s.handles["quantizer"]: method.compute_amax(s.histogram, **method.resolve_options(options))
+                    for s in scalings}  # fmt: skip
+    if any(amax is None for amax in plain_ranges.values()):
+        return scalings, None
+    with_it = _meter(model, scored).score()
+    equalized = restore(scalings)
+    set_ranges(model, {name: float(amax) for name, amax in plain_ranges.items()})
+    plain = _meter(model, scored).score()
+    if not equalization.kept(with_it, plain):
+        ranges.update({name: float(amax) for name, amax in plain_ranges.items()})
+        return [], (with_it, plain)
+    assign(scalings, equalized)
+    set_ranges(model, {name: ranges[name] for name in plain_ranges})
+    return scalings, (with_it, plain)
+
+
+def clipping_warning(histograms: Mapping[str, Any], ranges: Mapping[str, float], label: str) -> str | None:
     """The clipping warning (:meth:`qdq.workflow.diagnostics.CalibrationReport.warning_text`) for ``ranges``
-    against ``stats``, each quantizer's method named ``label``; None when no range clips destructively."""
+    against ``histograms`` (the quantizers' calibrators, by range name), each quantizer's method named ``label``;
+    None when no range clips destructively."""
     rows = [diagnose_statistics(name, calibrator, ranges[name], label) for name, calibrator in
-            stats.histograms().items() if name in ranges]  # fmt: skip
+            histograms.items() if name in ranges]  # fmt: skip
     text = CalibrationReport([row for row in rows if row is not None]).warning_text()
     return None if text is None else text.replace("qdq.calibration_report(model) lists every quantizer",
                                                   "qdq.keras.auto_result(model).clipping lists them")  # fmt: skip

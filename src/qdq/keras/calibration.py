@@ -37,9 +37,11 @@ __all__ = [
     "CALIBRATION_METHODS",
     "CalibrationStats",
     "auto_result",
+    "batches_of",
     "calibrate",
     "collect_stats",
     "forget_traced_functions",
+    "inputs_of",
     "set_ranges",
     "statistics_method",
 ]
@@ -91,6 +93,7 @@ def calibrate(
     num_batches: int | None = None,
     percentile: float | None = None,
     num_bins: int | None = None,
+    equalize: bool = True,
 ) -> dict[str, float]:
     """Set the activation ranges of ``model`` (from :func:`qdq.keras.quantize_model`) from ``data``.
 
@@ -109,6 +112,10 @@ def calibrate(
             ignored by ``"auto"``, whose candidates take their defaults.
         num_bins: histogram bins, for a calibrator that takes them (default:
             :data:`qdq.calib.histogram.DEFAULT_NUM_BINS`).
+        equalize: with ``"auto"``, first rescale the channels between two quantized convolutions through their
+            ReLU-like activation where that predicts less output noise (:mod:`qdq.keras.equalize`: the kernels,
+            or a BatchNormalization's gamma and beta, change in place; undone where the held-out samples clearly
+            score it lower).
 
     Returns:
         ``{"<wrapper>/input_<i>": amax}`` for every range set.
@@ -126,7 +133,7 @@ def calibrate(
     if chosen.model_level:
         from qdq.keras.auto import select
 
-        ranges, _ = select(model, data, num_batches=num_batches, num_bins=num_bins)
+        ranges, _ = select(model, data, num_batches=num_batches, num_bins=num_bins, equalize=equalize)
         return ranges
     stats = collect_stats(model, data, chosen.calibrator, num_batches=num_batches, num_bins=num_bins)
     options = {"percentile": percentile} if percentile is not None and "percentile" in chosen.options else {}
@@ -343,13 +350,15 @@ def _targets(tensors: list[Any], calibrators: dict[tuple, Any]) -> list[list[Any
     return [by_tensor.get(id(tensor), []) for tensor in tensors]
 
 
-def _batches(data: Any) -> Iterable[Any]:
+def batches_of(data: Any) -> Iterable[Any]:
+    """``data`` as batches: one array split into batches of 32, anything else as it is."""
     if isinstance(data, np.ndarray):
         return (data[i : i + 32] for i in range(0, len(data), 32))
     return data
 
 
-def _inputs_of(batch: Any) -> Any:
+def inputs_of(batch: Any) -> Any:
+    """A batch's model inputs: the first of an ``(inputs, labels[, weights])`` tuple, else the batch."""
     if isinstance(batch, tuple) and len(batch) in (2, 3):
         return batch[0]
     return batch
@@ -368,7 +377,7 @@ def _collect(
     inputs and float outputs go to ``stats.scored``."""
     from qdq.keras.wrappers import wrappers_of
 
-    if isinstance(data, (str, bytes)) or not hasattr(_batches(data), "__iter__"):
+    if isinstance(data, (str, bytes)) or not hasattr(batches_of(data), "__iter__"):
         raise QdqTypeError(f"calibrate needs an iterable of batches, got {type(data).__name__}.")
     probe = _probe_of(model, tensors)
     targets = {id(c): _targets(tensors, c) for c in (stats.calibrators, stats.held_out)}
@@ -381,8 +390,8 @@ def _collect(
     kept: list[tuple[Any, list[np.ndarray]]] = []
     first: list[tuple[Any, list[np.ndarray]]] = []
     try:
-        for batch in itertools.islice(_batches(data), limit):
-            inputs = _inputs_of(batch)
+        for batch in itertools.islice(batches_of(data), limit):
+            inputs = inputs_of(batch)
             aside = held_out(count, len(kept), _samples(inputs, batched)) if held_out is not None else 0
             for part, into in zip(_split(inputs, aside), (stats.calibrators, stats.held_out)):
                 if part is None:

@@ -14,6 +14,7 @@ from typing import Any
 from qdq.calib.methods import CALIBRATION_METHODS
 from qdq.errors import QdqCalibrationWarning
 from qdq.keras.calibration import collect_stats, forget_traced_functions, keras_method, record_auto, set_ranges
+from qdq.keras.equalize import assign, restore
 from qdq.workflow.auto_calibration import AutoResult
 from qdq.workflow.collection import check_reiterable
 from qdq.workflow.post_training import DEFAULT_PERCENTILES, MethodResult, PTQResult, method_grid, ptq_statistics
@@ -55,8 +56,9 @@ def ptq(
     read when called); one histogram pass serves those that read histograms, a method that reads other statistics
     gets a pass for them. ``"auto"`` (:mod:`qdq.keras.auto`: the method whose outputs stay closest to the float
     model's on held-out calibration batches) runs its own pass, so ``calib_data`` must then be re-iterable (a
-    list, an array, a ``tf.data.Dataset``); its row's ``quantizer_methods`` read ``"auto: <method>"``. Another
-    model-level method is refused before any work.
+    list, an array, a ``tf.data.Dataset``); its row's ``quantizer_methods`` read ``"auto: <method>"``. Its
+    equalization of the kernels is kept only where it wins: the methods scored after it, and the model returned when
+    another wins, have the kernels as given. Another model-level method is refused before any work.
 
     Returns:
         A :class:`~qdq.workflow.post_training.PTQResult`; the model is left with the best method's ranges (when
@@ -77,13 +79,13 @@ def ptq(
         float_score = float(eval_fn(model))
     passes = {kind: collect_stats(model, calib_data, kind, num_batches=num_batches) for kind in kinds}
     results: list[MethodResult[float]] = []
-    autos: dict[int, tuple[AutoResult, str | None]] = {}  # result index -> auto's result and its clipping warning
+    autos: dict[int, tuple[AutoResult, str | None, dict]] = {}  # index -> auto's result, warning, equalized kernels
     for method, options in grid:
         if method.model_level:
             ranges, auto, text = run(model, calib_data, num_batches=num_batches)
-            autos[len(results)] = (auto, text)
             used: dict[str, str | None] = dict.fromkeys(ranges, f"auto: {auto.chosen}")
             results.append(MethodResult(method.name, options, float(eval_fn(model)), ranges, quantizer_methods=used))
+            autos[len(results) - 1] = (auto, text, restore(auto.equalized))
             continue
         stats = passes[ptq_statistics(method)]
         ranges = stats.load(method.name, **options)
@@ -92,7 +94,8 @@ def ptq(
     best = results[best_at]
     set_ranges(model, best.amax)
     if best_at in autos:
-        auto, text = autos[best_at]
+        auto, text, equalized = autos[best_at]
+        assign(auto.equalized, equalized)
         record_auto(model, auto)
         if text is not None:
             warnings.warn(text, QdqCalibrationWarning, stacklevel=2)

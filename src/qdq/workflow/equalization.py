@@ -31,7 +31,7 @@ s_c``, above its calibration peak ``m_c``.
 What each front end does: find the pairs in its view (:func:`equalization_pairs`), measure the activation's
 per-channel peaks and mean squares (:class:`ChannelStats`), plan, and write :func:`scaled_first` /
 :func:`scaled_second` into its weights: :func:`equalize_modules` for PyTorch models (before ``auto`` collects its
-statistics), :mod:`qdq.onnx_in.equalize` for ONNX files. Keras models are not equalized.
+statistics), :mod:`qdq.onnx_in.equalize` for ONNX files, :mod:`qdq.keras.equalize` for Keras models.
 """
 
 from __future__ import annotations
