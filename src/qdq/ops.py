@@ -63,9 +63,11 @@ def _step_and_tiny(amax: torch.Tensor, max_bound: int) -> tuple[torch.Tensor, to
 _ROUNDER = 1.5 * 2.0**23
 
 
-def round_to_grid(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
-    """``clamp(round_half_to_even(x / step), qmin, qmax)`` as a new float32 tensor: ONNX's QuantizeLinear
-    with zero point 0, for any ``step`` broadcastable to ``x``. Multiply by ``step`` to dequantize.
+def round_to_grid(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int, *,
+                  out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """``clamp(round_half_to_even(x / step), qmin, qmax)`` as a new float32 tensor (or into ``out``, a float32 tensor
+    of the broadcast shape): ONNX's QuantizeLinear with zero point 0, for any ``step`` broadcastable to ``x``.
+    Multiply by ``step`` to dequantize.
 
     Rounding adds and subtracts ``1.5 * 2**23`` after the clamp: every value is then within
     ``[-2**15, 2**15]``, where the float32 addition itself rounds to the nearest integer, ties to even
@@ -75,7 +77,7 @@ def round_to_grid(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int) -> 
     the addition into one pass, but its CPU kernel does not vectorise a broadcast scalar step: several times
     slower, benchmarks/RESULTS.md, code_figures.)
     """
-    return torch.div(x.float(), step.float()).clamp_(qmin, qmax).add_(_ROUNDER).sub_(_ROUNDER)
+    return torch.div(x.float(), step.float(), out=out).clamp_(qmin, qmax).add_(_ROUNDER).sub_(_ROUNDER)
 
 
 def _quantize_aten(x: torch.Tensor, amax: torch.Tensor, qmin: int, qmax: int, dequantize: bool) -> torch.Tensor:

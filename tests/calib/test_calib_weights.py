@@ -168,3 +168,18 @@ def test_lstm_fused_weights_are_calibrated_per_layer_and_direction():
         np.testing.assert_array_equal(got.reshape(-1), np.abs(fused).max(axis=1))
     fused = np.concatenate([cell.weight_ih.detach().numpy(), cell.weight_hh.detach().numpy()], axis=1)
     np.testing.assert_array_equal(cell._weight_quantizer.amax.numpy().reshape(-1), np.abs(fused).max(axis=1))
+
+
+def test_mse_of_a_depthwise_weight_equals_the_oracle_on_each_of_its_many_channels():
+    """96 channels of 9 taps, their scales spread over 2**-6 .. 2**6: each channel fills a few bins of its own
+    histogram, at positions that differ between channels (the search reads each channel's own bins)."""
+    generator = torch.Generator().manual_seed(0)
+    conv = quantized(nn.Conv2d(96, 96, 3, groups=96), (0,))
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(96, 1, 3, 3, generator=generator)
+                          * 2.0 ** torch.linspace(-6, 6, 96).view(-1, 1, 1, 1))  # fmt: skip
+    calibrate_weights(conv, method="mse", num_bins=512)
+    amax = conv.weight_quantizer.amax.reshape(-1)
+    for c in range(96):
+        expected = ref.mse_amax(conv.weight[c].detach().numpy(), num_bins=512)
+        assert float(amax[c]) == pytest.approx(expected, rel=1e-6), c

@@ -289,13 +289,14 @@ def _mse_bins(
     counts2d = counts2d[:, :longest]
     device = counts2d.device
     centres = ((torch.arange(longest, dtype=torch.float64, device=device) + 0.5) * widths[:, None]).float()
-    filled = torch.nonzero(counts2d.any(0)).squeeze(1)  # bins non-empty in some channel
-    values, weights = _take(centres, filled), _take(counts2d, filled).to(torch.float64)
+    values, weights = _filled(centres, counts2d)
     grid = torch.arange(start_bin, longest, stride, device=device)
-    rows = _chunk_rows(device, counts2d.shape[0] * len(filled))
+    rows = _chunk_rows(device, values.numel())
+    scratch: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+    exact = values.to(torch.float64)
     errors = torch.cat(
         [
-            _quant_errors(centres[:, grid[s : s + rows]], values, weights, max_bound, qmin)
+            _quant_errors(centres[:, grid[s : s + rows]], (values, exact), weights, max_bound, qmin, scratch)
             for s in range(0, len(grid), rows)
         ],
         dim=1,
@@ -306,15 +307,35 @@ def _mse_bins(
     return torch.where(used - 1 >= start_bin, chosen, positions)
 
 
+def _filled(centres: torch.Tensor, counts2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each channel's non-empty bins, in bin order: their centres and float64 counts, ``(C, F)`` with ``F`` the most
+    any channel has (a channel with fewer is padded with weight 0). Per channel, not the bins non-empty in some
+    channel: per-channel weights fill few bins each, at bin positions that differ from channel to channel."""
+    filled = counts2d > 0
+    width = max(int(filled.sum(1).max()), 1)
+    order = torch.sort(filled.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :width]
+    return torch.gather(centres, 1, order), torch.gather(counts2d, 1, order).to(torch.float64)
+
+
 def _quant_errors(
-    amax: torch.Tensor, values: torch.Tensor, weights: torch.Tensor, max_bound: int, qmin: int
+    amax: torch.Tensor, values: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor, max_bound: int, qmin: int,
+    scratch: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]],
 ) -> torch.Tensor:
     """``sum_j weights_cj * (fq(values_cj; amax_cr) - values_cj)**2`` per channel and candidate (float64).
 
-    ``amax`` is ``(C, R)`` candidates, ``values`` / ``weights`` are ``(C, F)``; fake quantization is qdq's
-    (:func:`qdq.ops.round_to_grid` with :func:`qdq.ops.quant_step`), in float32.
+    ``amax`` is ``(C, R)`` candidates, ``values`` ``(C, F)`` in float32 and float64, ``weights`` ``(C, F)``; fake
+    quantization is qdq's
+    (:func:`qdq.ops.round_to_grid` with :func:`qdq.ops.quant_step`), in float32. ``scratch`` keeps the two
+    ``(C, R, F)`` buffers between calls, by shape: a search of thousands of chunks allocating them each time grew
+    the heap by gigabytes (glibc's adaptive mmap threshold keeps freed chunks of that size).
     """
+    single, exact = values
     step = ops.quant_step(amax, max_bound)[:, :, None]
-    fq = ops.round_to_grid(values[:, None, :], step, qmin, max_bound).mul_(step)
-    diff = fq.to(torch.float64).sub_(values[:, None, :].to(torch.float64))
+    shape = (single.shape[0], amax.shape[1], single.shape[1])
+    if shape not in scratch:
+        scratch[shape] = (torch.empty(shape, dtype=torch.float32, device=single.device),
+                          torch.empty(shape, dtype=torch.float64, device=single.device))  # fmt: skip
+    fq, diff = scratch[shape]
+    ops.round_to_grid(single[:, None, :], step, qmin, max_bound, out=fq).mul_(step)
+    diff.copy_(fq).sub_(exact[:, None, :])
     return torch.einsum("crf,cf->cr", diff.square_(), weights)

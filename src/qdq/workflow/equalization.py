@@ -83,9 +83,8 @@ ALPHAS = (0.25, 0.5)
 #: the predicted drop of ``second``'s output noise (dB) a scaling must reach to be applied
 MIN_GAIN_DB = 1.0
 #: the held-out loss (dB) against the model as it was that undoes the scalings: the noise model predicted a gain for
-#: each, so the few held-out samples overrule it only by a clear margin (MobileNetV2's 8 held-out images score its 31
-#: scalings 1.0 dB lower in the ONNX door, 0.8 dB in the PyTorch door, while its two evaluation sets of 256 images
-#: gain 1.2-1.3 dB; RESULTS.md, zoo)
+#: each, so the few held-out samples overrule it only by a clear margin (the measurement behind this figure:
+#: benchmarks/RESULTS.md, zoo, equalization's held-out check)
 UNDO_DB = 2.0
 #: the calibration batches the activations are measured on: a list's first ones (an iterator's first 8:
 #: :func:`qdq.workflow.collection.first_batches`)
