@@ -55,7 +55,7 @@ def equalize(model: Any, batches: Sequence[Any]) -> list[Scaling]:
     measured on ``batches`` (model inputs) with every wrapper bypassed; the variables are rewritten in place.
     Each :class:`~qdq.workflow.equalization.Scaling` holds the variables as they were (:func:`restore`), the
     activation's histogram and the name of the range that reads it (``"<wrapper>/input_0"``)."""
-    from qdq.keras.wrappers import wrappers_of
+    from qdq.keras.post_training import bypassed
 
     view = quantized_view(model)
     pairs = [(pair, layers) for pair in equalization_pairs(view) if (layers := _layers(pair)) is not None]
@@ -65,17 +65,11 @@ def equalize(model: Any, batches: Sequence[Any]) -> list[Scaling]:
                                                                            unsigned=levels_of(view, pair) > 127))
              for pair, layers in pairs]  # fmt: skip
     probe = keras().Model(model.inputs, [model.get_layer(pair.value).output for pair, _ in pairs])
-    wrappers = wrappers_of(model)
-    for wrapper in wrappers:
-        wrapper.bypass = True
-    try:
+    with bypassed(model):
         for batch in batches:
             values = probe.predict_on_batch(batch)
             for into, value in zip(stats, values if isinstance(values, list | tuple) else [values], strict=True):
                 into.update(np.asarray(value, np.float32))
-    finally:
-        for wrapper in wrappers:
-            wrapper.bypass = False
     scalings = []
     for (pair, (first, norm, second)), measured in zip(pairs, stats, strict=True):
         weight, groups = _torch_kernel(second.layer)
