@@ -528,3 +528,25 @@ def test_the_default_is_auto_every_candidate_scored_and_bias_correction_kept_onl
     plain = qdq.quantize_onnx(float_path, data, tmp_path / "plain.onnx", target="onnxruntime", bias_correction=False,
                               progress=False)  # fmt: skip
     assert plain.auto.bias_correction is None and not plain.bias_shifts and plain.auto.chosen == auto.chosen
+
+
+@pytest.mark.parametrize("weight_method", ["mse", "percentile"])
+def test_a_weight_method_sets_each_output_channels_step_from_its_own_values(tmp_path, weight_method):
+    """``weight_method`` on a conv of 16 channels whose scales differ by 2**8: each channel's step is the numpy
+    oracle's range of that channel over 127 (percentile at its default, 99.99; the histograms' 4096 bins)."""
+    import histogram_reference as ref
+    from qdq.calib.histogram import DEFAULT_NUM_BINS
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 16, 3)
+    with torch.no_grad():
+        conv.weight.mul_(2.0 ** torch.linspace(-4, 4, 16).view(-1, 1, 1, 1))
+    path = tmp_path / "conv.onnx"
+    export(nn.Sequential(conv, nn.ReLU()).eval(), torch.zeros(1, 3, 8, 8), path, names=("x", "y"))
+    result = qdq.quantize_onnx(path, batches((2, 3, 8, 8), name="x"), tmp_path / "int8.onnx", target="tensorrt",
+                               method="max", weight_method=weight_method, progress=False)  # fmt: skip
+    [site] = [s for s in qdq_sites(onnx.load(str(result.path))) if s.axis is not None]
+    for c, values in enumerate(conv.weight.detach().numpy()):
+        expected = (ref.mse_amax(values.ravel(), num_bins=DEFAULT_NUM_BINS) if weight_method == "mse" else
+                    ref.percentile_amax(values.ravel(), 99.99, num_bins=DEFAULT_NUM_BINS))  # fmt: skip
+        assert float(site.step[c]) * 127 == pytest.approx(expected, rel=1e-5), c
