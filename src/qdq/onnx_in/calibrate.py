@@ -11,6 +11,7 @@ around a MaxPool) collects all of them. Weights are ranged from the weights them
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from qdq.onnx_in.subgraphs import expose
 from qdq.onnx_in.view import keep_unreached_float, weight_axis
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["Statistics", "batch_feed", "collect", "kept_parts", "ort_session", "weight_ranges"]
+__all__ = ["Statistics", "WeightCache", "batch_feed", "collect", "kept_parts", "ort_session", "weight_ranges"]
 
 #: with ``held_out``, :func:`collect` keeps at most this many of the first batches when none is held out
 MAX_KEPT = 8
@@ -150,8 +151,15 @@ def collect(
     return statistics
 
 
-def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") -> dict[int, np.ndarray]:
-    """The per-channel float32 amax of every weight quantizer of ``view`` (``method``: a weight method)."""
+WeightCache = dict[tuple[str, int, str, bytes], np.ndarray]
+"""Weight ranges already computed in one ``quantize_onnx`` call, by (method, axis, initializer name, digest of its
+values): the stem's trials, equalization's check and the file written read the same weights again."""
+
+
+def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max",
+                  cache: WeightCache | None = None) -> dict[int, np.ndarray]:  # fmt: skip
+    """The per-channel float32 amax of every weight quantizer of ``view`` (``method``: a weight method); ``cache``
+    keeps those computed (a weight whose values changed, equalized, is computed again)."""
     chosen = get_method(method)
     if not chosen.weights:
         raise QdqConfigError(f"method {method!r} cannot set a weight's range; use 'max', 'mse' or 'percentile'.")
@@ -163,11 +171,17 @@ def weight_ranges(model: onnx.ModelProto, view: GraphView, method: str = "max") 
         site = quantizer.sites[0]
         weight = numpy_helper.to_array(inits[site.value.name]).astype(np.float32)
         axis = weight_axis(site.input_reader, site.index) % weight.ndim
+        key = (method, axis, site.value.name, hashlib.blake2b(weight.tobytes(), digest_size=16).digest())
+        if cache is not None and key in cache:
+            found[id(quantizer)] = cache[key]
+            continue
         channels = np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1)
         calibrator = make_calibrator(chosen.calibrator, axis=0)
         calibrator.collect(torch.from_numpy(np.ascontiguousarray(channels)))
         amax = chosen.compute_amax(calibrator, **chosen.resolve_options({}))
         found[id(quantizer)] = np.asarray(amax.detach().numpy(), np.float32).reshape(-1)
+        if cache is not None:
+            cache[key] = found[id(quantizer)]
     return found
 
 

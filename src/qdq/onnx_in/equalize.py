@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized
-from qdq.onnx_in.calibrate import batch_feed, ort_session, probe_model, weight_ranges
+from qdq.onnx_in.calibrate import WeightCache, batch_feed, ort_session, probe_model, weight_ranges
 from qdq.workflow.auto_calibration import candidate
 from qdq.workflow.equalization import (
     ChannelStats,
@@ -63,13 +63,14 @@ def equalize(model: onnx.ModelProto, view: GraphView, batches: Sequence[Any], *,
 
 def settle(model: onnx.ModelProto, view: GraphView, scalings: list[Scaling], ranges: dict[int, np.ndarray],
            weights: dict[int, np.ndarray], scored: Sequence[Any], chosen: str, weight_method: str,
-           threads: int | None = None) -> tuple[list[Scaling], dict[int, np.ndarray], dict[int, np.ndarray],
-                                                tuple[float, float] | None]:  # fmt: skip
+           threads: int | None = None, cache: WeightCache | None = None
+           ) -> tuple[list[Scaling], dict[int, np.ndarray], dict[int, np.ndarray],
+                      tuple[float, float] | None]:  # fmt: skip
     """Equalization kept unless the held-out samples clearly score it lower (:func:`qdq.workflow.equalization.kept`):
     ``model`` at its ``ranges`` (activations) and ``weights`` against its weights as they were, each pair's
     activation at the range the ``chosen`` method gives its own statistics. Where it is not kept, ``model``'s weights
-    are put back in place. Returns the scalings kept, the activation and weight ranges to write, and both scores
-    (None: not scored)."""
+    are put back in place (``cache``: the call's weight ranges, :data:`qdq.onnx_in.calibrate.WeightCache`). Returns
+    the scalings kept, the activation and weight ranges to write, and both scores (None: not scored)."""
     read = [(q, s.histogram) for s in scalings if (q := _reader(view, s)) is not None and s.histogram is not None]
     if not read or not scored:  # every pair's reader left float by the stem: nothing int8 to score
         return scalings, ranges, weights, None
@@ -83,12 +84,12 @@ def settle(model: onnx.ModelProto, view: GraphView, scalings: list[Scaling], ran
     _restore(plain, scalings)
     plain_ranges = {**ranges, **{id(q): np.asarray(amax, np.float32) for q, amax in zip(quantizers, amaxes)}}
     scores = (Quantized(model, view, {**ranges, **weights}, threads).meter(list(scored)).score(),
-              Quantized(plain, view, {**plain_ranges, **weight_ranges(plain, view, weight_method)},
+              Quantized(plain, view, {**plain_ranges, **weight_ranges(plain, view, weight_method, cache)},
                         threads).meter(list(scored)).score())  # fmt: skip
     if kept(*scores):
         return scalings, ranges, weights, scores
     _restore(model, scalings)
-    return [], plain_ranges, weight_ranges(model, view, weight_method), scores
+    return [], plain_ranges, weight_ranges(model, view, weight_method, cache), scores
 
 
 def _reader(view: GraphView, scaling: Scaling) -> Any:

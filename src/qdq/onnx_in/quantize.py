@@ -38,7 +38,7 @@ from qdq.graphs import ops as vocab
 from qdq.markdown import markdown_table
 from qdq.onnx_in import auto as auto_ranges
 from qdq.onnx_in.bias_correction import BiasShift, correct_biases
-from qdq.onnx_in.calibrate import Statistics, collect, kept_parts, weight_ranges
+from qdq.onnx_in.calibrate import Statistics, WeightCache, collect, kept_parts, weight_ranges
 from qdq.onnx_in.equalize import equalize as equalize_pairs
 from qdq.onnx_in.equalize import settle
 from qdq.onnx_in.materialize import quantizer_names
@@ -232,7 +232,7 @@ def quantize_onnx(
         calibration_method.model_level if equalize is None else equalize) else [], threads, progress, equalized)
     ranges = values_ranges(view, value_ranges)
     batches, calibration = 0, CalibrationReport()
-    weights = weight_ranges(proto, view, weight_method)
+    weights = weight_ranges(proto, view, weight_method, weight_cache := WeightCache())  # the call's: computed once
     auto: AutoResult | None = None
     fit: list[Any] = []
     label = calibration_method.label(method_options)
@@ -249,7 +249,8 @@ def quantize_onnx(
         label = f"auto: {auto.chosen}" if auto else label
         calibration = _clipping(view, statistics, ranges, label)
         if auto is not None:
-            placing = Placing(keep_float, float_values, nonnegative, kept, weight_method, threads, progress)
+            placing = Placing(keep_float, float_values, nonnegative, kept, weight_method, threads, progress,
+                              weight_cache)  # fmt: skip
             placement, ranges, weights = _stem(auto, source, placement, placing, ranges, statistics, weights)
             view = placement.view
             scalings, ranges, weights = _settled(auto, placement, scalings, ranges, weights, statistics, placing)
@@ -306,7 +307,7 @@ def _settled(auto: AutoResult, placement: Placement, scalings: list[Scaling], ra
     ``auto.equalized`` and ``auto.equalization``): the scalings kept, the activation and weight ranges to write."""
     kept, ranges, weights, auto.equalization = settle(placement.model, placement.view, scalings, ranges, weights,
                                                       statistics.scored, auto.chosen, placing.weight_method,
-                                                      placing.threads)  # fmt: skip
+                                                      placing.threads, placing.weight_cache)  # fmt: skip
     auto.equalized = kept
     return kept, ranges, weights
 
@@ -319,8 +320,8 @@ def _stem(auto: AutoResult, source: PreparedModel, placement: Placement, placing
     if stemmed is None:
         return placement, ranges, weights
     view, ranges = stemmed
-    return Placement(placement.model, view, placement.target), ranges, weight_ranges(placement.model, view,
-                                                                                      placing.weight_method)
+    return Placement(placement.model, view, placement.target), ranges, weight_ranges(
+        placement.model, view, placing.weight_method, placing.weight_cache)
 
 
 def _write_options(target_options: Mapping[str, Any] | None, kept: Sequence[Any]) -> dict[str, Any]:

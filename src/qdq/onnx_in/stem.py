@@ -9,14 +9,14 @@ The trials are scored with the final ranges and without bias correction, the sam
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized, Scored
-from qdq.onnx_in.calibrate import weight_ranges
+from qdq.onnx_in.calibrate import WeightCache, weight_ranges
 from qdq.onnx_in.prepared import Placement, PreparedModel, activation_values, ranges_by_value, values_ranges
 from qdq.onnx_in.view import keep_unreached_float
 from qdq.targets import Target
@@ -38,6 +38,7 @@ class Placing:
     weight_method: str
     threads: int | None
     progress: Progress
+    weight_cache: WeightCache = field(default_factory=dict)  # the call's weight ranges, computed once each
 
 
 #: the reason ``float_ops`` gives for an op of the stem left float
@@ -69,7 +70,8 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
             found = trials[key]
             sessions[key] = None if found is None else Quantized(
                 placement.model, found[0],
-                {**found[1], **weight_ranges(placement.model, found[0], placing.weight_method)}, placing.threads)
+                {**found[1], **weight_ranges(placement.model, found[0], placing.weight_method,
+                                             placing.weight_cache)}, placing.threads)  # fmt: skip
         bar.update()
         session = sessions[key]
         if parts is None or session is None:
