@@ -14,7 +14,7 @@ This module reads Keras layers by their attributes and imports neither Keras nor
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from qdq.graphs import ops
@@ -148,14 +148,6 @@ class LayerPlan:
         if not self.quantize_inputs:
             return ()
         return tuple(range(n_inputs)) if self.input_indices is None else self.input_indices
-
-    def with_input(self, position: int, n_inputs: int) -> LayerPlan:
-        """This plan with input ``position`` quantized too."""
-        present = self.positions(n_inputs)
-        if position in present:
-            return self
-        indices = tuple(sorted((*present, position)))
-        return replace(self, quantize_inputs=True, input_indices=None if len(indices) == n_inputs else indices)
 
 
 # ------------------------------------------------------------------------------------------- the view
