@@ -45,6 +45,8 @@ class FusionFacts:
         int8_data_movers: ops run on int8 data directly when the DQ before and the Q after share parameters.
         layout_ops: ops that only move data (the runtime adds them around its kernels); graph walks look
             through them.
+        mover_modes: data mover -> the values of its ``mode`` attribute the runtime moves on int8 data (a mover
+            not listed: every mode). ONNX Runtime resizes int8 data only in ``nearest`` mode.
     """
 
     int8_forms: Mapping[str, tuple[str, tuple[int, ...] | None]]
@@ -53,9 +55,17 @@ class FusionFacts:
     folded_activations: frozenset[str]
     int8_data_movers: frozenset[str] = frozenset()
     layout_ops: frozenset[str] = frozenset()
+    mover_modes: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "int8_forms", MappingProxyType(dict(self.int8_forms)))
+        object.__setattr__(self, "mover_modes", MappingProxyType(dict(self.mover_modes)))
+
+    def moves_int8(self, op_type: str, mode: str | None) -> bool:
+        """Does the runtime run an ``op_type`` node of this ``mode`` attribute (None: the default) on int8 data,
+        given a DQ before it and a Q after it with the same parameters?"""
+        modes = self.mover_modes.get(op_type)
+        return op_type in self.int8_data_movers and (modes is None or (mode or "nearest") in modes)
 
     def fuses(self, op_type: str) -> bool:
         """Does the runtime have an int8 kernel for ``op_type`` between DQ and Q?"""

@@ -231,6 +231,13 @@ def _key(node: ir.Node) -> str:
     return f"{node.domain or 'ai.onnx'}:{node.op_type}"
 
 
+def _mode(node: ir.Node) -> str:
+    """``node``'s ``mode`` attribute (Resize's default, ``nearest``, where it has none)."""
+    attr = node.attributes.get("mode")
+    value = attr.value if attr is not None else "nearest"
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _label(node: ir.Node) -> str:
     return f"{node.op_type} (NCHWc)" if node.domain == "com.microsoft.nchwc" else node.op_type
 
@@ -343,6 +350,12 @@ class _Explainer:
             return ("ORT folds it into the int8 op before it only when the next Q's zero point is the type's minimum "
                     "(asymmetric activations)")  # fmt: skip
         if op.op_type in self.facts.int8_data_movers:
+            mode, data = _mode(op), op.inputs[0]
+            if data is not None and not self._is_dequantized(data):
+                return f"input {name_of(data, '')} is not dequantized from int8"
+            if not self.facts.moves_int8(op.op_type, mode):
+                allowed = " or ".join(sorted(self.facts.mover_modes.get(op.op_type, ())))
+                return f"ONNX Runtime runs {op.op_type} on int8 data only in {allowed} mode (this one: {mode})"
             return "no Q with the same scale and zero point around it, so it cannot run on int8"
         if not self.facts.fuses(op.op_type):
             return "ONNX Runtime's CPU provider has no int8 kernel for it"

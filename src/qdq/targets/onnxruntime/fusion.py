@@ -43,4 +43,5 @@ ONNXRUNTIME_FUSION = FusionFacts(
     folded_activations=frozenset({"Relu", "Clip"}),
     int8_data_movers=frozenset({"MaxPool", "Resize", "Slice", "Gather", "Split", "Pad", "DepthToSpace"}),
     layout_ops=frozenset(_ORT_LAYOUT_OPS),
+    mover_modes={"Resize": frozenset({"nearest"})},  # a linear or cubic Resize stays float between its DQ and Q
 )
