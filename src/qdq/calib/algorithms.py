@@ -324,10 +324,9 @@ def _quant_errors(
     """``sum_j weights_cj * (fq(values_cj; amax_cr) - values_cj)**2`` per channel and candidate (float64).
 
     ``amax`` is ``(C, R)`` candidates, ``values`` ``(C, F)`` in float32 and float64, ``weights`` ``(C, F)``; fake
-    quantization is qdq's
-    (:func:`qdq.ops.round_to_grid` with :func:`qdq.ops.quant_step`), in float32. ``scratch`` keeps the two
-    ``(C, R, F)`` buffers between calls, by shape: a search of thousands of chunks allocating them each time grew
-    the heap by gigabytes (glibc's adaptive mmap threshold keeps freed chunks of that size).
+    quantization is qdq's (:func:`qdq.ops.round_to_grid` with :func:`qdq.ops.quant_step`), in float32. ``scratch``
+    keeps the two ``(C, R, F)`` buffers between calls, by shape: a search of thousands of chunks allocating them each
+    time grew the heap by gigabytes (glibc's adaptive mmap threshold keeps freed chunks of that size).
     """
     single, exact = values
     step = ops.quant_step(amax, max_bound)[:, :, None]
