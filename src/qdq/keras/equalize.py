@@ -19,12 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from qdq.calib.registry import make_calibrator
 from qdq.graphs.keras import LayerPlan, build_view
 from qdq.graphs.view import GraphView
 from qdq.keras._backend import keras
 from qdq.workflow.equalization import (
-    ChannelStats,
     Pair,
     Scaling,
     equalization_pairs,
@@ -32,6 +30,7 @@ from qdq.workflow.equalization import (
     plan_scaling,
     scaled_first,
     scaled_second,
+    stats_of,
 )
 
 __all__ = ["assign", "equalize", "quantized_view", "restore"]
@@ -61,9 +60,7 @@ def equalize(model: Any, batches: Sequence[Any]) -> list[Scaling]:
     pairs = [(pair, layers) for pair in equalization_pairs(view) if (layers := _layers(pair)) is not None]
     if not pairs or not batches:
         return []
-    stats = [ChannelStats(_channel_axis(layers[2].layer), make_calibrator("histogram",
-                                                                           unsigned=levels_of(view, pair) > 127))
-             for pair, layers in pairs]  # fmt: skip
+    stats = [stats_of(view, pair, _channel_axis(layers[2].layer)) for pair, layers in pairs]
     probe = keras().Model(model.inputs, [model.get_layer(pair.value).output for pair, _ in pairs])
     with bypassed(model):
         for batch in batches:
@@ -75,10 +72,10 @@ def equalize(model: Any, batches: Sequence[Any]) -> list[Scaling]:
         weight, groups = _torch_kernel(second.layer)
         scaling = plan_scaling(pair, measured, weight, groups, levels_of(view, pair))
         if scaling is not None:
-            scaling.originals = {v.path: np.array(v.numpy()) for v in _changed(first, norm, second)}
+            changed = _changed(first, norm, second)
+            scaling.originals = {v.path: np.array(v.numpy()) for v in changed}
             scaling.histogram = measured.histogram
-            scaling.handles = {"quantizer": f"{second.name}/input_0",
-                               "variables": {v.path: v for v in _changed(first, norm, second)}}  # fmt: skip
+            scaling.handles = {"quantizer": f"{second.name}/input_0", "variables": {v.path: v for v in changed}}
             _write(first, norm, second, scaling.scales)
             scalings.append(scaling)
     return scalings

@@ -311,10 +311,10 @@ def equalize_modules(model: nn.Module, view: GraphView, batches: Sequence[Any], 
     return scalings
 
 
-def stats_of(view: GraphView, pair: Pair) -> ChannelStats:
-    """The statistics a pair's activation is measured into: per channel, and a histogram of it as it is (with the
-    grid's sign) for the range it keeps where the scaling is undone."""
-    return ChannelStats(axis=1, histogram=make_calibrator("histogram", unsigned=levels_of(view, pair) > 127))
+def stats_of(view: GraphView, pair: Pair, axis: int = 1) -> ChannelStats:
+    """The statistics a pair's activation is measured into: per channel (on ``axis``), and a histogram of it as it is
+    (with the grid's sign) for the range it keeps where the scaling is undone."""
+    return ChannelStats(axis=axis, histogram=make_calibrator("histogram", unsigned=levels_of(view, pair) > 127))
 
 
 def _record(scaling: Scaling, root: nn.Module, view: GraphView, pair: Pair, stats: ChannelStats) -> None:
