@@ -314,7 +314,9 @@ def main() -> None:
                                                        f"{done.stderr.strip().splitlines()[-1:]}"})  # fmt: skip
         print(f"  {rows[-1]}", file=sys.stderr, flush=True)
     cells = ["onnx onnxruntime", "onnx tensorrt", "torch onnxruntime", "torch tensorrt"]
-    print("| architecture | " + " | ".join(cells) + " |\n|" + " --- |" * (len(cells) + 1))
+    door = "keras" if args.family == "keras" else "torch"  # the second door's columns, by what it is
+    shown = [cell.replace("torch", door) for cell in cells]
+    print("| architecture | " + " | ".join(shown) + " |\n|" + " --- |" * (len(cells) + 1))
     for row in rows:
         print(f"| {row['arch']} | " + " | ".join(str(row.get(cell, "")) for cell in cells) + " |")
     crashes = sum(str(row.get(cell, "")).startswith("CRASH") for row in rows for cell in cells)

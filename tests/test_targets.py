@@ -94,7 +94,7 @@ def test_registered_targets_hold_their_facts():
     assert {r.runtime: r.verdict for r in trt.runtimes} == {"tensorrt": "native", "openvino": "native",
                                                             "onnxruntime": "runs"}  # fmt: skip
     assert ort.support("tensorrt").verdict == "refuses" and ort.support("onnxruntime").verdict == "native"
-    assert trt.rewrite_onnx(onnx.ModelProto()) == {"partly_quantized_ops": 0}  # float32: nothing converted
+    assert trt.rewrite_onnx(onnx.ModelProto()) == {"partly_quantized_ops": 0, "residual_inputs_quantized": 0}  # float32
     with pytest.raises(QdqConfigError, match="no fusion facts"):
         trt.require_fusion()
 

@@ -1,5 +1,6 @@
 """Export: Q/DQ placement in the ONNX graph, BN folded, and ONNX Runtime against Keras in quantization steps."""
 
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -242,14 +243,35 @@ class ScaledSum(keras.layers.Layer):
         return inputs[0] + inputs[1]
 
 
-@pytest.mark.trt_rules_exempt("residual-add", reason="the Keras view cannot see the add inside a custom layer")
-def test_a_tensorrt_file_that_breaks_a_rule_is_said_once_at_export(tmp_path):
-    """The Keras view sees a custom layer as one opaque op, so TensorRT's residual rule cannot quantize the skip
-    input of the add inside it (InceptionResNetV2's last block): the export says so, naming the rule and the node,
-    where the file was written silently before (``qdq check`` FAIL)."""
+def test_a_residual_add_inside_a_layer_of_the_models_own_reads_the_skip_tensors_quantizer(tmp_path):
+    """The Keras view sees a custom layer as one opaque op, so placement cannot quantize the skip input of the add
+    inside it (InceptionResNetV2's last block). The skip tensor is quantized for the branch conv that reads it too,
+    so the TensorRT export makes the add read that quantizer: no warning, ``qdq check`` PASS."""
+    from qdq.targets.tensorrt.check import check_tensorrt
+
     inputs = keras.Input((8, 8, 4))
     trunk = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="trunk")(inputs)
     summed = ScaledSum(name="scaled_sum")([trunk, keras.layers.Conv2D(4, 1, name="branch")(trunk)])
+    model = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="head")(summed))
+    x = np.random.default_rng(0).normal(size=(8, 8, 8, 4)).astype(np.float32)
+    qmodel = qk.quantize_model(model, target="tensorrt")
+    qk.calibrate(qmodel, x, method="max")
+    path = tmp_path / "scaled_sum.onnx"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*breaks .* rules")
+        qk.export_onnx(qmodel, None, path, target="tensorrt")
+    report = check_tensorrt(onnx.load(path))
+    assert report.ok, str(report)
+
+
+@pytest.mark.trt_rules_exempt("residual-add", reason="the skip tensor has no quantizer to read")
+def test_a_tensorrt_file_that_breaks_a_rule_is_said_once_at_export(tmp_path):
+    """A skip input with no quantizer anywhere (the trunk read by the custom layer alone) leaves TensorRT's residual
+    rule broken, with no range to repair it from: the export says so, naming the rule and the node, where the file
+    was written silently before (``qdq check`` FAIL)."""
+    inputs = keras.Input((8, 8, 4))
+    trunk = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="trunk")(inputs)
+    summed = ScaledSum(name="scaled_sum")([trunk, keras.layers.Conv2D(4, 1, name="branch")(inputs)])
     model = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="head")(summed))
     x = np.random.default_rng(0).normal(size=(8, 8, 8, 4)).astype(np.float32)
     qmodel = qk.quantize_model(model, target="tensorrt")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from qdq import cpu
 from qdq.errors import QdqRuntimeWarning
+from qdq.graphs import onnx_types
 from qdq.runtime.model_info import load_onnx
 from qdq.runtime_registry import RuntimeEntry
 from qdq.targets import WeightEncoding
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
     import onnx
 
 __all__ = ["needs_uint8_weights", "saturation_safe_model", "weight_encoding"]
-
-_PROTOBUF_LIMIT = 2**31 - 1
-
 
 def needs_uint8_weights(uint8_weights: bool | None) -> bool:
     """``uint8_weights``, or when None, whether this CPU's int8 dot products saturate."""
@@ -68,7 +66,7 @@ def saturation_safe_model(
     count = encoding.to_uint8(model)
     if count == 0:
         return None, 0
-    if model.ByteSize() >= _PROTOBUF_LIMIT:  # cannot be serialized in one piece
+    if model.ByteSize() >= onnx_types.PROTOBUF_LIMIT:  # cannot be serialized in one piece
         warnings.warn(
             QdqRuntimeWarning(
                 f"{Path(path).name} is over 2 GB, so its {count} saturating int8 weights are not re-encoded as "

@@ -3,6 +3,8 @@ refuses or warns about, each with what to do."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
 import pytest
@@ -118,3 +120,43 @@ def test_a_step_beyond_float16_is_unrepresentable_without_a_numpy_warning():
         changes, unrepresentable = round_graph_scales(model, "float16")
     assert unrepresentable == ["r/Q", "r/DQ"] and "x/Q" in changes
     assert numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "s_r")) == np.float32(1e6)
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_a_residual_add_reads_the_quantizer_its_skip_tensor_already_has():
+    """A front end that saw the add only inside a layer of the model's own leaves its skip input float although
+    the same tensor is quantized for its other readers (InceptionResNetV2's Keras door): the rewrite makes the Add
+    read that quantizer. The repaired file passes the rule and computes exactly what the file placed right does."""
+    from qdq.targets.tensorrt.rewrite import rewrite_for_tensorrt
+
+    x = np.random.default_rng(3).normal(size=(1, trt_graphs.C, 8, 8)).astype(np.float32)
+    nodes, inits = trt_graphs.base_parts()  # random weights: one draw for both files
+    right = trt_graphs.make_model(copy.deepcopy(nodes), copy.deepcopy(inits))
+    broken = trt_graphs.BREAKERS["residual-add"](nodes, inits)
+    assert check_tensorrt(broken).rules_broken() == {"residual-add"}
+    counts = rewrite_for_tensorrt(broken)
+    assert counts["residual_inputs_quantized"] == 1
+    assert check_tensorrt(broken).ok, str(check_tensorrt(broken))
+    add = next(n for n in broken.graph.node if n.name == "add")
+    producer = {o: n for n in broken.graph.node for o in n.output}[add.input[1]]
+    assert producer.op_type == "DequantizeLinear" and producer.input[1] == "s_x"
+    np.testing.assert_array_equal(_run(broken, x), _run(right, x))
+
+
+def test_a_residual_add_whose_skip_tensor_has_no_quantizer_is_left_to_the_check():
+    """No quantizer of the skip tensor exists, so there is no range to read: the file is left as it is (the export
+    says so once; ``qdq check`` lists it)."""
+    from qdq.targets.tensorrt.rewrite import rewrite_for_tensorrt
+
+    nodes, inits = trt_graphs.base_parts()
+    nodes.insert(0, onnx.helper.make_node("Relu", ["x"], ["x_pos"], name="skip_relu"))
+    next(n for n in nodes if n.name == "add").input[1] = "x_pos"
+    model = trt_graphs.make_model(nodes, inits)
+    assert rewrite_for_tensorrt(model)["residual_inputs_quantized"] == 0
+    assert check_tensorrt(model).rules_broken() == {"residual-add"}

@@ -7,9 +7,12 @@ file is written, :func:`rewrite_for_tensorrt`:
 1. refuses a graph TensorRT cannot build as qdq exported it: unsigned (uint8) quantizers, which TensorRT does
    not have, and a model that computes in float16/bfloat16 itself (``model.half()``), whose export puts a Cast
    between each DequantizeLinear and its op — each error names the quantizers or nodes and what to do;
-2. warns, once, about Conv/Gemm/MatMul nodes with one input quantized and the other float (a disabled input
+2. gives a residual Add that TensorRT would run in float (its skip input not quantized: a front end that saw the
+   add only as part of a layer of the model's own) the quantizer its skip tensor already has for its other readers
+   (rule ``residual-add``; logged);
+3. warns, once, about Conv/Gemm/MatMul nodes with one input quantized and the other float (a disabled input
    quantizer next to an enabled weight quantizer): TensorRT runs them in float, and ``qdq check`` reports them;
-3. with ``float="float16"`` (or ``"bfloat16"``), converts the float part (:mod:`.float_types`): INT8 where the
+4. with ``float="float16"`` (or ``"bfloat16"``), converts the float part (:mod:`.float_types`): INT8 where the
    model quantizes, FP16 everywhere else, nodes kept in FP32 where the calibration data shows values the low
    type cannot hold. What was done is logged once, recorded in the file (``qdq.float``,
    ``qdq.float.fp32_nodes``, ``qdq.float.report``; :func:`~.float_types.read_float_record`), and what needs
@@ -29,10 +32,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from qdq.errors import QdqExportError
+from qdq.graphs.onnx import on_ir
 from qdq.graphs.onnx_tags import quantizer_names
 from qdq.graphs.onnx_types import parse_float_type
 from qdq.targets.tensorrt.engine_rules.facts import LAYOUT, GraphFacts
-from qdq.targets.tensorrt.engine_rules.fusion import casts_after_dqs, partly_quantized_ops
+from qdq.targets.tensorrt.engine_rules.fusion import casts_after_dqs, partly_quantized_ops, residual_repairs
 from qdq.targets.tensorrt.engine_rules.qdq_nodes import uint8_nodes
 from qdq.targets.tensorrt.float_ranges import Batch
 from qdq.targets.tensorrt.float_types import FloatConversion, convert_in_place
@@ -70,8 +74,8 @@ def rewrite_for_tensorrt(
             (512, ModelOpt AutoCast's default).
 
     Returns:
-        Counts: ``low_precision_nodes``, ``fp32_nodes``, ``casts``, ``int8_weights``, and
-        ``partly_quantized_ops`` (warned).
+        Counts: ``low_precision_nodes``, ``fp32_nodes``, ``casts``, ``int8_weights``,
+        ``residual_inputs_quantized`` (logged) and ``partly_quantized_ops`` (warned).
 
     Raises:
         QdqExportError: unsigned quantizers, or a model computing in float16/bfloat16 (see the module doc).
@@ -81,8 +85,11 @@ def rewrite_for_tensorrt(
     facts = GraphFacts.of(model, ())
     _refuse_unsigned(facts)
     _refuse_low_precision_model(facts)
+    residuals = _quantize_residuals(model, facts)
+    if residuals:
+        facts = GraphFacts.of(model, ())
     partial = _warn_partly_quantized(facts)
-    counts = {"partly_quantized_ops": partial}
+    counts = {"partly_quantized_ops": partial, "residual_inputs_quantized": residuals}
     if kind == "float32":
         return counts
     conversion = convert_in_place(model, kind, calibration_data=calibration_data, keep_io_types=keep_io_types,
@@ -131,6 +138,26 @@ def _refuse_low_precision_model(f: GraphFacts) -> None:
             "float32 model (model.float(), example input in float32) with target_options={'float': 'float16'} "
             "(or 'bfloat16'): the file then computes in that type everywhere outside its int8 ops."
         )
+
+
+def _quantize_residuals(model: Any, facts: GraphFacts) -> int:
+    """Each residual Add with no dequantized input reads the DQ its skip tensor already has
+    (:func:`~.engine_rules.fusion.residual_repairs`), ``model`` edited in place; how many were."""
+    if not residual_repairs(facts):
+        return 0
+    from onnx_ir.passes.common import TopologicalSortPass
+
+    def edit(ir_model: Any) -> list[str]:
+        found = residual_repairs(GraphFacts(ir_model.graph, facts.types, facts.opset, frozenset(), {}))
+        for add, index, dequantized in found:
+            add.replace_input_with(index, dequantized)
+        TopologicalSortPass()(ir_model)  # the DQ may stand after the Add in the node list
+        return [facts.name(add) for add, *_ in found]
+
+    adds = on_ir(model, edit)[0]
+    _log.info("%d residual Add(s) now read the quantizer their skip input has for its other readers, as TensorRT "
+              "fuses them (rule residual-add): %s", len(adds), _listed(adds))  # fmt: skip
+    return len(adds)
 
 
 def _warn_partly_quantized(f: GraphFacts) -> int:

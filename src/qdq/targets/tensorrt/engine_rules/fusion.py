@@ -38,7 +38,7 @@ from qdq.targets.tensorrt.engine_rules.facts import (
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["RULES", "casts_after_dqs", "partly_quantized_ops"]
+__all__ = ["RULES", "casts_after_dqs", "partly_quantized_ops", "residual_repairs", "unquantized_residual_adds"]
 
 #: Ops that run on int8 data between a DQ and a Q with one scale (they commute with quantization).
 _DATA_MOVERS = frozenset({"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
@@ -98,7 +98,10 @@ def partly_quantized_ops(f: GraphFacts) -> list[tuple[ir.Node, int]]:
     return found
 
 
-def _residual_add(f: GraphFacts) -> Iterator[Violation]:
+def unquantized_residual_adds(f: GraphFacts) -> list[tuple[ir.Node, ir.Node]]:
+    """``(add, fused op)`` for each Add the ``residual-add`` rule rejects: it follows a quantized weighted op
+    (``fused op``), feeds a Q, and neither of its inputs is dequantized."""
+    found = []
     for node in f.nodes:
         if node.op_type != "Add" or len(node.inputs) != 2:
             continue
@@ -109,7 +112,28 @@ def _residual_add(f: GraphFacts) -> Iterator[Violation]:
             continue
         if any(f.quantized_source(value, frozenset())[0] is not None for value in node.inputs):
             continue
-        op = next(p for p in fused if p is not None)
+        found.append((node, next(p for p in fused if p is not None)))
+    return found
+
+
+def residual_repairs(f: GraphFacts) -> list[tuple[ir.Node, int, ir.Value]]:
+    """``(add, input index, dequantized value)``: for each Add :func:`unquantized_residual_adds` finds, an input that
+    is already quantized for another reader (a per-tensor ``Q -> DQ`` of that very value) and the DQ's output, the
+    Add to read it instead. A front end that could not see the add (a layer class of the model's own) quantized the
+    skip tensor for its other readers only; reading that quantizer is what TensorRT needs, at no new range."""
+    repairs = []
+    for add, _ in unquantized_residual_adds(f):
+        for index, value in enumerate(add.inputs):
+            dq = next((dq for q in f.readers(value) if q.op_type == Q and not f.per_channel(f.scale(q))
+                       for dq in f.readers(q.outputs[0]) if dq.op_type == DQ), None)  # fmt: skip
+            if dq is not None:
+                repairs.append((add, index, dq.outputs[0]))
+                break
+    return repairs
+
+
+def _residual_add(f: GraphFacts) -> Iterator[Violation]:
+    for node, op in unquantized_residual_adds(f):
         yield Violation(
             "residual-add",
             f.name(node),
