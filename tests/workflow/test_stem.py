@@ -58,18 +58,18 @@ def test_levels_group_the_int8_weighted_ops_by_the_longest_path_from_the_inputs(
         assert stem_levels(view) == levels[:2]
     with patch.multiple("qdq.workflow.stem", STEM_SHARE=1.0, STEM_OPS_SHARE=0.25):  # level 0 alone holds 2 of 4
         assert stem_levels(view) == []
-    assert stem_levels(view) == levels[:1]  # a third of its depth (3 weighted ops deep), half of its 4 ops
+    assert stem_levels(view) == levels[:1]  # half of its depth (3 weighted ops deep), half of its 4 ops
     kept = PreparedModel.load(path).view(resolve_target("onnxruntime"), keep_float=[by_weight["a"]])
     with patch.multiple("qdq.workflow.stem", STEM_SHARE=1.0, STEM_OPS_SHARE=1.0):
         assert stem_levels(kept)[0] == [by_weight["b"]]  # a float op is no level's
 
 
 class _Chain(nn.Module):
-    """Six convs in a row: six weighted ops deep."""
+    """``n`` convs in a row: ``n`` weighted ops deep."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int = 8) -> None:
         super().__init__()
-        self.convs = nn.ModuleList(nn.Conv2d(3, 3, 3, padding=1) for _ in range(6))
+        self.convs = nn.ModuleList(nn.Conv2d(3, 3, 3, padding=1) for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for conv in self.convs:
@@ -81,9 +81,12 @@ def test_a_later_op_the_user_keeps_float_does_not_shrink_the_stem(tmp_path):
     path = _export(_Chain(), tmp_path / "chain.onnx", (2, 3, 8, 8))
     view = PreparedModel.load(path).view(resolve_target("onnxruntime"))
     order = [op.name for op in view.ops_of("Conv")]
-    assert stem_levels(view) == [[order[0]], [order[1]]]  # a third of six deep: two levels
-    kept = PreparedModel.load(path).view(resolve_target("onnxruntime"), keep_float=[order[4]])
-    assert stem_levels(kept) == [[order[0]], [order[1]]]  # two of the five int8 ops: still within half
+    assert stem_levels(view) == [[order[0]], [order[1]], [order[2]]]  # three levels at most (half of eight deep: 4)
+    kept = PreparedModel.load(path).view(resolve_target("onnxruntime"), keep_float=[order[6]])
+    assert stem_levels(kept) == [[order[0]], [order[1]], [order[2]]]  # three of the seven int8 ops: within half
+    shallow = PreparedModel.load(_export(_Chain(5), tmp_path / "five.onnx", (2, 3, 8, 8)))
+    names = [op.name for op in shallow.view(resolve_target("onnxruntime")).ops_of("Conv")]
+    assert stem_levels(shallow.view(resolve_target("onnxruntime"))) == [[names[0]], [names[1]]]  # half of 5 deep: 2
 
 
 def _scores(gains: dict[int, float], second: dict[int, float] | None = None, calls: list | None = None):
