@@ -243,23 +243,29 @@ class ScaledSum(keras.layers.Layer):
         return inputs[0] + inputs[1]
 
 
+def _scaled_sum_model(branch_reads_trunk: bool) -> keras.Model:
+    """A trunk conv and a branch conv summed inside :class:`ScaledSum`, quantized for TensorRT and calibrated; the
+    branch reads the trunk (the skip tensor is then quantized for it) or the model's input."""
+    inputs = keras.Input((8, 8, 4))
+    trunk = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="trunk")(inputs)
+    branch = keras.layers.Conv2D(4, 1, name="branch")(trunk if branch_reads_trunk else inputs)
+    summed = ScaledSum(name="scaled_sum")([trunk, branch])
+    model = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="head")(summed))
+    qmodel = qk.quantize_model(model, target="tensorrt")
+    qk.calibrate(qmodel, np.random.default_rng(0).normal(size=(8, 8, 8, 4)).astype(np.float32), method="max")
+    return qmodel
+
+
 def test_a_residual_add_inside_a_layer_of_the_models_own_reads_the_skip_tensors_quantizer(tmp_path):
     """The Keras view sees a custom layer as one opaque op, so placement cannot quantize the skip input of the add
     inside it (InceptionResNetV2's last block). The skip tensor is quantized for the branch conv that reads it too,
     so the TensorRT export makes the add read that quantizer: no warning, ``qdq check`` PASS."""
     from qdq.targets.tensorrt.check import check_tensorrt
 
-    inputs = keras.Input((8, 8, 4))
-    trunk = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="trunk")(inputs)
-    summed = ScaledSum(name="scaled_sum")([trunk, keras.layers.Conv2D(4, 1, name="branch")(trunk)])
-    model = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="head")(summed))
-    x = np.random.default_rng(0).normal(size=(8, 8, 8, 4)).astype(np.float32)
-    qmodel = qk.quantize_model(model, target="tensorrt")
-    qk.calibrate(qmodel, x, method="max")
     path = tmp_path / "scaled_sum.onnx"
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*breaks .* rules")
-        qk.export_onnx(qmodel, None, path, target="tensorrt")
+        qk.export_onnx(_scaled_sum_model(branch_reads_trunk=True), None, path, target="tensorrt")
     report = check_tensorrt(onnx.load(path))
     assert report.ok, str(report)
 
@@ -269,12 +275,6 @@ def test_a_tensorrt_file_that_breaks_a_rule_is_said_once_at_export(tmp_path):
     """A skip input with no quantizer anywhere (the trunk read by the custom layer alone) leaves TensorRT's residual
     rule broken, with no range to repair it from: the export says so, naming the rule and the node, where the file
     was written silently before (``qdq check`` FAIL)."""
-    inputs = keras.Input((8, 8, 4))
-    trunk = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="trunk")(inputs)
-    summed = ScaledSum(name="scaled_sum")([trunk, keras.layers.Conv2D(4, 1, name="branch")(inputs)])
-    model = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="head")(summed))
-    x = np.random.default_rng(0).normal(size=(8, 8, 8, 4)).astype(np.float32)
-    qmodel = qk.quantize_model(model, target="tensorrt")
-    qk.calibrate(qmodel, x, method="max")
+    qmodel = _scaled_sum_model(branch_reads_trunk=False)
     with pytest.warns(UserWarning, match=r"breaks 1 of the rules .*residual-add at .*scaled_sum.*qdq check"):
         qk.export_onnx(qmodel, None, tmp_path / "scaled_sum.onnx", target="tensorrt")

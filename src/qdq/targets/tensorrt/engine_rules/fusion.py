@@ -124,6 +124,8 @@ def residual_repairs(f: GraphFacts) -> list[tuple[ir.Node, int, ir.Value]]:
     repairs = []
     for add, _ in unquantized_residual_adds(f):
         for index, value in enumerate(add.inputs):
+            if value is None:
+                continue
             dq = next((dq for q in f.readers(value) if q.op_type == Q and not f.per_channel(f.scale(q))
                        for dq in f.readers(q.outputs[0]) if dq.op_type == DQ), None)  # fmt: skip
             if dq is not None:
