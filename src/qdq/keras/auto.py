@@ -25,7 +25,11 @@ fidelity, the choice and the result are that module's) on the Keras front end's 
    kernels as they were (each pair's activation at the range the chosen method gives its own histogram:
    :func:`~qdq.workflow.equalization.kept`); the result is recorded on the model (:func:`qdq.keras.auto_result`),
    and a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose chosen range the diagnostics call
-   destructive (never chosen silently).
+   destructive (never chosen silently);
+7. the stem (:mod:`qdq.workflow.stem`): the wrapped layers nearest the inputs, level by level, run float on the
+   held-out halves (their wrappers bypassed, the predict function traced again for each trial); the levels that pay
+   their cost stay float (``QuantizeWrapper.kept_float``, saved with the model), as the PyTorch door disables their
+   quantizers (``AutoResult.stem``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import numpy as np
 
 from qdq.errors import QdqCalibrationWarning
 from qdq.keras.calibration import batches_of, collect_stats, inputs_of, record_auto, set_ranges
-from qdq.keras.equalize import assign, restore
+from qdq.keras.equalize import assign, quantized_view, restore
 from qdq.keras.equalize import equalize as equalize_pairs
 from qdq.workflow import equalization
 from qdq.workflow.auto_calibration import AutoResult, candidate, candidates, choose, destructive, held_out
@@ -48,14 +52,9 @@ from qdq.workflow.diagnostics import CalibrationReport, diagnose_statistics
 from qdq.workflow.equalization import MEASURED_BATCHES, Scaling
 from qdq.workflow.fidelity import FidelityMeter
 from qdq.workflow.refinement import Halves, candidate_score, halves, refine, samples_of
-from qdq.workflow.stem import StemChoice
+from qdq.workflow.stem import StemChoice, choose_stem, stem_levels
 
-__all__ = ["STEM_REFUSED", "clipping_warning", "run", "select"]
-
-#: why this door does not try the stem float (:mod:`qdq.workflow.stem`)
-STEM_REFUSED = ("the Keras door does not try it: a wrapper's inputs are quantized or not in the function Keras traces "
-                "once, so a trial would retrace the model for each level (a QuantizationSpec of quantize_model keeps "
-                "chosen layers float)")
+__all__ = ["clipping_warning", "run", "select"]
 
 
 def select(
@@ -132,9 +131,10 @@ def run(
     scalings, equalization_scores = _settled(model, scalings, stats.scored, ranges, chosen)
     if scalings:  # kept: the statistics are those of the rescaled activations
         histograms = stats.histograms()
+    stem = _float_stem(model, parts)
     result = AutoResult(chosen, scores, clipping, len(stats.scored), was_held_out,
                         {"statistics": statistics - started, "scoring": time.perf_counter() - statistics},
-                        refinement=refinement, stem=StemChoice(skipped=STEM_REFUSED), equalized=scalings,
+                        refinement=refinement, stem=stem, equalized=scalings,
                         equalization=equalization_scores)  # fmt: skip
     record_auto(model, result)
     return ranges, result, clipping_warning(histograms, ranges, f"auto: {chosen}")
@@ -163,6 +163,35 @@ def _settled(model: Any, scalings: list[Scaling], scored: Sequence[tuple[Any, li
     assign(scalings, equalized)
     set_ranges(model, {name: ranges[name] for name in plain_ranges})
     return scalings, (with_it, plain)
+
+
+def _float_stem(model: Any, parts: tuple[Any, Any] | None) -> StemChoice:
+    """:func:`qdq.workflow.stem.choose_stem` on the model's quantized view: a trial runs the stem's wrappers float
+    (``bypass``, the predict function traced again); those of the levels kept stay float for good
+    (``kept_float``: the layers run, and export, float), as the PyTorch door disables their quantizers."""
+    from qdq.keras.calibration import forget_traced_functions
+
+    if parts is None:
+        return choose_stem([], None)
+    view = quantized_view(model)
+    wrappers = {op.name: op.ref for op in view.ops}
+
+    def score(ops: list[str], half: int) -> FidelityMeter:
+        for name in ops:
+            wrappers[name].bypass = True
+        forget_traced_functions(model)
+        try:
+            return _meter(model, parts[half])
+        finally:
+            for name in ops:
+                wrappers[name].bypass = False
+            forget_traced_functions(model)
+
+    choice = choose_stem(stem_levels(view), score)
+    for name in choice.ops:
+        wrappers[name].kept_float = True
+    forget_traced_functions(model)
+    return choice
 
 
 def clipping_warning(histograms: Mapping[str, Any], ranges: Mapping[str, float], label: str) -> str | None:

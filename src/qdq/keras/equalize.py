@@ -40,10 +40,11 @@ _CONVS = frozenset({"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseC
 
 def quantized_view(model: Any) -> GraphView:
     """The view of a quantized Keras model: each wrapper an op of the layer it wraps, its quantizers as its settings
-    say (inputs, unsigned grids, tied ranges, kernel)."""
+    say (inputs, unsigned grids, tied ranges, kernel; none for a layer kept float)."""
     from qdq.keras.wrappers import QuantizeWrapper, wrappers_of
 
-    plans = {w.name: LayerPlan(w.quantize_inputs, w.input_indices, w.quantize_weight, frozenset(w.unsigned_indices),
+    plans = {w.name: LayerPlan(w.quantize_inputs and not w.kept_float, w.input_indices,
+                               w.quantize_weight and not w.kept_float, frozenset(w.unsigned_indices),
                                dict(w.range_ties)) for w in wrappers_of(model)}  # fmt: skip
     return build_view(model, plans, None, inner=lambda layer: layer.layer if isinstance(layer, QuantizeWrapper)
                       else layer)  # fmt: skip

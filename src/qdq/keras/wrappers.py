@@ -78,6 +78,8 @@ class QuantizeWrapper(keras.layers.Wrapper):
         range_ties: input position -> the name of a range it shares with inputs of this or other wrappers (a
             tensor before and after a MaxPool, ONNX Runtime's int8 data movers): :func:`qdq.keras.calibrate`
             calibrates tied inputs together and gives them one range.
+        kept_float: the layer runs, and exports, float, its quantizers kept as they are (``auto`` left it float:
+            the model's stem, :mod:`qdq.workflow.stem`); saved with the model.
     """
 
     weighted = False
@@ -97,6 +99,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         target: str | None = None,
         weight_bits: int | None = None,
         range_ties: Any = None,
+        kept_float: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", f"quant_{layer.name}")
@@ -113,6 +116,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self.weight_bits = int(weight_bits) if weight_bits is not None else self.num_bits
         ties = range_ties.items() if isinstance(range_ties, dict) else (range_ties or ())  # a dict, or saved pairs
         self.range_ties = {int(position): str(name) for position, name in ties}
+        self.kept_float = bool(kept_float)
         #: identity on the inputs and float weights (set while calibrating: statistics of the float model)
         self.bypass = False
         self.input_amax: list[Any] = []
@@ -146,13 +150,13 @@ class QuantizeWrapper(keras.layers.Wrapper):
     def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
         multi = isinstance(inputs, list | tuple)
         xs = list(inputs) if multi else [inputs]
-        if not self.bypass:
+        if not (self.bypass or self.kept_float):
             for amax, position in zip(self.input_amax, self.quantized_positions(len(xs))):
                 xs[position] = self.quantize_input(xs[position], amax, position in self.unsigned_indices)
         args = xs if multi else xs[0]
         if self.weighted:
             kernel = self.kernel
-            if self.quantize_weight and not self.bypass:
+            if self.quantize_weight and not (self.bypass or self.kept_float):
                 kernel = quantizer.fake_quant(kernel, self.weight_amax(), self.weight_bits, self.kernel_axis())
             return self.compute(args, kernel)
         options = {"training": training} if self._takes_training else {}
@@ -198,6 +202,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
             target=self.target,
             weight_bits=self.weight_bits,
             range_ties=[[position, name] for position, name in sorted(self.range_ties.items())],
+            kept_float=self.kept_float,
         )
         return config
 
