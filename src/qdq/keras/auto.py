@@ -27,7 +27,7 @@ fidelity, the choice and the result are that module's) on the Keras front end's 
    and a :class:`~qdq.errors.QdqCalibrationWarning` names the quantizers whose chosen range the diagnostics call
    destructive (never chosen silently);
 7. the stem (:mod:`qdq.workflow.stem`): the wrapped layers nearest the inputs, level by level, run float on the
-   held-out halves (their wrappers bypassed, the predict function traced again for each trial); the levels that pay
+   held-out halves (their wrappers bypassed, the model called eagerly for each trial); the levels that pay
    their cost stay float (``QuantizeWrapper.kept_float``, saved with the model), as the PyTorch door disables their
    quantizers (``AutoResult.stem``).
 """
@@ -167,25 +167,25 @@ def _settled(model: Any, scalings: list[Scaling], scored: Sequence[tuple[Any, li
 
 def _float_stem(model: Any, parts: tuple[Any, Any] | None) -> StemChoice:
     """:func:`qdq.workflow.stem.choose_stem` on the model's quantized view: a trial runs the stem's wrappers float
-    (``bypass``, the predict function traced again); those of the levels kept stay float for good
-    (``kept_float``: the layers run, and export, float), as the PyTorch door disables their quantizers."""
+    (``bypass``; the model called eagerly, which reads the flag on every call, where a traced predict function would
+    be traced again for each trial); those of the levels kept stay float for good (``kept_float``: the layers run,
+    and export, float), as the PyTorch door disables their quantizers."""
     from qdq.keras.calibration import forget_traced_functions
 
     if parts is None:
         return choose_stem([], None)
     view = quantized_view(model)
     wrappers = {op.name: op.ref for op in view.ops}
+    joined = [_joined(part) for part in parts]  # one eager call a half: the meter's sums add up the same
 
     def score(ops: list[str], half: int) -> FidelityMeter:
         for name in ops:
             wrappers[name].bypass = True
-        forget_traced_functions(model)
         try:
-            return _meter(model, parts[half])
+            return _meter(model, joined[half], eager=True)
         finally:
             for name in ops:
                 wrappers[name].bypass = False
-            forget_traced_functions(model)
 
     choice = choose_stem(stem_levels(view), score)
     for name in choice.ops:
@@ -205,16 +205,34 @@ def clipping_warning(histograms: Mapping[str, Any], ranges: Mapping[str, float],
                                                   "qdq.keras.auto_result(model).clipping lists them")  # fmt: skip
 
 
-def _meter(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]]) -> FidelityMeter:
+def _meter(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]], eager: bool = False) -> FidelityMeter:
     """A :class:`~qdq.workflow.fidelity.FidelityMeter` of ``model`` (quantizing) on the ``scored`` (inputs, float
-    outputs) pairs."""
+    outputs) pairs; ``eager``: the model called as a function (wrapper flags read on each call) instead of its
+    traced ``predict_on_batch``."""
     from qdq.keras._backend import keras
 
     meter = FidelityMeter()
     for inputs, reference in scored:
-        outputs = [np.asarray(value) for value in keras().tree.flatten(model.predict_on_batch(inputs))]
+        result = model(inputs, training=False) if eager else model.predict_on_batch(inputs)
+        outputs = [np.asarray(value) for value in keras().tree.flatten(result)]
         meter.add(_features_first(reference), _features_first(outputs))
     return meter
+
+
+def _joined(pairs: Sequence[tuple[Any, list[np.ndarray]]]) -> list[tuple[Any, list[np.ndarray]]]:
+    """The (inputs, float outputs) ``pairs`` as one pair, concatenated along dimension 0 (the samples), where every
+    input and output is an array with samples there; else the pairs as they are."""
+    from qdq.keras._backend import keras
+
+    tree = keras().tree
+    if len(pairs) < 2:
+        return list(pairs)
+    try:
+        inputs = tree.map_structure(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *[p[0] for p in pairs])
+        outputs = [np.concatenate(parts) for parts in zip(*[p[1] for p in pairs])]
+    except (ValueError, TypeError):  # structures or trailing shapes that differ: batch by batch
+        return list(pairs)
+    return [(inputs, outputs)]
 
 
 def _features_first(outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
