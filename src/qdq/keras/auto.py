@@ -176,13 +176,12 @@ def _float_stem(model: Any, parts: tuple[Any, Any] | None) -> StemChoice:
         return choose_stem([], None)
     view = quantized_view(model)
     wrappers = {op.name: op.ref for op in view.ops}
-    joined = [_joined(part) for part in parts]  # one eager call a half: the meter's sums add up the same
 
     def score(ops: list[str], half: int) -> FidelityMeter:
         for name in ops:
             wrappers[name].bypass = True
         try:
-            return _meter(model, joined[half], eager=True)
+            return _meter(model, parts[half], eager=True)
         finally:
             for name in ops:
                 wrappers[name].bypass = False
@@ -212,7 +211,7 @@ def _meter(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]], eager: bo
     from qdq.keras._backend import keras
 
     meter = FidelityMeter()
-    for inputs, reference in scored:
+    for inputs, reference in _joined(scored):  # one call: the meter's sums add up the same
         result = model(inputs, training=False) if eager else model.predict_on_batch(inputs)
         outputs = [np.asarray(value) for value in keras().tree.flatten(result)]
         meter.add(_features_first(reference), _features_first(outputs))
