@@ -71,3 +71,23 @@ def test_auto_keeps_the_stem_float_only_where_int8_cannot_hold_its_input(tmp_pat
     else:  # both channels of one size: int8 holds the input, the stem's float layers would not pay
         assert result.stem.levels == 0 and not stem.kept_float, result.stem.summary()
     assert "stem" in result.summary()
+
+
+@pytest.mark.parametrize("order", [("auto", "max"), ("max", "auto")])
+def test_ptq_keeps_the_stem_auto_left_float_only_where_auto_wins(order):
+    """The PyTorch door's rule (tests/workflow/test_stem.py): the stem auto leaves float stays float only where
+    auto's row wins; the methods scored after it, and the model returned when another wins, quantize it."""
+    qmodel = qk.quantize_model(quiet_input(0.01), target="onnxruntime")
+    stem = qmodel.get_layer("quant_stem")
+    seen: list[bool] = []
+
+    def last_wins(model) -> float:  # each call scores higher: the grid's last method wins
+        seen.append(stem.kept_float)
+        return float(len(seen))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = qk.ptq(qmodel, signals(0.01), last_wins, methods=list(order))
+    assert result.best.method == order[-1]
+    assert seen[1:] == [name == "auto" for name in order]  # auto scored with its stem float, max with it int8
+    assert stem.kept_float == (order[-1] == "auto")

@@ -251,3 +251,28 @@ def test_the_pytorch_door_says_why_a_model_it_cannot_trace_keeps_its_stem():
         result = select_amax(model, data, progress=False)
     assert "torch.fx cannot trace" in result.stem.skipped and result.stem.levels == 0
     assert model.conv._input_quantizer.is_quantizing and model.conv._weight_quantizer.is_quantizing
+
+
+@pytest.mark.parametrize("order", [("auto", "max"), ("max", "auto")])
+def test_ptq_keeps_the_stem_auto_left_float_only_where_auto_wins(order):
+    """``ptq`` with ``auto`` among its methods: the stem auto disables stays disabled only where auto's row wins;
+    the methods scored after it, and the model returned when another wins, quantize the stem as given."""
+    torch.manual_seed(0)
+    float_model = _QuietInput(0.01).eval()
+    model = qdq.quantize_model(_QuietInput(0.01).eval(), qdq.QuantConfig(target="onnxruntime"))
+    model.load_state_dict(float_model.state_dict(), strict=False)
+    data = [torch.from_numpy(b["x"]) for b in _signals(0.01)]
+    stem = dict(model.named_modules())["stem"]
+    seen: list[bool] = []
+
+    def last_wins(scored) -> float:  # each call scores higher: the grid's last method wins
+        seen.append(stem._input_quantizer.is_enabled)
+        return float(len(seen))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = qdq.ptq(model, data, last_wins, methods=list(order), progress=False)
+    assert result.best.method == order[-1]
+    assert seen[1:] == [name != "auto" for name in order]  # auto scored with its stem float, max with it int8
+    assert stem._input_quantizer.is_enabled == (order[-1] != "auto")
+    assert stem._weight_quantizer.is_enabled == (order[-1] != "auto")

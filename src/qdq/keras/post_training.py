@@ -57,8 +57,9 @@ def ptq(
     gets a pass for them. ``"auto"`` (:mod:`qdq.keras.auto`: the method whose outputs stay closest to the float
     model's on held-out calibration batches) runs its own pass, so ``calib_data`` must then be re-iterable (a
     list, an array, a ``tf.data.Dataset``); its row's ``quantizer_methods`` read ``"auto: <method>"``. Its
-    equalization of the kernels is kept only where it wins: the methods scored after it, and the model returned when
-    another wins, have the kernels as given. Another model-level method is refused before any work.
+    equalization of the kernels and the stem it leaves float are kept only where it wins: the methods scored after it,
+    and the model returned when another wins, have the kernels as given and their stem int8. Another model-level
+    method is refused before any work.
 
     Returns:
         A :class:`~qdq.workflow.post_training.PTQResult`; the model is left with the best method's ranges (when
@@ -86,6 +87,7 @@ def ptq(
             used: dict[str, str | None] = dict.fromkeys(ranges, f"auto: {auto.chosen}")
             results.append(MethodResult(method.name, options, float(eval_fn(model)), ranges, quantizer_methods=used))
             autos[len(results) - 1] = (auto, text, restore(auto.equalized))
+            _keep_stem_float(model, auto, False)  # the methods scored after it: the model as given
             continue
         stats = passes[ptq_statistics(method)]
         ranges = stats.load(method.name, **options)
@@ -96,7 +98,15 @@ def ptq(
     if best_at in autos:
         auto, text, equalized = autos[best_at]
         assign(auto.equalized, equalized)
+        _keep_stem_float(model, auto, True)
         record_auto(model, auto)
         if text is not None:
             warnings.warn(text, QdqCalibrationWarning, stacklevel=2)
     return PTQResult(float_score, results, best)
+
+
+def _keep_stem_float(model: Any, auto: AutoResult, kept: bool) -> None:
+    """The wrappers of the stem ``auto`` left float (``auto.stem.ops``) set float for good or quantizing again."""
+    for name in auto.stem.ops if auto.stem is not None else []:
+        model.get_layer(name).kept_float = kept
+    forget_traced_functions(model)

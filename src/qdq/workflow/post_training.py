@@ -163,7 +163,9 @@ def ptq(
             each of ``percentiles``. One histogram pass (:data:`PTQ_STATISTICS`) serves every method that reads
             histograms; a method that reads other statistics gets a pass for them. A model-level method
             (``"auto"``: a range per quantizer, :func:`qdq.workflow.auto_calibration.select_amax`) passes over
-            ``calib_data`` once more, which must then be re-iterable (a list or a DataLoader).
+            ``calib_data`` once more, which must then be re-iterable (a list or a DataLoader); what it changes in
+            the model (weights equalized, biases corrected, the stem's quantizers disabled) is kept only where it
+            wins, and the methods scored after it see the model as given.
         progress: bars for the statistics pass and the scoring; a string names them after the run.
 
     Returns:
@@ -187,22 +189,29 @@ def ptq(
         statistics[kind] = {name: q._calibrator for name, q in named_quantizers(unwrap(model), weights=False)}
     results: list[MethodResult[torch.Tensor]] = []
     changed: dict[int, dict[str, torch.Tensor]] = {}  # result index -> the parameters its model-level method set
+    stems: dict[int, list[TensorQuantizer]] = {}  # result index -> the quantizers its model-level method disabled
     for method, options in progress_bar(grid, progress, f"PTQ: scoring {len(grid)} calibrations"):
         _use(model, statistics[ptq_statistics(method)])
         given = _state(model) if method.select is not None else None  # auto equalizes and corrects biases in place
+        enabled = [q for _, q in named_quantizers(unwrap(model))] if given is not None else []
         _load(model, method, options, calib_data, num_batches, weight_method, forward_fn, progress)
         score = float(eval_fn(model))
         used = {name: q.amax_method for name, q in named_quantizers(model, weights=False)}
         results.append(MethodResult(method.name, options, score, snapshot_amax(model), calibration_report(model),
                                     used))  # fmt: skip
-        if given is not None:  # the next methods' ranges are the statistics of the model as given
+        if given is not None:  # the next methods' ranges are the statistics of the model as given, its stem int8
             changed[len(results) - 1] = _state(model)
             unwrap(model).load_state_dict(given, strict=False)
+            stems[len(results) - 1] = [q for q in enabled if not q.is_enabled]
+            for quantizer in stems[len(results) - 1]:
+                quantizer.enable()
         _log.info("PTQ %s: %.3f", results[-1].label, score)
     best_at = max(range(len(results)), key=lambda i: results[i].score)  # first of equals: the grid's order
     best = results[best_at]
     if best_at in changed:
         unwrap(model).load_state_dict(changed[best_at], strict=False)
+    for quantizer in stems.get(best_at, []):
+        quantizer.disable()
     restore_amax(model, best.amax, best.quantizer_methods)
     _use(model, statistics[ptq_statistics(grid[best_at][0])])
     warn_clipping(model, stacklevel=2)
