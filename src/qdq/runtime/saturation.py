@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["needs_uint8_weights", "saturation_safe_model", "weight_encoding"]
 
+
 def needs_uint8_weights(uint8_weights: bool | None) -> bool:
     """``uint8_weights``, or when None, whether this CPU's int8 dot products saturate."""
     return cpu.int8_dot_saturates() if uint8_weights is None else bool(uint8_weights)
