@@ -128,7 +128,7 @@ def run(
              for label in {chosen, *selection.values()} for method, options in [candidate(label)]}  # fmt: skip
     ranges = set_ranges(model, {name: final[selection.get(name, chosen)][name] for name in final[chosen]})
     histograms = {**stats.histograms(), **{s.handles["quantizer"]: s.histogram for s in scalings}}
-    scalings, equalization_scores = _settled(model, scalings, stats.scored, ranges, chosen)
+    scalings, equalization_scores = _settled(model, scalings, parts or stats.scored, ranges, chosen)
     if scalings:  # kept: the statistics are those of the rescaled activations
         histograms = stats.histograms()
     stem = _float_stem(model, parts)
@@ -140,12 +140,13 @@ def run(
     return ranges, result, clipping_warning(histograms, ranges, f"auto: {chosen}")
 
 
-def _settled(model: Any, scalings: list[Scaling], scored: Sequence[tuple[Any, list[np.ndarray]]],
-             ranges: dict[str, float], chosen: str) -> tuple[list[Scaling], tuple[float, float] | None]:
+def _settled(model: Any, scalings: list[Scaling], scored: Any, ranges: dict[str, float],
+             chosen: str) -> tuple[list[Scaling], tuple[float, float] | None]:  # fmt: skip
     """Equalization kept unless the held-out samples clearly score it lower (:func:`~qdq.workflow.equalization.kept`):
     the model as it is against its kernels as they were, each pair's activation at the range the chosen method gives
-    its own histogram (the kernels' ranges follow them). ``ranges`` is updated where it is undone. Returns the
-    scalings kept and both scores (None where nothing was scored)."""
+    its own histogram (the kernels' ranges follow them). ``scored``: the held-out pairs, or their two halves
+    (:func:`_meter_all`). ``ranges`` is updated where it is undone. Returns the scalings kept and both scores (None
+    where nothing was scored)."""
     if not scalings or not scored:
         return scalings, None
     method, options = candidate(chosen)
@@ -153,10 +154,10 @@ def _settled(model: Any, scalings: list[Scaling], scored: Sequence[tuple[Any, li
                     for s in scalings}  # fmt: skip
     if any(amax is None for amax in plain_ranges.values()):
         return scalings, None
-    with_it = _meter(model, scored).score()
+    with_it = _meter_all(model, scored).score()
     equalized = restore(scalings)
     set_ranges(model, {name: float(amax) for name, amax in plain_ranges.items()})
-    plain = _meter(model, scored).score()
+    plain = _meter_all(model, scored).score()
     if not equalization.kept(with_it, plain):
         ranges.update({name: float(amax) for name, amax in plain_ranges.items()})
         return [], (with_it, plain)
@@ -181,7 +182,7 @@ def _float_stem(model: Any, parts: tuple[Any, Any] | None) -> StemChoice:
         for name in ops:
             wrappers[name].bypass = True
         try:
-            return _meter(model, parts[half], eager=True)
+            return _meter(model, parts[half], eager=bool(ops))  # the model as it is: its traced function
         finally:
             for name in ops:
                 wrappers[name].bypass = False
@@ -216,6 +217,14 @@ def _meter(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]], eager: bo
         outputs = [np.asarray(value) for value in keras().tree.flatten(result)]
         meter.add(_features_first(reference), _features_first(outputs))
     return meter
+
+
+def _meter_all(model: Any, scored: Any) -> FidelityMeter:
+    """:func:`_meter` on the held-out pairs, or on the two halves of :func:`~qdq.workflow.refinement.halves` summed
+    (the batch shapes every other score runs at, so nothing is traced again)."""
+    if isinstance(scored, tuple):
+        return _meter(model, scored[0]) + _meter(model, scored[1])
+    return _meter(model, scored)
 
 
 def _joined(pairs: Sequence[tuple[Any, list[np.ndarray]]]) -> list[tuple[Any, list[np.ndarray]]]:
