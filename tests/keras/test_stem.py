@@ -91,3 +91,26 @@ def test_ptq_keeps_the_stem_auto_left_float_only_where_auto_wins(order):
     assert result.best.method == order[-1]
     assert seen[1:] == [name == "auto" for name in order]  # auto scored with its stem float, max with it int8
     assert stem.kept_float == (order[-1] == "auto")
+
+
+@pytest.mark.parametrize("quiet", [0.01, LOUD])
+def test_the_keras_and_onnx_doors_choose_the_same_stem(tmp_path, quiet):
+    """The same model through both doors (its float export quantized by ``quantize_onnx``, the same batches): the
+    same number of levels left float, and in the ONNX file the stem's MatMul is the op left float."""
+    import qdq
+
+    model = quiet_input(quiet)
+    qmodel = qk.quantize_model(model, target="onnxruntime")
+    path = qk.export_float_onnx(model, tmp_path / "fp32.onnx", "onnxruntime")
+    name = onnx.load(path).graph.input[0].name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qk.calibrate(qmodel, signals(quiet))
+        result = qdq.quantize_onnx(path, [{name: x} for x in signals(quiet)], tmp_path / "q.onnx",
+                                   target="onnxruntime", progress=False)  # fmt: skip
+    keras_stem, onnx_stem = qk.auto_result(qmodel).stem, result.auto.stem
+    assert keras_stem.levels == onnx_stem.levels == (1 if quiet < 1 else 0), (keras_stem.summary(), onnx_stem.summary())
+    if quiet < 1:
+        graph = onnx.load(path).graph
+        first = next(node for node in graph.node if node.op_type in ("MatMul", "Gemm"))
+        assert onnx_stem.ops == [first.name]
