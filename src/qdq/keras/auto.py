@@ -128,7 +128,7 @@ def run(
              for label in {chosen, *selection.values()} for method, options in [candidate(label)]}  # fmt: skip
     ranges = set_ranges(model, {name: final[selection.get(name, chosen)][name] for name in final[chosen]})
     histograms = {**stats.histograms(), **{s.handles["quantizer"]: s.histogram for s in scalings}}
-    scalings, equalization_scores = _settled(model, scalings, parts or stats.scored, ranges, chosen)
+    scalings, equalization_scores = _settled(model, scalings, stats.scored, parts, ranges, chosen)
     if scalings:  # kept: the statistics are those of the rescaled activations
         histograms = stats.histograms()
     stem = _float_stem(model, parts)
@@ -140,13 +140,14 @@ def run(
     return ranges, result, clipping_warning(histograms, ranges, f"auto: {chosen}")
 
 
-def _settled(model: Any, scalings: list[Scaling], scored: Any, ranges: dict[str, float],
+def _settled(model: Any, scalings: list[Scaling], scored: Sequence[tuple[Any, list[np.ndarray]]],
+             parts: tuple[Any, Any] | None, ranges: dict[str, float],
              chosen: str) -> tuple[list[Scaling], tuple[float, float] | None]:  # fmt: skip
     """Equalization kept unless the held-out samples clearly score it lower (:func:`~qdq.workflow.equalization.kept`):
     the model as it is against its kernels as they were, each pair's activation at the range the chosen method gives
-    its own histogram (the kernels' ranges follow them). ``scored``: the held-out pairs, or their two halves
-    (:func:`_meter_all`). ``ranges`` is updated where it is undone. Returns the scalings kept and both scores (None
-    where nothing was scored)."""
+    its own histogram (the kernels' ranges follow them), on the held-out ``scored`` pairs or, where there are two,
+    their halves ``parts`` (:func:`_meter_all`). ``ranges`` is updated where it is undone. Returns the scalings
+    kept and both scores (None where nothing was scored)."""
     if not scalings or not scored:
         return scalings, None
     method, options = candidate(chosen)
@@ -154,10 +155,10 @@ def _settled(model: Any, scalings: list[Scaling], scored: Any, ranges: dict[str,
                     for s in scalings}  # fmt: skip
     if any(amax is None for amax in plain_ranges.values()):
         return scalings, None
-    with_it = _meter_all(model, scored).score()
+    with_it = _meter_all(model, scored, parts).score()
     equalized = restore(scalings)
     set_ranges(model, {name: float(amax) for name, amax in plain_ranges.items()})
-    plain = _meter_all(model, scored).score()
+    plain = _meter_all(model, scored, parts).score()
     if not equalization.kept(with_it, plain):
         ranges.update({name: float(amax) for name, amax in plain_ranges.items()})
         return [], (with_it, plain)
@@ -219,12 +220,12 @@ def _meter(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]], eager: bo
     return meter
 
 
-def _meter_all(model: Any, scored: Any) -> FidelityMeter:
-    """:func:`_meter` on the held-out pairs, or on the two halves of :func:`~qdq.workflow.refinement.halves` summed
-    (the batch shapes every other score runs at, so nothing is traced again)."""
-    if isinstance(scored, tuple):
-        return _meter(model, scored[0]) + _meter(model, scored[1])
-    return _meter(model, scored)
+def _meter_all(model: Any, scored: Sequence[tuple[Any, list[np.ndarray]]], parts: tuple[Any, Any] | None
+               ) -> FidelityMeter:  # fmt: skip
+    """:func:`_meter` on all the held-out ``scored`` pairs: on their two halves ``parts`` summed where there are two
+    (:func:`~qdq.workflow.refinement.halves`: the batch shapes every other score runs at, so nothing is traced
+    again)."""
+    return _meter(model, parts[0]) + _meter(model, parts[1]) if parts is not None else _meter(model, scored)
 
 
 def _joined(pairs: Sequence[tuple[Any, list[np.ndarray]]]) -> list[tuple[Any, list[np.ndarray]]]:

@@ -61,11 +61,11 @@ class FusionFacts:
         object.__setattr__(self, "int8_forms", MappingProxyType(dict(self.int8_forms)))
         object.__setattr__(self, "mover_modes", MappingProxyType(dict(self.mover_modes)))
 
-    def moves_int8(self, op_type: str, mode: str | None) -> bool:
-        """Does the runtime run an ``op_type`` node of this ``mode`` attribute (None: the default) on int8 data,
-        given a DQ before it and a Q after it with the same parameters?"""
+    def moves_int8(self, op_type: str, mode: str) -> bool:
+        """Does the runtime run an ``op_type`` node of this ``mode`` attribute (its value, the op's default where
+        the node has none) on int8 data, given a DQ before it and a Q after it with the same parameters?"""
         modes = self.mover_modes.get(op_type)
-        return op_type in self.int8_data_movers and (modes is None or (mode or "nearest") in modes)
+        return op_type in self.int8_data_movers and (modes is None or mode in modes)
 
     def fuses(self, op_type: str) -> bool:
         """Does the runtime have an int8 kernel for ``op_type`` between DQ and Q?"""
