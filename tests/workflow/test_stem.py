@@ -16,10 +16,11 @@ from torch import nn
 
 import qdq
 from qdq.onnx_in.prepared import PreparedModel
+from qdq.runtime.benchmark import Comparison
 from qdq.targets import resolve_target
 from qdq.workflow.auto_calibration import select_amax
 from qdq.workflow.fidelity import FidelityMeter
-from qdq.workflow.stem import STEM_COST_DB, choose_stem, stem_levels
+from qdq.workflow.stem import STEM_COST_DB, STEM_SLOWDOWN_MS, StemTiming, choose_stem, stem_levels
 
 from .test_refinement import _meter
 
@@ -124,6 +125,37 @@ def test_the_levels_kept_pay_their_cost_on_the_whole_and_each_half():
     assert choose_stem(LEVELS, _scores({3: 6.0}, second={3: 0.4 * 3 * STEM_COST_DB})).levels == 0
 
 
+def _timing(int8_ms: float, ratios: list[float]) -> StemTiming:
+    return StemTiming("onnxruntime", tuple(int8_ms for _ in ratios), tuple(int8_ms * r for r in ratios))
+
+
+def test_a_stem_kept_pays_for_the_time_its_file_takes_at_the_stated_rate():
+    gains = {1: 0.2, 2: 4.0, 3: 4.2}  # 2 levels win on the scores: +4.0 dB, 3.0 net of their cost
+    asked: list = []
+
+    def timer(ops):
+        asked.append(list(ops))
+        return _timing(50.0, [1.5, 1.48, 1.51])  # 50 % more time: 20 log10(1.5) = 3.5 dB
+
+    slow = choose_stem(LEVELS, _scores(gains), timer)
+    assert asked == [["a", "b", "c"]]  # timed once: the levels the scores chose
+    assert slow.levels == 0 and slow.ops == [] and slow.dropped == 2 and slow.gain_db == 0.0
+    assert slow.timing.slowdown == pytest.approx(0.5) and slow.timing.cost_db == pytest.approx(20 * np.log10(1.5))
+    assert "gained +4.0 dB but ran +50% time on onnxruntime, which costs 3.5 dB" in slow.summary()
+    assert "dropped: slower" in slow.table()
+    # 20 % more time costs 1.6 dB: the 3 dB net still pays; under a millisecond, or faster, costs nothing
+    paid = choose_stem(LEVELS, _scores(gains), lambda ops: _timing(50.0, [1.2, 1.2, 1.2]))
+    tiny = choose_stem(LEVELS, _scores(gains), lambda ops: _timing(0.5 * STEM_SLOWDOWN_MS, [1.9, 1.9, 1.9]))
+    faster = choose_stem(LEVELS, _scores(gains), lambda ops: _timing(50.0, [0.9, 0.9, 0.9]))
+    untimed = choose_stem(LEVELS, _scores(gains), lambda ops: None)
+    for kept in (paid, tiny, faster, untimed):
+        assert kept.levels == 2 and kept.dropped == 0
+    assert "+20% time" in paid.summary() and tiny.timing.cost_db == 0.0 and faster.timing.cost_db == 0.0
+    assert untimed.timing is None
+    # nothing chosen: nothing timed
+    assert choose_stem(LEVELS, _scores({3: 0.1}), lambda ops: asked.append(ops)).levels == 0 and len(asked) == 1
+
+
 def test_nothing_is_tried_without_halves_or_levels():
     assert choose_stem(LEVELS, None).skipped and "not tried" in choose_stem(LEVELS, None).summary()
     assert choose_stem([], lambda ops, half: FidelityMeter()).skipped == "no int8 weighted op"
@@ -191,6 +223,40 @@ def test_auto_keeps_the_stem_float_only_where_int8_cannot_hold_its_input(tmp_pat
     else:  # both channels of one size: int8 holds the input, the stem's float ops would not pay
         assert choice.levels == 0 and stem not in result.float_ops
     assert "stem" in result.auto.summary() and "levels float" in result.auto.table()
+
+
+@pytest.mark.parametrize("ratio", [100.0, 1.0])
+def test_the_onnx_door_times_the_stem_it_keeps_on_the_targets_runtime(tmp_path, ratio):
+    """The quiet-input model keeps its stem float on the scores (tens of dB); timed 100 times slower, more than that
+    gain pays for (40 dB), the file is all int8."""
+    torch.manual_seed(0)
+    float_path = _export(_QuietInput(0.01), tmp_path / "quiet.onnx", (2, 2, 32))
+    stem = next(n.name for n in onnx.load(float_path).graph.node if n.op_type == "Conv")
+    timed: list = []
+
+    def compare(models, runtime, **options):  # the same files, timed by a clock this test sets
+        timed.append((sorted(models), runtime, options["inputs"]["x"].shape))
+        assert all(onnx.load(str(path)).graph.node for path in models.values())  # written, as the target finishes
+        return Comparison(runtime, 1, None, 5, "int8", {"int8": (10.0,) * 3, "stem": (10.0 * ratio,) * 3})
+
+    with warnings.catch_warnings(), patch("qdq.onnx_in.stem.compare_models", compare):
+        warnings.simplefilter("ignore")
+        result = qdq.quantize_onnx(float_path, _signals(0.01), tmp_path / "q.onnx", target="onnxruntime",
+                                   progress=False)  # fmt: skip
+        untimed = qdq.quantize_onnx(float_path, _signals(0.01), tmp_path / "t.onnx", target="tensorrt",
+                                    progress=False)  # fmt: skip
+    choice = result.auto.stem
+    assert timed[0][:2] == (["int8", "stem"], "onnxruntime") and len(timed) == 1  # TensorRT's is not timed here
+    assert choice.timing is not None and choice.timing.slowdown == pytest.approx(ratio - 1)
+    assert untimed.auto.stem.levels >= 1 and untimed.auto.stem.timing is None
+    if ratio > 1:
+        assert choice.levels == 0 and choice.dropped >= 1 and stem not in result.float_ops
+        assert "but ran +9900% time on onnxruntime" in result.auto.summary()
+        graph = onnx.load(str(tmp_path / "q.onnx")).graph
+        producers = {out: node.op_type for node in graph.node for out in node.output}
+        assert all(producers.get(n.input[0]) == "DequantizeLinear" for n in graph.node if n.op_type == "Conv")
+    else:
+        assert choice.levels >= 1 and stem in result.float_ops
 
 
 @pytest.mark.parametrize("quiet", [0.01, LOUD])

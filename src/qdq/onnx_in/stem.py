@@ -4,25 +4,36 @@ calibration observed, written as a Q/DQ copy and scored on the held-out samples 
 unoptimized). A trial that would quantize a tensor calibration never observed is not scored (never kept); the
 quantizers calibration never reached (an ``If`` branch no batch took) stay float as in the placement calibrated.
 The trials are scored with the final ranges and without bias correction, the same for every trial.
+
+The levels chosen are then timed (:class:`qdq.workflow.stem.StemTiming`): both files, the stem float and all int8,
+written as the target's rewrite finishes them and run on the target's first native runtime where it is installed
+and loads a file without compiling an engine (ONNX Runtime for ``onnxruntime``; TensorRT is not timed), on the first
+held-out batch, in interleaved rounds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized, Scored
 from qdq.onnx_in.calibrate import WeightCache, weight_ranges
 from qdq.onnx_in.prepared import Placement, PreparedModel, activation_values, ranges_by_value, values_ranges
 from qdq.onnx_in.view import keep_unreached_float
+from qdq.runtime.backend import Backend, get_backend
+from qdq.runtime.benchmark import compare_models
 from qdq.targets import Target
 from qdq.workflow.fidelity import FidelityMeter
 from qdq.workflow.progress import Progress, counter
-from qdq.workflow.stem import StemChoice, choose_stem, stem_levels
+from qdq.workflow.stem import StemChoice, StemTiming, choose_stem, stem_levels
 
 __all__ = ["STEM_WHY", "Placing", "float_stem"]
 
@@ -81,9 +92,62 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
             del sessions[key]  # both halves scored: its memory back
         return meter
 
-    choice = choose_stem(levels, score if parts is not None else None)
+    def weights(found: _Trial) -> dict[int, np.ndarray]:
+        return weight_ranges(placement.model, found[0], placing.weight_method, placing.weight_cache)
+
+    timer = _timer(placement, trials, weights, parts[0][0][0] if parts and parts[0] else None, placing.threads)
+    choice = choose_stem(levels, score if parts is not None else None, timer)
     bar.close()
     return choice, (trials[tuple(choice.ops)] if choice.levels else None)
+
+
+#: the rounds, and the runs in each, the stem's file and the all-int8 one are timed in
+_TIMING_ROUNDS, _TIMING_RUNS = 3, 3
+
+
+def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None],
+           weights: Callable[[_Trial], dict[int, np.ndarray]], feed: Mapping[str, np.ndarray] | None,
+           threads: int | None) -> Callable[[list[str]], StemTiming | None] | None:  # fmt: skip
+    """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem` (module doc), or None where the target's runtime
+    cannot time here."""
+    backend = _timing_backend(placement.target)
+    if backend is None or feed is None:
+        return None
+    inputs = {i.name for i in placement.model.graph.input}
+    feed = {name: array for name, array in feed.items() if name in inputs}
+
+    def timer(ops: list[str]) -> StemTiming | None:
+        files = {"int8": trials.get(()), "stem": trials.get(tuple(ops))}
+        with tempfile.TemporaryDirectory(prefix="qdq-stem-") as folder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the files are timed, not used: what their rewrite says is not news
+            paths = {}
+            for label, found in files.items():
+                if found is None:
+                    return None
+                copy = onnx.ModelProto()
+                copy.CopyFrom(placement.model)
+                paths[label] = Placement(copy, found[0], placement.target).write(
+                    {**found[1], **weights(found)}, Path(folder) / f"{label}.onnx")
+            timed = compare_models(paths, backend.name, batch=_rows(feed), threads=threads, rounds=_TIMING_ROUNDS,
+                                   iters=_TIMING_RUNS, warmup=1, inputs=feed)  # fmt: skip
+        return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
+
+    return timer
+
+
+def _timing_backend(target: Target) -> Backend | None:
+    """The target's first native runtime, where it is installed here and loads a file without compiling it."""
+    native = next((support for support in target.runtimes if support.verdict == "native"), None)
+    if native is None:
+        return None
+    backend = get_backend(str(native.runtime))
+    return backend if backend.available() and not backend.compiles else None
+
+
+def _rows(feed: Mapping[str, np.ndarray]) -> int:
+    """The leading dimension of the feed's first input (1 for a scalar)."""
+    first = np.asarray(next(iter(feed.values())))
+    return int(first.shape[0]) if first.ndim else 1
 
 
 def _placed(source: PreparedModel, target: Target, placing: Placing, ops: Sequence[str] = ()) -> GraphView:

@@ -73,6 +73,8 @@ class Backend:
         block_weight_bits: the weight widths of ONNX Runtime's ``com.microsoft`` ``MatMulNBits`` the runtime has
             kernels for (empty: none), which :func:`qdq.tune` tries for the MatMuls a configuration leaves float
             (:meth:`block_weight_matmuls`, :meth:`with_block_weights`).
+        compiles: opening a file builds an engine for a device (TensorRT: seconds to minutes a file); qdq then
+            times files on it only where the user asks (``tune``, ``bench``), never inside a calibration.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class Backend:
         precisions: tuple[str, ...] = (),
         divergence_causes: Mapping[str, str] | None = None,
         block_weight_bits: tuple[int, ...] = (),
+        compiles: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise QdqTypeError(f"a backend's name is a non-empty string, got {name!r}.")
@@ -101,6 +104,7 @@ class Backend:
         self.precisions = tuple(precisions)
         self.divergence_causes = dict(divergence_causes or {})
         self.block_weight_bits = tuple(block_weight_bits)
+        self.compiles = compiles
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -19,11 +19,21 @@ the levels tried are at most :data:`STEM_LEVELS`, within the first :data:`STEM_S
 (the most weighted ops a path from an input to an output goes through, float ones included: the user keeping a
 later op float does not shrink the stem), holding at most :data:`STEM_OPS_SHARE` of the int8 weighted ops; the ops
 near the input are a small share of most networks' arithmetic.
+
+That share is no bound on what a float stem costs: where its outputs reach int8 ops far apart at full resolution (a
+U-Net's skip connections, a residual add), the runtime converts each of those tensors between its float and int8
+layouts, and the file can run a quarter slower than its all-int8 twin (a measured cost, not a count of operations).
+Where a door can time both files on the target's runtime (``timer``: the ONNX door on ONNX Runtime), the levels
+chosen are timed against the all-int8 model, and their held-out gain, net of the cost per level, must pay for the time
+too: the stem must divide the output error's amplitude by more than it multiplies the time (``20 log10`` of the time
+ratio, :attr:`StemTiming.cost_db`: 0.8 dB for 10 % more time, 6 dB for twice the time); otherwise the stem stays int8
+(``StemChoice.timing``).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,7 +42,8 @@ from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.workflow.fidelity import FidelityMeter
 
-__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "StemChoice", "choose_stem", "stem_levels"]
+__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "STEM_SLOWDOWN_MS",
+           "StemChoice", "StemTiming", "choose_stem", "stem_levels"]
 
 #: the stem is tried float up to this many levels deep
 STEM_LEVELS = 3
@@ -43,6 +54,38 @@ STEM_COST_DB = 0.5
 STEM_SHARE = 1 / 2
 #: the levels tried hold at most this share of the model's int8 weighted ops
 STEM_OPS_SHARE = 1 / 2
+#: a slowdown under this many milliseconds (median) costs nothing: a small model's timing is noise
+STEM_SLOWDOWN_MS = 1.0
+
+
+@dataclass(frozen=True)
+class StemTiming:
+    """The kept stem's file timed against the all-int8 one on one runtime, in interleaved rounds.
+
+    Attributes:
+        runtime: the runtime both files ran on.
+        int8_ms: the all-int8 file, one median per round (ms per inference).
+        stem_ms: the file with the stem float, the same rounds.
+    """
+
+    runtime: str
+    int8_ms: tuple[float, ...]
+    stem_ms: tuple[float, ...]
+
+    @property
+    def slowdown(self) -> float:
+        """How much slower the stem's file ran (median of the rounds' ratios, minus 1; 0.3: 30 % slower)."""
+        return statistics.median(s / i for s, i in zip(self.stem_ms, self.int8_ms)) - 1.0
+
+    @property
+    def cost_db(self) -> float:
+        """The held-out gain (dB) the slowdown costs: ``20 log10`` of the time ratio, the same factor on the output
+        error's amplitude; nothing where the stem ran faster or under :data:`STEM_SLOWDOWN_MS` slower (median)."""
+        late = statistics.median(self.stem_ms) - statistics.median(self.int8_ms)
+        return 20 * math.log10(1 + self.slowdown) if late >= STEM_SLOWDOWN_MS and self.slowdown > 0 else 0.0
+
+    def __str__(self) -> str:
+        return f"{self.slowdown:+.0%} time on {self.runtime}"
 
 
 @dataclass
@@ -56,6 +99,8 @@ class StemChoice:
             was not run.
         half_gains: levels left float -> the gain (dB) on each half of the held-out batches (NaN: not run).
         skipped: why nothing was tried ("" when it ran).
+        timing: the levels the held-out scores chose, timed against the all-int8 model (None: not timed).
+        dropped: the levels the scores chose and the timing dropped (0: none).
     """
 
     levels: int = 0
@@ -63,6 +108,8 @@ class StemChoice:
     scores: dict[int, float] = field(default_factory=dict)
     half_gains: dict[int, tuple[float, float]] = field(default_factory=dict)
     skipped: str = ""
+    timing: StemTiming | None = None
+    dropped: int = 0
 
     @property
     def tried(self) -> int:
@@ -78,20 +125,27 @@ class StemChoice:
         """One line: the levels kept float and what they gained."""
         if self.skipped:
             return f"stem not tried: {self.skipped}"
+        if self.dropped and self.timing is not None:
+            gain = self.scores[self.dropped] - self.scores[0]
+            return (f"stem int8: float, its first {self.dropped} level(s) gained +{gain:.1f} dB but ran "
+                    f"{self.timing}, which costs {self.timing.cost_db:.1f} dB (20 log10 of the time ratio)")
         if not self.levels:
             return f"stem int8 (float up to {self.tried} levels gained less than {STEM_COST_DB} dB a level)"
+        timed = f"; {self.timing}" if self.timing is not None else ""
         return (f"stem float: {len(self.ops)} op(s) of the first {self.levels} level(s), +{self.gain_db:.1f} dB "
-                f"({self.scores[0]:.1f} -> {self.scores[self.levels]:.1f})")  # fmt: skip
+                f"({self.scores[0]:.1f} -> {self.scores[self.levels]:.1f}){timed}")  # fmt: skip
 
     def table(self) -> str:
         """Markdown table of the levels tried, with a legend."""
         rows = [[str(n), "—" if math.isnan(score) else f"{score:.2f}",
                  " / ".join("—" if math.isnan(g) else f"{g:+.2f}" for g in self.half_gains.get(n, ())),
-                 "kept" if n == self.levels else ""] for n, score in self.scores.items()]  # fmt: skip
+                 "kept" if n == self.levels else "dropped: slower" if n == self.dropped else ""]
+                for n, score in self.scores.items()]  # fmt: skip
         legend = (f"levels float: the weighted ops nearest the inputs left float (level 0 reads the inputs through no "
                   f"weighted op, level 1 reads level 0, ...). Kept: the most held-out output fidelity once "
                   f"{STEM_COST_DB} dB per level is paid, on the whole and on each half of the held-out batches "
-                  f"(—: the first half gained less, the second was not run).")
+                  f"(—: the first half gained less, the second was not run); dropped where its file, timed against "
+                  f"the all-int8 one, ran slower than that gain pays for (20 log10 of the time ratio, in dB).")
         return markdown_table(["levels float", "output fidelity (dB)", "halves (dB)", ""], rows) + "\n\n" + legend
 
 
@@ -119,13 +173,16 @@ def stem_levels(view: GraphView, limit: int = STEM_LEVELS) -> list[list[str]]:
     return kept
 
 
-def choose_stem(levels: list[list[str]], score: Callable[[list[str], int], FidelityMeter] | None) -> StemChoice:
+def choose_stem(levels: list[list[str]], score: Callable[[list[str], int], FidelityMeter] | None,
+                timer: Callable[[list[str]], StemTiming | None] | None = None) -> StemChoice:  # fmt: skip
     """How many of ``levels`` to keep float.
 
     Args:
         levels: from :func:`stem_levels`.
         score: ``score(float_ops, half)``: the model with ``float_ops`` float run on half ``half`` (0 or 1) of the
             held-out batches; None when they cannot be halved (nothing is tried).
+        timer: ``timer(float_ops)``: the model with ``float_ops`` float timed against the all-int8 one (None: it
+            could not be); None where the door cannot time its files. Called once, for the levels chosen.
     """
     if score is None:
         return StemChoice(skipped="fewer than two held-out batches to check a gain on")
@@ -148,4 +205,8 @@ def choose_stem(levels: list[list[str]], score: Callable[[list[str], int], Fidel
         net = choice.scores[n] - choice.scores[0] - need
         if net > best and min(choice.half_gains[n]) >= need:
             best, choice.levels, choice.ops = net, n, ops
+    if choice.levels and timer is not None:
+        choice.timing = timer(choice.ops)
+        if choice.timing is not None and best <= choice.timing.cost_db:
+            choice.dropped, choice.levels, choice.ops = choice.levels, 0, []
     return choice

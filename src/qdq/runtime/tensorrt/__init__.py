@@ -64,7 +64,7 @@ class TensorRtBackend(Backend):
         super().__init__(
             TENSORRT_RUNTIME.name, TensorRtRuntime, package="tensorrt",
             install="pip install tensorrt  (or: pip install 'qdq[tensorrt]')",
-            description="TensorRT >= 10, strongly typed engines from Q/DQ graphs, on a CUDA GPU",
+            description="TensorRT >= 10, strongly typed engines from Q/DQ graphs, on a CUDA GPU", compiles=True,
         )  # fmt: skip
 
     @property
