@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -77,7 +78,7 @@ def _run(model: onnx.ModelProto | str, feed: dict[str, np.ndarray]) -> np.ndarra
 @pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
 def test_attention_written_out_is_one_op_with_its_four_tensors_quantized(tmp_path, form, target):
     model = _attention(form)
-    (found,) = find_attention(model.graph, {t.name: 1 for t in model.graph.initializer}).values()
+    (found,) = find_attention(ir.from_proto(model).graph, {t.name: 1 for t in model.graph.initializer}).values()
     assert len(found.nodes) == {"div": 5, "sdpa": 6, "paddle": 5}[form]
     feeds = _feeds(model)
     result = qdq.quantize_onnx(model, feeds, tmp_path / "int8.onnx", target=target, method="max", progress=False)
@@ -124,4 +125,4 @@ def test_tensorrt_keeps_attention_float_outside_its_fused_shapes(tmp_path, head,
 def test_a_softmax_read_twice_is_no_attention():
     model = _attention("div")
     model.graph.output.append(helper.make_tensor_value_info("probs", FLOAT, [1, 2, "length", "length"]))
-    assert find_attention(model.graph, {t.name: 1 for t in model.graph.initializer}) == {}
+    assert find_attention(ir.from_proto(model).graph, {t.name: 1 for t in model.graph.initializer}) == {}

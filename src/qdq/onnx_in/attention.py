@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import helper
 
 from qdq.graphs.onnx_types import recorded_dims
@@ -76,23 +77,19 @@ class AttentionNodes:
         return [[(self.scores, 0)], [(self.scores, 1)], [(self.output, 1)]][index]
 
 
-def find_attention(graph: onnx.GraphProto, constants: Mapping[str, int]) -> dict[int, AttentionNodes]:
+def find_attention(graph: ir.Graph, constants: Mapping[str, int]) -> dict[int, AttentionNodes]:
     """The attentions of ``graph`` written out op by op (module doc), by the position of their last ``MatMul``.
     ``constants``: the initializers the graph reads (its own and, in a branch, the main graph's), name -> size."""
     return {found.output: found for found in _Chains(graph, constants).all()}
 
 
 class _Chains:
-    """The graph's producers and readers, and the attention chains through its ``Softmax`` nodes."""
+    """The attention chains through a graph's ``Softmax`` nodes, walked with onnx_ir's producers and uses; nodes by
+    their position in the graph (a read inside a subgraph is not this graph's)."""
 
-    def __init__(self, graph: onnx.GraphProto, constants: Mapping[str, int]) -> None:
-        self.nodes, self.constants = list(graph.node), constants
-        self.producer = {out: i for i, node in enumerate(self.nodes) for out in node.output}
-        self.readers: dict[str, list[int]] = {}
-        for i, node in enumerate(self.nodes):
-            for name in node.input:
-                self.readers.setdefault(name, []).append(i)
-        self.outputs = {value.name for value in graph.output}
+    def __init__(self, graph: ir.Graph, constants: Mapping[str, int]) -> None:
+        self.nodes, self.constants = list(graph), constants
+        self.position = {node: index for index, node in enumerate(self.nodes)}
 
     def all(self) -> Iterable[AttentionNodes]:
         for number, node in enumerate(self.nodes):
@@ -100,92 +97,106 @@ class _Chains:
             if found is not None:
                 yield found
 
-    def _values_read(self, name: str) -> list[int]:
-        """The nodes reading ``name``'s values (a ``Shape`` reads only its shape)."""
-        return [i for i in self.readers.get(name, []) if self.nodes[i].op_type != "Shape"]
+    def _readers(self, value: ir.Value) -> list[int]:
+        """The positions of this graph's nodes reading ``value``, once per read, in graph order."""
+        return sorted(self.position[use.node] for use in value.uses() if use.node in self.position)
 
-    def _only(self, name: str, op_type: str) -> int | None:
-        """The one node reading ``name`` (once), when it is a ``op_type`` and ``name`` no graph output."""
-        found = self._values_read(name)
-        if len(found) != 1 or name in self.outputs or self.nodes[found[0]].op_type != op_type:
+    def _values_read(self, value: ir.Value) -> list[int]:
+        """The nodes reading ``value``'s values (a ``Shape`` reads only its shape)."""
+        return [i for i in self._readers(value) if self.nodes[i].op_type != "Shape"]
+
+    def _only(self, value: ir.Value, op_type: str) -> int | None:
+        """The one node reading ``value`` (once), when it is a ``op_type`` and ``value`` no graph output."""
+        found = self._values_read(value)
+        if len(found) != 1 or value.is_graph_output() or self.nodes[found[0]].op_type != op_type:
             return None
         return found[0]
 
-    def _made_by(self, name: str, op_type: str, reader: int) -> int | None:
-        """The ``op_type`` node writing ``name``, when ``reader`` alone reads it."""
-        found = self.producer.get(name)
-        ok = found is not None and self.nodes[found].op_type == op_type and self._values_read(name) == [reader]
-        return found if ok and name not in self.outputs else None
+    def _made_by(self, value: ir.Value | None, op_type: str, reader: int) -> int | None:
+        """The ``op_type`` node writing ``value``, when ``reader`` alone reads it."""
+        if value is None:
+            return None
+        found = self.position.get(value.producer())  # type: ignore[arg-type]
+        ok = found is not None and self.nodes[found].op_type == op_type and self._values_read(value) == [reader]
+        return found if ok and not value.is_graph_output() else None
 
-    def _activation(self, name: str) -> bool:
-        return bool(name) and name not in self.constants
+    def _activation(self, value: ir.Value | None) -> bool:
+        return value is not None and value.name not in self.constants
+
+    def _input(self, node: int, index: int) -> ir.Value | None:
+        inputs = self.nodes[node].inputs
+        return inputs[index] if len(inputs) > index else None
 
     def _around(self, softmax: int) -> AttentionNodes | None:
-        probs, layout = self.nodes[softmax].output[0], []
+        probs, layout = self.nodes[softmax].outputs[0], []
         unflatten = self._only(probs, "Reshape")
         if unflatten is not None:
-            probs = self.nodes[unflatten].output[0]
+            probs = self.nodes[unflatten].outputs[0]
             layout.append(unflatten)
         probs, guard = self._guarded(probs)
         output = self._only(probs, "MatMul")
-        if output is None or self.nodes[output].input[0] != probs:
+        if output is None or self._input(output, 0) is not probs:
             return None
-        scores_out, last = self.nodes[softmax].input[0], softmax
+        scores_out, last = self._input(softmax, 0), softmax
         flatten = self._made_by(scores_out, "Flatten", softmax) or self._made_by(scores_out, "Reshape", softmax)
         if flatten is not None:
-            scores_out, last = self.nodes[flatten].input[0], flatten
+            scores_out, last = self._input(flatten, 0), flatten
             layout.insert(0, flatten)
         mask, mask_index = None, 1
         add = self._made_by(scores_out, "Add", last)
         if add is not None:
-            mask_index = 1 if self.producer.get(self.nodes[add].input[0]) in self._score_writers(add) else 0
-            mask, scores_out, last = add, self.nodes[add].input[1 - mask_index], add
+            first = self._input(add, 0)
+            writer = self.position.get(first.producer()) if first is not None else None  # type: ignore[arg-type]
+            mask_index = 1 if writer in self._score_writers(add) else 0
+            mask, scores_out, last = add, self._input(add, 1 - mask_index), add
         scale = self._scale(scores_out, last)
         if scale is not None:
-            scores_out = self.nodes[scale].input[0 if self.nodes[scale].input[1] in self.constants else 1]
+            second = self._input(scale, 1)
+            scores_out = self._input(scale, 0 if second is not None and second.name in self.constants else 1)
         scores = self._made_by(scores_out, "MatMul", scale if scale is not None else last)
         if scores is None:
             return None
-        query, key = self.nodes[scores].input
-        value = self.nodes[output].input[1]
-        if not all(map(self._activation, (query, key, value))) or len({query, key, value}) < 3:
+        query, key, value = self._input(scores, 0), self._input(scores, 1), self._input(output, 1)
+        if not all(map(self._activation, (query, key, value))) or len({id(query), id(key), id(value)}) < 3:
             return None
         return AttentionNodes(scores, softmax, output, scale, mask, mask_index, guard, tuple(layout))
 
     def _score_writers(self, add: int) -> set[int | None]:
         """The nodes that may write the scores an ``Add`` adds a mask to: a scale or ``Q·Kᵀ``, read by it alone."""
-        found = {self._made_by(name, t, add) for name in self.nodes[add].input for t in ("Mul", "Div", "MatMul")}
+        found = {self._made_by(value, t, add) for value in self.nodes[add].inputs for t in ("Mul", "Div", "MatMul")}
         return found - {None}
 
-    def _scale(self, name: str, reader: int) -> int | None:
-        """The ``Div`` (by a one-element constant) or ``Mul`` (by one, either side) writing ``name`` for ``reader``
+    def _scale(self, value: ir.Value | None, reader: int) -> int | None:
+        """The ``Div`` (by a one-element constant) or ``Mul`` (by one, either side) writing ``value`` for ``reader``
         alone, whose data input is written by a ``MatMul``."""
         for op_type in ("Div", "Mul"):
-            found = self._made_by(name, op_type, reader)
+            found = self._made_by(value, op_type, reader)
             if found is None:
                 continue
-            inputs = list(self.nodes[found].input)
+            inputs = list(self.nodes[found].inputs)
             sides = [1] if op_type == "Div" else [1, 0]
             for side in sides:
-                data = inputs[1 - side]
-                if self.constants.get(inputs[side]) == 1 and self._made_by(data, "MatMul", found) is not None:
+                constant, data = inputs[side], inputs[1 - side]
+                if (constant is not None and self.constants.get(constant.name or "") == 1
+                        and self._made_by(data, "MatMul", found) is not None):  # fmt: skip
                     return found
         return None
 
-    def _guarded(self, probs: str) -> tuple[str, tuple[int, ...]]:
+    def _guarded(self, probs: ir.Value) -> tuple[ir.Value, tuple[int, ...]]:
         """``(what the last MatMul reads, the guard's nodes)``: ``Where(IsNaN(p), 0, p)`` after the softmax, else
         the softmax's output and no guard."""
-        readers = self.readers.get(probs, [])
-        if len(readers) != 2 or probs in self.outputs:
+        readers = self._readers(probs)
+        if len(readers) != 2 or probs.is_graph_output():
             return probs, ()
         isnan = next((i for i in readers if self.nodes[i].op_type == "IsNaN"), None)
         where = next((i for i in readers if self.nodes[i].op_type == "Where"), None)
-        if isnan is None or where is None or self._only(self.nodes[isnan].output[0], "Where") != where:
+        if isnan is None or where is None or self._only(self.nodes[isnan].outputs[0], "Where") != where:
             return probs, ()
-        inputs = list(self.nodes[where].input)
-        if inputs[0] != self.nodes[isnan].output[0] or inputs[2] != probs or inputs[1] not in self.constants:
+        inputs = list(self.nodes[where].inputs)
+        if (len(inputs) != 3 or inputs[0] is not self.nodes[isnan].outputs[0] or inputs[2] is not probs
+                or inputs[1] is None or inputs[1].name not in self.constants):  # fmt: skip
             return probs, ()
-        return self.nodes[where].output[0], (isnan, where)
+        return self.nodes[where].outputs[0], (isnan, where)
 
 
 def attention_shapes(model: onnx.ModelProto, view: GraphView,

@@ -27,17 +27,16 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-import numpy as np
 import onnx
-from onnx import TensorProto
+import onnx_ir as ir
 
 from qdq.graphs.onnx_types import FLOAT_TYPES
 from qdq.graphs.ops import ATTENTION, ATTENTION_SITES, QUANTIZED_BY_DEFAULT
 from qdq.graphs.view import GraphView, Op, Quantizer
 from qdq.onnx_in.attention import AttentionNodes, find_attention
-from qdq.onnx_in.subgraphs import Nested, Path, if_branches
+from qdq.onnx_in.subgraphs import Nested, Path
 
 __all__ = ["KeepFloat", "build_view", "keep_unreached_float", "keep_user_float", "select_attention", "select_weighted",
            "weight_axis"]  # fmt: skip
@@ -80,70 +79,82 @@ class KeepFloat:
 
 def build_view(model: onnx.ModelProto, target: Any) -> GraphView:
     """The view of ``model``'s main graph and of its ``If`` branches (nodes in their topological order: a branch's
-    ops before its ``If``; :mod:`qdq.onnx_in.subgraphs`)."""
+    ops before its ``If``; :mod:`qdq.onnx_in.subgraphs`), read through onnx_ir (its tensors shared, not copied)."""
     view = GraphView("onnx", target)
-    graph = model.graph
-    constants = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
-    scalars = {t.name: float(onnx.numpy_helper.to_array(t)) for t in graph.initializer
-               if not t.dims and t.data_type != TensorProto.STRING}  # fmt: skip
-    graphs = [graph, *(branch for _, branch in if_branches(graph))]
-    types = {v.name: v.type.tensor_type.elem_type for g in graphs for v in [*g.input, *g.value_info, *g.output]}
-    types.update({t.name: t.data_type for t in graph.initializer})
-    for name, elem in types.items():  # integer and boolean tensors (shapes, indices) are never quantized
-        view.value(name, constant=name in constants, real=elem in FLOAT_TYPES or elem == TensorProto.UNDEFINED)
+    graph = ir.serde.deserialize_model(model).graph
+    constants = {name: value.const_value.size if value.const_value is not None else 0
+                 for name, value in graph.initializers.items()}
+    scalars = {name: float(value.const_value.numpy()) for name, value in graph.initializers.items()
+               if value.const_value is not None and not value.shape and value.dtype != ir.DataType.STRING}  # fmt: skip
+    for value in graph.initializers.values():
+        _value(view, value, constants)
     _add_graph(view, graph, (), scalars, constants)
     return view
 
 
-def _add_graph(view: GraphView, graph: onnx.GraphProto, path: Path, scalars: dict[str, float],
+def _add_graph(view: GraphView, graph: ir.Graph, path: Path, scalars: dict[str, float],
                constants: dict[str, int]) -> None:  # fmt: skip
     """The ops of ``graph`` (at ``path``), each ``If``'s branches before it; the values ``graph`` returns are its
     outputs (the model's, or an ``If`` branch's)."""
-    nodes = list(graph.node)
+    nodes = list(graph)
     sigmoid_of = _silu_pairs(graph)
     attention = find_attention(graph, constants)  # a branch's initializers live in the main graph once prepared
     inside = set(sigmoid_of.values()) | {n for found in attention.values() for n in found.nodes[:-1]}
     for number, node in enumerate(nodes):
-        if number in inside:
-            continue  # a SiLU's sigmoid, an attention's nodes: added with the node that ends them, as one op
-        for attribute in node.attribute if node.op_type == "If" else ():
-            _add_graph(view, attribute.g, (*path, (number, attribute.name)), scalars, constants)
-        name = node.name or f"{node.op_type}_{number}"
-        inputs = [view.value(i) for i in [*node.input, *_returned(node)] if i]
-        produced = [view.value(o) for o in node.output if o]
+        if number in inside:  # a SiLU's sigmoid, an attention's nodes: added with the node that ends them, as one op
+            for value in [v for v in node.outputs if v.name]:  # the graph's tensors still (a user may keep one float)
+                _value(view, value, constants)
+            continue
+        for name, attribute in node.attributes.items() if node.op_type == "If" else ():
+            _add_graph(view, attribute.as_graph(), (*path, (number, name)), scalars, constants)
+        inputs = [_value(view, v, constants) for v in [*node.inputs, *_returned(node)] if v is not None]
+        produced = [_value(view, v, constants) for v in node.outputs if v.name]  # an optional output left out: ""
         gate = sigmoid_of.get(number)
+        name = node.name or f"{node.op_type}_{number}"
         if number in attention:
-            _add_attention(view, nodes, attention[number], path)
+            _add_attention(view, nodes, attention[number], path, constants)
         elif gate is not None:
             sigmoid = nodes[gate]
-            view.add_op(name, "Silu", [view.value(sigmoid.input[0])], produced,
-                        inner={"sigmoid": view.value(sigmoid.output[0])}, ref=_ref(path, (gate, number)))  # fmt: skip
+            x = cast(ir.Value, sigmoid.inputs[0])  # the pair's sigmoid reads the Mul's other input (_silu_pairs)
+            view.add_op(name, "Silu", [_value(view, x, constants)], produced,
+                        inner={"sigmoid": _value(view, sigmoid.outputs[0], constants)},
+                        ref=_ref(path, (gate, number)))  # fmt: skip
         else:
             op_type = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}:{node.op_type}"
             weights = [i for i, v in enumerate(inputs) if v.constant and _is_weight(op_type, i)]
             view.add_op(name, op_type, inputs, produced, attrs=_attrs(node, scalars), weights=weights,
                         ref=_ref(path, number))  # fmt: skip
-    for value in graph.output:
-        view.value(value.name).graph_output = True
+    for value in graph.outputs:
+        _value(view, value, constants).graph_output = True
 
 
-def _add_attention(view: GraphView, nodes: list[Any], found: AttentionNodes, path: Path) -> None:
+def _value(view: GraphView, value: ir.Value, constants: Mapping[str, int]) -> Any:
+    """The view's value for ``value``: a constant where it is an initializer; integer and boolean tensors (shapes,
+    indices) are not real numbers, never quantized."""
+    dtype = value.dtype
+    real = dtype is None or int(dtype) in FLOAT_TYPES or dtype == ir.DataType.UNDEFINED
+    return view.value(str(value.name), constant=value.name in constants, real=real)
+
+
+def _add_attention(view: GraphView, nodes: list[ir.Node], found: AttentionNodes, path: Path,
+                   constants: Mapping[str, int]) -> None:  # fmt: skip
     """The ``Attention`` op of ``found``'s nodes, named after its ``Q·Kᵀ`` node: reads the query, the key, ``V`` and
     the mask (:meth:`AttentionNodes.reads`), writes the last MatMul's output, the probabilities inside."""
     reads = [found.reads(index)[0] for index in range(4 if found.mask is not None else 3)]
-    inputs = [view.value(nodes[position].input[slot]) for position, slot in reads]
-    probs = view.value(nodes[found.output].input[0])
+    inputs = [_value(view, nodes[position].inputs[slot], constants) for position, slot in reads]  # type: ignore[arg-type]
+    probs = _value(view, nodes[found.output].inputs[0], constants)  # type: ignore[arg-type]
     scores = nodes[found.scores]
-    view.add_op(scores.name or f"MatMul_{found.scores}", ATTENTION, inputs, [view.value(nodes[found.output].output[0])],
-                inner={"probs": probs}, ref=_ref(path, found))  # fmt: skip
+    view.add_op(scores.name or f"MatMul_{found.scores}", ATTENTION, inputs,
+                [_value(view, nodes[found.output].outputs[0], constants)], inner={"probs": probs},
+                ref=_ref(path, found))  # fmt: skip
 
 
-def _returned(node: Any) -> list[str]:
+def _returned(node: ir.Node) -> list[ir.Value]:
     """What an ``If``'s branches return (the values of its outputs: the view's ``If`` reads them), else nothing."""
     if node.op_type != "If":
         return []
-    return [value.name for attribute in node.attribute if attribute.type == attribute.GRAPH
-            for value in attribute.g.output]  # fmt: skip
+    return [value for attribute in node.attributes.values() if attribute.type == ir.AttributeType.GRAPH
+            for value in attribute.as_graph().outputs]  # fmt: skip
 
 
 def _ref(path: Path, ref: Any) -> Any:
@@ -223,44 +234,35 @@ def _is_weight(op_type: str, index: int) -> bool:
     return (op_type in ("Conv", "ConvTranspose") and index == 1) or (op_type in ("Gemm", "MatMul") and index == 1)
 
 
-def _attrs(node: Any, scalars: dict[str, float]) -> dict[str, Any]:
+def _attrs(node: ir.Node, scalars: dict[str, float]) -> dict[str, Any]:
     """The attributes placement reads: ints, floats and strings; a ``Clip``'s bounds given as constant inputs
     (opset 11 on) as its ``min`` and ``max``, as the older attributes named them."""
-    found: dict[str, Any] = {}
-    for attribute in node.attribute:
-        value = onnx.helper.get_attribute_value(attribute)
-        if isinstance(value, bytes):
-            value = value.decode()
-        if isinstance(value, int | float | str):
-            found[attribute.name] = value
+    found: dict[str, Any] = {name: attribute.value for name, attribute in node.attributes.items()
+                             if attribute.type in _SCALAR_ATTRIBUTES}  # fmt: skip
     if node.op_type == "Clip":
         for index, key in ((1, "min"), (2, "max")):
-            name = node.input[index] if len(node.input) > index else ""
-            if name in scalars:
-                found[key] = scalars[name]
+            value = node.inputs[index] if len(node.inputs) > index else None
+            if value is not None and value.name in scalars:
+                found[key] = scalars[value.name]
     return found
 
 
-def _silu_pairs(graph: onnx.GraphProto) -> dict[int, int]:
+_SCALAR_ATTRIBUTES = (ir.AttributeType.INT, ir.AttributeType.FLOAT, ir.AttributeType.STRING)
+
+
+def _silu_pairs(graph: ir.Graph) -> dict[int, int]:
     """``position of the Mul -> position of its Sigmoid`` for every ``Mul(x, Sigmoid(x))`` whose sigmoid only that
-    Mul reads (positions in ``graph.node``: protobuf's node wrappers have no stable identity)."""
-    nodes = list(graph.node)
-    producer = {out: index for index, node in enumerate(nodes) for out in node.output}
-    readers: dict[str, int] = {}
-    for node in nodes:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    outputs = {o.name for o in graph.output}
+    Mul reads, in ``graph`` (positions in its node list: the view's refs)."""
+    position = {node: index for index, node in enumerate(graph)}
     pairs = {}
-    for index, node in enumerate(nodes):
-        if node.op_type != "Mul" or len(node.input) != 2:
+    for index, node in enumerate(graph):
+        if node.op_type != "Mul" or len(node.inputs) != 2:
             continue
         for gate_index in (0, 1):
-            gate = producer.get(node.input[gate_index])
-            x = node.input[1 - gate_index]
-            sigmoid = nodes[gate] if gate is not None else None
-            if (gate is not None and sigmoid is not None and sigmoid.op_type == "Sigmoid" and sigmoid.input[0] == x
-                    and readers.get(sigmoid.output[0]) == 1 and sigmoid.output[0] not in outputs):  # fmt: skip
-                pairs[index] = gate
+            gate, x = node.inputs[gate_index], node.inputs[1 - gate_index]
+            sigmoid = gate.producer() if gate is not None else None
+            if (gate is not None and sigmoid is not None and sigmoid in position and sigmoid.op_type == "Sigmoid"
+                    and sigmoid.inputs[0] is x and len(gate.uses()) == 1 and not gate.is_graph_output()):  # fmt: skip
+                pairs[index] = position[sigmoid]
                 break
     return pairs
