@@ -10,9 +10,9 @@ The front end takes every ``If`` branch, nested ones included, as part of the on
 * preparing (:func:`qdq.onnx_in.load.prepare`) moves the branches' weights (their ``Constant`` nodes and
   initializers) to the main graph's initializers, which every graph of the model can read: a weight is an
   initializer wherever its op is;
-* calibration (:func:`expose`): ONNX Runtime returns only the main graph's outputs, so each tensor a branch
-  computes is returned by its branch, by the ``If`` (the other branch returns an empty tensor in its place), and
-  so on up to the main graph, under its own name. A branch the calibration data takes is calibrated on the values
+* calibration (:func:`expose`, on onnx_ir): ONNX Runtime returns only the main graph's outputs, so each tensor a
+  branch computes is returned by its branch, by the ``If`` (the other branch returns an empty tensor in its place),
+  and so on up to the main graph, under its own name. A branch the calibration data takes is calibrated on the values
   it computes when it runs; an empty tensor is no data, and a quantizer that only ever saw empty tensors (a branch
   the data never took) goes, its ops left float.
 
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+import onnx_ir as ir
 
 __all__ = ["Nested", "Path", "expose", "graph_at", "if_branches"]
 
@@ -68,60 +69,69 @@ def graph_at(model: onnx.ModelProto, path: Path) -> onnx.GraphProto:
 
 def expose(model: onnx.ModelProto, names: list[str]) -> list[str]:
     """Make each of ``names`` that an ``If`` branch computes an output of the main graph of ``model`` (a probe
-    copy: the branches are edited), under its own name; returns those names (module doc). A run that takes the
-    other branch returns an empty tensor for it."""
-    where = {out: path for path, branch in if_branches(model.graph) for node in branch.node for out in node.output}
-    types = _elem_types(model)
-    exposed = [name for name in dict.fromkeys(names) if name in where]
-    for name in exposed:
-        path, elem = where[name], types.get(name, TensorProto.FLOAT)
-        inner, graph = f"{name}{_PROBE}", graph_at(model, path)
-        _rename_definition(graph, name, inner)
-        graph.node.append(helper.make_node("Identity", [inner], [f"{inner}::returned"]))  # a branch output once
-        inner = f"{inner}::returned"
-        for depth in range(len(path), 0, -1):
-            owner, (position, branch) = graph_at(model, path[: depth - 1]), path[depth - 1]
-            outer = name if depth == 1 else f"{name}{_PROBE}{depth - 1}"
-            _return_through(owner.node[position], branch, inner, outer, elem)
-            inner = outer
-        model.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    copy: the branches are edited, on onnx_ir), under its own name; returns those names (module doc). A run that
+    takes the other branch returns an empty tensor for it."""
+    if not any(node.op_type == "If" for node in model.graph.node):
+        return []
+    from qdq.graphs.onnx import on_ir
+
+    (exposed,) = on_ir(model, lambda ir_model: _expose(ir_model, names))
     return exposed
 
 
-def _return_through(node: Any, branch: str, inner: str, outer: str, elem: int) -> None:
-    """``inner``, computed in ``branch`` of the ``If`` ``node``, becomes the node's output ``outer``; the other
-    branch returns an empty tensor of the same type in its place."""
-    for attribute in node.attribute:
-        if attribute.name not in _BRANCHES:
+def _expose(model: ir.Model, names: list[str]) -> list[str]:
+    """:func:`expose` on ``model``, in place."""
+    where = {value.name: (value, chain) for chain, branch in _ir_branches(model.graph, ())
+             for node in branch for value in node.outputs if value.name}  # fmt: skip
+    exposed = [name for name in dict.fromkeys(names) if name in where]
+    for name in exposed:
+        value, chain = where[name]
+        dtype = value.dtype or ir.DataType.FLOAT
+        value.name = f"{name}{_PROBE}"  # its reads follow: they hold the value, not its name
+        branch = chain[-1][2]
+        returned = ir.node("Identity", [value], name=f"{name}{_PROBE}::identity")  # a branch output once
+        returned.outputs[0].name = f"{name}{_PROBE}::returned"
+        branch.append(returned)
+        inner = returned.outputs[0]
+        for depth in range(len(chain), 0, -1):
+            owner, taken, _ = chain[depth - 1]
+            inner = _return_through(owner, taken, inner, name if depth == 1 else f"{name}{_PROBE}{depth - 1}", dtype)
+        inner.dtype = dtype
+        model.graph.outputs.append(inner)
+    return exposed
+
+
+_Chain = tuple[tuple[ir.Node, str, ir.Graph], ...]  # from the main graph down: (If node, branch name, branch)
+
+
+def _ir_branches(graph: ir.Graph, chain: _Chain) -> list[tuple[_Chain, ir.Graph]]:
+    """Every ``If`` branch under ``graph``, nested ones included, each with its chain of ``If`` nodes."""
+    found: list[tuple[_Chain, ir.Graph]] = []
+    for node in graph:
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
             continue
-        graph = attribute.g
-        returned = inner
-        if attribute.name != branch:
-            returned = f"{outer}::empty"
-            empty = helper.make_tensor(returned, elem, [0], [])
-            graph.node.append(helper.make_node("Constant", [], [returned], value=empty))
-        graph.output.append(helper.make_tensor_value_info(returned, elem, None))
-    node.output.append(outer)
-
-
-def _rename_definition(graph: onnx.GraphProto, name: str, new: str) -> None:
-    """``name``, defined in ``graph``, is called ``new`` there and in the reads of the graphs inside it."""
-    from qdq.graphs.onnx import all_nodes
-
-    for node in graph.node:
-        node.output[:] = [new if out == name else out for out in node.output]
-    for node in all_nodes(graph):
-        node.input[:] = [new if read == name else read for read in node.input]
-    for value in graph.output:
-        if value.name == name:
-            value.name = new
-
-
-def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor name -> element type, from the value_info, inputs and outputs of every graph of ``model``."""
-    found: dict[str, int] = {}
-    for graph in [model.graph, *(branch for _, branch in if_branches(model.graph))]:
-        for value in [*graph.input, *graph.value_info, *graph.output]:
-            if value.type.tensor_type.elem_type:
-                found[value.name] = value.type.tensor_type.elem_type
+        for name, attribute in node.attributes.items():
+            if name in _BRANCHES:
+                inner = (*chain, (node, name, attribute.as_graph()))
+                found += [(inner, inner[-1][2]), *_ir_branches(inner[-1][2], inner)]
     return found
+
+
+def _return_through(node: ir.Node, taken: str, inner: ir.Value, outer: str, dtype: ir.DataType) -> ir.Value:
+    """``inner``, computed in branch ``taken`` of the ``If`` ``node``, becomes the node's new output ``outer``; the
+    other branch returns an empty tensor of ``dtype`` in its place. Returns that output."""
+    for name, attribute in node.attributes.items():
+        if name not in _BRANCHES:
+            continue
+        branch = attribute.as_graph()
+        if name == taken:
+            branch.outputs.append(inner)
+            continue
+        empty = ir.node("Constant", [], attributes={"value": ir.tensor(np.zeros(0, dtype.numpy()))},
+                        name=f"{outer}::empty")  # fmt: skip
+        empty.outputs[0].name = f"{outer}::empty"
+        branch.append(empty)
+        branch.outputs.append(empty.outputs[0])
+    node.resize_outputs(len(node.outputs) + 1)
+    node.outputs[-1].name = outer
+    return node.outputs[-1]
