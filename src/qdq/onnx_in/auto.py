@@ -21,15 +21,15 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
 
+from qdq.graphs.onnx import on_ir
 from qdq.graphs.onnx_session import ort_session, session_options
 from qdq.graphs.onnx_tags import quantizer_names as tag_names
-from qdq.graphs.view import GraphView
+from qdq.graphs.view import GraphView, Quantizer
 from qdq.onnx_in.bias_correction import correct_biases
 from qdq.onnx_in.calibrate import Statistics
 from qdq.onnx_in.materialize import activation_step, quantizer_names, write_qdq
-from qdq.onnx_in.subgraphs import if_branches
 from qdq.workflow.auto_calibration import (
     BIAS_CORRECTION,
     TIE_DB,
@@ -177,21 +177,24 @@ class _StepFed:
         names = quantizer_names(view)
         by_name = {names[id(q)]: q for q in view.quantizers() if id(q) in base}
         self.steps: dict[int, tuple[list[str], float, bool]] = {}  # key -> (inputs, written / computed, unsigned)
-        for graph in [quantized.graph, *(branch for _, branch in if_branches(quantized.graph))]:
-            initializers = {tensor.name: tensor for tensor in graph.initializer}
-            for node in graph.node:
-                owner = by_name.get(next(iter(tag_names(node)), "")) if node.op_type == "QuantizeLinear" else None
-                if owner is None or node.input[1] not in initializers:
-                    continue  # not a quantizer's own Q (a pair two quantizers share), or its step moved already
-                step = initializers.pop(node.input[1])
-                computed = float(activation_step(np.asarray(base[id(owner)]), owner.unsigned))
-                names_of = self.steps.setdefault(id(owner), ([], float(numpy_helper.to_array(step)) / computed,
-                                                            owner.unsigned))[0]  # fmt: skip
-                names_of.append(step.name)
-                graph.initializer.remove(step)  # a branch reads the main graph's input from its outer scope
-                quantized.graph.input.append(helper.make_tensor_value_info(step.name, TensorProto.FLOAT, []))
+        on_ir(quantized, lambda ir_model: self._feed_steps(ir_model.graph, by_name, base))
         self.session = ort_session(quantized, session_options(threads=threads, optimization_level="disable"))
         self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def _feed_steps(self, main: ir.Graph, by_name: Mapping[str, Quantizer], base: Mapping[int, np.ndarray]) -> None:
+        """Each quantizer's own Q's step, an initializer of its graph, becomes an input of the main graph."""
+        for node in ir.traversal.RecursiveGraphIterator(main):
+            owner = by_name.get(next(iter(tag_names(node)), "")) if node.op_type == "QuantizeLinear" else None
+            step = node.inputs[1] if owner is not None else None
+            if owner is None or step is None or not step.is_initializer() or step.const_value is None:
+                continue  # not a quantizer's own Q (a pair two quantizers share), or its step moved already
+            computed = float(activation_step(np.asarray(base[id(owner)]), owner.unsigned))
+            written = float(step.const_value.numpy())
+            self.steps.setdefault(id(owner), ([], written / computed, owner.unsigned))[0].append(str(step.name))
+            assert step.graph is not None
+            step.graph.initializers.pop(str(step.name))
+            step.const_value = None
+            main.inputs.append(step)  # a branch reads it from the outer scope
 
     def meter(self, ranges: Mapping[int, np.ndarray], scored: Scored) -> FidelityMeter:
         """A :class:`~qdq.workflow.fidelity.FidelityMeter` of the model with the fed steps from ``ranges`` on the
