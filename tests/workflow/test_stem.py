@@ -16,6 +16,7 @@ from torch import nn
 
 import qdq
 from qdq.onnx_in.prepared import PreparedModel
+from qdq.runtime.backend import get_backend
 from qdq.runtime.benchmark import Comparison
 from qdq.targets import resolve_target
 from qdq.workflow.auto_calibration import select_amax
@@ -249,6 +250,7 @@ def test_the_onnx_door_times_the_stem_it_keeps_on_the_targets_runtime(tmp_path, 
     assert timed[0][:2] == (["int8", "stem"], "onnxruntime") and len(timed) == 1  # TensorRT's is not timed here
     assert choice.timing is not None and choice.timing.slowdown == pytest.approx(ratio - 1)
     assert untimed.auto.stem.levels >= 1 and untimed.auto.stem.timing is None
+    assert get_backend("tensorrt").compiles and not get_backend("onnxruntime").compiles  # engines are not built here
     if ratio > 1:
         assert choice.levels == 0 and choice.dropped >= 1 and stem not in result.float_ops
         assert "but ran +9900% time on onnxruntime" in result.auto.summary()

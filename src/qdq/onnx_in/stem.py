@@ -95,7 +95,7 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
     def weights(found: _Trial) -> dict[int, np.ndarray]:
         return weight_ranges(placement.model, found[0], placing.weight_method, placing.weight_cache)
 
-    timer = _timer(placement, trials, weights, parts[0][0][0] if parts and parts[0] else None, placing.threads)
+    timer = _timer(placement, trials, weights, parts[0][0][0] if parts and parts[0] else None, placing.threads, bar)
     choice = choose_stem(levels, score if parts is not None else None, timer)
     bar.close()
     return choice, (trials[tuple(choice.ops)] if choice.levels else None)
@@ -107,7 +107,7 @@ _TIMING_ROUNDS, _TIMING_RUNS = 3, 3
 
 def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None],
            weights: Callable[[_Trial], dict[int, np.ndarray]], feed: Mapping[str, np.ndarray] | None,
-           threads: int | None) -> Callable[[list[str]], StemTiming | None] | None:  # fmt: skip
+           threads: int | None, bar: Any) -> Callable[[list[str]], StemTiming | None] | None:  # fmt: skip
     """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem` (module doc), or None where the target's runtime
     cannot time here."""
     backend = _timing_backend(placement.target)
@@ -117,6 +117,7 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
     feed = {name: array for name, array in feed.items() if name in inputs}
 
     def timer(ops: list[str]) -> StemTiming | None:
+        bar.set_postfix_str(f"timing it against all int8 on {backend.name}")
         files = {"int8": trials.get(()), "stem": trials.get(tuple(ops))}
         with tempfile.TemporaryDirectory(prefix="qdq-stem-") as folder, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the files are timed, not used: what their rewrite says is not news
