@@ -32,12 +32,12 @@ and the report lists them.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+import onnx_ir as ir
 
 from qdq.errors import QdqConfigError
 from qdq.graphs.ir_graph import tidy
@@ -49,7 +49,7 @@ from qdq.graphs.onnx import (
     restore_output_shapes,
     unique_value_names,
 )
-from qdq.onnx_in.subgraphs import if_branches
+from qdq.onnx_in.subgraphs import branch_graphs, if_branches
 
 __all__ = ["QUANTIZED_OPS", "load_float_model", "prepare"]
 
@@ -115,10 +115,11 @@ def prepare(model: onnx.ModelProto) -> dict[str, int]:
     counts["initializer_inputs"] -= len(model.graph.input)
     counts["constant_weights"] -= _constant_nodes(model.graph)
     counts["branch_constants"] = len(model.graph.initializer) - initializers - counts["constant_weights"]
-    counts["opset"], counts["constants_folded"] = _raise_opset(model), _fold_constant_moves(model)
+    counts["opset"] = _raise_opset(model)
     now = [folds.HARD_SWISHES] if (_opset(model) or 0) >= _HARD_SWISH_OPSET else []  # else: _fuse_hard_swishes
     rules = (rules.apply_to_model for rules in (folds.BATCHNORMS, *folds.SCALE_SHIFTS, *now))
-    found = on_ir(model, tidy, *rules)[1:]  # tidy: TorchScript's shared constants behind an Identity bypassed
+    # tidy: TorchScript's shared constants behind an Identity bypassed
+    counts["constants_folded"], _, *found = on_ir(model, _fold_constant_moves, tidy, *rules)
     counts["batchnorms_folded"], counts["scale_shifts_folded"] = found[0], 2 * found[1] + found[2]
     counts["hard_swishes"] = found[3] if now else _fuse_hard_swishes(model)
     if _opset(model) != opset:
@@ -146,45 +147,46 @@ _MOVES = frozenset({"Slice", "Concat", "Transpose", "Reshape", "Squeeze", "Unsqu
                     "Gather", "Split"})  # fmt: skip
 
 
-def _fold_constant_moves(model: onnx.ModelProto) -> int:
+def _fold_constant_moves(model: ir.Model) -> int:
     """Each op that only moves data (:data:`_MOVES`) and reads constants alone, in the main graph or an ``If``
-    branch, becomes its result, an initializer of the main graph (silero-vad slices and concatenates its LSTM
-    weights at run time): a weight computed so is a constant, not an activation to calibrate. Never a result
-    larger than its inputs. Returns how many ops were folded."""
-    inits = {t.name: t for t in model.graph.initializer}
-    folded, found = 0, True
+    branch, becomes its result, an initializer of the main graph under the same name (silero-vad slices and
+    concatenates its LSTM weights at run time): a weight computed so is a constant, not an activation to calibrate.
+    Never a result larger than its inputs. Returns how many ops were folded."""
+    main, folded, found = model.graph, 0, True
     while found:
         found = False
-        for graph in reversed([model.graph, *(g for _, g in if_branches(model.graph))]):  # inner graphs first
-            for node in [n for n in graph.node if _foldable(n, inits)]:
-                values = {name: numpy_helper.to_array(inits[name]) for name in node.input if name}
-                results = _evaluate(node, values, model.opset_import)
+        for graph in reversed([main, *branch_graphs(main)]):  # inner graphs first
+            for node in [n for n in graph if _foldable(n)]:
+                values = {str(v.name): v.const_value.numpy() for v in node.inputs if v is not None and v.const_value}
+                results = _evaluate(node, values, model.opset_imports)
                 if results is None or sum(r.size for r in results) > sum(v.size for v in values.values()):
                     continue
-                for name, result in zip(node.output, results, strict=True):
-                    inits[name] = numpy_helper.from_array(np.asarray(result), name)
-                    model.graph.initializer.append(inits[name])
-                graph.node.remove(node)
+                for output, result in zip(node.outputs, results, strict=True):
+                    constant = ir.Value(name=output.name, const_value=ir.tensor(np.asarray(result), name=output.name))
+                    output.replace_all_uses_with(constant, replace_graph_outputs=True)
+                    main.register_initializer(constant)
+                graph.remove(node, safe=True)
                 folded, found = folded + 1, True
     return folded
 
 
-def _foldable(node: Any, inits: dict[str, Any]) -> bool:
-    present = [name for name in node.input if name]
+def _foldable(node: ir.Node) -> bool:
+    present = [value for value in node.inputs if value is not None]
     return node.op_type in _MOVES and node.domain in ("", "ai.onnx") and bool(present) and all(
-        name in inits for name in present)  # fmt: skip
+        value.is_initializer() and value.const_value is not None for value in present)  # fmt: skip
 
 
-def _evaluate(node: Any, values: dict[str, np.ndarray], opsets: Any) -> list[np.ndarray] | None:
+def _evaluate(node: ir.Node, values: dict[str, np.ndarray], opsets: Mapping[str, int]) -> list[np.ndarray] | None:
     """``node``'s outputs on ``values`` (ONNX's reference evaluator), or None when it cannot compute them."""
     from onnx.reference import ReferenceEvaluator
 
     inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype),
                                                  value.shape) for name, value in values.items()]  # fmt: skip
-    outputs = [onnx.ValueInfoProto(name=name) for name in node.output]
-    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
+    outputs = [onnx.ValueInfoProto(name=value.name) for value in node.outputs]
+    graph = onnx.helper.make_graph([ir.serde.serialize_node(node)], "fold", inputs, outputs)
+    imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
     try:
-        return list(ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=list(opsets))).run(None, values))
+        return list(ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=imports)).run(None, values))
     except Exception:  # an op the evaluator cannot run stays in the graph
         return None
 

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-__all__ = ["Nested", "Path", "expose", "graph_at", "if_branches"]
+__all__ = ["Nested", "Path", "branch_graphs", "expose", "graph_at", "if_branches"]
 
 #: where a branch is: ``((position of the If node, "then_branch" | "else_branch"), ...)`` from the main graph down
 Path = tuple[tuple[int, str], ...]
@@ -102,6 +102,11 @@ def _expose(model: ir.Model, names: list[str]) -> list[str]:
 
 
 _Chain = tuple[tuple[ir.Node, str, ir.Graph], ...]  # from the main graph down: (If node, branch name, branch)
+
+
+def branch_graphs(graph: ir.Graph) -> list[ir.Graph]:
+    """Every ``If`` branch under ``graph`` (onnx_ir), nested ones included, each before those inside it."""
+    return [branch for _, branch in _ir_branches(graph, ())]
 
 
 def _ir_branches(graph: ir.Graph, chain: _Chain) -> list[tuple[_Chain, ir.Graph]]:
