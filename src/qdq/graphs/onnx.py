@@ -40,6 +40,13 @@ __all__ = [
 ]
 
 
+def feed_inputs(model: onnx.ModelProto) -> list[Any]:
+    """The main graph's inputs a batch feeds, in order (their ``ValueInfoProto``): every input that is not an
+    initializer (an old export lists its initializers among its inputs)."""
+    constants = {t.name for t in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in constants]
+
+
 def initializer_map(model: onnx.ModelProto) -> dict[str, Any]:
     """Name -> TensorProto of initializers and of the outputs of Constant nodes."""
     table: dict[str, Any] = {t.name: t for t in model.graph.initializer}

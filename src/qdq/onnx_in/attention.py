@@ -30,6 +30,7 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
+from qdq.graphs.onnx import feed_inputs
 from qdq.graphs.onnx_types import recorded_dims
 from qdq.graphs.ops import ATTENTION
 from qdq.graphs.view import GraphView
@@ -226,8 +227,7 @@ def _limits(facts: Any) -> bool:
 def _input_shapes(model: onnx.ModelProto, batches: Sequence[Any]) -> list[dict[str, tuple[int, ...]]]:
     """The distinct input shapes of ``batches`` (dicts of graph input name -> array, or one input's arrays); a
     list with no shapes (``[{}]``) when none is given."""
-    constants = {t.name for t in model.graph.initializer}
-    inputs = [i.name for i in model.graph.input if i.name not in constants]
+    inputs = [i.name for i in feed_inputs(model)]
     found: dict[tuple[Any, ...], dict[str, tuple[int, ...]]] = {}
     for batch in batches:
         named = batch if isinstance(batch, Mapping) else dict(zip(inputs[:1], [batch])) if len(inputs) == 1 else {}

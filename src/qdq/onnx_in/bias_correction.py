@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
-from qdq.graphs.onnx import all_nodes
+from qdq.graphs.onnx import all_nodes, feed_inputs
 from qdq.graphs.onnx_session import ort_session, outputs_of, probe_model
 from qdq.graphs.view import GraphView, Op
 from qdq.onnx_in.subgraphs import Nested, expose, graph_at
@@ -182,7 +182,7 @@ def correct_biases(
         return [_subtract(by_op[layer.op.name], inits[layer.bias]) for layer in layers if layer.op.name in by_op]
     if not layers or not batches:
         return []
-    inputs = [i.name for i in model.graph.input if i.name not in inits]
+    inputs = [i.name for i in feed_inputs(model)]
     wanted = sorted({layer.input for layer in layers})
     bar = counter(progress, "bias correction", len(batches))
     with tempfile.TemporaryDirectory(prefix="qdq-bias-") as folder, torch.no_grad():

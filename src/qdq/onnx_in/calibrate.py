@@ -26,6 +26,7 @@ from onnx import numpy_helper
 from qdq.calib import make_calibrator
 from qdq.calib.methods import get_method
 from qdq.errors import QdqCalibrationError, QdqConfigError
+from qdq.graphs.onnx import feed_inputs
 from qdq.graphs.onnx_session import ort_session as session_of
 from qdq.graphs.onnx_session import probe_model as graph_probe
 from qdq.graphs.view import GraphView, Quantizer
@@ -106,7 +107,7 @@ def collect(
     apart = {key: make_calibrator(calibrator, unsigned=q.unsigned) for key, q in quantizers.items()} if held_out else {}
     reading = {key: sorted({site.value.name for site in q.sites}) for key, q in quantizers.items()}
     probe = probe_model(model, tensors)
-    inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    inputs = [i.name for i in feed_inputs(model)]
     graph_outputs = [o.name for o in model.graph.output]
     batched = _batched_inputs(model, inputs)
     kept: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
@@ -204,7 +205,7 @@ HeldOutRule = Callable[[int, int, int | None], int]
 
 def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOutRule) -> list[Feed]:
     """The first ``batches`` as :func:`collect` reads them with ``held_out``, without their held-out samples."""
-    inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    inputs = [i.name for i in feed_inputs(model)]
     batched, parts = _batched_inputs(model, inputs), []
     for index, batch in enumerate(batches):
         feed = batch_feed(batch, inputs, index)

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from qdq.errors import QdqBackendUnavailable, QdqConfigError
+from qdq.graphs.onnx import feed_inputs
 
 __all__ = ["IMAGE_SUFFIXES", "calibration_batches", "graph_inputs"]
 
@@ -30,9 +31,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 def graph_inputs(model_path: str | Path) -> list[onnx.ValueInfoProto]:
     """The inputs of the model at ``model_path`` that are not initializers (without loading its weights)."""
-    model = onnx.load(str(model_path), load_external_data=False)
-    constants = {t.name for t in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in constants]
+    return feed_inputs(onnx.load(str(model_path), load_external_data=False))
 
 
 def calibration_batches(

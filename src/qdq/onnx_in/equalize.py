@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from qdq.graphs.onnx import feed_inputs
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized
 from qdq.onnx_in.calibrate import WeightCache, batch_feed, ort_session, probe_model, weight_ranges
@@ -120,8 +121,7 @@ def _measure(model: onnx.ModelProto, view: GraphView, pairs: Sequence[Pair], bat
              threads: int | None, progress: Progress) -> dict[str, ChannelStats]:  # fmt: skip
     """Each pair's activation, per channel (axis 1: ONNX's ``[N, C, ...]``), over ``batches`` of the float graph."""
     stats = {pair.value: stats_of(view, pair) for pair in pairs}
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    inputs = [i.name for i in feed_inputs(model)]
     names = sorted(stats)
     bar = counter(progress, "equalization", len(batches))
     with tempfile.TemporaryDirectory(prefix="qdq-equalize-") as folder:

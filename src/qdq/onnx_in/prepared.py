@@ -29,6 +29,7 @@ import onnx
 
 from qdq.errors import QdqConfigError
 from qdq.export.onnx_export import finish_onnx
+from qdq.graphs.onnx import feed_inputs
 from qdq.graphs.onnx_session import ort_session
 from qdq.graphs.view import GraphView, Quantizer
 from qdq.onnx_in.attention import attention_shapes
@@ -73,8 +74,7 @@ class PreparedModel:
     @property
     def inputs(self) -> list[str]:
         """The graph's inputs (initializers excepted), in order: the names a batch feeds."""
-        constants = {t.name for t in self.model.graph.initializer}
-        return [i.name for i in self.model.graph.input if i.name not in constants]
+        return [i.name for i in feed_inputs(self.model)]
 
     def place(self, target: Target, keep_float: Sequence[str] = (), float_values: Sequence[str] = (),
               non_negative_inputs: Sequence[str] = (), *, copy: bool = True,

@@ -133,9 +133,10 @@ def read_model_info(path: str | Path) -> ModelInfo:
     Raises:
         QdqConfigError: the file does not exist, or is not an ONNX model.
     """
+    from qdq.graphs.onnx import feed_inputs
+
     model = load_onnx(path)
-    initializers = {init.name for init in model.graph.initializer}
-    inputs = tuple(_spec(vi) for vi in model.graph.input if vi.name not in initializers)
+    inputs = tuple(_spec(vi) for vi in feed_inputs(model))
     outputs = tuple(vi.name for vi in model.graph.output)
     op_counts = Counter(node.op_type for node in model.graph.node)
     metadata = {prop.key: prop.value for prop in model.metadata_props}

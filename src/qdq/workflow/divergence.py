@@ -22,6 +22,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from qdq.errors import QdqConfigError
+from qdq.graphs.onnx import feed_inputs
 from qdq.utils.batches import model_inputs
 from qdq.utils.modes import eval_mode
 
@@ -122,7 +123,7 @@ def _scan(
 
     from qdq.runtime import load_runtime
 
-    inputs = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+    inputs = [i.name for i in feed_inputs(proto)]
     extractor = onnx.utils.Extractor(onnx.shape_inference.infer_shapes(proto))  # needs every tensor's type
     with tempfile.TemporaryDirectory(prefix="qdq-locate-") as tmp:
         for node in proto.graph.node:
