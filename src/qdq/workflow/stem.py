@@ -22,7 +22,8 @@ near the input are a small share of most networks' arithmetic.
 
 That share is no bound on what a float stem costs: where its outputs reach int8 ops far apart at full resolution (a
 U-Net's skip connections, a residual add), the runtime converts each of those tensors between its float and int8
-layouts, and the file can run a quarter slower than its all-int8 twin (a measured cost, not a count of operations).
+layouts, and the file can run much slower than its all-int8 twin: a cost only a measurement shows, no count of
+operations (figures in ``benchmarks/RESULTS.md``, zoo).
 Where a door can time both files on the target's runtime (``timer``: the ONNX door on ONNX Runtime), the levels
 chosen are timed against the all-int8 model, and their held-out gain, net of the cost per level, must pay for the time
 too: the stem must divide the output error's amplitude by more than it multiplies the time (``20 log10`` of the time
