@@ -70,3 +70,39 @@ def test_the_cli_quantizes_an_onnx_file_and_prints_its_report(tmp_path, model, c
     assert "Conv" in printed and f"wrote {out}" in printed
     assert main(["quantize", "--model", str(model), "--out", str(out)]) != 0
     assert "needs --data" in capsys.readouterr().err
+
+
+def _fixed_batch(model, tmp_path, rows: int):
+    """``model`` with its input's batch dimension fixed at ``rows`` (as u2netp fixes it at 1)."""
+    import onnx
+
+    proto = onnx.load(str(model))
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = rows
+    path = tmp_path / f"fixed{rows}.onnx"
+    onnx.save(proto, str(path))
+    return path
+
+
+def test_a_graph_that_fixes_its_batch_size_gets_batches_of_that_size(tmp_path, model):
+    fixed = _fixed_batch(model, tmp_path, 3)
+    x = np.random.default_rng(0).random((10, 3, 4, 4), np.float32)
+    np.savez(tmp_path / "cal.npz", x=x)
+    batches = calibration_batches(str(tmp_path / "cal.npz"), fixed, batch_size=4)
+    assert [b["x"].shape[0] for b in batches] == [3, 3, 3]  # the 10th sample makes no whole batch
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in batches]), x[:9])
+
+
+def test_a_batch_the_graph_cannot_take_is_one_clear_error_before_any_run(tmp_path, model):
+    import qdq
+
+    fixed = _fixed_batch(model, tmp_path, 1)
+    rng = np.random.default_rng(0)
+    with pytest.raises(QdqConfigError, match=r"takes batches of exactly 1 sample\(s\). Give batches of 1"):
+        qdq.quantize_onnx(fixed, [{"x": rng.random((8, 3, 4, 4), np.float32)}], tmp_path / "q.onnx",
+                          target="onnxruntime", progress=False)  # fmt: skip
+    with pytest.raises(QdqConfigError, match=r"dimension 1 is fixed at 3"):
+        qdq.quantize_onnx(model, [{"x": rng.random((2, 4, 4, 4), np.float32)}], tmp_path / "q.onnx",
+                          target="onnxruntime", progress=False)  # fmt: skip
+    with pytest.raises(QdqConfigError, match=r"4 dimensions"):
+        qdq.quantize_onnx(model, [{"x": rng.random((3, 4, 4), np.float32)}], tmp_path / "q.onnx",
+                          target="onnxruntime", progress=False)  # fmt: skip

@@ -107,7 +107,8 @@ def collect(
     apart = {key: make_calibrator(calibrator, unsigned=q.unsigned) for key, q in quantizers.items()} if held_out else {}
     reading = {key: sorted({site.value.name for site in q.sites}) for key, q in quantizers.items()}
     probe = probe_model(model, tensors)
-    inputs = [i.name for i in feed_inputs(model)]
+    declared = feed_inputs(model)
+    inputs = [i.name for i in declared]
     graph_outputs = [o.name for o in model.graph.output]
     batched = _batched_inputs(model, inputs)
     kept: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
@@ -118,7 +119,7 @@ def collect(
         bar = counter(progress, "calibration", min(filter(None, (num_batches, total)), default=0))
         seen, reached = 0, set()
         for batch in _batches(data, num_batches):
-            feed = batch_feed(batch, inputs, seen)
+            feed = batch_feed(batch, declared, seen)
             samples = _samples(feed, batched)
             aside = held_out(seen, len(kept), samples) if held_out is not None else 0
             for part, into in zip(_split(feed, aside, samples), (calibrators, apart)):
@@ -205,10 +206,10 @@ HeldOutRule = Callable[[int, int, int | None], int]
 
 def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOutRule) -> list[Feed]:
     """The first ``batches`` as :func:`collect` reads them with ``held_out``, without their held-out samples."""
-    inputs = [i.name for i in feed_inputs(model)]
-    batched, parts = _batched_inputs(model, inputs), []
+    declared = feed_inputs(model)
+    batched, parts = _batched_inputs(model, [i.name for i in declared]), []
     for index, batch in enumerate(batches):
-        feed = batch_feed(batch, inputs, index)
+        feed = batch_feed(batch, declared, index)
         samples = _samples(feed, batched)
         part, _ = _split(feed, held_out(index, 0, samples), samples)
         parts += [part] if part is not None else []
@@ -251,18 +252,47 @@ def _batches(data: Iterable[Any], limit: int | None) -> Iterable[Any]:
         yield batch
 
 
-def batch_feed(batch: Any, inputs: list[str], number: int) -> dict[str, np.ndarray]:
+def batch_feed(batch: Any, declared: Sequence[Any], number: int) -> dict[str, np.ndarray]:
+    """Calibration batch ``number`` as a feed of the graph inputs ``declared`` (their ``ValueInfoProto``:
+    :func:`qdq.graphs.onnx.feed_inputs`), checked against the dimensions the graph fixes.
+
+    Raises:
+        QdqConfigError: not a dict of the graph's inputs (a one-input model also takes an array), or an array whose
+            rank or fixed dimensions are not the graph's.
+    """
+    inputs = [value.name for value in declared]
     if not isinstance(batch, Mapping):
         if len(inputs) == 1 and hasattr(batch, "shape"):
-            return {inputs[0]: np.asarray(batch)}
-        raise QdqConfigError(
-            f"calibration batch {number} is a {type(batch).__name__}; each batch is a dict of graph input name -> "
-            f"array, the graph's inputs being {inputs}."
-        )
+            batch = {inputs[0]: batch}
+        else:
+            raise QdqConfigError(
+                f"calibration batch {number} is a {type(batch).__name__}; each batch is a dict of graph input name "
+                f"-> array, the graph's inputs being {inputs}."
+            )
     missing = [name for name in inputs if name not in batch]
     if missing:
         raise QdqConfigError(
             f"calibration batch {number} has no array for the graph input(s) {missing}; it gave {sorted(batch)}. "
             f"Name each array after its graph input ({inputs})."
         )
-    return {name: np.asarray(batch[name]) for name in inputs}
+    feed = {name: np.asarray(batch[name]) for name in inputs}
+    for value in declared:
+        _check_shape(value, feed[value.name].shape, number)
+    return feed
+
+
+def _check_shape(value: Any, shape: tuple[int, ...], number: int) -> None:
+    """Raise where ``shape`` (an array of calibration batch ``number``) breaks what the graph input ``value``
+    declares: its rank, a dimension it fixes."""
+    if not value.type.tensor_type.HasField("shape"):
+        return
+    dims = [d.dim_value or None for d in value.type.tensor_type.shape.dim]
+    where = f"calibration batch {number}: input {value.name!r} has shape {tuple(shape)}, but the graph declares {dims}"
+    if len(dims) != len(shape):
+        raise QdqConfigError(f"{where}: {len(dims)} dimensions. Give arrays of the graph's rank.")
+    wrong = [axis for axis, (d, n) in enumerate(zip(dims, shape)) if d is not None and d != n]
+    if wrong and wrong[0] == 0:
+        raise QdqConfigError(f"{where}: the model takes batches of exactly {dims[0]} sample(s). Give batches of "
+                             f"{dims[0]} (the CLI's --data cuts them to that size).")  # fmt: skip
+    if wrong:
+        raise QdqConfigError(f"{where}: dimension {wrong[0]} is fixed at {dims[wrong[0]]}. Resize the inputs to it.")

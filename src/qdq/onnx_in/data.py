@@ -2,7 +2,9 @@
 
 ``--data`` takes:
 
-* ``PATH.npz``: arrays named after the graph's inputs, samples along axis 0, cut into batches of ``batch_size``;
+* ``PATH.npz``: arrays named after the graph's inputs, samples along axis 0, cut into batches of ``batch_size``, or
+  of the batch size the graph fixes (every input's first dimension fixed at one size: u2netp takes one image a run;
+  the last samples short of a whole batch are left out);
 * ``PATH.npy``: one array for a one-input model, cut the same way;
 * ``DIR`` of ``.npz`` / ``.npy`` files: one batch per file, in name order;
 * ``imagefolder:DIR``: the images under ``DIR`` (PNG, JPEG, BMP; subfolders included, name order) for a one-input
@@ -50,6 +52,7 @@ def calibration_batches(
     """
     inputs = graph_inputs(model_path)
     names = [i.name for i in inputs]
+    batch_size = _fixed_batch(inputs) or batch_size
     if spec.startswith("imagefolder:"):
         return list(_image_batches(Path(spec.split(":", 1)[1]), inputs, batch_size, image_size, mean, std))
     path = Path(spec)
@@ -61,11 +64,18 @@ def calibration_batches(
     if path.suffix in (".npz", ".npy") and path.is_file():
         arrays = _named(_load(path), names, path)
         total = len(next(iter(arrays.values())))
-        return [{k: v[i : i + batch_size] for k, v in arrays.items()} for i in range(0, total, batch_size)]
+        whole = total - total % batch_size if _fixed_batch(inputs) else total  # a fixed batch size takes no less
+        return [{k: v[i : i + batch_size] for k, v in arrays.items()} for i in range(0, whole, batch_size)]
     raise QdqConfigError(
         f"--data {spec!r}: give a .npz (arrays named after the graph inputs {names}), a .npy (one-input model), a "
         "folder of them (one batch each), or imagefolder:DIR."
     )
+
+
+def _fixed_batch(inputs: Sequence[Any]) -> int | None:
+    """The batch size the graph fixes: every input's first dimension fixed at one size; else None."""
+    firsts = {(dims[0].dim_value or None) if (dims := value.type.tensor_type.shape.dim) else None for value in inputs}
+    return firsts.pop() if len(firsts) == 1 else None
 
 
 def _load(path: Path) -> dict[str, np.ndarray] | np.ndarray:
@@ -98,7 +108,8 @@ def _image_batches(
     if not files:
         raise QdqConfigError(f"imagefolder:{folder}: no {'/'.join(IMAGE_SUFFIXES)} images there.")
     height, width = _size(inputs[0], image_size)
-    for start in range(0, len(files), batch_size):
+    count = len(files) - len(files) % batch_size if _fixed_batch(inputs) else len(files)
+    for start in range(0, count, batch_size):
         images = np.stack([_image(p, height, width, mean, std) for p in files[start : start + batch_size]])
         yield {inputs[0].name: images}
 

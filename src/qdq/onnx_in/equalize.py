@@ -121,13 +121,13 @@ def _measure(model: onnx.ModelProto, view: GraphView, pairs: Sequence[Pair], bat
              threads: int | None, progress: Progress) -> dict[str, ChannelStats]:  # fmt: skip
     """Each pair's activation, per channel (axis 1: ONNX's ``[N, C, ...]``), over ``batches`` of the float graph."""
     stats = {pair.value: stats_of(view, pair) for pair in pairs}
-    inputs = [i.name for i in feed_inputs(model)]
+    declared = feed_inputs(model)
     names = sorted(stats)
     bar = counter(progress, "equalization", len(batches))
     with tempfile.TemporaryDirectory(prefix="qdq-equalize-") as folder:
         session = ort_session(probe_model(model, names), Path(folder), threads)
         for number, batch in enumerate(batches):
-            for name, tensor in zip(names, session.run(names, batch_feed(batch, inputs, number)), strict=True):
+            for name, tensor in zip(names, session.run(names, batch_feed(batch, declared, number)), strict=True):
                 stats[name].update(np.asarray(tensor))
             bar.update()
     bar.close()
