@@ -248,6 +248,7 @@ def test_the_onnx_door_times_the_stem_it_keeps_on_the_targets_runtime(tmp_path, 
                                     progress=False)  # fmt: skip
     choice = result.auto.stem
     assert timed[0][:2] == (["int8", "stem"], "onnxruntime") and len(timed) == 1  # TensorRT's is not timed here
+    assert timed[0][2] == (1, 2, 32)  # one sample: latency, as a deployed model runs
     assert choice.timing is not None and choice.timing.slowdown == pytest.approx(ratio - 1)
     assert untimed.auto.stem.levels >= 1 and untimed.auto.stem.timing is None
     assert get_backend("tensorrt").compiles and not get_backend("onnxruntime").compiles  # engines are not built here
@@ -344,3 +345,21 @@ def test_ptq_keeps_the_stem_auto_left_float_only_where_auto_wins(order):
     assert seen[1:] == [name != "auto" for name in order]  # auto scored with its stem float, max with it int8
     assert stem._input_quantizer.is_enabled == (order[-1] != "auto")
     assert stem._weight_quantizer.is_enabled == (order[-1] != "auto")
+
+
+def test_the_stem_is_timed_on_one_sample_only_where_the_inputs_say_which_axis_holds_them():
+    from onnx import TensorProto, helper
+
+    from qdq.onnx_in.stem import _one_sample
+
+    def model(*dims):
+        inputs = [helper.make_tensor_value_info(f"i{n}", TensorProto.FLOAT, d) for n, d in enumerate(dims)]
+        return helper.make_model(helper.make_graph([], "g", inputs, []))
+
+    feed = {"i0": np.zeros((4, 3)), "i1": np.zeros((4, 5))}
+    cut = _one_sample(model(["n", 3], [None, 5]), feed)
+    assert {k: v.shape for k, v in cut.items()} == {"i0": (1, 3), "i1": (1, 5)}  # dynamic batch: one sample
+    assert _one_sample(model([1, 3]), {"i0": np.zeros((1, 3))})["i0"].shape == (1, 3)  # the graph fixes one
+    # a recurrent state with its samples on axis 1, or a scalar input (silero-vad's): which axis is unknown
+    assert _one_sample(model(["n", 3], [2, "n", 5]), {"i0": np.zeros((4, 3)), "i1": np.zeros((2, 4, 5))}) is None
+    assert _one_sample(model(["n", 3], []), {"i0": np.zeros((4, 3)), "i1": np.zeros(())}) is None

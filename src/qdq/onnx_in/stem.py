@@ -7,8 +7,9 @@ The trials are scored with the final ranges and without bias correction, the sam
 
 The levels chosen are then timed (:class:`qdq.workflow.stem.StemTiming`): both files, the stem float and all int8,
 written as the target's rewrite finishes them and run on the target's first native runtime where it is installed
-and loads a file without compiling an engine (ONNX Runtime for ``onnxruntime``; TensorRT is not timed), on the first
-held-out batch, in interleaved rounds.
+and loads a file without compiling an engine (ONNX Runtime for ``onnxruntime``; TensorRT is not timed), on one
+held-out sample (latency, as a deployed model runs), in interleaved rounds. A model whose inputs do not say which axis
+holds the samples (a recurrent state, a scalar input: silero-vad) is not timed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from qdq.graphs.onnx import feed_inputs
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized, Scored
 from qdq.onnx_in.calibrate import WeightCache, weight_ranges
@@ -111,10 +113,9 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
     """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem` (module doc), or None where the target's runtime
     cannot time here."""
     backend = _timing_backend(placement.target)
+    feed = _one_sample(placement.model, feed) if feed is not None else None
     if backend is None or feed is None:
         return None
-    inputs = {i.name for i in placement.model.graph.input}
-    feed = {name: array for name, array in feed.items() if name in inputs}
 
     def timer(ops: list[str]) -> StemTiming | None:
         bar.set_postfix_str(f"timing it against all int8 on {backend.name}")
@@ -129,7 +130,7 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
                 copy.CopyFrom(placement.model)
                 paths[label] = Placement(copy, found[0], placement.target).write(
                     {**found[1], **weights(found)}, Path(folder) / f"{label}.onnx")
-            timed = compare_models(paths, backend.name, batch=_rows(feed), threads=threads, rounds=_TIMING_ROUNDS,
+            timed = compare_models(paths, backend.name, batch=1, threads=threads, rounds=_TIMING_ROUNDS,
                                    iters=_TIMING_RUNS, warmup=1, inputs=feed)  # fmt: skip
         return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
 
@@ -145,10 +146,16 @@ def _timing_backend(target: Target) -> Backend | None:
     return backend if backend.available() and not backend.compiles else None
 
 
-def _rows(feed: Mapping[str, np.ndarray]) -> int:
-    """The leading dimension of the feed's first input (1 for a scalar)."""
-    first = np.asarray(next(iter(feed.values())))
-    return int(first.shape[0]) if first.ndim else 1
+def _one_sample(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """``feed``'s first sample, as a deployed model runs (latency): every input's first dimension dynamic (cut to
+    one) or fixed at one; None where the inputs do not say which axis holds the samples (a state input, a scalar):
+    then nothing is timed."""
+    declared = feed_inputs(model)
+    firsts = {value.type.tensor_type.shape.dim[0].dim_value if value.type.tensor_type.shape.dim else -1
+              for value in declared}  # fmt: skip
+    if firsts == {0}:
+        return {value.name: np.asarray(feed[value.name])[:1] for value in declared}
+    return {value.name: np.asarray(feed[value.name]) for value in declared} if firsts == {1} else None
 
 
 def _placed(source: PreparedModel, target: Target, placing: Placing, ops: Sequence[str] = ()) -> GraphView:
