@@ -97,7 +97,8 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
     def weights(found: _Trial) -> dict[int, np.ndarray]:
         return weight_ranges(placement.model, found[0], placing.weight_method, placing.weight_cache)
 
-    timer = _timer(placement, trials, weights, parts[0][0][0] if parts and parts[0] else None, placing.threads, bar)
+    first = parts[0][0][0] if parts and parts[0] else None  # the first held-out (feed, outputs) pair's feed
+    timer = _timer(placement, trials, weights, first, placing.threads, bar)
     choice = choose_stem(levels, score if parts is not None else None, timer)
     bar.close()
     return choice, (trials[tuple(choice.ops)] if choice.levels else None)
