@@ -117,9 +117,14 @@ class _Chains:
         """The ``op_type`` node writing ``value``, when ``reader`` alone reads it."""
         if value is None:
             return None
-        found = self.position.get(value.producer())  # type: ignore[arg-type]
+        found = self._writer(value)
         ok = found is not None and self.nodes[found].op_type == op_type and self._values_read(value) == [reader]
         return found if ok and not value.is_graph_output() else None
+
+    def _writer(self, value: ir.Value) -> int | None:
+        """The position of the node of this graph writing ``value``, or None."""
+        producer = value.producer()
+        return self.position.get(producer) if producer is not None else None
 
     def _activation(self, value: ir.Value | None) -> bool:
         return value is not None and value.name not in self.constants
@@ -147,8 +152,7 @@ class _Chains:
         add = self._made_by(scores_out, "Add", last)
         if add is not None:
             first = self._input(add, 0)
-            writer = self.position.get(first.producer()) if first is not None else None  # type: ignore[arg-type]
-            mask_index = 1 if writer in self._score_writers(add) else 0
+            mask_index = 1 if first is not None and self._writer(first) in self._score_writers(add) else 0
             mask, scores_out, last = add, self._input(add, 1 - mask_index), add
         scale = self._scale(scores_out, last)
         if scale is not None:

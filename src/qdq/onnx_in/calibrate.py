@@ -29,12 +29,14 @@ from qdq.errors import QdqCalibrationError, QdqConfigError
 from qdq.graphs.onnx import feed_inputs
 from qdq.graphs.onnx_session import ort_session as session_of
 from qdq.graphs.onnx_session import probe_model as graph_probe
+from qdq.graphs.onnx_types import value_dims
 from qdq.graphs.view import GraphView, Quantizer
 from qdq.onnx_in.subgraphs import expose
 from qdq.onnx_in.view import keep_unreached_float, weight_axis
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["Statistics", "WeightCache", "batch_feed", "collect", "kept_parts", "ort_session", "weight_ranges"]
+__all__ = ["Statistics", "WeightCache", "batch_feed", "batched_inputs", "collect", "kept_parts", "ort_session",
+           "weight_ranges"]
 
 #: with ``held_out``, :func:`collect` keeps at most this many of the first batches when none is held out
 MAX_KEPT = 8
@@ -110,7 +112,7 @@ def collect(
     declared = feed_inputs(model)
     inputs = [i.name for i in declared]
     graph_outputs = [o.name for o in model.graph.output]
-    batched = _batched_inputs(model, inputs)
+    batched = batched_inputs(model, inputs)
     kept: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
     first: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
     with tempfile.TemporaryDirectory(prefix="qdq-calibrate-") as folder:
@@ -207,7 +209,7 @@ HeldOutRule = Callable[[int, int, int | None], int]
 def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOutRule) -> list[Feed]:
     """The first ``batches`` as :func:`collect` reads them with ``held_out``, without their held-out samples."""
     declared = feed_inputs(model)
-    batched, parts = _batched_inputs(model, [i.name for i in declared]), []
+    batched, parts = batched_inputs(model, [i.name for i in declared]), []
     for index, batch in enumerate(batches):
         feed = batch_feed(batch, declared, index)
         samples = _samples(feed, batched)
@@ -216,7 +218,7 @@ def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOut
     return parts
 
 
-def _batched_inputs(model: onnx.ModelProto, inputs: list[str]) -> bool:
+def batched_inputs(model: onnx.ModelProto, inputs: list[str]) -> bool:
     """Whether dimension 0 of every data input is dynamic (a batch axis a feed can be split along)."""
     shapes = {i.name: i.type.tensor_type.shape for i in model.graph.input if i.name in inputs}
     return bool(shapes) and all(len(shape.dim) > 0 and not shape.dim[0].dim_value for shape in shapes.values())
@@ -284,9 +286,9 @@ def batch_feed(batch: Any, declared: Sequence[Any], number: int) -> dict[str, np
 def _check_shape(value: Any, shape: tuple[int, ...], number: int) -> None:
     """Raise where ``shape`` (an array of calibration batch ``number``) breaks what the graph input ``value``
     declares: its rank, a dimension it fixes."""
-    if not value.type.tensor_type.HasField("shape"):
+    dims = value_dims(value)
+    if dims is None:
         return
-    dims = [d.dim_value or None for d in value.type.tensor_type.shape.dim]
     where = f"calibration batch {number}: input {value.name!r} has shape {tuple(shape)}, but the graph declares {dims}"
     if len(dims) != len(shape):
         raise QdqConfigError(f"{where}: {len(dims)} dimensions. Give arrays of the graph's rank.")

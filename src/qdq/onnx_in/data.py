@@ -25,6 +25,7 @@ import onnx
 
 from qdq.errors import QdqBackendUnavailable, QdqConfigError
 from qdq.graphs.onnx import feed_inputs
+from qdq.graphs.onnx_types import value_dims
 
 __all__ = ["IMAGE_SUFFIXES", "calibration_batches", "graph_inputs"]
 
@@ -74,7 +75,7 @@ def calibration_batches(
 
 def _fixed_batch(inputs: Sequence[Any]) -> int | None:
     """The batch size the graph fixes: every input's first dimension fixed at one size; else None."""
-    firsts = {(dims[0].dim_value or None) if (dims := value.type.tensor_type.shape.dim) else None for value in inputs}
+    firsts = {(value_dims(value) or [None])[0] for value in inputs}
     return firsts.pop() if len(firsts) == 1 else None
 
 

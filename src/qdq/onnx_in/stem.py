@@ -25,9 +25,10 @@ import numpy as np
 import onnx
 
 from qdq.graphs.onnx import feed_inputs
+from qdq.graphs.onnx_types import value_dims
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized, Scored
-from qdq.onnx_in.calibrate import WeightCache, weight_ranges
+from qdq.onnx_in.calibrate import WeightCache, batched_inputs, weight_ranges
 from qdq.onnx_in.prepared import Placement, PreparedModel, activation_values, ranges_by_value, values_ranges
 from qdq.onnx_in.view import keep_unreached_float
 from qdq.runtime.backend import Backend, get_backend
@@ -140,10 +141,9 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
 
 def _timing_backend(target: Target) -> Backend | None:
     """The target's first native runtime, where it is installed here and loads a file without compiling it."""
-    native = next((support for support in target.runtimes if support.verdict == "native"), None)
-    if native is None:
+    if target.native_runtime is None:
         return None
-    backend = get_backend(str(native.runtime))
+    backend = get_backend(target.native_runtime)
     return backend if backend.available() and not backend.compiles else None
 
 
@@ -152,11 +152,10 @@ def _one_sample(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[
     one) or fixed at one; None where the inputs do not say which axis holds the samples (a state input, a scalar):
     then nothing is timed."""
     declared = feed_inputs(model)
-    firsts = {value.type.tensor_type.shape.dim[0].dim_value if value.type.tensor_type.shape.dim else -1
-              for value in declared}  # fmt: skip
-    if firsts == {0}:
+    if batched_inputs(model, [value.name for value in declared]):
         return {value.name: np.asarray(feed[value.name])[:1] for value in declared}
-    return {value.name: np.asarray(feed[value.name]) for value in declared} if firsts == {1} else None
+    fixed_at_one = all((value_dims(value) or [None])[0] == 1 for value in declared)
+    return {value.name: np.asarray(feed[value.name]) for value in declared} if fixed_at_one else None
 
 
 def _placed(source: PreparedModel, target: Target, placing: Placing, ops: Sequence[str] = ()) -> GraphView:

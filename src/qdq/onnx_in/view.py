@@ -34,7 +34,7 @@ import onnx_ir as ir
 
 from qdq.graphs.onnx_types import FLOAT_TYPES
 from qdq.graphs.ops import ATTENTION, ATTENTION_SITES, QUANTIZED_BY_DEFAULT
-from qdq.graphs.view import GraphView, Op, Quantizer
+from qdq.graphs.view import GraphView, Op, Quantizer, Value
 from qdq.onnx_in.attention import AttentionNodes, find_attention
 from qdq.onnx_in.subgraphs import Nested, Path
 
@@ -128,7 +128,7 @@ def _add_graph(view: GraphView, graph: ir.Graph, path: Path, scalars: dict[str, 
         _value(view, value, constants).graph_output = True
 
 
-def _value(view: GraphView, value: ir.Value, constants: Mapping[str, int]) -> Any:
+def _value(view: GraphView, value: ir.Value, constants: Mapping[str, int]) -> Value:
     """The view's value for ``value``: a constant where it is an initializer; integer and boolean tensors (shapes,
     indices) are not real numbers, never quantized."""
     dtype = value.dtype

@@ -334,6 +334,11 @@ class Target:
         """The names of :attr:`placement_rules`, in order."""
         return tuple(rule.name for rule in self.placement_rules)
 
+    @property
+    def native_runtime(self) -> str | None:
+        """The name of the first runtime this target is made for (its default runtime), or None."""
+        return next((str(support.runtime) for support in self.runtimes if support.verdict == "native"), None)
+
     def support(self, runtime: str | RuntimeEntry) -> RuntimeSupport | None:
         """How ``runtime`` (a registered entry, or a name or alias) runs this target's graphs, or None when the
         target does not say."""

@@ -74,12 +74,10 @@ def runtime_for(target: Target, runtime: str | None) -> Backend:
             that is not installed.
     """
     usable = [support for support in target.runtimes if support.verdict != "refuses"]
+    runtime = runtime or target.native_runtime
     if runtime is None:
-        native = [support for support in usable if support.verdict == "native"]
-        if not native:
-            raise QdqConfigError(f"target {target.name!r} names no native runtime to time its files on: pass "
-                                 f"runtime= (one of {[s.runtime for s in usable]}).")  # fmt: skip
-        runtime = str(native[0].runtime)
+        raise QdqConfigError(f"target {target.name!r} names no native runtime to time its files on: pass "
+                             f"runtime= (one of {[s.runtime for s in usable]}).")  # fmt: skip
     backend = get_backend(runtime)
     support = target.support(backend.name)
     if support is None or support.verdict == "refuses":
