@@ -192,6 +192,7 @@ def finish_onnx(
     annotate: Callable[[onnx.ModelProto], None] | None = None,
     target_options: Mapping[str, Any] | None = None,
     io_names: tuple[Sequence[str], Sequence[str]] | None = None,
+    edits: Sequence[Callable[[Any], Any]] = (),
 ) -> Path:
     """The common end of every qdq export, whatever the framework that traced ``proto``.
 
@@ -200,7 +201,8 @@ def finish_onnx(
     ``target_options``), gives every node a name of its own, records the target in the metadata, checks the model
     with ``onnx.checker`` (full check) and writes it atomically to ``path``. ``annotate`` (the PyTorch
     exporter's quantizer names) runs on the tidied graph, before the rewrite; ``target_options`` are the
-    rewrite's options.
+    rewrite's options. ``edits`` (functions of an ``onnx_ir.Model``, such as the ONNX front end's Q/DQ writer) run
+    first in the tidy's round trip through onnx_ir.
 
     Raises:
         QdqExportError: the graph fails ``onnx.checker``.
@@ -215,7 +217,7 @@ def finish_onnx(
             "or an output is not a tensor. Leave unused inputs out of the example."
         )
     graph.rename_io(proto, inputs, outputs)
-    graph.on_ir(proto, tidy)
+    graph.on_ir(proto, *edits, tidy)
     if annotate is not None:
         annotate(proto)
     target.rewrite_onnx(proto, **target.export_options(target_options))

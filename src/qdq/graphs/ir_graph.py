@@ -235,7 +235,7 @@ def add_const(graph: ir.Graph, stem: str, array: np.ndarray) -> ir.Value:
 
     name = fresh_name(graph, stem)
     data = np.array(array, copy=True, order="C")
-    tensor = ir.tensor(data, name=name)
+    tensor = ir.Tensor(data, name=name)  # not ir.tensor: its protocol checks cost more than the rest of a Q/DQ write
     value = ir.Value(name=name, const_value=tensor, type=ir.TensorType(tensor.dtype), shape=ir.Shape(data.shape))
     graph.register_initializer(value)
     return value

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -43,9 +43,10 @@ from qdq.workflow.auto_calibration import (
 from qdq.workflow.progress import Progress, counter
 from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
 
-__all__ = ["Quantized", "Scored", "bias_corrected", "held_out_halves", "select"]
+__all__ = ["Meter", "Quantized", "Scored", "bias_corrected", "held_out_halves", "select"]
 
 Scored = list[tuple[dict[str, np.ndarray], list[np.ndarray]]]  # (held-out feed, the float model's outputs) pairs
+Meter = Callable[[Mapping[int, np.ndarray], Scored], FidelityMeter]  # (activation ranges, pairs) -> fidelity
 
 
 def select(
@@ -56,8 +57,10 @@ def select(
     *,
     threads: int | None = None,
     progress: Progress = True,
-) -> tuple[dict[int, np.ndarray], AutoResult]:
-    """The ``auto`` activation ranges of ``view`` (by quantizer ``id``) and what every candidate scored.
+) -> tuple[dict[int, np.ndarray], AutoResult, Meter | None]:
+    """The ``auto`` activation ranges of ``view`` (by quantizer ``id``), what every candidate scored, and a meter of
+    ``view`` at any activation ranges (``meter(ranges, scored)``: the one session that scored the candidates; None
+    where it does not feed every quantizer's step).
 
     Args:
         model: the prepared float model ``view`` was built on (not modified).
@@ -99,7 +102,7 @@ def select(
         if label != chosen:
             method, options = candidate(label)
             final.update(statistics.ranges(method.name, keys={key}, **options))
-    return final, result
+    return final, result, (fed.meter if fed is not None and fed.steps.keys() >= final.keys() else None)
 
 
 def bias_corrected(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray],

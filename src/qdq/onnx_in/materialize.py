@@ -28,7 +28,7 @@ across the model's graphs), new nodes ``<quantizer>/QuantizeLinear`` and ``<quan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-__all__ = ["activation_step", "quantizer_names", "write_qdq"]
+__all__ = ["activation_step", "qdq_edit", "quantizer_names", "write_qdq"]
 
 _TINY = 2.0**-24  # qdq.tensor_quant.AMAX_EPSILON: a range this small quantizes everything to 0 (step 1)
 
@@ -77,8 +77,14 @@ def quantizer_names(view: GraphView) -> dict[int, str]:
 def write_qdq(model: onnx.ModelProto, view: GraphView, ranges: Mapping[int, np.ndarray]) -> int:
     """Insert the Q/DQ nodes of ``view``'s quantizers into ``model`` (in place), with ``ranges[id(quantizer)]``
     (float32 amax: 0-d for an activation, ``[C]`` for a weight); returns how many Q/DQ pairs were written."""
+    return int(on_ir(model, qdq_edit(view, ranges))[0])
+
+
+def qdq_edit(view: GraphView, ranges: Mapping[int, np.ndarray]) -> Callable[[ir.Model], int]:
+    """:func:`write_qdq` as an edit of an onnx_ir model (to run in a round trip made anyway): returns how many Q/DQ
+    pairs it wrote."""
     names = quantizer_names(view)
-    return int(on_ir(model, lambda ir_model: _Writer(ir_model.graph).write(view, names, ranges))[0])
+    return lambda ir_model: _Writer(ir_model.graph).write(view, names, ranges)
 
 
 class _Writer:

@@ -35,7 +35,7 @@ from qdq.graphs.view import GraphView, Quantizer
 from qdq.onnx_in.attention import attention_shapes
 from qdq.onnx_in.calibrate import probe_model
 from qdq.onnx_in.load import load_float_model, prepare
-from qdq.onnx_in.materialize import write_qdq
+from qdq.onnx_in.materialize import qdq_edit
 from qdq.onnx_in.view import KeepFloat, build_view, keep_user_float, select_attention, select_weighted
 from qdq.targets import Target
 from qdq.targets.onnxruntime.passes.float_convs import float_convs_said
@@ -159,11 +159,10 @@ class Placement:
               target_options: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
         """Write the Q/DQ nodes of every quantizer with its float32 amax (``ranges``: ``id(quantizer)`` -> amax, 0-d
         for an activation, per channel for a weight) and finish the file for the target at ``path``."""
-        write_qdq(self.model, self.view, ranges)
         inputs, outputs = [i.name for i in self.model.graph.input], [o.name for o in self.model.graph.output]
         with float_convs_said(self._float_convs):  # the rewrite's advice is for a model quantized without its target
             written = finish_onnx(self.model, path, self.target, target_options=target_options,
-                                  io_names=(inputs, outputs))  # fmt: skip
+                                  io_names=(inputs, outputs), edits=[qdq_edit(self.view, ranges)])  # fmt: skip
         return written
 
     def _float_convs(self, convs: list[str]) -> str:

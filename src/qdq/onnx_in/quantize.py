@@ -25,6 +25,7 @@ import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -242,7 +243,8 @@ def quantize_onnx(
                              held_out=held_out if calibration_method.model_level else None)  # fmt: skip
         if calibration_method.model_level:
             fit = kept_parts(proto, kept[:_BIAS_BATCHES], held_out) if bias_correction else fit
-            ranges, auto = auto_ranges.select(proto, view, statistics, weights, threads=threads, progress=progress)
+            ranges, auto, meter = auto_ranges.select(proto, view, statistics, weights, threads=threads,
+                                                        progress=progress)
         else:
             ranges = statistics.ranges(method, **method_options)
         batches = statistics.batches
@@ -251,7 +253,8 @@ def quantize_onnx(
         if auto is not None:
             placing = Placing(keep_float, float_values, nonnegative, kept, weight_method, threads, progress,
                               weight_cache)  # fmt: skip
-            placement, ranges, weights = _stem(auto, source, placement, placing, ranges, statistics, weights)
+            placement, ranges, weights = _stem(auto, source, placement, placing, ranges, statistics, weights,
+                                               meter)
             view = placement.view
             scalings, ranges, weights = _settled(auto, placement, scalings, ranges, weights, statistics, placing)
     by_value = ranges_by_value(view, ranges)
@@ -313,10 +316,13 @@ def _settled(auto: AutoResult, placement: Placement, scalings: list[Scaling], ra
 
 
 def _stem(auto: AutoResult, source: PreparedModel, placement: Placement, placing: Placing, ranges: _Ranges,
-          statistics: Statistics, weights: _Ranges) -> tuple[Placement, _Ranges, _Ranges]:  # fmt: skip
+          statistics: Statistics, weights: _Ranges,
+          meter: auto_ranges.Meter | None) -> tuple[Placement, _Ranges, _Ranges]:  # fmt: skip
     """``auto``'s float stem (:func:`qdq.onnx_in.stem.float_stem`, recorded in ``auto.stem``): the placement, its
-    activation ranges and its weight ranges, with the stem float where it is kept."""
-    auto.stem, stemmed = float_stem(source, placement, placing, ranges, auto_ranges.held_out_halves(statistics))
+    activation ranges and its weight ranges, with the stem float where it is kept (``meter``: ``select``'s, which
+    scores the placement as it is)."""
+    auto.stem, stemmed = float_stem(source, placement, placing, ranges, auto_ranges.held_out_halves(statistics),
+                                    None if meter is None else partial(meter, ranges))  # fmt: skip
     if stemmed is None:
         return placement, ranges, weights
     view, ranges = stemmed

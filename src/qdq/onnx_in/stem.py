@@ -64,10 +64,12 @@ _Trial = tuple[GraphView, dict[int, np.ndarray]]  # a placement's view and its a
 
 
 def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ranges: Mapping[int, np.ndarray],
-               parts: tuple[Scored, Scored] | None) -> tuple[StemChoice, _Trial | None]:  # fmt: skip
+               parts: tuple[Scored, Scored] | None,
+               base: Callable[[Scored], FidelityMeter] | None = None) -> tuple[StemChoice, _Trial | None]:  # fmt: skip
     """:func:`qdq.workflow.stem.choose_stem` of ``placement`` with its activation ``ranges``: each trial is the
     placement made again with the stem's ops float, its quantizers taking the ranges of the tensors they read; the
-    view and ranges to write when the stem is kept float."""
+    view and ranges to write when the stem is kept float. ``base`` meters ``placement`` at ``ranges`` where a
+    session that does so exists already (else one is made)."""
     view = placement.view
     levels = stem_levels(view)
     observed = ranges_by_value(view, ranges)
@@ -78,6 +80,9 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
 
     def score(ops: list[str], half: int) -> FidelityMeter:
         key = tuple(ops)
+        if not key and base is not None and parts is not None:
+            bar.update()
+            return base(parts[half])
         if key not in trials:
             trials[key] = _stem_trial(source, placement.target, placing, ops, observed, asked)
         if key not in sessions:
