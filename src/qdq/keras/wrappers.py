@@ -22,7 +22,7 @@ from qdq.keras import quantizer
 from qdq.keras._backend import keras as _keras
 from qdq.keras._backend import tf as _tf
 from qdq.registry import Registry
-from qdq.targets.marks import mark_placed
+from qdq.targets.marks import MARK_PARTS, mark_placed
 
 keras: Any = _keras()  # typed Any: read at run time, a base class below
 tf: Any = _tf()
@@ -58,6 +58,14 @@ def wrapper_for(layer: Any) -> type | None:
 def wrappers_of(model: Any) -> list[QuantizeWrapper]:
     """The quantize wrappers of a model, in layer order."""
     return [layer for layer in model.layers if isinstance(layer, QuantizeWrapper)]
+
+
+def _layers(model: Any) -> list[Any] | None:
+    """A Keras model's layers (its quantize wrappers carry the target's mark), or None for anything else."""
+    return list(model.layers) if isinstance(model, keras.Model) else None
+
+
+MARK_PARTS.register("keras", _layers, override=True)
 
 
 @keras.saving.register_keras_serializable(package="qdq")

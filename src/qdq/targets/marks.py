@@ -11,12 +11,14 @@ This module imports neither torch nor onnx.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from qdq.errors import QdqConfigError
+from qdq.registry import Registry
 
 __all__ = [
+    "MARK_PARTS",
     "check_not_superseded",
     "mark_placed",
     "mark_superseded",
@@ -28,6 +30,18 @@ __all__ = [
 _TARGET_ATTR = "_qdq_target"  # set on a placed model: the target's name
 _OPTIONS_ATTR = "_qdq_target_options"  # set on a placed model: the target options it was placed with
 _SUPERSEDED_ATTR = "_qdq_superseded"  # set on a model placement replaced: the target's name
+
+
+def _submodules(model: Any) -> list[Any] | None:
+    modules = getattr(model, "modules", None)
+    return list(modules()) if callable(modules) else None
+
+
+#: front end -> ``parts(model)``: the parts of a model of its kind a mark may sit on (a torch model's submodules), or
+#: None when ``model`` is not of its kind; tried in registration order. PyTorch's is built in; the Keras front end
+#: registers its own (a model's layers: its quantize wrappers keep their target in a saved model).
+MARK_PARTS: Registry[str, Callable[[Any], list[Any] | None]] = Registry("model parts")
+MARK_PARTS.register("torch", _submodules)
 
 
 def mark_placed(model: Any, target: str, options: Mapping[str, Any] | None = None) -> None:
@@ -101,11 +115,12 @@ def _refuse_forward(module: Any, args: Any) -> None:
 
 
 def _modules(model: Any) -> list[Any]:
-    """The parts a mark may sit on: a torch model's submodules, a Keras model's layers (its quantize wrappers,
-    which keep their target in a saved model)."""
-    if hasattr(model, "modules"):
-        return list(model.modules())
-    return list(getattr(model, "layers", []))
+    """The parts a mark may sit on (:data:`MARK_PARTS`); none for a model no front end knows."""
+    for name in MARK_PARTS:
+        found = MARK_PARTS.get(name)(model)
+        if found is not None:
+            return found
+    return []
 
 
 def _set_mark(model: Any, key: str, value: Any) -> None:
