@@ -255,6 +255,30 @@ def test_tidy_bypasses_an_identity_of_an_initializer_and_removes_what_nothing_re
     assert names(g) == ["identity_of_x", "mul", "identity_of_k"] and sorted(g.initializers) == ["k", "w"]
 
 
+def test_tidy_removes_the_initializers_nothing_reads_inside_a_branch():
+    # then: y = x * a (a the branch's own), the unread z stays nowhere; else: y = x * w (w the main graph's)
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    const = lambda name, v: numpy_helper.from_array(np.full(2, v, np.float32), name)  # noqa: E731
+    then = helper.make_graph([helper.make_node("Mul", ["x", "a"], ["y_then"], name="mul_then")], "then", [],
+                             [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, [2])],
+                             [const("a", 2.0), const("z", 3.0)])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y_else"], name="mul_else")], "else", [],
+                              [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, [2])])  # fmt: skip
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if")], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [out], [const("w", 4.0)],
+    )  # fmt: skip
+    model, _ = on_ir(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    tidy(model)
+    branch = model.graph.node(0).attributes["then_branch"].value
+    assert sorted(branch.initializers) == ["a"]  # z goes: nothing reads it
+    assert sorted(model.graph.initializers) == ["w"]  # read inside the else branch only: kept
+    proto = ir.serde.serialize_model(model)
+    onnx.checker.check_model(proto, full_check=True)
+
+
 def test_inferred_dims_leave_the_model_as_it_was():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
     t = helper.make_tensor_value_info("t", TensorProto.FLOAT, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from onnx_models import constant_weight_conv
@@ -106,3 +107,29 @@ def test_a_batch_the_graph_cannot_take_is_one_clear_error_before_any_run(tmp_pat
     with pytest.raises(QdqConfigError, match=r"4 dimensions"):
         qdq.quantize_onnx(model, [{"x": rng.random((3, 4, 4), np.float32)}], tmp_path / "q.onnx",
                           target="onnxruntime", progress=False)  # fmt: skip
+
+
+def test_a_negative_dimension_is_dynamic_as_onnx_runtime_reads_it(tmp_path, model):
+    # Paddle's exporter writes -1 for a dynamic axis (PP-OCR's direction classifier: [-1, 3, ?, ?])
+    import qdq
+    from qdq.graphs.onnx_types import value_dims
+    from qdq.onnx_in.calibrate import batched_inputs
+
+    proto = onnx.load(str(model))
+    for dim in proto.graph.input[0].type.tensor_type.shape.dim[::2]:  # the batch axis and the height
+        dim.Clear()
+        dim.dim_value = -1
+    path = tmp_path / "paddle.onnx"
+    onnx.save(proto, str(path))
+    assert value_dims(proto.graph.input[0]) == [None, 3, None, None]
+    assert batched_inputs(proto, ["x"])  # samples along dimension 0: a held-out batch can be split
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.random((8, 3, 4, 4), np.float32)} for _ in range(4)]
+    result = qdq.quantize_onnx(path, data, tmp_path / "q.onnx", target="onnxruntime", progress=False)
+    assert result.int8_ops.get("Conv") == 1
+    assert [b["x"].shape[0] for b in calibration_batches(str(_npz(tmp_path)), path, batch_size=4)] == [4, 4, 2]
+
+
+def _npz(tmp_path):
+    np.savez(tmp_path / "ten.npz", x=np.random.default_rng(1).random((10, 3, 4, 4), np.float32))
+    return tmp_path / "ten.npz"

@@ -281,7 +281,8 @@ def inferred_dims(model: ir.Model) -> dict[str, list[int | None]]:
 
 def tidy(model: ir.Model) -> None:
     """Exact clean-ups: an ``Identity`` of an initializer (not a graph output) is bypassed, then onnx_ir's
-    ``RemoveUnusedNodesPass`` removes what nothing reads. (onnx_ir 1.1's ``IdentityEliminationPass`` raises on a
+    ``RemoveUnusedNodesPass`` removes what nothing reads, and the initializers nothing reads in subgraphs (an ``If``
+    branch's; the pass clears the main graph's only). (onnx_ir 1.1's ``IdentityEliminationPass`` raises on a
     branch that returns an outer value through an ``Identity``: silero's decoder.)"""
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
@@ -291,6 +292,10 @@ def tidy(model: ir.Model) -> None:
             node.outputs[0].replace_all_uses_with(x)
             model.graph.remove(node, safe=True)
     RemoveUnusedNodesPass()(model)
+    for graph in graphs_of(model.graph):
+        for value in list(graph.initializers.values()):
+            if not value.uses() and not value.is_graph_output() and not value.is_graph_input():
+                graph.initializers.pop(str(value.name))
 
 
 def run_on_graph(model: onnx.ModelProto, edit: Callable[..., Any], *args: Any) -> Any:

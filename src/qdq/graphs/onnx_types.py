@@ -37,6 +37,7 @@ __all__ = [
     "FloatSlots",
     "TensorTypes",
     "default_opset",
+    "dim_size",
     "float_slots",
     "input_types",
     "numpy_float_type",
@@ -95,7 +96,13 @@ def value_dims(value: Any) -> list[int | None] | None:
     tensor_type = value.type.tensor_type
     if not tensor_type.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+    return [dim_size(d) for d in tensor_type.shape.dim]
+
+
+def dim_size(dim: Any) -> int | None:
+    """A shape dimension's fixed size (``TensorShapeProto.Dimension``), or None where it is symbolic or unknown. A
+    negative size is unknown too: Paddle's exporter writes ``-1`` for a dynamic axis, and ONNX Runtime reads it so."""
+    return int(dim.dim_value) if dim.HasField("dim_value") and dim.dim_value >= 0 else None
 
 
 def recorded_dims(values: Iterable[Any]) -> dict[str, list[int | None]]:

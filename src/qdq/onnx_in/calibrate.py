@@ -220,8 +220,8 @@ def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOut
 
 def batched_inputs(model: onnx.ModelProto, inputs: list[str]) -> bool:
     """Whether dimension 0 of every data input is dynamic (a batch axis a feed can be split along)."""
-    shapes = {i.name: i.type.tensor_type.shape for i in model.graph.input if i.name in inputs}
-    return bool(shapes) and all(len(shape.dim) > 0 and not shape.dim[0].dim_value for shape in shapes.values())
+    dims = [value_dims(i) for i in model.graph.input if i.name in inputs]
+    return bool(dims) and all(bool(d) and not d[0] for d in dims)
 
 
 def _samples(feed: Mapping[str, np.ndarray], batched: bool) -> int | None:

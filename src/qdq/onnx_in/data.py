@@ -116,7 +116,7 @@ def _image_batches(
 
 
 def _size(value: Any, image_size: int | None) -> tuple[int, int]:
-    dims = [d.dim_value or None for d in value.type.tensor_type.shape.dim]
+    dims = [d or None for d in value_dims(value) or []]
     if image_size is not None:
         return image_size, image_size
     if len(dims) != 4 or dims[2] is None or dims[3] is None:

@@ -191,13 +191,13 @@ def random_inputs(
 def _spec(value_info: onnx.ValueInfoProto) -> TensorSpec:
     from onnx.helper import tensor_dtype_to_np_dtype
 
+    from qdq.graphs.onnx_types import dim_size
+
     tensor_type = value_info.type.tensor_type
     dims: list[Dim] = []
     for dim in tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
-            dims.append(int(dim.dim_value))
-        else:
-            dims.append(dim.dim_param or None)
+        size = dim_size(dim)
+        dims.append(size if size is not None else dim.dim_param or None)
     return TensorSpec(value_info.name, tuple(dims), np.dtype(tensor_dtype_to_np_dtype(tensor_type.elem_type)))
 
 
