@@ -220,8 +220,8 @@ def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOut
 
 def batched_inputs(model: onnx.ModelProto, inputs: list[str]) -> bool:
     """Whether dimension 0 of every data input is dynamic (a batch axis a feed can be split along)."""
-    dims = [value_dims(i) for i in model.graph.input if i.name in inputs]
-    return bool(dims) and all(bool(d) and not d[0] for d in dims)
+    dims = [value_dims(i) or [] for i in model.graph.input if i.name in inputs]
+    return bool(dims) and all(len(d) > 0 and not d[0] for d in dims)
 
 
 def _samples(feed: Mapping[str, np.ndarray], batched: bool) -> int | None:
