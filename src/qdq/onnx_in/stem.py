@@ -8,8 +8,9 @@ The trials are scored with the final ranges and without bias correction, the sam
 The levels chosen are then timed (:class:`qdq.workflow.stem.StemTiming`): both files, the stem float and all int8,
 written as the target's rewrite finishes them and run on the target's first native runtime where it is installed
 and loads a file without compiling an engine (ONNX Runtime for ``onnxruntime``; TensorRT is not timed), on one
-held-out sample (latency, as a deployed model runs), in interleaved rounds. A model whose inputs do not say which axis
-holds the samples (a recurrent state, a scalar input: silero-vad) is not timed.
+held-out sample (latency, as a deployed model runs), in interleaved rounds: cut along dimension 0, or along the axis
+that names the first input's batch dimension (a recurrent state ``[layers, batch, hidden]``, a scalar fed whole:
+silero-vad). A model whose inputs do not say which axis holds the samples is not timed.
 """
 
 from __future__ import annotations
@@ -154,13 +155,33 @@ def _timing_backend(target: Target) -> Backend | None:
 
 def _one_sample(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
     """``feed``'s first sample, as a deployed model runs (latency): every input's first dimension dynamic (cut to
-    one) or fixed at one; None where the inputs do not say which axis holds the samples (a state input, a scalar):
-    then nothing is timed."""
+    one); or the axis of each input that the first input's named batch dimension names too (a recurrent state
+    ``[layers, batch, hidden]``: silero-vad's), a scalar fed whole; or every input's first dimension fixed at one.
+    None where the inputs do not say which axis holds the samples: then nothing is timed."""
     declared = feed_inputs(model)
     if batched_inputs(model, [value.name for value in declared]):
         return {value.name: np.asarray(feed[value.name])[:1] for value in declared}
+    axes = _sample_axes(declared)
+    if axes is not None:
+        return {name: np.asarray(feed[name]) if axis is None else np.take(np.asarray(feed[name]), [0], axis=axis)
+                for name, axis in axes.items()}  # fmt: skip
     fixed_at_one = all((value_dims(value) or [None])[0] == 1 for value in declared)
     return {value.name: np.asarray(feed[value.name]) for value in declared} if fixed_at_one else None
+
+
+def _sample_axes(declared: Sequence[Any]) -> dict[str, int | None] | None:
+    """Input name -> the one axis named as the first input's first dimension is (None for a scalar); None where that
+    dimension has no name, or an input of rank one or more does not name it exactly once."""
+    shapes = [(value.name, [d.dim_param for d in value.type.tensor_type.shape.dim]) for value in declared]
+    batch = shapes[0][1][0] if shapes and shapes[0][1] else ""
+    if not batch:
+        return None
+    axes: dict[str, int | None] = {}
+    for name, dims in shapes:
+        if dims and dims.count(batch) != 1:
+            return None
+        axes[name] = dims.index(batch) if dims else None
+    return axes
 
 
 def _placed(source: PreparedModel, target: Target, placing: Placing, ops: Sequence[str] = ()) -> GraphView:
