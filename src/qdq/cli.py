@@ -247,6 +247,10 @@ def add_quantize_parser(subparsers: Any) -> None:
                    help=".onnx model: keep the file's weights (by default, with --calib auto, the channels "
                    "between two int8 convs with a ReLU-like activation are rescaled where that predicts less "
                    "noise)")  # fmt: skip
+    p.add_argument("--no-timing", dest="timing", action="store_false", default=True,
+                   help=".onnx model: skip timing the written file against the FP32 file (by default both run on "
+                   "the first calibration batch on each --runtime, or the target's own runtime where it loads a file "
+                   "without building an engine)")  # fmt: skip
     p.add_argument("--mean", help=".onnx model, imagefolder: per-channel mean subtracted after scaling to [0, 1]")
     p.add_argument("--std", help=".onnx model, imagefolder: per-channel std divided by after the mean")
     p.add_argument("--calib", action=_CalibAction, help="the calibration method. Default: for a PyTorch model "
@@ -346,7 +350,46 @@ def run_quantize_onnx(args: argparse.Namespace) -> int:
                            bias_correction=args.bias_correction, equalize=args.equalize)  # fmt: skip
     print(result.report())
     print(f"wrote {result.path}")
+    if args.timing:
+        print(speed_check(Path(args.model), result.path, batches[0], args.runtime or [], result.target, args.threads))
     return 0
+
+
+#: rounds, timed runs per round and untimed runs before them of ``qdq quantize``'s speed check
+_SPEED_ROUNDS, _SPEED_RUNS, _SPEED_WARMUP = 3, 5, 2
+
+
+def speed_check(fp32: Path, int8: Path, feed: dict[str, Any], runtimes: Sequence[str], target: str,
+                threads: int | None = None) -> str:  # fmt: skip
+    """The written file timed against the FP32 file, interleaved, on the first calibration batch: one table row per
+    runtime (``runtimes``, or the target's own where it loads a file without building an engine), and a line where
+    int8 does not pay."""
+    from qdq.markdown import markdown_table
+    from qdq.runtime.backend import get_backend, timing_backend
+    from qdq.runtime.benchmark import compare_models
+    from qdq.targets import get_target
+
+    chosen = [get_backend(name) for name in runtimes] or [
+        b for b in [timing_backend(get_target(target).native_runtime)] if b is not None]
+    if not chosen:
+        return f"speed: not timed ({target}'s runtime builds an engine or is not installed here; give --runtime)"
+    rows, slow = [], []
+    samples = len(next(iter(feed.values())))
+    for backend in chosen:
+        timed = compare_models({"fp32": fp32, "int8": int8}, backend.name, batch=samples, threads=threads,
+                               rounds=_SPEED_ROUNDS, iters=_SPEED_RUNS, warmup=_SPEED_WARMUP, inputs=feed)  # fmt: skip
+        speed = timed.speedup("int8")
+        rows.append([backend.name, str(samples), f"{timed.median_ms('fp32'):.2f}", f"{timed.median_ms('int8'):.2f}",
+                     str(speed)])  # fmt: skip
+        every = all(f < i for f, i in zip(timed.block_ms["fp32"], timed.block_ms["int8"], strict=True))
+        slow += [f"{backend.name} ({speed.median:.2f}x)"] if every else []
+    table = markdown_table(["runtime", "batch", "FP32 ms", "INT8 ms", "INT8 speed-up (25-75 %)"], rows)
+    legend = (f"\n\nspeed: the two files interleaved in {_SPEED_ROUNDS} rounds of {_SPEED_RUNS} runs on the first "
+              "calibration batch; the speed-up is FP32 time / INT8 time (> 1: INT8 faster).")  # fmt: skip
+    advice = (f"\nINT8 does not pay for this model on this CPU: slower than FP32 in every round on {', '.join(slow)}. "
+              f"Keep the FP32 file here (`qdq bench {int8} --fp32 {fp32}` times both at other batch sizes)."
+              if slow else "")  # fmt: skip
+    return table + legend + advice
 
 
 def _accuracy_lines(summary: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from qdq.onnx_in.auto import Quantized, Scored
 from qdq.onnx_in.calibrate import WeightCache, batched_inputs, weight_ranges
 from qdq.onnx_in.prepared import Placement, PreparedModel, activation_values, ranges_by_value, values_ranges
 from qdq.onnx_in.view import keep_unreached_float
-from qdq.runtime.backend import Backend, get_backend
+from qdq.runtime.backend import timing_backend
 from qdq.runtime.benchmark import compare_models
 from qdq.targets import Target
 from qdq.workflow.fidelity import FidelityMeter
@@ -120,7 +120,7 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
            threads: int | None, bar: Any) -> Callable[[list[str]], StemTiming | None] | None:  # fmt: skip
     """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem` (module doc), or None where the target's runtime
     cannot time here."""
-    backend = _timing_backend(placement.target)
+    backend = timing_backend(placement.target.native_runtime)
     feed = _one_sample(placement.model, feed) if feed is not None else None
     if backend is None or feed is None:
         return None
@@ -143,14 +143,6 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
         return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
 
     return timer
-
-
-def _timing_backend(target: Target) -> Backend | None:
-    """The target's first native runtime, where it is installed here and loads a file without compiling it."""
-    if target.native_runtime is None:
-        return None
-    backend = get_backend(target.native_runtime)
-    return backend if backend.available() and not backend.compiles else None
 
 
 def _one_sample(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:

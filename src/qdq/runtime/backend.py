@@ -49,6 +49,7 @@ __all__ = [
     "load_runtime",
     "register_runtime",
     "runtime_names",
+    "timing_backend",
     "unregister_runtime",
 ]
 
@@ -270,6 +271,15 @@ def get_backend(runtime: str | RuntimeEntry | Backend) -> Backend:
     if not isinstance(found, Backend) or found.name != entry.name:
         raise QdqTypeError(f"runtime {entry.name!r} is registered with {found!r}, not a Backend of that name.")
     return found
+
+
+def timing_backend(runtime: str | None) -> Backend | None:
+    """The backend of ``runtime`` where it is installed here and loads a file without building an engine (a file
+    timed in seconds); None for None, a runtime not installed, or one that compiles (TensorRT)."""
+    if runtime is None:
+        return None
+    backend = get_backend(runtime)
+    return backend if backend.available() and not backend.compiles else None
 
 
 def backends() -> tuple[Backend, ...]:
