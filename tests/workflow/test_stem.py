@@ -4,6 +4,7 @@ against the same model on data it can."""
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from unittest.mock import patch
 
@@ -283,6 +284,46 @@ def test_the_pytorch_door_disables_the_stem_quantizers_only_where_int8_cannot_ho
         assert sqnr > 30
     else:
         assert result.stem.levels == 0 and stem._input_quantizer.is_quantizing and stem._weight_quantizer.is_quantizing
+
+
+@pytest.mark.parametrize("ratio", [100.0, 1.0])
+def test_the_pytorch_door_times_the_stem_it_keeps_as_the_onnx_door_does(ratio):
+    """The quiet-input model in the PyTorch door: its stem's gain (tens of dB) pays for the same time, not for a file
+    100 times slower; the two files are the model exported for its target with the stem's quantizers off and on."""
+    torch.manual_seed(0)
+    float_model = _QuietInput(0.01).eval()
+    data = [torch.from_numpy(b["x"]) for b in _signals(0.01)]
+    timed: list = []
+
+    def compare(models, runtime, **options):
+        graphs = {label: onnx.load(str(path)).graph for label, path in models.items()}
+        timed.append((sorted(models), runtime, {label: _reads_dequantized(g) for label, g in graphs.items()}))
+        return Comparison(runtime, 1, None, 3, "int8", {"int8": (10.0,) * 3, "stem": (10.0 * ratio,) * 3})
+
+    results = {}
+    benchmark = importlib.import_module("qdq.runtime.benchmark")  # also the name of a function of qdq.runtime
+    with warnings.catch_warnings(), patch.object(benchmark, "compare_models", compare):
+        warnings.simplefilter("ignore")
+        for target in ("onnxruntime", "tensorrt"):
+            model = qdq.quantize_model(_QuietInput(0.01).eval(), qdq.QuantConfig(target=target))
+            model.load_state_dict(float_model.state_dict(), strict=False)
+            results[target] = (model, select_amax(model, data, progress=False))
+    assert len(timed) == 1 and timed[0][:2] == (["int8", "stem"], "onnxruntime")  # TensorRT builds engines: untimed
+    assert timed[0][2] == {"int8": 1 + BODY, "stem": BODY}  # convs reading a DequantizeLinear: the stem's is float
+    model, result = results["onnxruntime"]
+    stem = dict(model.named_modules())["stem"]
+    assert result.stem.timing is not None and result.stem.timing.slowdown == pytest.approx(ratio - 1)
+    assert results["tensorrt"][1].stem.timing is None and results["tensorrt"][1].stem.ops == ["stem"]
+    if ratio > 1:
+        assert result.stem.levels == 0 and result.stem.dropped >= 1 and stem._input_quantizer.is_quantizing
+    else:
+        assert result.stem.ops == ["stem"] and not stem._input_quantizer.is_quantizing
+
+
+def _reads_dequantized(graph) -> int:
+    """How many convs of ``graph`` read their data input from a DequantizeLinear."""
+    producers = {out: node.op_type for node in graph.node for out in node.output}
+    return sum(producers.get(n.input[0]) == "DequantizeLinear" for n in graph.node if n.op_type == "Conv")
 
 
 def test_a_stem_trial_leaves_float_what_calibration_never_reached(tmp_path):

@@ -56,10 +56,12 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,7 +83,7 @@ from qdq.workflow.equalization import MEASURED_BATCHES, Scaling, equalize_module
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
 from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
-from qdq.workflow.stem import StemChoice, choose_stem, stem_levels
+from qdq.workflow.stem import StemChoice, StemTiming, choose_stem, stem_levels
 
 __all__ = [
     "AUTO",
@@ -365,6 +367,7 @@ def select_amax(
 
 
 Scored = list[tuple[Any, Any]]  # held-out batches, each with the float model's output on it
+StemTimer = Callable[[list[str]], StemTiming | None]  # float ops -> their file timed against the all-int8 one
 
 
 def _settled(model: nn.Module, scalings: list[Scaling], scored: Scored, forward: ForwardFn, before: float,
@@ -470,7 +473,8 @@ def _float_stem(model: nn.Module, view: GraphView | None, untraced: str, parts: 
                 forward: ForwardFn) -> StemChoice:  # fmt: skip
     """:func:`qdq.workflow.stem.choose_stem` of the model's quantized modules on its ``view`` (None: it does not
     trace, ``untraced`` says why): a trial disables the quantizers the stem's ops read their inputs and weights
-    through; those of the levels kept stay disabled (the modules run, and export, float)."""
+    through; the levels the scores keep are timed where the model's target can time a file here
+    (:func:`_stem_timer`); those of the levels kept stay disabled (the modules run, and export, float)."""
     if parts is None:
         return choose_stem([], None)
     if view is None:
@@ -491,11 +495,63 @@ def _float_stem(model: nn.Module, view: GraphView | None, untraced: str, parts: 
             for quantizer in off:
                 quantizer.enable()
 
-    choice = choose_stem([[names[name] for name in level] for level in stem_levels(view)], score)
+    levels = [[names[name] for name in level] for level in stem_levels(view)]
+    choice = choose_stem(levels, score, _stem_timer(model, parts, lambda ops: [h for n in ops for h in handles[n]]))
     for name in choice.ops:
         for quantizer in handles[name]:
             quantizer.disable()
     return choice
+
+
+#: the rounds, and the runs in each, the two exported files are timed in (as the ONNX door's stem timer)
+_TIMING_ROUNDS, _TIMING_RUNS = 3, 3
+
+
+def _stem_timer(model: nn.Module, parts: tuple[Scored, Scored],
+                quantizers: Callable[[list[str]], list[TensorQuantizer]]) -> StemTimer | None:  # fmt: skip
+    """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem`, as the ONNX door times its stem: the calibrated
+    model exported for its placed target twice (``quantizers(ops)`` off, then on) and the two files timed on one
+    sample of the first held-out batch on the target's own runtime; None where that runtime cannot time a file here
+    (not installed, an engine builder such as TensorRT), the model was not placed for a target, or under
+    torch.distributed. A model that does not export is not timed (``timer`` returns None)."""
+    from qdq.runtime.backend import timing_backend
+    from qdq.targets import get_target
+    from qdq.targets.marks import placed_target
+
+    target = placed_target(model)
+    backend = timing_backend(get_target(target).native_runtime) if target is not None else None
+    first = parts[0][0][0] if parts[0] else None  # the first held-out (batch, float output) pair's batch
+    if backend is None or first is None or world_size() > 1:
+        return None
+    example = _sliced(first, slice(0, 1))
+
+    def timer(ops: list[str]) -> StemTiming | None:
+        from qdq.runtime.benchmark import compare_models
+
+        with tempfile.TemporaryDirectory(prefix="qdq-stem-") as folder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the files are timed, not used
+            try:
+                files = {"int8": _exported(model, example, Path(folder) / "int8.onnx", []),
+                         "stem": _exported(model, example, Path(folder) / "stem.onnx", quantizers(ops))}  # fmt: skip
+            except Exception:  # a model that does not export keeps the stem its scores chose
+                return None
+            timed = compare_models(files, backend.name, batch=1, rounds=_TIMING_ROUNDS, iters=_TIMING_RUNS, warmup=1)
+        return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
+
+    return timer
+
+
+def _exported(model: nn.Module, example: Any, path: Path, off: list[TensorQuantizer]) -> Path:
+    """``model`` exported for its target at ``example``'s shapes, with the quantizers ``off`` disabled meanwhile."""
+    from qdq.export.onnx_export import export_onnx
+
+    try:
+        for quantizer in off:
+            quantizer.disable()
+        return export_onnx(model, example, path, dynamic_batch=False, dynamic_sequence=False)
+    finally:
+        for quantizer in off:
+            quantizer.enable()
 
 
 def _rows(pair: tuple[Any, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any]] | None:
