@@ -320,6 +320,24 @@ def test_the_pytorch_door_times_the_stem_it_keeps_as_the_onnx_door_does(ratio):
         assert result.stem.ops == ["stem"] and not stem._input_quantizer.is_quantizing
 
 
+def test_a_model_that_does_not_export_keeps_the_stem_its_scores_chose():
+    torch.manual_seed(0)
+    float_model = _QuietInput(0.01).eval()
+    model = qdq.quantize_model(_QuietInput(0.01).eval(), qdq.QuantConfig(target="onnxruntime"))
+    model.load_state_dict(float_model.state_dict(), strict=False)
+    data = [torch.from_numpy(b["x"]) for b in _signals(0.01)]
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this model does not export")
+
+    with warnings.catch_warnings(), patch("qdq.export.onnx_export.export_onnx", refuse):
+        warnings.simplefilter("ignore")
+        result = select_amax(model, data, progress=False)
+    assert result.stem.ops == ["stem"] and result.stem.timing is None
+    assert not dict(model.named_modules())["stem"]._input_quantizer.is_quantizing
+    assert all(q.is_enabled for name, q in model.named_modules() if name.endswith("_quantizer") and "stem" not in name)
+
+
 def _reads_dequantized(graph) -> int:
     """How many convs of ``graph`` read their data input from a DequantizeLinear."""
     producers = {out: node.op_type for node in graph.node for out in node.output}

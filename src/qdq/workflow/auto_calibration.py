@@ -533,9 +533,10 @@ def _stem_timer(model: nn.Module, parts: tuple[Scored, Scored],
             try:
                 files = {"int8": _exported(model, example, Path(folder) / "int8.onnx", []),
                          "stem": _exported(model, example, Path(folder) / "stem.onnx", quantizers(ops))}  # fmt: skip
-            except Exception:  # a model that does not export keeps the stem its scores chose
+                timed = compare_models(files, backend.name, batch=1, rounds=_TIMING_ROUNDS, iters=_TIMING_RUNS,
+                                       warmup=1)  # fmt: skip
+            except Exception:  # a model that does not export, or whose file does not run, keeps what its scores chose
                 return None
-            timed = compare_models(files, backend.name, batch=1, rounds=_TIMING_ROUNDS, iters=_TIMING_RUNS, warmup=1)
         return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
 
     return timer
