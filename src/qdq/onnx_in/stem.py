@@ -37,7 +37,7 @@ from qdq.runtime.benchmark import compare_models
 from qdq.targets import Target
 from qdq.workflow.fidelity import FidelityMeter
 from qdq.workflow.progress import Progress, counter
-from qdq.workflow.stem import StemChoice, StemTiming, choose_stem, stem_levels
+from qdq.workflow.stem import STEM_TIMING_ROUNDS, STEM_TIMING_RUNS, StemChoice, StemTiming, choose_stem, stem_levels
 
 __all__ = ["STEM_WHY", "Placing", "float_stem"]
 
@@ -111,10 +111,6 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
     return choice, (trials[tuple(choice.ops)] if choice.levels else None)
 
 
-#: the rounds, and the runs in each, the stem's file and the all-int8 one are timed in
-_TIMING_ROUNDS, _TIMING_RUNS = 3, 3
-
-
 def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None],
            weights: Callable[[_Trial], dict[int, np.ndarray]], feed: Mapping[str, np.ndarray] | None,
            threads: int | None, bar: Any) -> Callable[[list[str]], StemTiming | None] | None:  # fmt: skip
@@ -138,8 +134,8 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
                 copy.CopyFrom(placement.model)
                 paths[label] = Placement(copy, found[0], placement.target).write(
                     {**found[1], **weights(found)}, Path(folder) / f"{label}.onnx")
-            timed = compare_models(paths, backend.name, batch=1, threads=threads, rounds=_TIMING_ROUNDS,
-                                   iters=_TIMING_RUNS, warmup=1, inputs=feed)  # fmt: skip
+            timed = compare_models(paths, backend.name, batch=1, threads=threads, inputs=feed, warmup=1,
+                                   rounds=STEM_TIMING_ROUNDS, iters=STEM_TIMING_RUNS)  # fmt: skip
         return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
 
     return timer

@@ -83,7 +83,7 @@ from qdq.workflow.equalization import MEASURED_BATCHES, Scaling, equalize_module
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
 from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
-from qdq.workflow.stem import StemChoice, StemTiming, choose_stem, stem_levels
+from qdq.workflow.stem import STEM_TIMING_ROUNDS, STEM_TIMING_RUNS, StemChoice, StemTiming, choose_stem, stem_levels
 
 __all__ = [
     "AUTO",
@@ -503,10 +503,6 @@ def _float_stem(model: nn.Module, view: GraphView | None, untraced: str, parts: 
     return choice
 
 
-#: the rounds, and the runs in each, the two exported files are timed in (as the ONNX door's stem timer)
-_TIMING_ROUNDS, _TIMING_RUNS = 3, 3
-
-
 def _stem_timer(model: nn.Module, parts: tuple[Scored, Scored],
                 quantizers: Callable[[list[str]], list[TensorQuantizer]]) -> StemTimer | None:  # fmt: skip
     """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem`, as the ONNX door times its stem: the calibrated
@@ -533,8 +529,8 @@ def _stem_timer(model: nn.Module, parts: tuple[Scored, Scored],
             try:
                 files = {"int8": _exported(model, example, Path(folder) / "int8.onnx", []),
                          "stem": _exported(model, example, Path(folder) / "stem.onnx", quantizers(ops))}  # fmt: skip
-                timed = compare_models(files, backend.name, batch=1, rounds=_TIMING_ROUNDS, iters=_TIMING_RUNS,
-                                       warmup=1)  # fmt: skip
+                timed = compare_models(files, backend.name, batch=1, warmup=1, rounds=STEM_TIMING_ROUNDS,
+                                       iters=STEM_TIMING_RUNS)  # fmt: skip
             except Exception:  # a model that does not export, or whose file does not run, keeps what its scores chose
                 return None
         return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
@@ -544,8 +540,8 @@ def _stem_timer(model: nn.Module, parts: tuple[Scored, Scored],
 
 def _exported(model: nn.Module, example: Any, path: Path, off: list[TensorQuantizer]) -> Path:
     """``model`` exported for its target at ``example``'s shapes, with the quantizers ``off`` disabled meanwhile (by
-    the TorchScript exporter: a tenth of torch.export's time on MobileNetV2, and the same file once the target's
-    rewrite has run)."""
+    the TorchScript exporter: much faster than torch.export, and as fast a file once the target's rewrite has run;
+    benchmarks/RESULTS.md, zoo)."""
     from qdq.export.onnx_export import export_onnx
 
     try:

@@ -43,7 +43,8 @@ from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.workflow.fidelity import FidelityMeter
 
-__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "STEM_SLOWDOWN_MS",
+__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "STEM_SLOWDOWN_MS", "STEM_TIMING_ROUNDS",
+           "STEM_TIMING_RUNS",
            "StemChoice", "StemTiming", "choose_stem", "stem_levels"]
 
 #: the stem is tried float up to this many levels deep
@@ -57,6 +58,9 @@ STEM_SHARE = 1 / 2
 STEM_OPS_SHARE = 1 / 2
 #: a slowdown under this many milliseconds (median) costs nothing: a small model's timing is noise
 STEM_SLOWDOWN_MS = 1.0
+#: how a door times the stem's file against the all-int8 one, on one sample: interleaved rounds, and timed runs in each
+#: (after one untimed run)
+STEM_TIMING_ROUNDS, STEM_TIMING_RUNS = 3, 3
 
 
 @dataclass(frozen=True)
