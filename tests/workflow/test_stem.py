@@ -241,7 +241,8 @@ def test_the_onnx_door_times_the_stem_it_keeps_on_the_targets_runtime(tmp_path, 
         assert all(onnx.load(str(path)).graph.node for path in models.values())  # written, as the target finishes
         return Comparison(runtime, 1, None, 5, "int8", {"int8": (10.0,) * 3, "stem": (10.0 * ratio,) * 3})
 
-    with warnings.catch_warnings(), patch("qdq.onnx_in.stem.compare_models", compare):
+    benchmark = importlib.import_module("qdq.runtime.benchmark")  # also the name of a function of qdq.runtime
+    with warnings.catch_warnings(), patch.object(benchmark, "compare_models", compare):
         warnings.simplefilter("ignore")
         result = qdq.quantize_onnx(float_path, _signals(0.01), tmp_path / "q.onnx", target="onnxruntime",
                                    progress=False)  # fmt: skip

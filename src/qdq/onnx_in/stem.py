@@ -33,11 +33,10 @@ from qdq.onnx_in.calibrate import WeightCache, batched_inputs, weight_ranges
 from qdq.onnx_in.prepared import Placement, PreparedModel, activation_values, ranges_by_value, values_ranges
 from qdq.onnx_in.view import keep_unreached_float
 from qdq.runtime.backend import timing_backend
-from qdq.runtime.benchmark import compare_models
 from qdq.targets import Target
 from qdq.workflow.fidelity import FidelityMeter
 from qdq.workflow.progress import Progress, counter
-from qdq.workflow.stem import STEM_TIMING_ROUNDS, STEM_TIMING_RUNS, StemChoice, StemTiming, choose_stem, stem_levels
+from qdq.workflow.stem import StemChoice, StemTimer, StemTiming, choose_stem, stem_levels
 
 __all__ = ["STEM_WHY", "Placing", "float_stem"]
 
@@ -113,7 +112,7 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
 
 def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None],
            weights: Callable[[_Trial], dict[int, np.ndarray]], feed: Mapping[str, np.ndarray] | None,
-           threads: int | None, bar: Any) -> Callable[[list[str]], StemTiming | None] | None:  # fmt: skip
+           threads: int | None, bar: Any) -> StemTimer | None:  # fmt: skip
     """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem` (module doc), or None where the target's runtime
     cannot time here."""
     backend = timing_backend(placement.target.native_runtime)
@@ -134,9 +133,7 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
                 copy.CopyFrom(placement.model)
                 paths[label] = Placement(copy, found[0], placement.target).write(
                     {**found[1], **weights(found)}, Path(folder) / f"{label}.onnx")
-            timed = compare_models(paths, backend.name, batch=1, threads=threads, inputs=feed, warmup=1,
-                                   rounds=STEM_TIMING_ROUNDS, iters=STEM_TIMING_RUNS)  # fmt: skip
-        return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
+            return StemTiming.measure(paths["int8"], paths["stem"], backend.name, inputs=feed, threads=threads)
 
     return timer
 

@@ -83,7 +83,7 @@ from qdq.workflow.equalization import MEASURED_BATCHES, Scaling, equalize_module
 from qdq.workflow.fidelity import FidelityMeter, output_fidelity
 from qdq.workflow.progress import Progress, progress_bar
 from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
-from qdq.workflow.stem import STEM_TIMING_ROUNDS, STEM_TIMING_RUNS, StemChoice, StemTiming, choose_stem, stem_levels
+from qdq.workflow.stem import StemChoice, StemTimer, StemTiming, choose_stem, stem_levels
 
 __all__ = [
     "AUTO",
@@ -367,7 +367,6 @@ def select_amax(
 
 
 Scored = list[tuple[Any, Any]]  # held-out batches, each with the float model's output on it
-StemTimer = Callable[[list[str]], StemTiming | None]  # float ops -> their file timed against the all-int8 one
 
 
 def _settled(model: nn.Module, scalings: list[Scaling], scored: Scored, forward: ForwardFn, before: float,
@@ -522,18 +521,14 @@ def _stem_timer(model: nn.Module, parts: tuple[Scored, Scored],
     example = _sliced(first, slice(0, 1))
 
     def timer(ops: list[str]) -> StemTiming | None:
-        from qdq.runtime.benchmark import compare_models
-
         with tempfile.TemporaryDirectory(prefix="qdq-stem-") as folder, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the files are timed, not used
             try:
-                files = {"int8": _exported(model, example, Path(folder) / "int8.onnx", []),
-                         "stem": _exported(model, example, Path(folder) / "stem.onnx", quantizers(ops))}  # fmt: skip
-                timed = compare_models(files, backend.name, batch=1, warmup=1, rounds=STEM_TIMING_ROUNDS,
-                                       iters=STEM_TIMING_RUNS)  # fmt: skip
+                int8 = _exported(model, example, Path(folder) / "int8.onnx", [])
+                stem = _exported(model, example, Path(folder) / "stem.onnx", quantizers(ops))
+                return StemTiming.measure(int8, stem, backend.name)
             except Exception:  # a model that does not export, or whose file does not run, keeps what its scores chose
                 return None
-        return StemTiming(backend.name, timed.block_ms["int8"], timed.block_ms["stem"])
 
     return timer
 

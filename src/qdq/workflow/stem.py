@@ -35,17 +35,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from qdq.graphs import ops as vocab
 from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.workflow.fidelity import FidelityMeter
 
-__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "STEM_SLOWDOWN_MS", "STEM_TIMING_ROUNDS",
-           "STEM_TIMING_RUNS",
-           "StemChoice", "StemTiming", "choose_stem", "stem_levels"]
+__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "STEM_SLOWDOWN_MS",
+           "StemChoice", "StemTimer", "StemTiming", "choose_stem",
+           "stem_levels"]
 
 #: the stem is tried float up to this many levels deep
 STEM_LEVELS = 3
@@ -60,7 +62,7 @@ STEM_OPS_SHARE = 1 / 2
 STEM_SLOWDOWN_MS = 1.0
 #: how a door times the stem's file against the all-int8 one, on one sample: interleaved rounds, and timed runs in each
 #: (after one untimed run)
-STEM_TIMING_ROUNDS, STEM_TIMING_RUNS = 3, 3
+_TIMING_ROUNDS, _TIMING_RUNS = 3, 3
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,17 @@ class StemTiming:
     runtime: str
     int8_ms: tuple[float, ...]
     stem_ms: tuple[float, ...]
+
+    @classmethod
+    def measure(cls, int8: Path, stem: Path, runtime: str, *, inputs: Mapping[str, Any] | None = None,
+                threads: int | None = None) -> StemTiming:  # fmt: skip
+        """The two files timed on ``runtime`` in interleaved rounds, on one sample: ``inputs``, or random inputs of
+        the files' fixed shapes (what every door's timer runs)."""
+        from qdq.runtime.benchmark import compare_models
+
+        timed = compare_models({"int8": int8, "stem": stem}, runtime, batch=1, threads=threads, inputs=inputs,
+                               warmup=1, rounds=_TIMING_ROUNDS, iters=_TIMING_RUNS)  # fmt: skip
+        return cls(runtime, timed.block_ms["int8"], timed.block_ms["stem"])
 
     @property
     def slowdown(self) -> float:
@@ -154,6 +167,9 @@ class StemChoice:
         return markdown_table(["levels float", "output fidelity (dB)", "halves (dB)", ""], rows) + "\n\n" + legend
 
 
+#: ``timer(float_ops)``: the model with ``float_ops`` float timed against the all-int8 one (None: it could not be)
+StemTimer = Callable[[list[str]], StemTiming | None]
+
 def stem_levels(view: GraphView, limit: int = STEM_LEVELS) -> list[list[str]]:
     """The names of ``view``'s int8 weighted ops in each of its first levels (see the module docstring): at most
     ``limit`` levels, within the first :data:`STEM_SHARE` of the model's weighted depth, holding at most
@@ -179,7 +195,7 @@ def stem_levels(view: GraphView, limit: int = STEM_LEVELS) -> list[list[str]]:
 
 
 def choose_stem(levels: list[list[str]], score: Callable[[list[str], int], FidelityMeter] | None,
-                timer: Callable[[list[str]], StemTiming | None] | None = None) -> StemChoice:  # fmt: skip
+                timer: StemTimer | None = None) -> StemChoice:  # fmt: skip
     """How many of ``levels`` to keep float.
 
     Args:
