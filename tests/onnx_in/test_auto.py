@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qdq.onnx_in.auto import _rows, _score, _StepFed
+from qdq.onnx_in.auto import _score, _StepFed
 from qdq.onnx_in.calibrate import collect, weight_ranges
 from qdq.onnx_in.prepared import PreparedModel
+from qdq.onnx_in.samples import SampleAxes
 from qdq.targets import resolve_target
 from qdq.workflow.auto_calibration import candidates, held_out
 from qdq.workflow.refinement import halves, samples_of
@@ -63,12 +64,13 @@ def test_fed_steps_score_as_a_written_copy(tmp_path, which):
 def test_one_held_out_batch_is_split_by_its_samples_where_the_front_end_can():
     feed = {"x": np.arange(8.0).reshape(8, 1)}
     pair = (feed, [np.arange(8.0) * 2])
-    first, second = halves([pair], lambda p: samples_of(p[1]), _rows)
+    rows = SampleAxes({"x": 0}, (0,)).halves  # dimension 0 dynamic in the input: the outputs along dimension 0 too
+    first, second = halves([pair], lambda p: samples_of(p[1]), rows)
     assert len(first) == len(second) == 1
     assert first[0][0]["x"].ravel().tolist() == [0, 1, 2, 3] and second[0][1][0].tolist() == [8, 10, 12, 14]
     assert halves([pair], lambda p: samples_of(p[1]), lambda p: None) is None  # the front end cannot split it
-    # an output whose samples are not along dimension 0 (a recurrent state [layers, batch, width]): not split
-    assert _rows((feed, [np.zeros((2, 8, 4))])) is None and _rows(({"x": np.zeros((1, 3))}, [np.zeros(1)])) is None
+    # an output whose samples are not along dimension 0 (a state [layers, batch, width] no name says): not split
+    assert rows((feed, [np.zeros((2, 8, 4))])) is None and rows(({"x": np.zeros((1, 3))}, [np.zeros(1)])) is None
 
 
 def test_a_file_with_a_fixed_batch_holds_whole_batches_out(tmp_path):

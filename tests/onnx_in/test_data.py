@@ -113,7 +113,7 @@ def test_a_negative_dimension_is_dynamic_as_onnx_runtime_reads_it(tmp_path, mode
     # Paddle's exporter writes -1 for a dynamic axis (PP-OCR's direction classifier: [-1, 3, ?, ?])
     import qdq
     from qdq.graphs.onnx_types import value_dims
-    from qdq.onnx_in.calibrate import batched_inputs
+    from qdq.onnx_in.samples import SampleAxes
 
     proto = onnx.load(str(model))
     for dim in proto.graph.input[0].type.tensor_type.shape.dim[::2]:  # the batch axis and the height
@@ -122,7 +122,7 @@ def test_a_negative_dimension_is_dynamic_as_onnx_runtime_reads_it(tmp_path, mode
     path = tmp_path / "paddle.onnx"
     onnx.save(proto, str(path))
     assert value_dims(proto.graph.input[0]) == [None, 3, None, None]
-    assert batched_inputs(proto, ["x"])  # samples along dimension 0: a held-out batch can be split
+    assert SampleAxes.of(proto).inputs == {"x": 0}  # samples along dimension 0: a held-out batch can be split
     rng = np.random.default_rng(0)
     data = [{"x": rng.random((8, 3, 4, 4), np.float32)} for _ in range(4)]
     result = qdq.quantize_onnx(path, data, tmp_path / "q.onnx", target="onnxruntime", progress=False)

@@ -405,28 +405,3 @@ def test_ptq_keeps_the_stem_auto_left_float_only_where_auto_wins(order):
     assert seen[1:] == [name != "auto" for name in order]  # auto scored with its stem float, max with it int8
     assert stem._input_quantizer.is_enabled == (order[-1] != "auto")
     assert stem._weight_quantizer.is_enabled == (order[-1] != "auto")
-
-
-def test_the_stem_is_timed_on_one_sample_only_where_the_inputs_say_which_axis_holds_them():
-    from onnx import TensorProto, helper
-
-    from qdq.onnx_in.stem import _one_sample
-
-    def model(*dims):
-        inputs = [helper.make_tensor_value_info(f"i{n}", TensorProto.FLOAT, d) for n, d in enumerate(dims)]
-        return helper.make_model(helper.make_graph([], "g", inputs, []))
-
-    feed = {"i0": np.zeros((4, 3)), "i1": np.zeros((4, 5))}
-    cut = _one_sample(model(["n", 3], [None, 5]), feed)
-    assert {k: v.shape for k, v in cut.items()} == {"i0": (1, 3), "i1": (1, 5)}  # dynamic batch: one sample
-    assert _one_sample(model([1, 3]), {"i0": np.zeros((1, 3))})["i0"].shape == (1, 3)  # the graph fixes one
-    # a recurrent state naming the batch on axis 1 and a scalar (silero-vad's): cut where the batch is named
-    state = {"i0": np.arange(12.0).reshape(4, 3), "i1": np.arange(40.0).reshape(2, 4, 5), "i2": np.array(7.0)}
-    cut = _one_sample(model(["n", 3], [2, "n", 5], []), state)
-    assert {k: v.shape for k, v in cut.items()} == {"i0": (1, 3), "i1": (2, 1, 5), "i2": ()}
-    np.testing.assert_array_equal(cut["i1"], state["i1"][:, :1])
-    assert float(cut["i2"]) == 7.0
-    # which axis is unknown: the batch unnamed, or an input that does not name it (silero's If file: no names)
-    assert _one_sample(model([None, 3], [2, None, 5]), {"i0": np.zeros((4, 3)), "i1": np.zeros((2, 4, 5))}) is None
-    assert _one_sample(model(["n", 3], [2, "m", 5]), {"i0": np.zeros((4, 3)), "i1": np.zeros((2, 4, 5))}) is None
-    assert _one_sample(model(["n", 3], [2, "n", "n"]), {"i0": np.zeros((4, 3)), "i1": np.zeros((2, 4, 4))}) is None

@@ -30,6 +30,7 @@ from qdq.graphs.view import GraphView, Quantizer
 from qdq.onnx_in.bias_correction import correct_biases
 from qdq.onnx_in.calibrate import Statistics
 from qdq.onnx_in.materialize import activation_step, quantizer_names, write_qdq
+from qdq.onnx_in.samples import pair_samples
 from qdq.workflow.auto_calibration import (
     BIAS_CORRECTION,
     TIE_DB,
@@ -41,7 +42,7 @@ from qdq.workflow.auto_calibration import (
     destructive,
 )
 from qdq.workflow.progress import Progress, counter
-from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine, samples_of
+from qdq.workflow.refinement import Halves, Refinement, candidate_score, halves, refine
 
 __all__ = ["Meter", "Quantized", "Scored", "bias_corrected", "held_out_halves", "select"]
 
@@ -134,21 +135,9 @@ def _selected(ranges: Mapping[str, Mapping[int, np.ndarray]], selection: Mapping
 
 def held_out_halves(statistics: Statistics) -> tuple[Scored, Scored] | None:
     """The held-out (feed, float outputs) pairs as two halves (:func:`qdq.workflow.refinement.halves`); one held-out
-    batch is split by rows where every input and output holds its samples along dimension 0."""
-    return halves(statistics.scored, lambda pair: samples_of(pair[1]), _rows if statistics.batched else None)
-
-
-def _rows(pair: tuple[dict[str, np.ndarray], list[np.ndarray]]) -> tuple[Any, Any] | None:
-    """A (feed, outputs) pair as its first and last samples (dimension 0 of every array), or None."""
-    feed, outputs = pair
-    arrays = [*feed.values(), *outputs]
-    sizes = {np.shape(array)[0] if np.ndim(array) else None for array in arrays}
-    size = sizes.pop() if len(sizes) == 1 else None
-    if size is None or size < 2:
-        return None
-    half = size // 2
-    return (({n: a[:half] for n, a in feed.items()}, [o[:half] for o in outputs]),
-            ({n: a[half:] for n, a in feed.items()}, [o[half:] for o in outputs]))  # fmt: skip
+    batch is split by its samples where the model declares their axes (:class:`qdq.onnx_in.samples.SampleAxes`)."""
+    axes = statistics.axes
+    return halves(statistics.scored, partial(pair_samples, axes), axes.halves if axes is not None else None)
 
 
 def _refine(fed: _StepFed | None, kept: Mapping[str, Mapping[int, np.ndarray]], chosen: str,

@@ -31,11 +31,12 @@ from qdq.graphs.onnx_session import ort_session as session_of
 from qdq.graphs.onnx_session import probe_model as graph_probe
 from qdq.graphs.onnx_types import value_dims
 from qdq.graphs.view import GraphView, Quantizer
+from qdq.onnx_in.samples import Feed, SampleAxes, split
 from qdq.onnx_in.subgraphs import expose
 from qdq.onnx_in.view import keep_unreached_float, weight_axis
 from qdq.workflow.progress import Progress, counter
 
-__all__ = ["Statistics", "WeightCache", "batch_feed", "batched_inputs", "collect", "kept_parts", "ort_session",
+__all__ = ["Statistics", "WeightCache", "batch_feed", "collect", "kept_parts", "ort_session",
            "weight_ranges"]
 
 #: with ``held_out``, :func:`collect` keeps at most this many of the first batches when none is held out
@@ -55,8 +56,8 @@ class Statistics:
     batches: int
     held_out: dict[int, Any] = field(default_factory=dict)
     scored: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = field(default_factory=list)
-    #: every data input has its samples along dimension 0 (a held-out batch can be split by rows)
-    batched: bool = False
+    #: where the feeds and outputs hold their samples (:mod:`qdq.onnx_in.samples`; None: a batch cannot be cut)
+    axes: SampleAxes | None = None
 
     def merge_held_out(self) -> None:
         """Add the held-out batches' statistics to the others' (the ranges then come from every batch)."""
@@ -96,9 +97,9 @@ def collect(
     quantizer's statistics with ``calibrator`` (``"max"`` or ``"histogram"``). A quantizer the data never reached
     (inside an ``If`` branch no batch took) goes from ``view``, the ops reading through it left float.
 
-    ``held_out(index, batches held out so far, samples)`` says how many of a batch's last samples (along dimension 0,
-    when it is dynamic in every input; else the whole batch) have their statistics kept apart and their feeds and
-    float outputs kept (:class:`Statistics`; ``method="auto"`` scores its candidates on them).
+    ``held_out(index, batches held out so far, samples)`` says how many of a batch's last samples (along the axes the
+    model declares for them, :mod:`qdq.onnx_in.samples`; else the whole batch) have their statistics kept apart and
+    their feeds and float outputs kept (:class:`Statistics`; ``method="auto"`` scores its candidates on them).
 
     Raises:
         QdqConfigError: no data, a batch that is not a dict of the graph's inputs.
@@ -110,9 +111,8 @@ def collect(
     reading = {key: sorted({site.value.name for site in q.sites}) for key, q in quantizers.items()}
     probe = probe_model(model, tensors)
     declared = feed_inputs(model)
-    inputs = [i.name for i in declared]
     graph_outputs = [o.name for o in model.graph.output]
-    batched = batched_inputs(model, inputs)
+    axes = SampleAxes.of(model)
     kept: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
     first: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = []
     with tempfile.TemporaryDirectory(prefix="qdq-calibrate-") as folder:
@@ -122,9 +122,9 @@ def collect(
         seen, reached = 0, set()
         for batch in _batches(data, num_batches):
             feed = batch_feed(batch, declared, seen)
-            samples = _samples(feed, batched)
+            samples = axes.samples(feed) if axes is not None else None
             aside = held_out(seen, len(kept), samples) if held_out is not None else 0
-            for part, into in zip(_split(feed, aside, samples), (calibrators, apart)):
+            for part, into in zip(split(axes, feed, aside), (calibrators, apart)):
                 if part is None:
                     continue
                 keep = into is apart or (held_out is not None and not kept and len(first) < MAX_KEPT)
@@ -148,7 +148,7 @@ def collect(
     keep_unreached_float(view, [q for key, q in quantizers.items() if key not in reached])
     statistics = Statistics({k: c for k, c in calibrators.items() if k in reached},
                             {k: q for k, q in quantizers.items() if k in reached}, seen,
-                            {k: c for k, c in apart.items() if k in reached}, kept or first, batched)  # fmt: skip
+                            {k: c for k, c in apart.items() if k in reached}, kept or first, axes)  # fmt: skip
     unseen = [k for k, c in statistics.calibrators.items() if not getattr(c, "has_data", True)]
     if unseen:  # reached on held-out batches alone: their statistics are all there is
         statistics.merge_held_out()
@@ -201,45 +201,18 @@ def probe_model(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
     return graph_probe(model, tensors, expose)
 
 
-Feed = dict[str, np.ndarray]
 HeldOutRule = Callable[[int, int, int | None], int]
 """``held_out(batch index, batches held out so far, samples or None) -> samples held out`` (the last ones)."""
 
 
 def kept_parts(model: onnx.ModelProto, batches: Sequence[Any], held_out: HeldOutRule) -> list[Feed]:
     """The first ``batches`` as :func:`collect` reads them with ``held_out``, without their held-out samples."""
-    declared = feed_inputs(model)
-    batched, parts = batched_inputs(model, [i.name for i in declared]), []
+    declared, axes, parts = feed_inputs(model), SampleAxes.of(model), []
     for index, batch in enumerate(batches):
         feed = batch_feed(batch, declared, index)
-        samples = _samples(feed, batched)
-        part, _ = _split(feed, held_out(index, 0, samples), samples)
+        part, _ = split(axes, feed, held_out(index, 0, axes.samples(feed) if axes is not None else None))
         parts += [part] if part is not None else []
     return parts
-
-
-def batched_inputs(model: onnx.ModelProto, inputs: list[str]) -> bool:
-    """Whether dimension 0 of every data input is dynamic (a batch axis a feed can be split along)."""
-    dims = [value_dims(i) or [] for i in model.graph.input if i.name in inputs]
-    return bool(dims) and all(len(d) > 0 and not d[0] for d in dims)
-
-
-def _samples(feed: Mapping[str, np.ndarray], batched: bool) -> int | None:
-    """The samples of ``feed`` along its batch axis (dimension 0 of every input, of one size), or None."""
-    sizes = {array.shape[0] if array.ndim else None for array in feed.values()}
-    return sizes.pop() if batched and len(sizes) == 1 and None not in sizes else None
-
-
-def _split(feed: Feed, aside: int, size: int | None) -> tuple[Feed | None, Feed | None]:
-    """``feed`` as (the samples kept, the last ``aside`` held out); None for an empty part. ``size``: its samples
-    (:func:`_samples`), None where it cannot be split (a graph input without a dynamic batch axis): then any
-    ``aside`` holds the whole feed out."""
-    if not aside:
-        return feed, None
-    if size is None or aside >= size:
-        return None, feed
-    return ({name: array[: size - aside] for name, array in feed.items()},
-            {name: array[size - aside:] for name, array in feed.items()})  # fmt: skip
 
 
 def _batches(data: Iterable[Any], limit: int | None) -> Iterable[Any]:

@@ -8,9 +8,9 @@ The trials are scored with the final ranges and without bias correction, the sam
 The levels chosen are then timed (:class:`qdq.workflow.stem.StemTiming`): both files, the stem float and all int8,
 written as the target's rewrite finishes them and run on the target's first native runtime where it is installed
 and loads a file without compiling an engine (ONNX Runtime for ``onnxruntime``; TensorRT is not timed), on one
-held-out sample (latency, as a deployed model runs), in interleaved rounds: cut along dimension 0, or along the axis
-that names the first input's batch dimension (a recurrent state ``[layers, batch, hidden]``, a scalar fed whole:
-silero-vad). A model whose inputs do not say which axis holds the samples is not timed.
+held-out sample (latency, as a deployed model runs), in interleaved rounds, cut where the inputs say their samples
+lie (:mod:`qdq.onnx_in.samples`: dimension 0, or a named batch axis such as silero-vad's state ``[2, batch, 128]``).
+A model whose inputs do not say which axis holds the samples is not timed.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdq.graphs.onnx import feed_inputs
-from qdq.graphs.onnx_types import value_dims
 from qdq.graphs.view import GraphView
 from qdq.onnx_in.auto import Quantized, Scored
-from qdq.onnx_in.calibrate import WeightCache, batched_inputs, weight_ranges
+from qdq.onnx_in.calibrate import WeightCache, weight_ranges
 from qdq.onnx_in.prepared import Placement, PreparedModel, activation_values, ranges_by_value, values_ranges
+from qdq.onnx_in.samples import one_sample
 from qdq.onnx_in.view import keep_unreached_float
 from qdq.runtime.backend import timing_backend
 from qdq.targets import Target
@@ -116,7 +115,7 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
     """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem` (module doc), or None where the target's runtime
     cannot time here."""
     backend = timing_backend(placement.target.native_runtime)
-    feed = _one_sample(placement.model, feed) if feed is not None else None
+    feed = one_sample(placement.model, feed) if feed is not None else None
     if backend is None or feed is None:
         return None
 
@@ -136,37 +135,6 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
             return StemTiming.measure(paths["int8"], paths["stem"], backend.name, inputs=feed, threads=threads)
 
     return timer
-
-
-def _one_sample(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-    """``feed``'s first sample, as a deployed model runs (latency): every input's first dimension dynamic (cut to
-    one); or the axis of each input that the first input's named batch dimension names too (a recurrent state
-    ``[layers, batch, hidden]``: silero-vad's), a scalar fed whole; or every input's first dimension fixed at one.
-    None where the inputs do not say which axis holds the samples: then nothing is timed."""
-    declared = feed_inputs(model)
-    if batched_inputs(model, [value.name for value in declared]):
-        return {value.name: np.asarray(feed[value.name])[:1] for value in declared}
-    axes = _sample_axes(declared)
-    if axes is not None:
-        return {name: np.asarray(feed[name]) if axis is None else np.take(np.asarray(feed[name]), [0], axis=axis)
-                for name, axis in axes.items()}  # fmt: skip
-    fixed_at_one = all((value_dims(value) or [None])[0] == 1 for value in declared)
-    return {value.name: np.asarray(feed[value.name]) for value in declared} if fixed_at_one else None
-
-
-def _sample_axes(declared: Sequence[Any]) -> dict[str, int | None] | None:
-    """Input name -> the one axis named as the first input's first dimension is (None for a scalar); None where that
-    dimension has no name, or an input of rank one or more does not name it exactly once."""
-    shapes = [(value.name, [d.dim_param for d in value.type.tensor_type.shape.dim]) for value in declared]
-    batch = shapes[0][1][0] if shapes and shapes[0][1] else ""
-    if not batch:
-        return None
-    axes: dict[str, int | None] = {}
-    for name, dims in shapes:
-        if dims and dims.count(batch) != 1:
-            return None
-        axes[name] = dims.index(batch) if dims else None
-    return axes
 
 
 def _placed(source: PreparedModel, target: Target, placing: Placing, ops: Sequence[str] = ()) -> GraphView:

@@ -13,7 +13,7 @@ encoder; entropy destroys a sparse tail where the signal lives. The choice is ma
    were (``AutoResult.equalized``, ``AutoResult.equalization``).
 1. **Statistics**, one pass: the float model runs over the calibration batches and every activation quantizer
    collects its statistics (histograms). Samples are **held out** (:func:`held_out`): the last quarter of every
-   batch the front end can split (dimension 0 of its inputs is their samples' axis), one whole batch in
+   batch the front end can split (its inputs say which axis holds the samples), one whole batch in
    :data:`HOLDOUT_EVERY` of those it cannot, from at most :data:`MAX_HOLDOUT` batches: their statistics are kept
    apart and the float model's outputs on them are recorded.
 2. **Candidates**: every registered calibration method computed from statistics
