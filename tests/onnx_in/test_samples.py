@@ -98,3 +98,18 @@ def test_auto_holds_out_samples_of_every_batch_where_a_recurrent_model_names_its
         assert stem.skipped == "" and stem.tried >= 1
     else:  # the 4th batch held out whole: one batch, no halves
         assert stem.skipped.startswith("fewer than two held-out batches") and stem.tried == 0
+
+
+def test_an_input_whose_shape_the_graph_fixes_is_fed_whole_to_every_part():
+    # a sequence model's initial state fixed at one stream (silero-vad's sequence file: input [sequence_length, 576],
+    # h and c [1, 1, 128]): the sequence is cut, the state goes whole to both parts
+    model = _io(["sequence_length", 6], [1, 1, 4], [1, 1, 4], outputs=[["sequence_length"], [1, "m", 4]])
+    axes = SampleAxes.of(model)
+    assert axes.inputs == {"i0": 0, "i1": None, "i2": None} and axes.outputs is None
+    feed = {"i0": np.arange(48.0).reshape(8, 6), "i1": np.ones((1, 1, 4)), "i2": np.zeros((1, 1, 4))}
+    kept, held = split(axes, feed, 2)
+    assert kept["i0"].shape == (6, 6) and held["i0"].shape == (2, 6) and held["i1"].shape == (1, 1, 4)
+    # one step of the sequence is no sample of its own: not timed on one
+    assert one_sample(model, feed) is None
+    # an input with a dynamic axis that is not the named one still cannot be cut
+    assert SampleAxes.of(_io(["n", 6], [1, None, 4])) is None

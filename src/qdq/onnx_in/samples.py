@@ -3,9 +3,11 @@ be cut into samples (held out from calibration, split in halves, cut to one samp
 
 An image or sequence model names its batch axis by making dimension 0 of every input dynamic. A recurrent model
 fed its state too (silero-vad: ``input [batch, sequence]``, ``state [2, batch, 128]``, ``sr []``) says it by a
-name: the axis its first input's first dimension names, which each other input of rank one or more names exactly
-once; a scalar is fed whole to every part. A model that says neither (a sequence model whose state is fixed at one
-stream, a batch axis nobody named) is fed whole: its batches cannot be cut.
+name: the axis its first input's first dimension names, which each other input names exactly once, unless the graph
+fixes its whole shape (a scalar, an initial state ``[1, 1, 128]`` of a sequence model whose first input is
+``[sequence_length, 576]``): that one is fed whole to every part. A part of a sequence is a feed like any other;
+what the float model computes on it is what its quantized copy is scored against. A model that says neither (a
+batch axis nobody named) is fed whole: its batches cannot be cut.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ class SampleAxes:
             return cls({v.name: 0 for v in declared}, tuple(0 for _ in model.graph.output))
         names = [_dim_names(value) for value in declared]
         batch = names[0][0] if names and names[0] else ""
-        if not batch or any(dims and dims.count(batch) != 1 for dims in names):
+        whole = [_fixed(value) for value in declared]  # a shape the graph fixes (a scalar too): fed whole
+        if not batch or any(dims.count(batch) != 1 for dims, fixed in zip(names, whole) if not fixed):
             return None
         outputs = [_dim_names(value) for value in model.graph.output]
-        return cls({value.name: dims.index(batch) if dims else None for value, dims in zip(declared, names)},
+        return cls({value.name: None if fixed else dims.index(batch)
+                    for value, dims, fixed in zip(declared, names, whole)},
                    tuple(dims.index(batch) for dims in outputs) if all(d.count(batch) == 1 for d in outputs)
                    else None)  # fmt: skip
 
@@ -78,6 +82,12 @@ def _dim_names(value: Any) -> list[str]:
     return [dim.dim_param for dim in value.type.tensor_type.shape.dim]
 
 
+def _fixed(value: Any) -> bool:
+    """Whether a ``ValueInfoProto`` fixes every dimension (a scalar does)."""
+    dims = value_dims(value)
+    return dims is not None and None not in dims
+
+
 def _take(array: np.ndarray, axis: int | None, part: slice) -> np.ndarray:
     """``part`` of ``array`` along ``axis`` (None: the array whole)."""
     if axis is None:
@@ -101,9 +111,12 @@ def split(axes: SampleAxes | None, feed: Feed, aside: int) -> tuple[Feed | None,
 def one_sample(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> Feed | None:
     """``feed``'s first sample, as a deployed model runs (latency): cut along the axes the model declares, or the
     feed whole where every input's first dimension is fixed at one; None where the inputs do not say which axis holds
-    the samples."""
+    the samples, or where an input of rank one or more is fed whole (a sequence model's state fixed at one stream:
+    one step of its sequence is no sample of its own)."""
     declared = feed_inputs(model)
     axes = SampleAxes.of(model)
+    if axes is not None and any(axes.inputs[v.name] is None and (value_dims(v) or []) for v in declared):
+        return None
     if axes is not None:
         return axes.cut({value.name: np.asarray(feed[value.name]) for value in declared}, slice(0, 1))
     fixed_at_one = all((value_dims(value) or [None])[0] == 1 for value in declared)
