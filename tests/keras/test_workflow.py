@@ -137,14 +137,25 @@ def test_a_second_pass_reuses_the_traced_probe_and_sees_the_same_float_values(cn
     qmodel = qk.quantize_model(model)
     first = qk.collect_stats(qmodel, [x[:32], x[32:]], "histogram").histograms()
     probe = getattr(qmodel, _PROBE_ATTRIBUTE)[1]
-    traced = probe.forward.experimental_get_tracing_count()
+    traced = probe.traces()
     qk.calibrate(qmodel, [x[:32]], method="max")  # static ranges now: the probe must still see float values
     second = qk.collect_stats(qmodel, [x[:32], x[32:]], "histogram").histograms()
     assert first.keys() == second.keys()
     for name in first:
         assert torch.equal(first[name].bin_counts, second[name].bin_counts), name
     assert getattr(qmodel, _PROBE_ATTRIBUTE)[1] is probe
-    assert probe.forward.experimental_get_tracing_count() == traced  # nothing traced again
+    assert probe.traces() == traced  # nothing traced again
+
+
+def test_the_probe_is_traced_once_for_every_batch_size(cnn):
+    # auto holds the last quarter of each batch out and a last batch is often smaller: each size used to trace the
+    # probe again (seconds on a large model); one trace with the batch axis left open serves them all
+    from qdq.keras.calibration import _PROBE_ATTRIBUTE
+
+    model, x, _ = cnn
+    qmodel = qk.quantize_model(model)
+    qk.calibrate(qmodel, [x[:16], x[16:32], x[32:48], x[48:53]])  # auto: 12 + 4 samples, then 4 + 1
+    assert getattr(qmodel, _PROBE_ATTRIBUTE)[1].traces() == 2  # forward and forward_with_outputs, once each
 
 
 def test_a_calibrator_error_inside_the_traced_pass_reaches_the_caller_as_itself(cnn, monkeypatch):

@@ -477,8 +477,35 @@ class _Probe:
             return collected, values[len(tensors) :]
 
         traced = tf().function(reduce_retracing=True, autograph=False)  # a Keras graph: nothing for AutoGraph
-        self.forward = traced(lambda inputs: run(inputs)[0])
-        self.forward_with_outputs = traced(run)  # (collected, outputs)
+        self._forward = traced(lambda inputs: run(inputs)[0])
+        self._forward_with_outputs = traced(run)  # (collected, outputs)
+        self._batched = all(tensor.shape[0] is None for tensor in model.inputs)
+        self._general: set[int] = set()
+
+    def forward(self, inputs: Any) -> Any:
+        """Collect ``inputs``' activations."""
+        return self._call(self._forward, inputs)
+
+    def forward_with_outputs(self, inputs: Any) -> Any:
+        """Collect ``inputs``' activations; ``(collected, the float model's outputs)``."""
+        return self._call(self._forward_with_outputs, inputs)
+
+    def traces(self) -> int:
+        """How many times its functions were traced."""
+        return int(self._forward.experimental_get_tracing_count()
+                   + self._forward_with_outputs.experimental_get_tracing_count())  # fmt: skip
+
+    def _call(self, function: Any, inputs: Any) -> Any:
+        """``function`` on ``inputs``, traced once for every batch size where the model's inputs have a batch axis: a
+        held-out cut, a last smaller batch, runs the same trace (each trace of a large model takes seconds)."""
+        from qdq.keras._backend import keras, tf
+
+        if self._batched and id(function) not in self._general:
+            specs = keras().tree.map_structure(
+                lambda value: tf().TensorSpec([None, *np.shape(value)[1:]], tf().as_dtype(value.dtype)), inputs)
+            function.get_concrete_function(specs)
+            self._general.add(id(function))
+        return function(inputs)
 
     def _feeder(self, index: int) -> Any:
         """The eager function a ``tf.py_function`` calls with activation ``index``: collect it."""
