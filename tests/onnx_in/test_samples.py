@@ -54,6 +54,8 @@ def test_a_named_batch_axis_cuts_feeds_and_outputs_along_it_and_feeds_a_scalar_w
     # dimension 0 dynamic in every input: the outputs are read along dimension 0 too
     assert SampleAxes.of(_io([None, 3], ["b", 5], outputs=[[None]])) == SampleAxes({"i0": 0, "i1": 0}, (0,))
     assert split(None, feed, 2) == (None, feed)  # nowhere to cut: the whole batch held out
+    # dimension 0 dynamic everywhere but named differently: not one axis ([batch, sequence] and [sequence])
+    assert SampleAxes.of(_io(["batch", "sequence"], ["sequence"])) is None
 
 
 def _recurrent(named: bool) -> onnx.ModelProto:

@@ -1,7 +1,8 @@
 """Where an ONNX model's batches hold their samples: the axis of each graph input and output along which a feed can
 be cut into samples (held out from calibration, split in halves, cut to one sample for a latency).
 
-An image or sequence model names its batch axis by making dimension 0 of every input dynamic. A recurrent model
+An image or sequence model names its batch axis by making dimension 0 of every input dynamic (under one name, where
+it has one: ``[batch, sequence]`` and ``[sequence]`` do not share an axis). A recurrent model
 fed its state too (silero-vad: ``input [batch, sequence]``, ``state [2, batch, 128]``, ``sr []``) says it by a
 name: the axis its first input's first dimension names, which each other input names exactly once, unless the graph
 fixes its whole shape (a scalar, an initial state ``[1, 1, 128]`` of a sequence model whose first input is
@@ -31,8 +32,9 @@ Pair = tuple[Feed, list[np.ndarray]]  # a feed and the float model's outputs on 
 
 @dataclass(frozen=True)
 class SampleAxes:
-    """The sample axis of each graph input (None: a scalar, fed whole) and of each graph output, in the graph's order
-    (``outputs`` None where the outputs do not say: a feed can still be cut, their values cannot)."""
+    """The sample axis of each graph input (None: fed whole, a scalar or a shape the graph fixes) and of each graph
+    output, in the graph's order (``outputs`` None where the outputs do not say: a feed can still be cut, their values
+    cannot)."""
 
     inputs: dict[str, int | None]
     outputs: tuple[int, ...] | None
@@ -41,9 +43,10 @@ class SampleAxes:
     def of(cls, model: onnx.ModelProto) -> SampleAxes | None:
         """The axes ``model`` declares (module doc), or None where it does not say where its samples lie."""
         declared = feed_inputs(model)
-        if declared and all((value_dims(v) or [0])[0] is None for v in declared):  # dimension 0 dynamic everywhere
-            return cls({v.name: 0 for v in declared}, tuple(0 for _ in model.graph.output))
         names = [_dim_names(value) for value in declared]
+        firsts = {dims[0] for dims in names if dims} - {""}  # what dimension 0 is called, where it has a name
+        if declared and all((value_dims(v) or [0])[0] is None for v in declared) and len(firsts) <= 1:
+            return cls({v.name: 0 for v in declared}, tuple(0 for _ in model.graph.output))  # dimension 0 everywhere
         batch = names[0][0] if names and names[0] else ""
         whole = [_fixed(value) for value in declared]  # a shape the graph fixes (a scalar too): fed whole
         if not batch or any(dims.count(batch) != 1 for dims, fixed in zip(names, whole) if not fixed):
