@@ -133,3 +133,26 @@ def test_a_negative_dimension_is_dynamic_as_onnx_runtime_reads_it(tmp_path, mode
 def _npz(tmp_path):
     np.savez(tmp_path / "ten.npz", x=np.random.default_rng(1).random((10, 3, 4, 4), np.float32))
     return tmp_path / "ten.npz"
+
+
+def test_an_npz_for_a_model_fed_its_state_is_cut_along_each_inputs_batch_axis(tmp_path):
+    # silero-vad's inputs: audio [batch, 576], a state [2, batch, 128] and the rate, a scalar
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6]),
+              helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "n", 4]),
+              helper.make_tensor_value_info("sr", TensorProto.INT64, [])]  # fmt: skip
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6])])  # fmt: skip
+    path = tmp_path / "stateful.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    x, state = np.arange(60.0).reshape(10, 6), np.arange(80.0).reshape(2, 10, 4)
+    np.savez(tmp_path / "d.npz", x=x, state=state, sr=np.array(16000))
+    batches = calibration_batches(str(tmp_path / "d.npz"), path, batch_size=4)
+    assert [b["x"].shape[0] for b in batches] == [4, 4, 2]
+    assert [b["state"].shape for b in batches] == [(2, 4, 4), (2, 4, 4), (2, 2, 4)]
+    np.testing.assert_array_equal(batches[2]["state"], state[:, 8:])
+    assert all(int(b["sr"]) == 16000 for b in batches)
+    np.savez(tmp_path / "bad.npz", x=x, state=state[:, :9], sr=np.array(16000))  # 10 samples against 9
+    with pytest.raises(QdqConfigError, match="one number of samples along their batch axes"):
+        calibration_batches(str(tmp_path / "bad.npz"), path, batch_size=4)

@@ -2,9 +2,11 @@
 
 ``--data`` takes:
 
-* ``PATH.npz``: arrays named after the graph's inputs, samples along axis 0, cut into batches of ``batch_size``, or
-  of the batch size the graph fixes (every input's first dimension fixed at one size: u2netp takes one image a run;
-  the last samples short of a whole batch are left out);
+* ``PATH.npz``: arrays named after the graph's inputs, samples along axis 0 (or along the batch axis the graph names
+  for an input, :mod:`qdq.onnx_in.samples`: a recurrent state ``[2, batch, 128]`` is cut along axis 1, a scalar or
+  a shape the graph fixes goes whole into every batch), cut into batches of ``batch_size``, or of the batch size the
+  graph fixes (every input's first dimension fixed at one size: u2netp takes one image a run; the last samples
+  short of a whole batch are left out);
 * ``PATH.npy``: one array for a one-input model, cut the same way;
 * ``DIR`` of ``.npz`` / ``.npy`` files: one batch per file, in name order;
 * ``imagefolder:DIR``: the images under ``DIR`` (PNG, JPEG, BMP; subfolders included, name order) for a one-input
@@ -26,6 +28,7 @@ import onnx
 from qdq.errors import QdqBackendUnavailable, QdqConfigError
 from qdq.graphs.onnx import feed_inputs
 from qdq.graphs.onnx_types import value_dims
+from qdq.onnx_in.samples import SampleAxes
 
 __all__ = ["IMAGE_SUFFIXES", "calibration_batches", "graph_inputs"]
 
@@ -51,7 +54,8 @@ def calibration_batches(
     Raises:
         QdqConfigError: a missing path, an array not named after a graph input, no images, an unknown form.
     """
-    inputs = graph_inputs(model_path)
+    model = onnx.load(str(model_path), load_external_data=False)
+    inputs = feed_inputs(model)
     names = [i.name for i in inputs]
     batch_size = _fixed_batch(inputs) or batch_size
     if spec.startswith("imagefolder:"):
@@ -64,9 +68,14 @@ def calibration_batches(
         return [_named(_load(p), names, p) for p in files]
     if path.suffix in (".npz", ".npy") and path.is_file():
         arrays = _named(_load(path), names, path)
-        total = len(next(iter(arrays.values())))
+        axes = SampleAxes.of(model) or SampleAxes({k: 0 if np.ndim(v) else None for k, v in arrays.items()}, None)
+        total = axes.samples(arrays)
+        if total is None:
+            sizes = {k: np.shape(v) for k, v in arrays.items()}
+            raise QdqConfigError(f"{path}: the arrays do not hold one number of samples along their batch axes "
+                                 f"({axes.inputs}; shapes {sizes}). Give each input's samples along its batch axis.")
         whole = total - total % batch_size if _fixed_batch(inputs) else total  # a fixed batch size takes no less
-        return [{k: v[i : i + batch_size] for k, v in arrays.items()} for i in range(0, whole, batch_size)]
+        return [axes.cut(arrays, slice(i, i + batch_size)) for i in range(0, whole, batch_size)]
     raise QdqConfigError(
         f"--data {spec!r}: give a .npz (arrays named after the graph inputs {names}), a .npy (one-input model), a "
         "folder of them (one batch each), or imagefolder:DIR."
