@@ -145,6 +145,7 @@ def test_a_stem_kept_pays_for_the_time_its_file_takes_at_the_stated_rate():
     assert slow.timing.slowdown == pytest.approx(0.5) and slow.timing.cost_db == pytest.approx(20 * np.log10(1.5))
     assert "gained +4.0 dB but ran +50% time on onnxruntime, which costs 3.5 dB" in slow.summary()
     assert "dropped: slower" in slow.table()
+    assert "| 2 " in slow.table().split("dropped: slower")[0].splitlines()[-1]  # on the row of the levels dropped
     # 20 % more time costs 1.6 dB: the 3 dB net still pays; under a millisecond, or faster, costs nothing
     paid = choose_stem(LEVELS, _scores(gains), lambda ops: _timing(50.0, [1.2, 1.2, 1.2]))
     tiny = choose_stem(LEVELS, _scores(gains), lambda ops: _timing(0.5 * STEM_SLOWDOWN_MS, [1.9, 1.9, 1.9]))
@@ -153,6 +154,7 @@ def test_a_stem_kept_pays_for_the_time_its_file_takes_at_the_stated_rate():
     for kept in (paid, tiny, faster, untimed):
         assert kept.levels == 2 and kept.dropped == 0
     assert "+20% time" in paid.summary() and tiny.timing.cost_db == 0.0 and faster.timing.cost_db == 0.0
+    assert "dropped: slower" not in paid.table()  # kept and timed: no row says dropped
     assert untimed.timing is None
     # nothing chosen: nothing timed
     assert choose_stem(LEVELS, _scores({3: 0.1}), lambda ops: asked.append(ops)).levels == 0 and len(asked) == 1

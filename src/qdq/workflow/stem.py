@@ -157,7 +157,7 @@ class StemChoice:
         """Markdown table of the levels tried, with a legend."""
         rows = [[str(n), "—" if math.isnan(score) else f"{score:.2f}",
                  " / ".join("—" if math.isnan(g) else f"{g:+.2f}" for g in self.half_gains.get(n, ())),
-                 "kept" if n == self.levels else "dropped: slower" if n == self.dropped else ""]
+                 "kept" if n == self.levels else "dropped: slower" if self.dropped and n == self.dropped else ""]
                 for n, score in self.scores.items()]  # fmt: skip
         legend = (f"levels float: the weighted ops nearest the inputs left float (level 0 reads the inputs through no "
                   f"weighted op, level 1 reads level 0, ...). Kept: the most held-out output fidelity once "
