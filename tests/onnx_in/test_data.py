@@ -156,3 +156,11 @@ def test_an_npz_for_a_model_fed_its_state_is_cut_along_each_inputs_batch_axis(tm
     np.savez(tmp_path / "bad.npz", x=x, state=state[:, :9], sr=np.array(16000))  # 10 samples against 9
     with pytest.raises(QdqConfigError, match="one number of samples along their batch axes"):
         calibration_batches(str(tmp_path / "bad.npz"), path, batch_size=4)
+    # a graph that names no batch axis (silero's If file): cut along axis 0, and the advice for the rest
+    for value in graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.Clear()
+    onnx.save(helper.make_model(graph), str(tmp_path / "unnamed.onnx"))
+    with pytest.raises(QdqConfigError, match=r"names no batch axis.*a folder of \.npz files, one batch each"):
+        calibration_batches(str(tmp_path / "d.npz"), tmp_path / "unnamed.onnx", batch_size=4)

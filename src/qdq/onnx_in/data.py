@@ -68,12 +68,15 @@ def calibration_batches(
         return [_named(_load(p), names, p) for p in files]
     if path.suffix in (".npz", ".npy") and path.is_file():
         arrays = _named(_load(path), names, path)
-        axes = SampleAxes.of(model) or SampleAxes({k: 0 if np.ndim(v) else None for k, v in arrays.items()}, None)
+        declared = SampleAxes.of(model)
+        axes = declared or SampleAxes({k: 0 if np.ndim(v) else None for k, v in arrays.items()}, None)
         total = axes.samples(arrays)
         if total is None:
             sizes = {k: np.shape(v) for k, v in arrays.items()}
+            where = ("" if declared else " The graph names no batch axis, so each array is cut along axis 0; for "
+                     "inputs that hold their samples elsewhere, give a folder of .npz files, one batch each.")
             raise QdqConfigError(f"{path}: the arrays do not hold one number of samples along their batch axes "
-                                 f"({axes.inputs}; shapes {sizes}). Give each input's samples along its batch axis.")
+                                 f"({axes.inputs}; shapes {sizes}).{where}")  # fmt: skip
         whole = total - total % batch_size if _fixed_batch(inputs) else total  # a fixed batch size takes no less
         return [axes.cut(arrays, slice(i, i + batch_size)) for i in range(0, whole, batch_size)]
     raise QdqConfigError(
