@@ -35,6 +35,14 @@ def test_the_check_says_int8_does_not_pay_only_when_slower_in_every_round(monkey
     assert ("INT8 does not pay" in text) == advised
 
 
+def test_a_scalar_input_does_not_count_as_the_batch(monkeypatch, tmp_path):
+    # silero-vad's inputs: the audio [4, 576], its state [2, 4, 128] and a scalar rate (first here)
+    benchmark = importlib.import_module("qdq.runtime.benchmark")
+    monkeypatch.setattr(benchmark, "compare_models", _timed([4.0, 4.0, 4.0], [2.0, 2.0, 2.0]))
+    feed = {"sr": np.array(16000), "input": np.zeros((4, 576), np.float32), "state": np.zeros((2, 4, 128), np.float32)}
+    assert "| onnxruntime | 4     |" in speed_check(tmp_path / "a.onnx", tmp_path / "b.onnx", feed, [], "onnxruntime")
+
+
 def test_a_target_whose_runtime_builds_engines_is_not_timed(tmp_path):
     feed = {"x": np.zeros((4, 3, 8, 8), np.float32)}
     assert speed_check(tmp_path / "a.onnx", tmp_path / "b.onnx", feed, [], "tensorrt").startswith("speed: not timed")

@@ -364,6 +364,8 @@ def speed_check(fp32: Path, int8: Path, feed: dict[str, Any], runtimes: Sequence
     """The written file timed against the FP32 file, interleaved, on the first calibration batch: one table row per
     runtime (``runtimes``, or the target's own where it loads a file without building an engine), and a line where
     int8 does not pay."""
+    import numpy as np
+
     from qdq.markdown import markdown_table
     from qdq.runtime.backend import get_backend, timing_backend
     from qdq.runtime.benchmark import compare_models
@@ -374,7 +376,7 @@ def speed_check(fp32: Path, int8: Path, feed: dict[str, Any], runtimes: Sequence
     if not chosen:
         return f"speed: not timed ({target}'s runtime builds an engine or is not installed here; give --runtime)"
     rows, slow = [], []
-    samples = len(next(iter(feed.values())))
+    samples = next((int(np.shape(v)[0]) for v in feed.values() if np.ndim(v)), 1)  # the first input's first axis
     for backend in chosen:
         timed = compare_models({"fp32": fp32, "int8": int8}, backend.name, batch=samples, threads=threads,
                                rounds=_SPEED_ROUNDS, iters=_SPEED_RUNS, warmup=_SPEED_WARMUP, inputs=feed)  # fmt: skip

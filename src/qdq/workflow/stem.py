@@ -45,9 +45,8 @@ from qdq.graphs.view import GraphView
 from qdq.markdown import markdown_table
 from qdq.workflow.fidelity import FidelityMeter
 
-__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "STEM_SLOWDOWN_MS",
-           "StemChoice", "StemTimer", "StemTiming", "choose_stem",
-           "stem_levels"]
+__all__ = ["STEM_COST_DB", "STEM_LEVELS", "STEM_OPS_SHARE", "STEM_SHARE", "STEM_SLOWDOWN_MS", "StemChoice", "StemTimer",
+           "StemTiming", "choose_stem", "stem_levels"]
 
 #: the stem is tried float up to this many levels deep
 STEM_LEVELS = 3
@@ -169,6 +168,7 @@ class StemChoice:
 
 #: ``timer(float_ops)``: the model with ``float_ops`` float timed against the all-int8 one (None: it could not be)
 StemTimer = Callable[[list[str]], StemTiming | None]
+
 
 def stem_levels(view: GraphView, limit: int = STEM_LEVELS) -> list[list[str]]:
     """The names of ``view``'s int8 weighted ops in each of its first levels (see the module docstring): at most
