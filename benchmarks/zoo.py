@@ -8,7 +8,9 @@ sets: calibration, evaluation A and evaluation B.
 
 Variants (each quantizer in its own process, ``_onnx_in_quant.py``; the same calibration feeds for all):
 
-* ``fp32``: the original file (the reference of every metric).
+* ``fp32``: the original file (the reference of every metric). Beside it, for a model that reads a picture, the
+  row ``fp32, input jittered`` (``ZooModel.floor``): FP32 against itself on the evaluation set with the picture
+  moved by less than half an 8-bit step, the floor no quantized file can be expected to beat.
 * ``ort-u8s8`` / ``ort-s8s8``: ONNX Runtime's ``quantize_static`` (QDQ, per-channel int8 weights, MinMax; uint8 or
   int8 activations), on the file raised to opset 13 when older and after ``quant_pre_process`` where it works.
 * ``modelopt-int8`` / ``modelopt-int8-fp32``: NVIDIA ModelOpt's ``modelopt.onnx.quantization.quantize`` (int8, max,
@@ -263,6 +265,13 @@ def _cells(model: zoo.ZooModel, row: Row) -> list[object]:
             "; ".join(notes).replace("|", "/")[:400] or None]  # fmt: skip
 
 
+def _floor_cells(model: zoo.ZooModel, floor: dict[str, list[dict]]) -> list[object]:
+    """The row of FP32 on its own inputs jittered by half an 8-bit step of the picture (``ZooModel.floor``)."""
+    sets = [" / ".join(model.describe(m) for m in floor[split]) for split in zoo.EVAL_SPLITS]
+    sqnr = " / ".join(", ".join(f"{m['sqnr']:.1f}" for m in floor[split]) for split in zoo.EVAL_SPLITS)
+    return ["fp32, input jittered", *sets, sqnr, *[None] * (len(HEADERS) - 4)]
+
+
 def legend(args: argparse.Namespace) -> str:
     import onnxruntime
 
@@ -281,6 +290,9 @@ def legend(args: argparse.Namespace) -> str:
         "- eval A, eval B: the model's task metric on each of its two held-out sets (``_zoo_models``), against "
         "FP32's outputs on the same inputs (PP-OCR rec: against the rendered text). The fp32 row says what FP32 "
         "itself gives. Files that compute in float16 run with ORT's graph optimizations disabled.",
+        "- fp32, input jittered (models that read a picture): FP32 against itself with every value of the picture "
+        "moved by seeded uniform noise of at most half an 8-bit step, two seeds (` / ` between them): an input as "
+        "close to the set's as the picture's own rounding; no quantized file can be expected to beat it.",
         "- SQNR: of the raw output the metric reads, against FP32's, on each set.",
         f"- speed-up vs FP32: {timing}.",
         "- quantize s: wall time of the quantizer call in its own process (load, calibrate, write). peak RSS: that "
@@ -322,12 +334,16 @@ def run_model(name: str, variants: list[Variant], folder: Path, args: argparse.N
             sanity[split] = model.sanity(split)
         except Exception as err:
             sanity[split] = f"sanity failed: {_one_line(err)}"
+    floor = {split: model.floor(split, threads=args.threads) for split in zoo.EVAL_SPLITS}
     if args.rounds:
         time_rows(model, rows, args)
     seconds = time.perf_counter() - start
-    table = markdown_table(HEADERS, [_cells(model, row) for row in rows])
+    cells = [_cells(model, row) for row in rows]
+    if floor["A"]:
+        cells.insert(1, _floor_cells(model, floor))
+    table = markdown_table(HEADERS, cells)
     return {"model": name, "title": model.title, "source": str(source), "sizes": model.sizes, "notes": notes,
-            "sanity": sanity, "seconds": seconds, "rows": [row.to_json() for row in rows],
+            "sanity": sanity, "seconds": seconds, "rows": [row.to_json() for row in rows], "floor": floor,
             "table": table}  # fmt: skip
 
 

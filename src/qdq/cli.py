@@ -577,7 +577,7 @@ def add_tune_parser(subparsers: Any) -> None:
                         "outputs) -> float, higher is better, at least --min-metric")  # fmt: skip
     p.add_argument("--min-metric", type=float, help="with --metric: the least value that meets the budget")
     p.add_argument("--class-axis", type=int, default=1, help="--min-agreement: the arg-max axis (default 1)")
-    p.add_argument("--calib", default="percentile", help="calibration method (default percentile)")
+    p.add_argument("--calib", default="auto", help="calibration method (default auto, as qdq quantize)")
     p.add_argument("--max-steps", type=_positive_int, default=12, help="most units left float (default 12)")
     p.add_argument("--target", help=_TARGET_HELP)
     p.add_argument("--runtime", help="where configurations are scored and timed (default: the target's native "

@@ -37,7 +37,7 @@ def tune(
     target: str | Target = CPU_DEFAULT_TARGET,
     runtime: str | None = None,
     runtime_options: Mapping[str, Any] | None = None,
-    method: str = "percentile",
+    method: str = "auto",
     holdout_data: Sequence[Any] | None = None,
     max_candidates: int | None = None,
     max_steps: int = 12,
@@ -75,7 +75,8 @@ def tune(
             reference outputs are the float file's on ONNX Runtime (its backend).
         runtime_options: the runtime's load options (:meth:`qdq.runtime.Backend.open`: ``precision`` for
             OpenVINO, ``workspace_mib`` for TensorRT, ...).
-        method: the calibration method of the one calibration.
+        method: the calibration method of the one calibration; default ``"auto"``, :func:`qdq.quantize_onnx`'s own
+            (the ops its stem leaves float stay float in every configuration).
         holdout_data: batches the chosen configuration must also meet the budget on; default: every other batch
             of ``eval_data`` is held out (then ``eval_data`` needs at least two batches).
         max_candidates: how many units the sensitivity pass measures (the noisiest on one batch: lowest SQNR of
