@@ -51,6 +51,7 @@ need more than 13 GiB (killed by the kernel at 13.4 GiB on a shared 24 GiB machi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import os
@@ -190,7 +191,8 @@ def prepare_for_ort(fp32: Path, notes: list[str]) -> Path:
         notes.append(f"opset {opset} -> 13 for ORT's quantizer (per-channel DequantizeLinear needs `axis`)")
     prep = path.with_name("fp32_prep.onnx")
     try:
-        quant_pre_process(str(path), str(prep))
+        with contextlib.chdir(path.parent):  # it leaves its temporary files in the working folder
+            quant_pre_process(str(path), str(prep))
     except Exception as err:
         notes.append(f"`quant_pre_process` failed ({type(err).__name__}: {(str(err).splitlines() or [''])[0]}): "
                      "ORT's quantizer runs without it")  # fmt: skip
