@@ -609,3 +609,17 @@ def test_the_stem_auto_left_float_stays_float_in_every_later_file(tmp_path, monk
     stem = calls[0][1].stem.ops
     assert stem and len(calls) > 1
     assert all(set(stem) <= set(keep) and auto is None for keep, auto in calls[1:])
+
+
+def test_tune_calibrates_with_the_same_default_as_quantize_onnx_in_the_api_and_the_cli():
+    """One default in every door (issue 43): tune's one calibration is quantize_onnx's own default method."""
+    import argparse
+    import inspect
+
+    from qdq.cli import build_parser
+
+    default = inspect.signature(qdq.quantize_onnx).parameters["method"].default
+    assert inspect.signature(qdq.tune).parameters["method"].default == default == "auto"
+    parser = build_parser()
+    choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert choices["tune"].get_default("calib") == default
