@@ -770,7 +770,8 @@ def u2netp_model(calibration: int, evaluation: int) -> ZooModel:
 
     return ZooModel("u2netp", "u2netp (rembg)", lambda: package_file("rembg", "u2netp.onnx"),
                     sets["calibration"].feeds, {s: sets[s] for s in EVAL_SPLITS}, sets["A"].feeds[0], metric,
-                    describe, "mask_iou", sanity, input_step=IMAGENET_STEP)  # fmt: skip
+                    describe, "mask_iou", sanity,
+                    input_step=IMAGENET_STEP)  # rembg divides by the picture's max (<= 255): at most a step
 
 
 # -- silero-vad ------------------------------------------------------------------------------------------------------
