@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 from qdq import ops
+from qdq.calib import binning
+from qdq.calib.base import resolve_layout
 from qdq.triton_kernels import quantize_backward_triton, quantize_triton
 
 
@@ -61,6 +63,32 @@ def main() -> int:
             print(f"MISMATCH backward {label}")
             return 1
         print(f"ok {label}")
+    return _histograms()
+
+
+def _histograms() -> int:
+    """The Triton histogram equals the scatter_add_ path (no per-tensor kernel) on data with zeros, negatives,
+    magnitudes below one bin and on bin edges, spread over both interpreter programs."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(3000, generator=g).relu() * 3, torch.randn(2000, generator=g) * 2])
+    x = torch.cat([x, torch.tensor([0.0, 2.0**-30, 1.0 - 2.0**-24, 1.0, -1.0, -0.0])])
+    exponent = binning.range_exponent(x.abs().amax().reshape(1))
+    layout = resolve_layout(None, x.shape)
+    for num_bins in (128, 4096):
+        for unsigned in (False, True):
+            for skip_zeros in (False, True):
+                label = f"histogram bins={num_bins} unsigned={unsigned} skip_zeros={skip_zeros}"
+                scale = (binning._pow2(-exponent) * num_bins).float().reshape(())
+                got = binning._histogram_triton(x, scale, num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
+                kernel, binning._per_tensor_kernel = binning._per_tensor_kernel, lambda *args: None
+                try:
+                    want = binning.histogram(x, exponent, layout, num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
+                finally:
+                    binning._per_tensor_kernel = kernel
+                if not torch.equal(got, want):
+                    print(f"MISMATCH {label}")
+                    return 1
+                print(f"ok {label}")
     return 0
 
 

@@ -122,7 +122,7 @@ def test_triton_kernels_match_aten_bit_for_bit_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok ") == 17
+    assert done.stdout.count("ok ") == 17 + 8  # quantization cases, then histogram cases
 
 
 # -- CUDA (skipped without a GPU) --------------------------------------------------------------------
@@ -146,6 +146,8 @@ _KERNEL_SIGNATURES = {
     "_quantize_backward_kernel": dict(grad_ptr="*fp32", x_ptr="*fp32", amax_ptr="*fp32", out_ptr="*fp32", n="i32",
                                       inner="i32", channels="i32", PER_TENSOR="constexpr", UNSIGNED="constexpr",
                                       BLOCK="constexpr"),
+    "_histogram_kernel": dict(x_ptr="*fp32", scale_ptr="*fp32", counts_ptr="*i32", n="i32", NUM_BINS="constexpr",
+                              UNSIGNED="constexpr", COUNT_ZEROS="constexpr", BLOCK="constexpr"),
 }
 
 
@@ -160,7 +162,8 @@ def test_triton_kernels_compile_for_hopper_without_a_gpu(kernel, per_tensor):
 
     from qdq import triton_kernels
 
-    flags = {"PER_TENSOR": per_tensor, "DEQUANTIZE": True, "UNSIGNED": False, "BLOCK": 1024}
+    flags = {"PER_TENSOR": per_tensor, "DEQUANTIZE": True, "UNSIGNED": False, "BLOCK": 1024, "NUM_BINS": 4096,
+             "COUNT_ZEROS": per_tensor}
     signature = _KERNEL_SIGNATURES[kernel]
     source = triton.compiler.ASTSource(
         fn=getattr(triton_kernels, kernel),

@@ -1,4 +1,5 @@
-"""Triton kernels of the fused quantization operators (CUDA; importing this module imports triton).
+"""Triton kernels of the fused quantization operators and of calibration's histograms (CUDA; importing this module
+imports triton).
 
 One pass over the data each: the forward reads ``x`` and writes the (fake-)quantized values; the
 backward reads the upstream gradient and ``x`` and writes the straight-through gradient. The per-channel
@@ -12,6 +13,9 @@ copy of ``amax``. The arithmetic is the one of :mod:`qdq.ops` (and of ONNX's Qua
   ties to even (this also runs under ``TRITON_INTERPRET=1``, which has no ``libdevice.rint``);
 * NaN propagates through the clamp, as in ``torch.clamp``.
 
+The histogram (:func:`histogram_triton`) bins a whole tensor in one launch, with the bin index of
+:mod:`qdq.calib.binning` (``floor(fl32(m * scale))``, exact: ``scale`` is a power of two).
+
 The launchers accept any tensors Triton can address: CUDA tensors, or CPU tensors under the Triton
 interpreter (``TRITON_INTERPRET=1`` set before this module is imported), which the tests use to check
 the kernels bit for bit against the ATen implementation on machines without a GPU.
@@ -19,11 +23,13 @@ the kernels bit for bit against the ATen implementation on machines without a GP
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["quantize_backward_triton", "quantize_triton"]
+__all__ = ["histogram_triton", "quantize_backward_triton", "quantize_triton"]
 
 _BLOCK = 1024
 # Globals a kernel reads must be tl.constexpr: the compiler refuses plain Python globals (the interpreter
@@ -138,3 +144,67 @@ def quantize_backward_triton(
             grad, x, amax, out, n, inner, channels, PER_TENSOR=channels == 1, UNSIGNED=unsigned, BLOCK=_BLOCK
         )
     return out
+
+
+# -- histograms of magnitudes (qdq.calib.binning) --------------------------------------------------------------------
+
+
+@triton.jit
+def _histogram_kernel(
+    x_ptr,
+    scale_ptr,
+    counts_ptr,
+    n,
+    NUM_BINS: tl.constexpr,
+    UNSIGNED: tl.constexpr,
+    COUNT_ZEROS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # A persistent program strides over the data and counts into its own row of counts_ptr: atomics on a row
+    # only one program writes (in L2) contend far less than on one shared row, and the rows are summed after.
+    pid = tl.program_id(0)
+    row = counts_ptr + pid * NUM_BINS
+    scale = tl.load(scale_ptr)
+    zeros = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < n
+        x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        mag = x if UNSIGNED else tl.abs(x)
+        counted = inside & (mag > 0.0)  # not NaN, not zero (nor negative, unsigned)
+        index = tl.minimum(tl.floor(mag * scale), NUM_BINS - 1.0)
+        tl.atomic_add(row + tl.where(counted, index, 0.0).to(tl.int32), 1, mask=counted, sem="relaxed")
+        if COUNT_ZEROS:
+            zeros += (inside & (mag <= 0.0)).to(tl.int32)
+    if COUNT_ZEROS:
+        tl.atomic_add(row, tl.sum(zeros), sem="relaxed")
+
+
+_HISTOGRAM_BLOCK = 1024
+_PROGRAMS_PER_SM = 4
+#: elements per launch of the histogram kernel: its offsets are int32
+HISTOGRAM_CHUNK = 1 << 30
+
+
+@functools.cache
+def _histogram_programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter
+    return torch.cuda.get_device_properties(device).multi_processor_count * _PROGRAMS_PER_SM
+
+
+def histogram_triton(
+    flat: torch.Tensor, scale: torch.Tensor, num_bins: int, unsigned: bool, count_zeros: bool
+) -> torch.Tensor:
+    """Counts (int64, ``(num_bins,)``) of the bin indices ``min(floor(fl32(m * scale)), num_bins - 1)`` of the
+    magnitudes ``m`` (``x`` unsigned, ``|x|`` signed) of a flat float tensor of at most :data:`HISTOGRAM_CHUNK`
+    elements, in one launch. ``m <= 0`` goes to bin 0 with ``count_zeros``, nowhere without; NaN goes nowhere.
+    ``num_bins`` is a power of two and ``scale`` a float32 scalar tensor on ``flat``'s device."""
+    n = flat.numel()
+    programs = max(1, min(triton.cdiv(n, _HISTOGRAM_BLOCK), _histogram_programs(flat.device)))
+    counts = torch.zeros(programs, num_bins, dtype=torch.int32, device=flat.device)
+    _histogram_kernel[(programs,)](
+        flat, scale.reshape(1), counts, n,
+        NUM_BINS=num_bins, UNSIGNED=unsigned, COUNT_ZEROS=count_zeros, BLOCK=_HISTOGRAM_BLOCK,
+    )  # fmt: skip
+    return counts.sum(0, dtype=torch.int64)

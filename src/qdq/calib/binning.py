@@ -123,15 +123,43 @@ def histogram(
 def _per_tensor_kernel(x: torch.Tensor, channels: int, num_bins: int) -> Any:
     """The kernel of a per-tensor histogram, or None for the per-channel scatter (one offset per channel).
 
-    On the CPU ``torch.bincount`` of int32 indices. On accelerators ``torch.histc`` (power-of-two bins): it bins
-    in block-local shared memory where ``scatter_add_`` or ``bincount`` would make every element an atomic
-    add on a few global bins (half the elements of a post-ReLU tensor on bin 0).
+    On the CPU ``torch.bincount`` of int32 indices. With power-of-two bins on CUDA, one Triton kernel where triton
+    is installed, else ``torch.histc`` on any accelerator. Both count in memory private to a block or program
+    where ``scatter_add_`` or ``bincount`` would make every element an atomic add on a few global bins (half the
+    elements of a post-ReLU tensor on bin 0).
     """
     if channels != 1:
         return None
     if x.device.type == "cpu":
         return _histogram_bincount
-    return _histogram_histc if num_bins & (num_bins - 1) == 0 else None
+    if num_bins & (num_bins - 1):
+        return None
+    if x.device.type == "cuda" and _triton_kernels() is not None:
+        return _histogram_triton
+    return _histogram_histc
+
+
+def _triton_kernels() -> Any:
+    """:mod:`qdq.triton_kernels` where triton is installed (imported on first use), else None."""
+    from .. import ops
+
+    return ops._triton_module()
+
+
+def _histogram_triton(
+    x: torch.Tensor, scale: torch.Tensor, num_bins: int, *, unsigned: bool, skip_zeros: bool
+) -> torch.Tensor:
+    """Per-tensor histogram in one Triton launch (:func:`qdq.triton_kernels.histogram_triton`) per ``2**30``
+    elements, equal bit for bit to the ``scatter_add_`` path. One kernel where the histc path makes ten per
+    ``2**22`` elements: calibration on a GPU is bound by launches (benchmarks/RESULTS.md, gpu_histogram)."""
+    kernels = _triton_kernels()
+    flat = x.reshape(-1)
+    step = kernels.HISTOGRAM_CHUNK
+    counts = [
+        kernels.histogram_triton(flat[start : start + step], scale, num_bins, unsigned, not skip_zeros)
+        for start in range(0, flat.numel(), step)
+    ]
+    return torch.stack(counts).sum(0).view(1, num_bins) if len(counts) > 1 else counts[0].view(1, num_bins)
 
 
 def _histogram_bincount(
