@@ -133,3 +133,24 @@ def test_cuda_training_and_calibration_never_synchronize(learned, step_type):
         cal.collect(x * 2)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_the_default_calibration_copies_only_per_channel_figures_to_the_host(monkeypatch):
+    """``calibrate``'s default (auto: equalization, every method, bias correction) reduces activations where they
+    live. Before, bias correction and equalization copied whole conv inputs and outputs to the host, and on an
+    H200 the default calibration of resnet50 took 500x its float forward (benchmarks/RESULTS.md, gpu_histogram)."""
+    torch.manual_seed(0)
+    model = qdq.quantize_model(torchvision.models.resnet18(num_classes=10)).eval()
+    data = [torch.randn(4, 3, 32, 32) for _ in range(4)]
+    shapes = []
+    original = torch.Tensor.cpu
+
+    def cpu(tensor, *args, **kwargs):
+        shapes.append(tuple(tensor.shape))
+        return original(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    qdq.calibrate(model, data, progress=False)
+    # weights (equalization rescales them on the host) and per-sample, per-channel means; no activation
+    assert any(len(shape) == 2 and shape[1] == 64 for shape in shapes)  # bias correction's [samples, C] means
+    assert not [shape for shape in shapes if len(shape) == 4 and shape[0] <= 4]  # no [n <= 4, C, H, W]

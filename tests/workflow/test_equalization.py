@@ -15,6 +15,7 @@ from qdq.workflow.auto_calibration import select_amax
 from qdq.workflow.equalization import (
     SCALE_CAP,
     ChannelStats,
+    _device_moments,
     predicted_noise,
     scaled_first,
     scaled_second,
@@ -64,6 +65,18 @@ def test_channel_stats_over_batches_and_an_empty_one():
     stats.update(np.array([[[0.0, 0.0], [4.0, 0.0]]]))
     np.testing.assert_array_equal(stats.peak, [3.0, 4.0])
     np.testing.assert_allclose(stats.mean_square, [10 / 4, 20 / 4])
+
+
+def test_device_moments_are_the_hand_computed_per_channel_figures():
+    """What ChannelStats takes from a CUDA tensor (reduced where it lives, two C-vectors to the host), here on CPU."""
+    batch = torch.tensor([[[1.0, -3.0], [2.0, 0.0]], [[0.0, 0.0], [4.0, 0.0]]])  # [2, 2 channels, 2]
+    peak, squares, count = _device_moments(batch, 1)
+    np.testing.assert_array_equal(peak, [3.0, 4.0])
+    np.testing.assert_array_equal(squares, [10.0, 20.0])
+    assert count == 4
+    peak, squares, count = _device_moments(batch[0, 0], -1)  # a 1-D tensor: every value its own channel
+    np.testing.assert_array_equal(peak, [1.0, 3.0])
+    assert count == 1
 
 
 def test_the_pytorch_door_scales_the_norm_and_the_next_conv_to_the_oracle_and_keeps_the_function():

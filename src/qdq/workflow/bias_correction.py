@@ -99,12 +99,14 @@ class _Sums:
         self.total, self.squares, self.spread = (np.zeros(self.channels) for _ in range(3))
 
     def add(self, errors: torch.Tensor, output: torch.Tensor, channel_dim: int) -> None:
+        """Add one batch's errors (quantized minus float output) and float output, on their own device: only the
+        ``[N, C]`` means and the ``C`` spreads reach the host."""
         channel = channel_dim % errors.dim()
         inner = [d for d in range(1, errors.dim()) if d != channel]  # reduced in place: no channel-last copy
-        per_sample = (errors.mean(dim=inner, dtype=torch.float64) if inner else errors.double()).numpy()  # [N, C]
+        per_sample = (errors.mean(dim=inner, dtype=torch.float64) if inner else errors.double()).cpu().numpy()
         if not self.spreads:
             spread = output.double().std(dim=[0, *inner], correction=0)
-            self.spread, self.spreads = spread.numpy(), 1
+            self.spread, self.spreads = spread.cpu().numpy(), 1
         self.total += per_sample.sum(axis=0)
         self.squares += (per_sample**2).sum(axis=0)
         self.samples += per_sample.shape[0]
@@ -213,7 +215,7 @@ def _observer(module: nn.Module, sums: _Sums) -> Any:
             for quantizer in own:
                 quantizer.disable()
             sums.busy = False
-        sums.add((quantized - output).cpu(), output.cpu(), channel_dim)
+        sums.add(quantized - output, output, channel_dim)
 
     return hook
 

@@ -185,22 +185,39 @@ class ChannelStats:
         self._squares: np.ndarray | None = None
         self._count = 0
 
-    def update(self, tensor: np.ndarray) -> None:
-        """Add one batch (an empty tensor, from an ``If`` branch the batch did not take, adds nothing)."""
-        if tensor.size == 0:
+    def update(self, tensor: np.ndarray | torch.Tensor) -> None:
+        """Add one batch (an empty tensor, from an ``If`` branch the batch did not take, adds nothing). A torch tensor
+        off the CPU is reduced on its device: only the per-channel figures reach the host."""
+        if tensor.size == 0 if isinstance(tensor, np.ndarray) else tensor.numel() == 0:
             return
-        channels = np.moveaxis(np.asarray(tensor, np.float32), self.axis, 0).reshape(tensor.shape[self.axis], -1)
-        peak = np.maximum(channels.max(axis=1), -channels.min(axis=1)).astype(np.float64)  # no |x| copy
-        squares = np.einsum("ij,ij->i", channels, channels).astype(np.float64)  # no x**2 copy
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
+            peak, squares, count = _device_moments(tensor.float(), self.axis)
+        else:
+            array = tensor.numpy() if isinstance(tensor, torch.Tensor) else tensor
+            channels = np.moveaxis(np.asarray(array, np.float32), self.axis, 0).reshape(array.shape[self.axis], -1)
+            peak = np.maximum(channels.max(axis=1), -channels.min(axis=1)).astype(np.float64)  # no |x| copy
+            squares = np.einsum("ij,ij->i", channels, channels).astype(np.float64)  # no x**2 copy
+            count = channels.shape[1]
         self.peak = peak if self.peak is None else np.maximum(self.peak, peak)
         self._squares = squares if self._squares is None else self._squares + squares
-        self._count += channels.shape[1]
+        self._count += count
         if self.histogram is not None:
-            self.histogram.collect(torch.from_numpy(np.ascontiguousarray(tensor, np.float32)))
+            batch = tensor if isinstance(tensor, torch.Tensor) else torch.from_numpy(tensor)
+            self.histogram.collect(batch.float().contiguous())
 
     @property
     def mean_square(self) -> np.ndarray | None:
         return None if self._squares is None else self._squares / self._count
+
+
+def _device_moments(tensor: torch.Tensor, axis: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-channel peak ``max |x|`` and sum of squares (float64 arrays) and the values per channel, of a float32
+    tensor reduced where it lives."""
+    axis %= tensor.dim()
+    dims = [d for d in range(tensor.dim()) if d != axis]
+    peak = tensor.abs().amax(dim=dims) if dims else tensor.abs()
+    squares = tensor.square().sum(dim=dims) if dims else tensor.square()
+    return peak.double().cpu().numpy(), squares.double().cpu().numpy(), tensor.numel() // tensor.shape[axis]
 
 
 def predicted_noise(weight: np.ndarray, groups: int, peak: np.ndarray, mean_square: np.ndarray, scales: np.ndarray,
@@ -364,7 +381,7 @@ def _modules(root: nn.Module, pair: Pair, calls: Counter[str]) -> tuple[nn.Modul
 def _observer(stats: ChannelStats) -> Any:
     def observe(_module: nn.Module, args: tuple[Any, ...]) -> None:
         if args and isinstance(args[0], torch.Tensor):  # the conv's input, given positionally as torch.fx traced it
-            stats.update(args[0].detach().float().cpu().numpy())
+            stats.update(args[0].detach().float())
 
     return observe
 
