@@ -10,17 +10,15 @@ backward + SGD(momentum) of:
 * ``fp32 compiled`` / ``qdq compiled`` - ``torch.compile`` of the first two (``--compile``); the
   compiled qdq ratio is against compiled FP32.
 
-Then a calibration pass (``--calib-model``, ``--calib-batches`` batches of ``--calib-batch``): FP32 forward
-over the batches vs collecting histogram statistics (and max statistics) in every quantizer over the
-same batches, ratio to the FP32 forward.
-
 Every variant runs in ``--rounds`` interleaved rounds of ``--steps`` steps (CUDA: synchronised around
 each round, so the time covers the queued kernels); a variant's figure is its median step.
 
 Usage (repository root):
     python benchmarks/gpu_qat.py                      # CUDA when available: resnet50 b128, resnet18 b256,
-                                                      # mobilenet_v2 b128 at 224x224; calibration resnet50 8x64
-    python benchmarks/gpu_qat.py --device cpu --size 64 --batch-scale 0.0625 --calib-batch 8
+                                                      # mobilenet_v2 b128 at 224x224
+    python benchmarks/gpu_qat.py --device cpu --size 64 --batch-scale 0.0625
+
+The calibration pass on a GPU is measured by ``benchmarks/gpu_histogram.py``.
 """
 
 from __future__ import annotations
@@ -81,7 +79,6 @@ _TRAIN_HEADERS = [
     "FP32 compiled ms",
     "qdq compiled",
 ]
-_CALIB_HEADERS = ["calibration pass", "variant", "ms", "ratio vs FP32 forward"]
 
 
 def bench_train(args: argparse.Namespace, device: torch.device) -> list[list[str]]:
@@ -114,26 +111,6 @@ def _train_row(name: str, batch: int, precision: str, ms: dict[str, float]) -> l
     return cells
 
 
-def bench_calibration(args: argparse.Namespace, device: torch.device) -> list[list[str]]:
-    torch.manual_seed(0)
-    fp32 = getattr(torchvision.models, args.calib_model)().to(device).eval()
-    quantized = qdq.quantize_model(copy.deepcopy(fp32))
-    data = [torch.randn(args.calib_batch, 3, args.size, args.size, device=device) for _ in range(args.calib_batches)]
-
-    def forward() -> None:
-        with torch.no_grad():
-            for x in data:
-                fp32(x)
-
-    def collect(calibrator: str) -> Callable[[], None]:
-        return lambda: qdq.collect_stats(quantized, data, calibrator=calibrator, progress=False)
-
-    passes = {"fp32 forward": forward, "histogram": collect("histogram"), "max": collect("max")}
-    ms = _time_rounds(passes, device, args.rounds, 1)
-    label = f"{args.calib_model} {args.calib_batches}x{args.calib_batch}"
-    return [[label, key, f"{value:.1f}", f"{value / ms['fp32 forward']:.2f}x"] for key, value in ms.items()]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -144,22 +121,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--calib-model", default="resnet50")
-    parser.add_argument("--calib-batches", type=int, default=8)
-    parser.add_argument("--calib-batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    parser.add_argument("--skip-train", action="store_true")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {where}, {args.size}x{args.size}, median of {args.rounds} rounds")
-    train = [] if args.skip_train else bench_train(args, device)
-    calibration = bench_calibration(args, device)
-    if train:
-        print("\n" + markdown_table(_TRAIN_HEADERS, train))
-    print("\n" + markdown_table(_CALIB_HEADERS, calibration))
+    print("\n" + markdown_table(_TRAIN_HEADERS, bench_train(args, device)))
 
 
 if __name__ == "__main__":

@@ -47,9 +47,12 @@ Every front end runs it with the same candidates, fidelity and choice: :func:`se
 (``qdq.calibrate(model, data)``), :func:`qdq.onnx_in.auto.select` for ONNX files (``qdq.quantize_onnx``),
 :func:`qdq.keras.auto.select` for Keras models (``qdq.keras.calibrate(model, data)``).
 
-Cost: one statistics pass over the calibration data (what any histogram method costs), each candidate's ranges from
-the statistics, and on the held-out samples (a quarter at most, from :data:`MAX_HOLDOUT` batches at most) one
-quantized run per candidate.
+Cost, in runs of the model: a float pass over the first batches (equalization); one statistics pass over the
+calibration data (what any histogram method costs) and each candidate's ranges from the statistics; on the held-out
+samples (a quarter at most, from :data:`MAX_HOLDOUT` batches at most) one quantized run per candidate, per
+refinement trial (half the samples each) and per stem level tried, and two to judge equalization; bias correction's
+pass over the batches not held out (each quantized Conv and Linear layer run twice) and one held-out run to judge
+it. Every activation and output is reduced on the model's device. The measured phases: ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
