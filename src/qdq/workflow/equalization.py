@@ -193,7 +193,7 @@ class ChannelStats:
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
             peak, squares, count = _device_moments(tensor.float(), self.axis)
         else:
-            array = tensor.numpy() if isinstance(tensor, torch.Tensor) else tensor
+            array = tensor.detach().numpy() if isinstance(tensor, torch.Tensor) else tensor
             channels = np.moveaxis(np.asarray(array, np.float32), self.axis, 0).reshape(array.shape[self.axis], -1)
             peak = np.maximum(channels.max(axis=1), -channels.min(axis=1)).astype(np.float64)  # no |x| copy
             squares = np.einsum("ij,ij->i", channels, channels).astype(np.float64)  # no x**2 copy
@@ -202,8 +202,8 @@ class ChannelStats:
         self._squares = squares if self._squares is None else self._squares + squares
         self._count += count
         if self.histogram is not None:
-            batch = tensor if isinstance(tensor, torch.Tensor) else torch.from_numpy(tensor)
-            self.histogram.collect(batch.float().contiguous())
+            batch = tensor if isinstance(tensor, torch.Tensor) else np.ascontiguousarray(tensor, np.float32)
+            self.histogram.collect(torch.as_tensor(batch))
 
     @property
     def mean_square(self) -> np.ndarray | None:
