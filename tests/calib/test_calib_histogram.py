@@ -359,3 +359,23 @@ def test_the_cpu_kernel_also_bins_counts_that_are_not_a_power_of_two():
         expected[min(int(np.floor(np.float32(m) * np.float32(500))), 999)] += 1
     assert expected[350] == 1 and expected[349] == 0
     assert torch.equal(cal.bin_counts.reshape(-1), expected)
+
+
+def test_per_tensor_kernel_on_each_device(monkeypatch):
+    """CPU: bincount. CUDA: the Triton kernel where triton imports, else histc; other accelerators: histc. Per channel
+    or with bins that are not a power of two: the scatter path (None)."""
+    from types import SimpleNamespace
+
+    from qdq.calib import binning
+
+    def on(device: str) -> SimpleNamespace:
+        return SimpleNamespace(device=torch.device(device))
+
+    assert binning._per_tensor_kernel(on("cpu"), 1, 4096) is binning._histogram_bincount
+    assert binning._per_tensor_kernel(on("meta"), 1, 4096) is binning._histogram_histc
+    assert binning._per_tensor_kernel(on("meta"), 1, 3000) is None
+    assert binning._per_tensor_kernel(on("cuda"), 2, 4096) is None
+    monkeypatch.setattr(binning, "_triton_kernels", lambda: object())
+    assert binning._per_tensor_kernel(on("cuda"), 1, 4096) is binning._histogram_triton
+    monkeypatch.setattr(binning, "_triton_kernels", lambda: None)
+    assert binning._per_tensor_kernel(on("cuda"), 1, 4096) is binning._histogram_histc
