@@ -103,7 +103,7 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
         return weight_ranges(placement.model, found[0], placing.weight_method, placing.weight_cache)
 
     first = parts[0][0][0] if parts and parts[0] else None  # the first held-out (feed, outputs) pair's feed
-    timer = _timer(placement, trials, weights, first, placing.threads, bar)
+    timer = _timer(placement, trials, weights, first, bar)
     choice = choose_stem(levels, score if parts is not None else None, timer)
     bar.close()
     return choice, (trials[tuple(choice.ops)] if choice.levels else None)
@@ -111,7 +111,7 @@ def float_stem(source: PreparedModel, placement: Placement, placing: Placing, ra
 
 def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None],
            weights: Callable[[_Trial], dict[int, np.ndarray]], feed: Mapping[str, np.ndarray] | None,
-           threads: int | None, bar: Any) -> StemTimer | None:  # fmt: skip
+           bar: Any) -> StemTimer | None:  # fmt: skip
     """``timer(ops)`` for :func:`~qdq.workflow.stem.choose_stem` (module doc), or None where the target's runtime
     cannot time here."""
     backend = timing_backend(placement.target.native_runtime)
@@ -132,7 +132,7 @@ def _timer(placement: Placement, trials: Mapping[tuple[str, ...], _Trial | None]
                 copy.CopyFrom(placement.model)
                 paths[label] = Placement(copy, found[0], placement.target).write(
                     {**found[1], **weights(found)}, Path(folder) / f"{label}.onnx")
-            return StemTiming.measure(paths["int8"], paths["stem"], backend.name, inputs=feed, threads=threads)
+            return StemTiming.measure(paths["int8"], paths["stem"], backend.name, inputs=feed)
 
     return timer
 

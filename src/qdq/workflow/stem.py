@@ -28,7 +28,9 @@ Where a door can time both files on the target's runtime (``timer``: the ONNX do
 chosen are timed against the all-int8 model, and their held-out gain, net of the cost per level, must pay for the time
 too: the stem must divide the output error's amplitude by more than it multiplies the time (``20 log10`` of the time
 ratio, :attr:`StemTiming.cost_db`: 0.8 dB for 10 % more time, 6 dB for twice the time); otherwise the stem stays int8
-(``StemChoice.timing``).
+(``StemChoice.timing``). Both files are timed on one intra-op thread: the price is a ratio of work, and a pool of
+threads on a small or shared machine stalls for a scheduler tick at random, which made the same call keep the stem
+or drop it from one run to the next (``benchmarks/RESULTS.md``, zoo_draws).
 """
 
 from __future__ import annotations
@@ -80,9 +82,9 @@ class StemTiming:
 
     @classmethod
     def measure(cls, int8: Path, stem: Path, runtime: str, *, inputs: Mapping[str, Any] | None = None,
-                threads: int | None = None) -> StemTiming:  # fmt: skip
+                threads: int = 1) -> StemTiming:  # fmt: skip
         """The two files timed on ``runtime`` in interleaved rounds, on one sample: ``inputs``, or random inputs of
-        the files' fixed shapes (what every door's timer runs)."""
+        the files' fixed shapes (what every door's timer runs), on ``threads`` intra-op threads (module doc)."""
         from qdq.runtime.benchmark import compare_models
 
         timed = compare_models({"int8": int8, "stem": stem}, runtime, batch=1, threads=threads, inputs=inputs,
