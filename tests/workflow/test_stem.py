@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from pathlib import Path
 from unittest.mock import patch
 
 import numpy as np
@@ -407,3 +408,20 @@ def test_ptq_keeps_the_stem_auto_left_float_only_where_auto_wins(order):
     assert seen[1:] == [name != "auto" for name in order]  # auto scored with its stem float, max with it int8
     assert stem._input_quantizer.is_enabled == (order[-1] != "auto")
     assert stem._weight_quantizer.is_enabled == (order[-1] != "auto")
+
+
+def test_both_files_are_timed_on_one_thread(monkeypatch):
+    """A pool of threads on a small machine stalls at random (benchmarks/RESULTS.md, zoo_draws): a ratio is priced."""
+    from types import SimpleNamespace
+
+    benchmark = importlib.import_module("qdq.runtime.benchmark")  # the package exports a function of that name
+    seen = {}
+
+    def compare(models, runtime, **options):
+        seen.update(options)
+        return SimpleNamespace(block_ms={"int8": (2.0, 2.0, 2.0), "stem": (2.2, 2.4, 2.3)})
+
+    monkeypatch.setattr(benchmark, "compare_models", compare)
+    timing = StemTiming.measure(Path("int8.onnx"), Path("stem.onnx"), "onnxruntime")
+    assert seen["threads"] == 1
+    assert timing.slowdown == pytest.approx(0.15)
