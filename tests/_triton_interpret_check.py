@@ -79,7 +79,13 @@ def _histograms() -> int:
             for skip_zeros in (False, True):
                 label = f"histogram bins={num_bins} unsigned={unsigned} skip_zeros={skip_zeros}"
                 scale = (binning._pow2(-exponent) * num_bins).float().reshape(())
-                got = binning._histogram_triton(x, scale, num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
+                try:
+                    got = binning._histogram_triton(x, scale, num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
+                except Exception as error:  # Triton < 3.7's interpreter under NumPy 2: int() of a 1-element array
+                    if "only 0-dimensional arrays" not in str(error):
+                        raise
+                    print(f"skip histograms: this Triton's interpreter cannot run a loop over a program id ({error})")
+                    return 0
                 kernel, binning._per_tensor_kernel = binning._per_tensor_kernel, lambda *args: None
                 try:
                     want = binning.histogram(x, exponent, layout, num_bins, unsigned=unsigned, skip_zeros=skip_zeros)
