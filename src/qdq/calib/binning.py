@@ -155,11 +155,11 @@ def _histogram_triton(
     kernels = _triton_kernels()
     flat = x.reshape(-1)
     step = kernels.HISTOGRAM_CHUNK
-    counts = [
+    counts = sum(
         kernels.histogram_triton(flat[start : start + step], scale, num_bins, unsigned, not skip_zeros)
         for start in range(0, flat.numel(), step)
-    ]
-    return torch.stack(counts).sum(0).view(1, num_bins) if len(counts) > 1 else counts[0].view(1, num_bins)
+    )
+    return counts.view(1, num_bins)
 
 
 def _histogram_bincount(

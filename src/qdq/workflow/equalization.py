@@ -188,7 +188,7 @@ class ChannelStats:
     def update(self, tensor: np.ndarray | torch.Tensor) -> None:
         """Add one batch (an empty tensor, from an ``If`` branch the batch did not take, adds nothing). A torch tensor
         off the CPU is reduced on its device: only the per-channel figures reach the host."""
-        if tensor.size == 0 if isinstance(tensor, np.ndarray) else tensor.numel() == 0:
+        if math.prod(tensor.shape) == 0:
             return
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
             peak, squares, count = _device_moments(tensor.float(), self.axis)
